@@ -1,0 +1,76 @@
+"""Error codes of the public API (API.md), each with its HTTP status and whether a retry may help.
+
+One table maps code → status; services answer ``{"code", "message"}`` with that status and the
+SDK maps the code back to an exception class.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    BAD_REQUEST = "BAD_REQUEST"  # malformed body or field
+    INVALID_TOPIC_NAME = "INVALID_TOPIC_NAME"  # topic or group name fails the name rule
+    INVALID_DELAY = "INVALID_DELAY"  # delay_level / delay_ms / deliver_at_ms out of range
+    INVALID_BODY_ENCODING = "INVALID_BODY_ENCODING"  # body_encoding unknown or body undecodable
+    OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"  # pull above max_offset
+    INVALID_RECEIPT_HANDLE = "INVALID_RECEIPT_HANDLE"  # unknown, expired or malformed handle
+    UNAUTHORIZED = "UNAUTHORIZED"  # internal endpoint without a valid token
+    FORBIDDEN_SYSTEM_TOPIC = "FORBIDDEN_SYSTEM_TOPIC"  # write to a system topic on the public API
+    TRANSACTIONS_DISABLED = "TRANSACTIONS_DISABLED"  # broker rejects transactional messages
+    TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
+    MESSAGE_NOT_FOUND = "MESSAGE_NOT_FOUND"
+    TRANSACTION_NOT_FOUND = "TRANSACTION_NOT_FOUND"
+    TRANSACTION_ALREADY_ENDED = "TRANSACTION_ALREADY_ENDED"  # conflicting end action
+    ALREADY_DELIVERED = "ALREADY_DELIVERED"  # cancel after delivery
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"  # body, properties or batch over its limit
+    BROKER_BUSY = "BROKER_BUSY"  # flow control; retry after Retry-After
+    DISK_FULL = "DISK_FULL"  # store refuses writes; nothing deletable
+    UNAVAILABLE = "UNAVAILABLE"  # dependency down or service shutting down
+    INTERNAL_ERROR = "INTERNAL_ERROR"  # a bug: the server logged it
+
+    @property
+    def http_status(self) -> int:
+        return _STATUS[self]
+
+    @property
+    def retriable(self) -> bool:
+        return self in _RETRIABLE
+
+
+_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.INVALID_TOPIC_NAME: 400,
+    ErrorCode.INVALID_DELAY: 400,
+    ErrorCode.INVALID_BODY_ENCODING: 400,
+    ErrorCode.OFFSET_OUT_OF_RANGE: 400,
+    ErrorCode.INVALID_RECEIPT_HANDLE: 400,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN_SYSTEM_TOPIC: 403,
+    ErrorCode.TRANSACTIONS_DISABLED: 403,
+    ErrorCode.TOPIC_NOT_FOUND: 404,
+    ErrorCode.MESSAGE_NOT_FOUND: 404,
+    ErrorCode.TRANSACTION_NOT_FOUND: 404,
+    ErrorCode.TRANSACTION_ALREADY_ENDED: 409,
+    ErrorCode.ALREADY_DELIVERED: 409,
+    ErrorCode.MESSAGE_TOO_LARGE: 413,
+    ErrorCode.BROKER_BUSY: 503,
+    ErrorCode.DISK_FULL: 503,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.INTERNAL_ERROR: 500,
+}
+
+_RETRIABLE = frozenset({ErrorCode.BROKER_BUSY, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL_ERROR})
+
+
+class ProtocolError(Exception):
+    """A request the server refuses: carries the API code and a message naming what is wrong."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.value}: {message}")
+        self.code = code
+        self.message = message
+
+    def to_wire(self) -> dict[str, str]:
+        return {"code": self.code.value, "message": self.message}

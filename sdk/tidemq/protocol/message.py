@@ -1,0 +1,295 @@
+"""The Message of API.md: limits, parsing and validation (server side), and received messages.
+
+Parsing is hand-written rather than a pydantic model because it runs once per message on the
+send hot path; it raises ``ProtocolError`` naming the field and the limit that failed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemq.protocol.codes import ErrorCode, ProtocolError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int = 4 * MiB  # one message body
+    max_properties_bytes: int = 32 * KiB  # encoded properties (names + values + separators)
+    max_batch_messages: int = 1024  # messages in one send request
+    max_batch_bytes: int = 16 * MiB  # bodies + properties of one send request
+    max_message_id_chars: int = 64
+    max_delay_level: int = 18  # levels 1..max_delay_level
+    max_delay_ms: int = 30 * 24 * 3600 * 1000  # arbitrary delay ceiling (30 days)
+
+
+DEFAULT_LIMITS = Limits()
+
+#: Property names the system uses inside stored records; user properties may not reuse them.
+RESERVED_PROPERTIES = frozenset(
+    {
+        "UNIQ_KEY", "TAGS", "KEYS", "DELAY", "TIMER_DELIVER_MS", "REAL_TOPIC", "REAL_QID",
+        "TRAN_MSG", "PGROUP", "TRANSACTION_ID", "TRANSACTION_CHECK_TIMES",
+        "CHECK_IMMUNITY_TIME_IN_SECONDS", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "SHARDING_KEY",
+        "BORN_MS", "DELAY_MS", "RECONSUME_TIME", "MAX_RECONSUME_TIMES",
+    }
+)
+_FORBIDDEN_CHARS = ("\x00", "\x01", "\x02", "\x1f")
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """A validated message as a client sent it (before the broker stores it)."""
+
+    body: bytes
+    message_id: str | None = None
+    tag: str | None = None
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_id: int | None = None
+    sharding_key: str | None = None
+    delay_level: int = 0
+    delay_ms: int | None = None
+    deliver_at_ms: int | None = None
+
+    def properties_size(self) -> int:
+        return sum(len(k) + len(v) + 2 for k, v in self.properties.items())
+
+    def to_wire(self, *, binary: bool) -> dict[str, Any]:
+        """The request form: raw bytes for msgpack, utf-8 or base64 text for JSON."""
+        out: dict[str, Any] = {}
+        if binary:
+            out["body"] = self.body
+        else:
+            try:
+                out["body"] = self.body.decode("utf-8")
+            except UnicodeDecodeError:
+                out["body"] = base64.b64encode(self.body).decode("ascii")
+                out["body_encoding"] = "base64"
+        if self.message_id is not None:
+            out["message_id"] = self.message_id
+        if self.tag:
+            out["tag"] = self.tag
+        if self.keys:
+            out["keys"] = list(self.keys)
+        if self.properties:
+            out["properties"] = dict(self.properties)
+        if self.queue_id is not None:
+            out["queue_id"] = self.queue_id
+        if self.sharding_key is not None:
+            out["sharding_key"] = self.sharding_key
+        if self.delay_level:
+            out["delay_level"] = self.delay_level
+        if self.delay_ms is not None:
+            out["delay_ms"] = self.delay_ms
+        if self.deliver_at_ms is not None:
+            out["deliver_at_ms"] = self.deliver_at_ms
+        return out
+
+
+def _bad(field_name: str, what: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> ProtocolError:
+    return ProtocolError(code, f"{field_name}: {what}")
+
+
+def _text(obj: dict[str, Any], name: str, limit: int = 1024) -> str | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad(name, f"must be a string, got {type(value).__name__}")
+    if len(value) > limit:
+        raise _bad(name, f"at most {limit} characters, got {len(value)}")
+    if any(c in value for c in _FORBIDDEN_CHARS):
+        raise _bad(name, "must not contain control characters \\x00 \\x01 \\x02 \\x1f")
+    return value
+
+
+def _int(obj: dict[str, Any], name: str) -> int | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, f"must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _body(obj: dict[str, Any], limits: Limits) -> bytes:
+    raw = obj.get("body", "")
+    encoding = obj.get("body_encoding", "utf-8")
+    if isinstance(raw, bytes | bytearray):
+        body = bytes(raw)
+    elif not isinstance(raw, str):
+        raise _bad("body", f"must be a string (or bytes in msgpack), got {type(raw).__name__}")
+    elif encoding in ("utf-8", "utf8", None):
+        body = raw.encode("utf-8")
+    elif encoding == "base64":
+        try:
+            body = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise _bad("body", "is not valid base64", ErrorCode.INVALID_BODY_ENCODING) from exc
+    else:
+        raise _bad(
+            "body_encoding",
+            f"must be 'utf-8' or 'base64', got {encoding!r}",
+            ErrorCode.INVALID_BODY_ENCODING,
+        )
+    if len(body) > limits.max_body_bytes:
+        raise _bad(
+            "body",
+            f"{len(body)} bytes exceeds the limit of {limits.max_body_bytes} bytes",
+            ErrorCode.MESSAGE_TOO_LARGE,
+        )
+    return body
+
+
+def _properties(obj: dict[str, Any], limits: Limits) -> dict[str, str]:
+    props = obj.get("properties")
+    if props is None:
+        return {}
+    if not isinstance(props, dict):
+        raise _bad("properties", "must be an object of string values")
+    size = 0
+    for k, v in props.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not k:
+            raise _bad("properties", f"names and values must be strings, got {k!r}: {v!r}")
+        if k in RESERVED_PROPERTIES:
+            raise _bad("properties", f"{k!r} is a reserved property name")
+        if any(c in k or c in v for c in _FORBIDDEN_CHARS):
+            raise _bad("properties", f"{k!r} must not contain control characters")
+        size += len(k.encode()) + len(v.encode()) + 2
+    if size > limits.max_properties_bytes:
+        raise _bad(
+            "properties",
+            f"{size} bytes exceeds the limit of {limits.max_properties_bytes} bytes",
+            ErrorCode.MESSAGE_TOO_LARGE,
+        )
+    return props
+
+
+def _delays(obj: dict[str, Any], msg: OutgoingMessage, limits: Limits) -> None:
+    level = _int(obj, "delay_level") or 0
+    delay_ms = _int(obj, "delay_ms")
+    deliver_at = _int(obj, "deliver_at_ms")
+    given = [n for n, v in (("delay_level", level or None), ("delay_ms", delay_ms),
+                            ("deliver_at_ms", deliver_at)) if v is not None]
+    if len(given) > 1:
+        raise _bad("delay", f"give at most one of delay_level, delay_ms, deliver_at_ms; got "
+                   f"{', '.join(given)}", ErrorCode.INVALID_DELAY)
+    if not 0 <= level <= limits.max_delay_level:
+        raise _bad("delay_level", f"must be 1-{limits.max_delay_level} (or 0 for none), got "
+                   f"{level}", ErrorCode.INVALID_DELAY)
+    if delay_ms is not None and not 0 <= delay_ms <= limits.max_delay_ms:
+        raise _bad("delay_ms", f"must be 0-{limits.max_delay_ms} ms, got {delay_ms}",
+                   ErrorCode.INVALID_DELAY)
+    if deliver_at is not None and deliver_at < 0:
+        raise _bad("deliver_at_ms", f"must be epoch milliseconds, got {deliver_at}",
+                   ErrorCode.INVALID_DELAY)
+    msg.delay_level, msg.delay_ms, msg.deliver_at_ms = level, delay_ms, deliver_at
+
+
+def parse_message(obj: Any, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
+    """Validate one wire message; raises ProtocolError naming the field that is wrong.
+
+    ``deliver_at_ms`` is checked against the maximum delay by the broker, which knows the time.
+    """
+    if not isinstance(obj, dict):
+        raise _bad("message", "must be an object")
+    message_id = _text(obj, "message_id", limits.max_message_id_chars)
+    if message_id == "":
+        raise _bad("message_id", "must not be empty")
+    keys = obj.get("keys") or []
+    if isinstance(keys, str):
+        keys = [keys]
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        raise _bad("keys", "must be a list of non-empty strings")
+    for k in keys:
+        _text({"keys": k}, "keys")
+    queue_id = _int(obj, "queue_id")
+    if queue_id is not None and queue_id < 0:
+        raise _bad("queue_id", f"must be >= 0, got {queue_id}")
+    msg = OutgoingMessage(
+        body=_body(obj, limits),
+        message_id=message_id,
+        tag=_text(obj, "tag", 255) or None,
+        keys=keys,
+        properties=_properties(obj, limits),
+        queue_id=queue_id,
+        sharding_key=_text(obj, "sharding_key"),
+    )
+    _delays(obj, msg, limits)
+    return msg
+
+
+def parse_messages(payload: Any, limits: Limits = DEFAULT_LIMITS) -> list[OutgoingMessage]:
+    """Validate a send request ``{messages: [...]}`` as a whole."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
+        raise _bad("messages", "the body must be {\"messages\": [Message, ...]}")
+    items = payload["messages"]
+    if not items:
+        raise _bad("messages", "must hold at least one message")
+    if len(items) > limits.max_batch_messages:
+        raise _bad("messages", f"{len(items)} messages exceeds the batch limit of "
+                   f"{limits.max_batch_messages}", ErrorCode.MESSAGE_TOO_LARGE)
+    out = []
+    total = 0
+    for i, item in enumerate(items):
+        try:
+            msg = parse_message(item, limits)
+        except ProtocolError as exc:
+            raise ProtocolError(exc.code, f"messages[{i}].{exc.message}") from None
+        total += len(msg.body) + msg.properties_size()
+        out.append(msg)
+    if total > limits.max_batch_bytes:
+        raise _bad("messages", f"batch of {total} bytes exceeds the limit of "
+                   f"{limits.max_batch_bytes} bytes", ErrorCode.MESSAGE_TOO_LARGE)
+    return out
+
+
+@dataclass(slots=True)
+class ReceivedMessage:
+    """A message as the broker returns it (pull, receive, query)."""
+
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    tag: str | None = None
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    born_timestamp_ms: int = 0
+    store_timestamp_ms: int = 0
+    reconsume_times: int = 0
+    receipt_handle: str | None = None
+    state: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8")
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> ReceivedMessage:
+        body = obj.get("body", b"")
+        if isinstance(body, str):
+            body = (base64.b64decode(body) if obj.get("body_encoding") == "base64"
+                    else body.encode("utf-8"))
+        return cls(
+            message_id=obj["message_id"],
+            topic=obj["topic"],
+            queue_id=obj.get("queue_id", 0),
+            queue_offset=obj.get("queue_offset", 0),
+            body=bytes(body),
+            tag=obj.get("tag"),
+            keys=list(obj.get("keys") or []),
+            properties=dict(obj.get("properties") or {}),
+            born_timestamp_ms=obj.get("born_timestamp_ms", 0),
+            store_timestamp_ms=obj.get("store_timestamp_ms", 0),
+            reconsume_times=obj.get("reconsume_times", 0),
+            receipt_handle=obj.get("receipt_handle"),
+            state=obj.get("state"),
+        )

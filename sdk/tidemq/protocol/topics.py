@@ -1,0 +1,58 @@
+"""Topic and group names: the name rule and every system topic (the one place they are named)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from tidemq.protocol.codes import ErrorCode, ProtocolError
+
+TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+GROUP_NAME_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+
+
+class SystemTopic(StrEnum):
+    TRANS_HALF = "RMQ_SYS_TRANS_HALF_TOPIC"  # half (prepared) transactional messages
+    TRANS_OP_HALF = "RMQ_SYS_TRANS_OP_HALF_TOPIC"  # op records: a half message was ended
+    TRANS_CHECK_MAX = "TRANS_CHECK_MAX_TIME_TOPIC"  # discarded half messages
+    TRANS_EVENTS = "TIDE_SYS_TRANS_EVENTS"  # transaction state events (metrics input)
+    SCHEDULE = "SCHEDULE_TOPIC_XXXX"  # delay-level messages, queue = level - 1
+    TIMER_INTAKE = "TIDE_SYS_TIMER_INTAKE"  # arbitrary-delay messages for the scheduler
+
+
+_SYSTEM_PREFIXES = ("RMQ_SYS_", "rmq_sys_", "TIDE_SYS_", RETRY_PREFIX, DLQ_PREFIX)
+_SYSTEM_NAMES = frozenset({SystemTopic.SCHEDULE.value, SystemTopic.TRANS_CHECK_MAX.value})
+
+
+def is_system_topic(topic: str) -> bool:
+    """True for names the public API may read but never write or create."""
+    return topic in _SYSTEM_NAMES or topic.startswith(_SYSTEM_PREFIXES)
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+def validate_topic_name(topic: str) -> str:
+    if not isinstance(topic, str) or not TOPIC_NAME_RE.match(topic):
+        raise ProtocolError(
+            ErrorCode.INVALID_TOPIC_NAME,
+            f"topic name {topic!r} must match {TOPIC_NAME_RE.pattern} (1-127 characters)",
+        )
+    return topic
+
+
+def validate_group_name(group: str) -> str:
+    if not isinstance(group, str) or not GROUP_NAME_RE.match(group):
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST,
+            f"group name {group!r} must match {GROUP_NAME_RE.pattern} (1-127 characters)",
+        )
+    return group

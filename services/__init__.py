@@ -1,0 +1,1 @@
+"""tidemq services: nameserver, broker, checker, scheduler, metrics sidecar, and the CLI."""

@@ -1,0 +1,1 @@
+"""Pieces every tidemq service shares: settings base, constants, app factory, loops, runner."""

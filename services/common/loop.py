@@ -1,0 +1,56 @@
+"""One small base for background loops: ``start``, ``stop``, ``wakeup``, ``run_once``.
+
+The loop is tiny; the work is a plain method that tests call directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundLoop:
+    """Calls ``run_once`` every ``interval_s`` seconds, or sooner when ``wakeup`` is called."""
+
+    name = "loop"
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+
+    async def run_once(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.create_task(self._run(), name=self.name)
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: run failed; retrying in %.1fs", self.name, self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()

@@ -1,0 +1,26 @@
+"""Run one service as one asyncio process: readable logs, uvloop, clean shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+from fastapi import FastAPI
+
+LOG_FORMAT = "%(asctime)s %(levelname)-5s %(name)s: %(message)s"
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
+    """Serve until SIGINT/SIGTERM; uvicorn runs the app's lifespan shutdown on either."""
+    setup_logging(log_level)
+    config = uvicorn.Config(
+        app, host=host, port=port, loop="uvloop", http="httptools", log_level=log_level,
+        access_log=False, log_config=None, timeout_graceful_shutdown=5, backlog=2048,
+    )
+    uvicorn.Server(config).run()

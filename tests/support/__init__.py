@@ -1,0 +1,1 @@
+"""Test support: free ports, a real redis-server, real service processes."""

@@ -1,0 +1,131 @@
+"""Start real processes on loopback for tests: redis-server and tidemq services.
+
+Each process gets a free port and its own temp directory; logs go to a file that is printed
+when a test fails to start it, so a broken service is readable from the test output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class RedisServer:
+    """A real redis-server on a free port (appendonly so restarts keep data)."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed: run scripts/install-system-deps.sh")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+             "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+class ServiceProcess:
+    """``python -m services.<name>`` as a child process with the given environment."""
+
+    def __init__(self, name: str, port: int, env: dict[str, str], workdir: Path) -> None:
+        self.name = name
+        self.port = port
+        self.env = env
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"{name}-{port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> ServiceProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
+                                     cwd=REPO, env=env, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
+                                   + self.log_path.read_text()[-4000:])
+            try:
+                if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop(signal.SIGKILL)
+        raise TimeoutError(f"{self.name} not healthy after {timeout}s:\n"
+                           + self.log_path.read_text()[-4000:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def logs(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
