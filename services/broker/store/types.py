@@ -29,6 +29,7 @@ class PutStatus(StrEnum):
     BUSY = "busy"  # flow control: write queue too deep or its head waited too long
     DISK_FULL = "disk_full"  # disk past the full mark and nothing deletable
     UNAVAILABLE = "unavailable"  # store closed or in a sticky error state
+    TOO_LARGE = "too_large"  # a record larger than a commit log segment can hold
 
 
 class GetStatus(StrEnum):

@@ -1,0 +1,46 @@
+"""Checkpoint: how far the commit log is durable and how far derived data is durable.
+
+Written as a small JSON file through temp file + fsync + rename, so it is either the old or
+the new version, never torn. Recovery trusts derived data (consume queues, index) only below
+``dispatched``, and re-dispatches everything after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    commitlog_synced: int = 0  # commit log bytes below this offset are fsynced
+    dispatched: int = 0  # consume queues and index are durable for records below this offset
+    timestamp_ms: int = 0  # when this checkpoint was taken
+    clean_shutdown: bool = False  # the store was closed, not killed
+    retention_floors: dict[str, int] = field(default_factory=dict)  # owner → lowest offset
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return cls()
+        return cls(**{k: v for k, v in data.items() if k in cls.__slots__})  # type: ignore[attr-defined]
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        data = json.dumps(asdict(self)).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

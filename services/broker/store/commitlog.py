@@ -1,0 +1,262 @@
+"""The commit log: fixed-size segment files named by their 20-digit start offset.
+
+Only the store's single writer appends; reads are positional (``os.pread``) and may run at any
+time. A record never spans segments: when one does not fit, the segment gets an 8-byte blank
+marker and the record starts the next segment. Segment files are not preallocated, so a file's
+length is where its data ends.
+
+Invariants:
+- ``write_offset`` is always a record boundary (or a segment start).
+- Every byte below ``write_offset`` has been handed to the OS; ``synced_offset`` ≤ it has been
+  fsynced.
+- Nothing below ``min_offset`` is readable; segments are deleted whole, oldest first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.broker.store import record
+from services.broker.store.record import BLANK, BLANK_MAGIC, BLANK_SIZE, CorruptRecord
+from services.broker.store.types import StoredRecord
+
+log = logging.getLogger(__name__)
+
+SCAN_CHUNK = 8 * 1024 * 1024  # bytes read at a time by recovery scans
+
+
+class StoreClosedError(Exception):
+    """The commit log is closed or in a sticky error state; nothing more is written."""
+
+
+@dataclass(slots=True)
+class Segment:
+    start: int
+    path: Path
+    fd: int
+    length: int  # bytes written to the file
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def segment_name(start: int) -> str:
+    return f"{start:020d}"
+
+
+class CommitLog:
+    def __init__(self, directory: Path, segment_bytes: int) -> None:
+        if segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+        self.dir = directory
+        self.segment_bytes = segment_bytes
+        self.segments: list[Segment] = []
+        self.write_offset = 0
+        self.synced_offset = 0
+        self._dirty: set[int] = set()  # fds written since the last sync
+        self.error: str | None = None  # sticky: once set, every write refuses
+
+    # --- opening and recovery ------------------------------------------------------------
+    def open(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        names = sorted(p for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20)
+        for path in names:
+            start = int(path.name)
+            if start % self.segment_bytes:
+                raise CorruptRecord(start, f"segment {path.name} is not aligned to "
+                                    f"{self.segment_bytes} bytes (segment size changed?)")
+            fd = os.open(path, os.O_RDWR)
+            self.segments.append(Segment(start, path, fd, os.fstat(fd).st_size))
+        if not self.segments:
+            self._new_segment(0)
+        last = self.segments[-1]
+        self.write_offset = last.start + last.length
+        self.synced_offset = self.write_offset
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].start
+
+    def scan(self, start: int) -> Iterator[tuple[memoryview, int, int]]:
+        """Yield ``(buffer, pos, physical_offset)`` for each valid record from ``start`` on.
+
+        Stops at the first invalid record or at the end of data; ``self.scan_end`` then holds
+        the offset just past the last valid record (where the log must be truncated).
+        """
+        self.scan_end = start
+        i = self._segment_index(start)
+        if i is None:
+            return
+        pos = start - self.segments[i].start
+        while i < len(self.segments):
+            seg = self.segments[i]
+            sealed = False
+            while pos < seg.length and not sealed:
+                view = memoryview(os.pread(seg.fd, min(SCAN_CHUNK, seg.length - pos), pos))
+                p = 0
+                while True:
+                    if record.is_blank(view, p):
+                        sealed = True
+                        break
+                    if len(view) - p < record.PREFIX.size:
+                        if pos + p + record.PREFIX.size > seg.length:
+                            return  # a torn header at the end of the file
+                        break
+                    size = int.from_bytes(view[p:p + 4], "big")
+                    if size < record.MIN_RECORD_SIZE or size > SCAN_CHUNK:
+                        return
+                    if p + size > len(view):
+                        if pos + p + size > seg.length:
+                            return  # torn at the end of the file
+                        break  # the record continues in the next chunk
+                    try:
+                        record.check(view, p, seg.start + pos + p)
+                    except CorruptRecord:
+                        return
+                    yield view, p, seg.start + pos + p
+                    p += size
+                    self.scan_end = seg.start + pos + p
+                if p == 0 and not sealed:
+                    return
+                pos += p
+            i += 1
+            pos = 0
+            if i < len(self.segments):
+                self.scan_end = self.segments[i].start
+
+    def truncate(self, offset: int) -> None:
+        """Drop everything at and after ``offset`` (recovery of a torn tail)."""
+        while len(self.segments) > 1 and self.segments[-1].start > offset:
+            seg = self.segments.pop()
+            self._dirty.discard(seg.fd)
+            os.close(seg.fd)
+            seg.path.unlink()
+            log.warning("recovery: removed segment %s past the valid end %d", seg.name, offset)
+        seg = self.segments[-1]
+        keep = offset - seg.start
+        if not 0 <= keep <= self.segment_bytes:
+            raise CorruptRecord(offset, "truncate outside the remaining segments")
+        if keep < seg.length:
+            log.warning("recovery: truncated %d bytes of torn tail at offset %d",
+                        seg.length - keep, offset)
+            os.ftruncate(seg.fd, keep)
+            os.fsync(seg.fd)
+            seg.length = keep
+        self.write_offset = offset
+        self.synced_offset = min(self.synced_offset, offset)
+
+    # --- writing ---------------------------------------------------------------------------
+    def fits(self, size: int) -> bool:
+        """Whether a record of ``size`` fits in the current segment (leaving room for a blank)."""
+        seg = self.segments[-1]
+        return seg.length + size + BLANK_SIZE <= self.segment_bytes
+
+    def roll(self) -> None:
+        """Seal the current segment with a blank marker and start the next one."""
+        seg = self.segments[-1]
+        remaining = self.segment_bytes - seg.length
+        os.pwrite(seg.fd, BLANK.pack(remaining, BLANK_MAGIC), seg.length)
+        seg.length += BLANK_SIZE
+        self._dirty.add(seg.fd)
+        self._new_segment(seg.start + self.segment_bytes)
+        self.write_offset = self.segments[-1].start
+
+    def write(self, data: bytes | bytearray) -> None:
+        """Append ``data`` (whole records) to the current segment."""
+        if self.error:
+            raise StoreClosedError(self.error)
+        seg = self.segments[-1]
+        try:
+            written = os.pwrite(seg.fd, data, seg.length)
+            if written != len(data):
+                raise OSError(f"short write: {written} of {len(data)} bytes")
+        except OSError as exc:
+            self.error = f"commit log write failed: {exc}"
+            log.error("%s; the store refuses further writes", self.error)
+            raise StoreClosedError(self.error) from exc
+        seg.length += len(data)
+        self.write_offset += len(data)
+        self._dirty.add(seg.fd)
+
+    def take_dirty(self) -> tuple[int, list[int]]:
+        """For a flush: the offset that syncing the returned fds will make durable."""
+        dirty = list(self._dirty)
+        self._dirty.clear()
+        return self.write_offset, dirty
+
+    def mark_synced(self, offset: int) -> None:
+        self.synced_offset = max(self.synced_offset, offset)
+
+    def _new_segment(self, start: int) -> None:
+        path = self.dir / segment_name(start)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.segments.append(Segment(start, path, fd, os.fstat(fd).st_size))
+        dir_fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    # --- reading ---------------------------------------------------------------------------
+    def _segment_index(self, offset: int) -> int | None:
+        if not self.segments or offset < self.segments[0].start:
+            return None
+        i = (offset - self.segments[0].start) // self.segment_bytes
+        if i < len(self.segments) and self.segments[i].start <= offset:
+            return int(i)
+        return None
+
+    def read_bytes(self, offset: int, size: int) -> bytes:
+        """Raw bytes of ``[offset, offset + size)``, which must lie in one segment."""
+        i = self._segment_index(offset)
+        if i is None or offset + size > self.write_offset:
+            return b""
+        seg = self.segments[i]
+        return os.pread(seg.fd, size, offset - seg.start)
+
+    def read(self, offset: int, size: int | None = None) -> StoredRecord | None:
+        """The CRC-checked record at ``offset``, or None when absent or corrupt."""
+        if offset < self.min_offset or offset >= self.write_offset:
+            return None
+        if size is None:
+            head = self.read_bytes(offset, 4)
+            if len(head) < 4:
+                return None
+            size = int.from_bytes(head, "big")
+            if size < record.MIN_RECORD_SIZE or size > self.segment_bytes:
+                return None
+        buf = self.read_bytes(offset, size)
+        try:
+            return record.decode(buf, 0, offset)
+        except (CorruptRecord, UnicodeDecodeError, ValueError) as exc:
+            log.error("refusing to serve record at %d: %s", offset, exc)
+            return None
+
+    def store_timestamp(self, offset: int) -> int | None:
+        raw = self.read_bytes(offset + record.STORE_TS_AT, 8)
+        return int.from_bytes(raw, "big", signed=True) if len(raw) == 8 else None
+
+    # --- retention -------------------------------------------------------------------------
+    def delete_oldest(self) -> Segment | None:
+        """Remove the oldest segment (never the one being written)."""
+        if len(self.segments) < 2:
+            return None
+        seg = self.segments.pop(0)
+        self._dirty.discard(seg.fd)
+        os.close(seg.fd)
+        seg.path.unlink(missing_ok=True)
+        return seg
+
+    def close(self) -> None:
+        for seg in self.segments:
+            try:
+                os.close(seg.fd)
+            except OSError:
+                pass
+        self.segments.clear()
+        self.error = self.error or "closed"

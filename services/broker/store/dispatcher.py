@@ -1,0 +1,87 @@
+"""Dispatch: from commit log records to every derived structure (consume queues, index).
+
+The writer dispatches each record it appends (from the metadata it already holds), and
+recovery dispatches records it re-reads from the log; both go through ``dispatch`` so the
+rules live in one place:
+
+- prepared (half) and rolled-back transaction records get no consume-queue unit;
+- every record is indexed by its unique key (message id) and by each of its keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.broker.store.consume_queue import ConsumeQueue
+from services.broker.store.index import Index, topic_key, unique_key
+from services.broker.store.types import KEY_SEPARATOR, SysFlag
+
+
+def dispatchable(sys_flag: int) -> bool:
+    kind = sys_flag & SysFlag.TYPE_MASK
+    return kind not in (SysFlag.PREPARED, SysFlag.ROLLBACK)
+
+
+class Dispatcher:
+    def __init__(self, cq_root: Path, units_per_file: int, index: Index) -> None:
+        self.cq_root = cq_root
+        self.units_per_file = units_per_file
+        self.index = index
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.touched: set[tuple[str, int]] = set()  # queues that grew since the last drain
+
+    def load(self) -> None:
+        self.cq_root.mkdir(parents=True, exist_ok=True)
+        for topic_dir in self.cq_root.iterdir():
+            for qdir in topic_dir.iterdir():
+                if qdir.name.isdigit():
+                    cq = ConsumeQueue(qdir, topic_dir.name, int(qdir.name), self.units_per_file)
+                    cq.load()
+                    self.queues[(topic_dir.name, int(qdir.name))] = cq
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(self.cq_root / topic / str(queue_id), topic, queue_id,
+                              self.units_per_file)
+            self.queues[(topic, queue_id)] = cq
+        return cq
+
+    def next_queue_offset(self, topic: str, queue_id: int, sys_flag: int) -> int:
+        return self.queue(topic, queue_id).max_offset if dispatchable(sys_flag) else 0
+
+    def dispatch(self, topic: str, queue_id: int, queue_offset: int, phys: int, size: int,
+                 sys_flag: int, tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
+        if dispatchable(sys_flag):
+            self.queue(topic, queue_id).append(queue_offset, phys, size, tag_code)
+            self.touched.add((topic, queue_id))
+        if uniq:
+            self.index.put(unique_key(uniq), phys, store_ms)
+        if keys:
+            for key in keys.split(KEY_SEPARATOR):
+                self.index.put(topic_key(topic, key), phys, store_ms)
+
+    def write_pending(self) -> set[tuple[str, int]]:
+        """Put buffered units into their files; return (and forget) the queues that grew."""
+        touched, self.touched = self.touched, set()
+        for key in touched:
+            self.queues[key].write_pending()
+        return touched
+
+    def truncate_from(self, phys: int) -> None:
+        """Forget derived data for records at or after ``phys`` (recovery re-dispatches)."""
+        for cq in self.queues.values():
+            last = cq.last_physical()
+            if last is not None and last >= phys:
+                cq.truncate_from_physical(phys)
+
+    def take_dirty(self) -> list[int]:
+        fds: list[int] = []
+        for cq in self.queues.values():
+            if cq.dirty:
+                fds.extend(cq.take_dirty())
+        return fds
+
+    def close(self) -> None:
+        for cq in self.queues.values():
+            cq.close()

@@ -1,0 +1,162 @@
+"""Index: message keys and unique keys → commit log offsets, in memory-mapped hash files.
+
+File layout (big-endian), named by the 20-digit store timestamp (ms) of its first entry::
+
+    header   40 B   magic u32, version u32, begin_ms i64, end_ms i64, end_phys i64, count u32,
+                    pad u32
+    slots    slots × u32            index of the newest entry with that hash (0 = empty)
+    entries  entries × 20 B         key hash u32, commit log offset i64, ms since begin i32,
+                                    previous entry with the same slot u32
+
+Hashes collide, and entries may point at records that recovery later truncated and overwrote;
+so every hit is verified by the caller against the record itself. The index is derived data,
+rebuilt by re-dispatching from the checkpoint after a crash; duplicate entries are harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">IIqqqII")
+HEADER_SIZE = HEADER.size  # 40
+SLOT = struct.Struct(">I")
+ENTRY = struct.Struct(">IqiI")  # hash, offset, ms since begin, previous entry
+ENTRY_SIZE = ENTRY.size  # 20
+INDEX_MAGIC = 0x7D1E_1D01
+MAX_DELTA_MS = 2**31 - 1
+MAX_CHAIN = 100_000  # a walk longer than this means a corrupt file
+
+
+def key_hash(key: str) -> int:
+    return zlib.crc32(key.encode("utf-8"))
+
+
+def unique_key(message_id: str) -> str:
+    return "U\0" + message_id
+
+
+def topic_key(topic: str, key: str) -> str:
+    return topic + "\0" + key
+
+
+class IndexFile:
+    def __init__(self, path: Path, slots: int, entries: int, begin_ms: int | None = None) -> None:
+        self.path = path
+        self.slots = slots
+        self.entries = entries
+        size = HEADER_SIZE + slots * SLOT.size + (entries + 1) * ENTRY_SIZE
+        fresh = not path.exists()
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fresh or os.fstat(self.fd).st_size < size:
+            os.ftruncate(self.fd, size)
+        self.mm = mmap.mmap(self.fd, size)
+        magic, _v, begin, end, end_phys, count, _ = HEADER.unpack_from(self.mm, 0)
+        if magic != INDEX_MAGIC:
+            begin = begin_ms if begin_ms is not None else int(path.name)
+            end, end_phys, count = begin, 0, 0
+            HEADER.pack_into(self.mm, 0, INDEX_MAGIC, 1, begin, end, end_phys, count, 0)
+        self.begin_ms, self.end_ms, self.end_phys, self.count = begin, end, end_phys, count
+        self._entries_at = HEADER_SIZE + slots * SLOT.size
+
+    def full(self, store_ms: int) -> bool:
+        return self.count >= self.entries or store_ms - self.begin_ms > MAX_DELTA_MS
+
+    def put(self, key: str, phys: int, store_ms: int) -> None:
+        h = key_hash(key)
+        slot_at = HEADER_SIZE + (h % self.slots) * SLOT.size
+        (prev,) = SLOT.unpack_from(self.mm, slot_at)
+        self.count += 1
+        ENTRY.pack_into(self.mm, self._entries_at + self.count * ENTRY_SIZE, h, phys,
+                        max(0, store_ms - self.begin_ms), prev)
+        SLOT.pack_into(self.mm, slot_at, self.count)
+        self.end_ms = max(self.end_ms, store_ms)
+        self.end_phys = max(self.end_phys, phys)
+
+    def write_header(self) -> None:
+        HEADER.pack_into(self.mm, 0, INDEX_MAGIC, 1, self.begin_ms, self.end_ms, self.end_phys,
+                         self.count, 0)
+
+    def lookup(self, key: str, begin_ms: int, end_ms: int) -> Iterator[int]:
+        """Commit log offsets of entries with the key's hash in the time range, newest first."""
+        h = key_hash(key)
+        (i,) = SLOT.unpack_from(self.mm, HEADER_SIZE + (h % self.slots) * SLOT.size)
+        steps = 0
+        while 0 < i <= self.count and steps < MAX_CHAIN:
+            eh, phys, delta, prev = ENTRY.unpack_from(self.mm, self._entries_at + i * ENTRY_SIZE)
+            if eh == h and begin_ms <= self.begin_ms + delta <= end_ms:
+                yield phys
+            if prev >= i:
+                break  # chains only point backwards; anything else is damage
+            i, steps = prev, steps + 1
+
+    def flush(self) -> None:
+        self.write_header()
+        self.mm.flush()
+
+    def close(self) -> None:
+        try:
+            self.write_header()
+            self.mm.close()
+        finally:
+            os.close(self.fd)
+
+
+class Index:
+    """The set of index files, newest last; new entries go to the newest."""
+
+    def __init__(self, directory: Path, slots: int, entries: int) -> None:
+        self.dir = directory
+        self.slots = slots
+        self.entries = entries
+        self.files: list[IndexFile] = []
+
+    def open(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for path in sorted(p for p in self.dir.iterdir() if p.name.isdigit()):
+            self.files.append(IndexFile(path, self.slots, self.entries))
+
+    def put(self, key: str, phys: int, store_ms: int) -> None:
+        if not self.files or self.files[-1].full(store_ms):
+            name = f"{store_ms:020d}"
+            if self.files and self.files[-1].path.name >= name:
+                name = f"{int(self.files[-1].path.name) + 1:020d}"
+            self.files.append(IndexFile(self.dir / name, self.slots, self.entries, store_ms))
+        self.files[-1].put(key, phys, store_ms)
+
+    def lookup(self, key: str, begin_ms: int = 0, end_ms: int = 2**62) -> list[int]:
+        """Distinct candidate offsets for ``key`` in the time range, newest first."""
+        seen: set[int] = set()
+        out: list[int] = []
+        for f in reversed(self.files):
+            if f.end_ms < begin_ms or f.begin_ms > end_ms:
+                continue
+            for phys in f.lookup(key, begin_ms, end_ms):
+                if phys not in seen:
+                    seen.add(phys)
+                    out.append(phys)
+        return out
+
+    def flush(self) -> None:
+        for f in self.files[-2:]:  # only the newest files take writes
+            f.flush()
+
+    def delete_before(self, min_phys: int) -> None:
+        """Drop files whose every entry points below ``min_phys`` (never the newest)."""
+        while len(self.files) > 1 and self.files[0].end_phys < min_phys:
+            f = self.files.pop(0)
+            f.close()
+            f.path.unlink(missing_ok=True)
+            log.info("retention: deleted index file %s", f.path.name)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files.clear()

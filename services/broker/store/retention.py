@@ -1,0 +1,64 @@
+"""Retention: delete the oldest commit log segments, and the derived data that pointed there.
+
+A segment goes when it is older than ``file_reserved_hours`` (by its last write), or earlier
+while disk usage is past the high-water mark — oldest first, never the segment being written,
+and never one that reaches a system consumer's retention floor (the checker's and scheduler's
+reported progress): their unconsumed records must outlive any age limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.broker.store.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+class Retention:
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+        self.deleted_segments = 0
+
+    def _disk_ratio(self) -> float:
+        usage = shutil.disk_usage(self.store.root)
+        return usage.used / usage.total
+
+    async def run_once(self, now: float | None = None) -> int:
+        """Delete what may go; return the number of segments deleted."""
+        store, cfg = self.store, self.store.config
+        now = time.time() if now is None else now
+        floor = min(store.floors.values()) if store.floors else None
+        deleted = 0
+        async with store._sync_lock:
+            while len(store.log.segments) > 1:
+                seg = store.log.segments[0]
+                seg_end = store.log.segments[1].start
+                if floor is not None and seg_end > floor:
+                    break  # holds records a system consumer has not consumed yet
+                mtime = seg.path.stat().st_mtime
+                expired = now - mtime > cfg.file_reserved_hours * 3600
+                pressure = self._disk_ratio() > cfg.disk_high_water_ratio
+                if not (expired or pressure):
+                    break
+                store.log.delete_oldest()
+                deleted += 1
+                log.info("retention: deleted segment %s (%s)", seg.name,
+                         "expired" if expired else "disk past high-water mark")
+            if deleted:
+                min_phys = store.log.min_offset
+                for cq in store.dispatcher.queues.values():
+                    cq.advance_min(min_phys)
+                store.index.delete_before(min_phys)
+        self.deleted_segments += deleted
+        store.writer.disk_full = self._disk_ratio() > cfg.disk_full_ratio
+        if store.writer.disk_full:
+            log.error("disk usage past %.0f%% and nothing deletable: refusing writes",
+                      cfg.disk_full_ratio * 100)
+        await asyncio.sleep(0)
+        return deleted

@@ -1,0 +1,318 @@
+"""MessageStore: the broker's store facade (commit log + consume queues + index).
+
+The only writer of its directory. ``open`` recovers: it trusts derived data only below the
+checkpoint, validates records forward from there, truncates a torn tail and re-dispatches.
+While open, a checkpoint loop fsyncs everything every ``flush_interval_ms`` and a retention
+loop deletes old segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from services.broker.store import record
+from services.broker.store.checkpoint import Checkpoint
+from services.broker.store.commitlog import CommitLog
+from services.broker.store.config import StoreConfig
+from services.broker.store.dispatcher import Dispatcher
+from services.broker.store.index import Index, topic_key, unique_key
+from services.broker.store.retention import Retention
+from services.broker.store.types import (
+    GetResult,
+    GetStatus,
+    MessageRecord,
+    PutResult,
+    StoredRecord,
+)
+from services.broker.store.writer import GroupCommitWriter, fsync_all
+
+log = logging.getLogger(__name__)
+
+COALESCE_GAP = 64 * 1024  # reads of records closer than this share one pread
+MAX_SPAN = 4 * 1024 * 1024  # ... as long as the span stays below this
+TAG_SCAN_FACTOR = 16  # with a tag filter, scan up to this many units per wanted message
+
+Listener = Callable[[set[tuple[str, int]]], None]
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        root = Path(config.root)
+        self.root = root
+        self.checkpoint_path = root / "checkpoint"
+        self.log = CommitLog(root / "commitlog", config.segment_bytes)
+        self.index = Index(root / "index", config.index_slots, config.index_entries)
+        self.dispatcher = Dispatcher(root / "consumequeue", config.cq_units_per_file, self.index)
+        self.floors: dict[str, int] = {}
+        self._listeners: list[Listener] = []
+        self._sync_lock = asyncio.Lock()
+        self.writer = GroupCommitWriter(config, self.log, self.dispatcher, self._notify,
+                                        self._sync_lock)
+        self.retention = Retention(self)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.recovery_seconds = 0.0
+        self.recovered_records = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    async def open(cls, config: StoreConfig) -> MessageStore:
+        store = cls(config)
+        await asyncio.to_thread(store._recover)
+        store.writer.start()
+        store._tasks.append(asyncio.create_task(store._checkpoint_loop(), name="store-ckpt"))
+        store._tasks.append(asyncio.create_task(store._retention_loop(), name="store-retain"))
+        return store
+
+    def _recover(self) -> None:
+        began = time.monotonic()
+        self.root.mkdir(parents=True, exist_ok=True)
+        fresh = not self.checkpoint_path.exists()
+        cp = Checkpoint.load(self.checkpoint_path)
+        self.floors = dict(cp.retention_floors)
+        self.log.open()
+        self.index.open()
+        self.dispatcher.load()
+        start = self.log.min_offset if fresh else max(self.log.min_offset,
+                                                       min(cp.dispatched, self.log.write_offset))
+        self.dispatcher.truncate_from(start)
+        n = 0
+        for view, pos, phys in self.log.scan(start):
+            m = record.decode_meta(view, pos, phys)
+            self.dispatcher.dispatch(m.topic, m.queue_id, m.queue_offset, phys, m.size,
+                                     m.sys_flag, m.tag_code, m.store_timestamp, m.unique_key,
+                                     m.keys)
+            n += 1
+            if n % 50_000 == 0:
+                self.dispatcher.write_pending()
+        self.dispatcher.write_pending()
+        if self.log.scan_end < self.log.write_offset:
+            log.warning("recovery: valid data ends at %d, file data at %d",
+                        self.log.scan_end, self.log.write_offset)
+        self.log.truncate(self.log.scan_end)
+        for cq in self.dispatcher.queues.values():
+            cq.advance_min(self.log.min_offset)
+        _, fds = self.log.take_dirty()
+        fsync_all(fds + self.dispatcher.take_dirty())
+        self.index.flush()
+        self._save_checkpoint(self.log.write_offset)
+        self.recovered_records = n
+        self.recovery_seconds = time.monotonic() - began
+        log.info("store open at %s: commit log [%d, %d), %d queues, %d records re-dispatched "
+                 "in %.2fs%s", self.root, self.log.min_offset, self.log.write_offset,
+                 len(self.dispatcher.queues), n, self.recovery_seconds,
+                 "" if fresh or cp.clean_shutdown else " (after an unclean stop)")
+
+    def _save_checkpoint(self, offset: int, clean: bool = False) -> None:
+        Checkpoint(commitlog_synced=offset, dispatched=offset,
+                   timestamp_ms=int(time.time() * 1000), clean_shutdown=clean,
+                   retention_floors=dict(self.floors)).save(self.checkpoint_path)
+
+    async def checkpoint(self, clean: bool = False) -> None:
+        """fsync commit log, consume queues and index, then record how far they are durable."""
+        async with self._sync_lock:
+            offset, fds = self.log.take_dirty()
+            fds += self.dispatcher.take_dirty()
+            for f in self.index.files[-2:]:
+                f.write_header()
+            await asyncio.to_thread(self._sync_and_save, fds, offset, clean)
+            self.log.mark_synced(offset)
+
+    def _sync_and_save(self, fds: list[int], offset: int, clean: bool) -> None:
+        fsync_all(fds)
+        for f in self.index.files[-2:]:
+            f.mm.flush()
+        self._save_checkpoint(offset, clean)
+
+    async def _checkpoint_loop(self) -> None:
+        interval = self.config.flush_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.checkpoint()
+                usage = shutil.disk_usage(self.root)
+                self.writer.disk_full = usage.used / usage.total > self.config.disk_full_ratio
+            except OSError:
+                log.exception("checkpoint failed; retrying in %.1fs", interval)
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.retention_interval_s)
+            try:
+                await self.retention.run_once()
+            except OSError:
+                log.exception("retention run failed")
+
+    async def close(self) -> None:
+        await self.writer.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if not self.log.error:
+            await self.checkpoint(clean=True)
+        self.dispatcher.close()
+        self.index.close()
+        self.log.close()
+
+    # --- writing ---------------------------------------------------------------------------
+    async def put(self, records: list[MessageRecord]) -> PutResult:
+        """Append records contiguously, in order, in one group commit."""
+        return await self.writer.put(records)
+
+    def add_listener(self, callback: Listener) -> None:
+        self._listeners.append(callback)
+
+    def _notify(self, touched: set[tuple[str, int]]) -> None:
+        for cb in self._listeners:
+            try:
+                cb(touched)
+            except Exception:
+                log.exception("store listener failed")
+
+    def set_retention_floor(self, owner: str, physical_offset: int) -> None:
+        """A system consumer's progress: segments at or past it are never deleted."""
+        self.floors[owner] = physical_offset
+
+    # --- reading ---------------------------------------------------------------------------
+    def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
+        cq = self.dispatcher.queues.get((topic, queue_id))
+        return (cq.min_offset, cq.max_offset) if cq else (0, 0)
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(q for (t, q) in self.dispatcher.queues if t == topic)
+
+    def get(self, topic: str, queue_id: int, offset: int, max_count: int,
+            tag_codes: frozenset[int] | None = None) -> GetResult:
+        cq = self.dispatcher.queues.get((topic, queue_id))
+        lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW, [], offset, lo, hi)
+        corrected = offset < lo
+        offset = max(offset, lo)
+        if cq is None or offset == hi:
+            return GetResult(GetStatus.NO_MESSAGE, [], offset, lo, hi)
+        scan = max_count if tag_codes is None else max_count * TAG_SCAN_FACTOR
+        units = cq.read_units(offset, min(scan, 65_536))
+        wanted: list[tuple[int, int]] = []
+        nbytes = 0
+        next_offset = offset
+        min_phys = self.log.min_offset
+        for phys, size, tag in units:
+            if len(wanted) >= max_count or nbytes >= self.config.max_read_bytes:
+                break
+            next_offset += 1
+            if size <= 0 or phys < min_phys:
+                continue
+            if tag_codes is not None and tag not in tag_codes:
+                continue
+            wanted.append((phys, size))
+            nbytes += size
+        records = self.read_many(wanted)
+        status = (GetStatus.OFFSET_TOO_SMALL if corrected else
+                  GetStatus.FOUND if records else GetStatus.NO_MATCHED)
+        return GetResult(status, records, next_offset, lo, hi)
+
+    def read(self, physical_offset: int) -> StoredRecord | None:
+        return self.log.read(physical_offset)
+
+    def read_many(self, spots: list[tuple[int, int]]) -> list[StoredRecord]:
+        """Records at ``(offset, size)`` spots (ascending); nearby ones share one pread."""
+        out: list[StoredRecord] = []
+        i = 0
+        seg_bytes = self.log.segment_bytes
+        while i < len(spots):
+            start, size = spots[i]
+            end, j = start + size, i + 1
+            while j < len(spots):
+                nxt, nsize = spots[j]
+                if (nxt - end > COALESCE_GAP or nxt + nsize - start > MAX_SPAN
+                        or nxt // seg_bytes != start // seg_bytes or nxt < end):
+                    break
+                end, j = nxt + nsize, j + 1
+            buf = self.log.read_bytes(start, end - start)
+            for phys, _ in spots[i:j]:
+                try:
+                    out.append(record.decode(buf, phys - start, phys))
+                except (record.CorruptRecord, UnicodeDecodeError, ValueError) as exc:
+                    log.error("refusing to serve record at %d: %s", phys, exc)
+            i = j
+        return out
+
+    def _verified(self, offsets: list[int], keep: Callable[[StoredRecord], bool]
+                  ) -> list[StoredRecord]:
+        out = []
+        for phys in sorted(offsets):
+            rec = self.log.read(phys)
+            if rec is not None and keep(rec):
+                out.append(rec)
+        return out
+
+    def find_by_unique_key(self, message_id: str) -> list[StoredRecord]:
+        """Every record whose message id is ``message_id``, oldest first."""
+        offsets = self.index.lookup(unique_key(message_id))
+        return self._verified(offsets, lambda r: r.message_id == message_id)
+
+    def find_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
+                    max_count: int = 64) -> list[StoredRecord]:
+        offsets = self.index.lookup(topic_key(topic, key), begin_ms, end_ms)
+        found = self._verified(offsets, lambda r: r.topic == topic and key in r.keys
+                               and begin_ms <= r.store_timestamp <= end_ms)
+        return found[-max_count:]
+
+    def offset_for_time(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """The first queue offset whose record was stored at or after ``ts_ms``."""
+        cq = self.dispatcher.queues.get((topic, queue_id))
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = cq.read_units(mid, 1)
+            ts = self.log.store_timestamp(unit[0][0]) if unit else None
+            if ts is not None and ts < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def find_by_time(self, topic: str, begin_ms: int, end_ms: int, max_count: int = 64
+                     ) -> list[StoredRecord]:
+        found: list[StoredRecord] = []
+        for qid in self.queue_ids(topic):
+            offset = self.offset_for_time(topic, qid, begin_ms)
+            while len(found) < max_count * 4:
+                res = self.get(topic, qid, offset, 64)
+                if not res.records:
+                    break
+                inside = [r for r in res.records if r.store_timestamp <= end_ms]
+                found.extend(r for r in inside if r.store_timestamp >= begin_ms)
+                if len(inside) < len(res.records):
+                    break
+                offset = res.next_offset
+        found.sort(key=lambda r: (r.store_timestamp, r.physical_offset))
+        return found[:max_count]
+
+    # --- observability ---------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        disk = shutil.disk_usage(self.root)
+        return {
+            **{k: float(v) for k, v in self.writer.stats.items()},
+            "commitlog_min_offset": float(self.log.min_offset),
+            "commitlog_max_offset": float(self.log.write_offset),
+            "commitlog_synced_offset": float(self.log.synced_offset),
+            "commitlog_segments": float(len(self.log.segments)),
+            "consume_queues": float(len(self.dispatcher.queues)),
+            "index_files": float(len(self.index.files)),
+            "disk_used_ratio": disk.used / disk.total,
+            "recovery_seconds": self.recovery_seconds,
+            "pid": float(os.getpid()),
+        }

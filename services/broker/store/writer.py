@@ -1,0 +1,223 @@
+"""Group commit: the store's single writer.
+
+Concurrent ``put`` calls enqueue requests; one task drains the queue, packs every waiting
+record into one buffer, writes it with one ``pwrite``, dispatches the records and wakes
+long-pollers. Under ``flush=async`` requests are acknowledged once the write returns (the
+data is in the OS, so a process crash loses nothing acknowledged). Under ``flush=sync`` a
+second task runs ``fdatasync`` in a thread while the writer keeps packing the next batch,
+and acknowledges every request the sync covered — one fsync serves hundreds of records.
+
+Flow control: when the queue's head has waited longer than ``max_send_wait_ms`` or the bytes
+waiting exceed ``max_pending_bytes``, ``put`` answers BUSY at once instead of queueing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.broker.store import record
+from services.broker.store.commitlog import CommitLog, StoreClosedError
+from services.broker.store.config import FlushMode, StoreConfig
+from services.broker.store.dispatcher import Dispatcher
+from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
+
+log = logging.getLogger(__name__)
+
+WRITE_BATCH_BYTES = 4 * 1024 * 1024  # at most this much is packed into one write
+HEADER_WRITTEN = record.HEADER_SIZE - 4  # body_len is written as part of the payload
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    records: list[MessageRecord]
+    payloads: list[bytes]
+    nbytes: int
+    enqueued: float
+    future: asyncio.Future[PutResult]
+    result: PutResult | None = None
+
+
+@dataclass(slots=True)
+class _SyncWait:
+    end_offset: int
+    requests: list[_Request]
+    since: float = field(default_factory=time.monotonic)
+
+
+def fsync_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.fdatasync(fd)
+
+
+class GroupCommitWriter:
+    def __init__(self, config: StoreConfig, commitlog: CommitLog, dispatcher: Dispatcher,
+                 notify: Callable[[set[tuple[str, int]]], None],
+                 sync_lock: asyncio.Lock) -> None:
+        self.config = config
+        self.log = commitlog
+        self.dispatcher = dispatcher
+        self.notify = notify
+        self.sync_lock = sync_lock
+        self.store_host = record.encode_host(config.store_host)
+        self.disk_full = False
+        self.closed = False
+        self._queue: deque[_Request] = deque()
+        self._pending_bytes = 0
+        self._wake = asyncio.Event()
+        self._sync_waits: deque[_SyncWait] = deque()
+        self._sync_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.stats = {"put_requests": 0, "put_records": 0, "put_bytes": 0, "writes": 0,
+                      "fsyncs": 0, "busy": 0}
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._write_loop(), name="store-writer"))
+        if self.config.flush == FlushMode.SYNC:
+            self._tasks.append(asyncio.create_task(self._sync_loop(), name="store-sync"))
+
+    async def stop(self) -> None:
+        """Refuse new puts, finish the queued ones, then stop."""
+        self.closed = True
+        while self._queue or self._sync_waits:
+            self._wake.set()
+            self._sync_wake.set()
+            await asyncio.sleep(0.001)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # --- the put path ----------------------------------------------------------------------
+    def _refusal(self, now: float) -> PutResult | None:
+        if self.closed or self.log.error:
+            return PutResult(PutStatus.UNAVAILABLE, message=self.log.error or "store is closing")
+        if self.disk_full:
+            return PutResult(PutStatus.DISK_FULL,
+                             message="disk is nearly full and nothing can be deleted")
+        waited = (now - self._queue[0].enqueued) if self._queue else 0.0
+        if self._sync_waits:
+            waited = max(waited, now - self._sync_waits[0].since)
+        if waited * 1000 > self.config.max_send_wait_ms:
+            return PutResult(PutStatus.BUSY, message=f"write queue head waited "
+                             f"{waited * 1000:.0f} ms (limit {self.config.max_send_wait_ms} ms)")
+        if self._pending_bytes > self.config.max_pending_bytes:
+            return PutResult(PutStatus.BUSY, message=f"{self._pending_bytes} bytes waiting to be "
+                             f"written (limit {self.config.max_pending_bytes})")
+        return None
+
+    async def put(self, records: list[MessageRecord]) -> PutResult:
+        now = time.monotonic()
+        refusal = self._refusal(now)
+        if refusal is not None:
+            if refusal.status == PutStatus.BUSY:
+                self.stats["busy"] += 1
+            return refusal
+        payloads = [record.encode_payload(r) for r in records]
+        nbytes = sum(len(p) for p in payloads) + HEADER_WRITTEN * len(payloads)
+        largest = max(len(p) for p in payloads) + HEADER_WRITTEN
+        if largest + record.BLANK_SIZE > self.log.segment_bytes:
+            return PutResult(PutStatus.TOO_LARGE, message=f"a {largest}-byte record cannot fit "
+                             f"a {self.log.segment_bytes}-byte segment")
+        fut: asyncio.Future[PutResult] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(records, payloads, nbytes, now, fut))
+        self._pending_bytes += nbytes
+        self._wake.set()
+        return await fut
+
+    # --- the writer task -------------------------------------------------------------------
+    async def _write_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch: list[_Request] = []
+            nbytes = 0
+            while self._queue and (not batch or nbytes < WRITE_BATCH_BYTES):
+                req = self._queue.popleft()
+                batch.append(req)
+                nbytes += req.nbytes
+            try:
+                self._write_batch(batch)
+            except StoreClosedError as exc:
+                self._finish(batch, PutResult(PutStatus.UNAVAILABLE, message=str(exc)))
+                continue
+            except Exception as exc:  # a bug: make it sticky rather than write past it
+                log.exception("store writer failed")
+                self.log.error = f"writer failed: {exc}"
+                self._finish(batch, PutResult(PutStatus.UNAVAILABLE, message=self.log.error))
+                continue
+            touched = self.dispatcher.write_pending()
+            if touched:
+                self.notify(touched)
+            if self.config.flush == FlushMode.SYNC:
+                self._sync_waits.append(_SyncWait(self.log.write_offset, batch))
+                self._sync_wake.set()
+            else:
+                self._finish(batch)
+            await asyncio.sleep(0)  # let the callers just woken enqueue their next puts
+
+    def _finish(self, batch: list[_Request], failure: PutResult | None = None) -> None:
+        for req in batch:
+            self._pending_bytes -= req.nbytes
+            if not req.future.done():
+                req.future.set_result(failure or req.result)  # type: ignore[arg-type]
+
+    def _write_batch(self, batch: list[_Request]) -> None:
+        clog, disp = self.log, self.dispatcher
+        now_ms = int(time.time() * 1000)
+        buf = bytearray()
+        for req in batch:
+            appended: list[Appended] = []
+            for rec, payload in zip(req.records, req.payloads, strict=True):
+                size = HEADER_WRITTEN + len(payload)
+                if not clog.fits(len(buf) + size):
+                    if buf:
+                        clog.write(buf)
+                        buf = bytearray()
+                    clog.roll()
+                phys = clog.write_offset + len(buf)
+                qoff = disp.next_queue_offset(rec.topic, rec.queue_id, rec.sys_flag)
+                buf += record.encode_header(rec, size, qoff, phys, now_ms, self.store_host,
+                                            payload)
+                buf += payload
+                props = rec.properties
+                disp.dispatch(rec.topic, rec.queue_id, qoff, phys, size, rec.sys_flag,
+                              rec.tag_code, now_ms, props.get("UNIQ_KEY", ""),
+                              props.get("KEYS", ""))
+                appended.append(Appended(phys, size, rec.queue_id, qoff, now_ms))
+            req.result = PutResult(PutStatus.OK, appended)
+            self.stats["put_records"] += len(req.records)
+            self.stats["put_bytes"] += req.nbytes
+        self.stats["put_requests"] += len(batch)
+        self.stats["writes"] += 1
+        if buf:
+            clog.write(buf)
+
+    # --- the sync task (flush=sync) --------------------------------------------------------
+    async def _sync_loop(self) -> None:
+        while True:
+            if not self._sync_waits:
+                self._sync_wake.clear()
+                await self._sync_wake.wait()
+                continue
+            try:
+                async with self.sync_lock:
+                    target, fds = self.log.take_dirty()
+                    await asyncio.to_thread(fsync_all, fds)
+                    self.log.mark_synced(target)
+                    self.stats["fsyncs"] += 1
+            except OSError as exc:
+                self.log.error = f"fsync failed: {exc}"
+                log.error("%s; the store refuses further writes", self.log.error)
+                while self._sync_waits:
+                    self._finish(self._sync_waits.popleft().requests,
+                                 PutResult(PutStatus.UNAVAILABLE, message=self.log.error))
+                continue
+            while self._sync_waits and self._sync_waits[0].end_offset <= target:
+                self._finish(self._sync_waits.popleft().requests)
