@@ -1,0 +1,100 @@
+"""tidemq: async Python SDK for the tidemq message queue.
+
+    from tidemq import Producer, PushConsumer, SimpleConsumer, ConsumeResult, Message
+
+The modules starting with ``_`` are private; everything public is re-exported here. The shared
+wire protocol (error codes, message parsing, topic names) lives in ``tidemq.protocol``.
+"""
+
+from __future__ import annotations
+
+from tidemq._allocate import allocate_averagely, allocation_table
+from tidemq._exceptions import (
+    AlreadyDeliveredError,
+    BadRequestError,
+    BrokerBusyError,
+    ClientClosedError,
+    ConfigurationError,
+    DiskFullError,
+    ForbiddenSystemTopicError,
+    InternalServerError,
+    InvalidBodyEncodingError,
+    InvalidDelayError,
+    InvalidReceiptHandleError,
+    InvalidTopicNameError,
+    MessageNotFoundError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+    RequestTimeoutError,
+    ServerError,
+    TidemqError,
+    TopicNotFoundError,
+    TransactionAlreadyEndedError,
+    TransactionNotFoundError,
+    TransactionsDisabledError,
+    TransportError,
+    UnauthorizedError,
+    UnavailableError,
+    UnexpectedResponseError,
+    error_class,
+    server_error,
+)
+from tidemq._http import RetryPolicy
+from tidemq._message import Message, SendResult, new_message_id
+from tidemq._offsets import OffsetTracker
+from tidemq._producer import Producer
+from tidemq._puller import ConsumeResult, Handler
+from tidemq._push_consumer import PushConsumer
+from tidemq._routes import MessageQueue
+from tidemq._simple_consumer import SimpleConsumer
+from tidemq._tags import TagExpression
+from tidemq.protocol import ErrorCode, ReceivedMessage
+
+__all__ = [
+    "AlreadyDeliveredError",
+    "BadRequestError",
+    "BrokerBusyError",
+    "ClientClosedError",
+    "ConfigurationError",
+    "ConsumeResult",
+    "DiskFullError",
+    "ErrorCode",
+    "ForbiddenSystemTopicError",
+    "Handler",
+    "InternalServerError",
+    "InvalidBodyEncodingError",
+    "InvalidDelayError",
+    "InvalidReceiptHandleError",
+    "InvalidTopicNameError",
+    "Message",
+    "MessageNotFoundError",
+    "MessageQueue",
+    "MessageTooLargeError",
+    "OffsetOutOfRangeError",
+    "OffsetTracker",
+    "Producer",
+    "PushConsumer",
+    "ReceivedMessage",
+    "RequestTimeoutError",
+    "RetryPolicy",
+    "SendResult",
+    "ServerError",
+    "SimpleConsumer",
+    "TagExpression",
+    "TidemqError",
+    "TopicNotFoundError",
+    "TransactionAlreadyEndedError",
+    "TransactionNotFoundError",
+    "TransactionsDisabledError",
+    "TransportError",
+    "UnauthorizedError",
+    "UnavailableError",
+    "UnexpectedResponseError",
+    "allocate_averagely",
+    "allocation_table",
+    "error_class",
+    "new_message_id",
+    "server_error",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,30 @@
+"""SDK defaults, each with its unit. They mirror the service defaults (API.md, DESIGN.md §3, §8).
+
+The SDK is installable on its own, so it does not import the services' constants module; the
+values that must agree with the broker are named identically there.
+"""
+
+from __future__ import annotations
+
+NAMESERVER_PORT = 9876
+BROKER_PORT = 10911
+
+CONSUMER_HEARTBEAT_INTERVAL_S = 10.0  # push consumer → broker heartbeat (and rebalance) period
+CONSUMER_EXPIRY_S = 30.0  # the broker drops a member silent this long
+OFFSET_COMMIT_INTERVAL_S = 5.0  # push consumer commits offsets this often (and on close)
+ROUTE_REFRESH_INTERVAL_S = 30.0  # cached topic routes are refreshed this often
+
+REQUEST_TIMEOUT_S = 10.0  # one plain HTTP request, connect to last byte
+LONG_POLL_MAX_WAIT_MS = 30_000  # the broker holds a pull at most this long
+PULL_WAIT_MS = 20_000  # push consumer long-poll wait per pull
+RECEIVE_WAIT_MS = 20_000  # simple consumer long-poll wait per receive
+INVISIBLE_MS = 30_000  # simple consumer invisibility of a received message
+
+MAX_RECONSUME_TIMES = 16  # attempts before the broker sends a message to the DLQ
+ORDERLY_RETRY_PAUSE_S = 1.0  # ordered mode: pause before a failed message is tried again
+LOCAL_RETRY_PAUSE_S = 5.0  # a failed message whose retry call failed is consumed again after this
+CONSUME_TIMEOUT_S = 900.0  # a handler running longer is cancelled and counts as a failure
+CLOSE_TIMEOUT_S = 10.0  # close() waits this long for in-flight sends or handlers
+REBALANCE_DRAIN_S = 3.0  # a revoked queue's handlers get this long before its offset is committed
+
+MESSAGE_OVERHEAD_BYTES = 64  # estimated wire overhead per message when sizing a batch

@@ -1,0 +1,224 @@
+"""The SDK's only I/O seam: an ``httpx.AsyncClient`` wrapper speaking API.md.
+
+- Bodies are msgpack (``application/msgpack``, bytes stay bytes) on the message hot paths and
+  JSON elsewhere; answers are decoded by their content type.
+- Error answers ``{code, message}`` become the matching ``ServerError`` subclass; httpx errors
+  become ``TransportError`` — nothing foreign escapes.
+- Retriable failures are retried with exponential back-off and jitter, honouring ``Retry-After``
+  (503 BROKER_BUSY), within a bounded number of attempts and an overall deadline.
+
+Pass ``transport=httpx.MockTransport(handler)`` to run every client against an in-memory fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from tidemq._constants import REQUEST_TIMEOUT_S
+from tidemq._exceptions import (
+    BadRequestError,
+    ClientClosedError,
+    RequestTimeoutError,
+    ServerError,
+    TidemqError,
+    TransportError,
+    UnexpectedResponseError,
+    server_error,
+)
+from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK, ProtocolError
+from tidemq.protocol.codec import decode_payload, encode_payload
+
+log = logging.getLogger("tidemq.http")
+
+Params = Mapping[str, str | int | float]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How retriable failures are retried. ``max_attempts=1`` disables retries."""
+
+    max_attempts: int = 6  # attempts in all, the first included
+    initial_backoff_s: float = 0.05  # pause after the first failure
+    max_backoff_s: float = 2.0  # cap of the exponential pause
+    multiplier: float = 2.0  # growth of the pause per attempt
+    jitter: float = 0.5  # fraction of each pause drawn at random (0: none, 1: full jitter)
+    max_retry_after_s: float = 30.0  # cap of a server's Retry-After
+    deadline_s: float | None = 30.0  # give up when the next attempt would start later than this
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError(f"jitter must be within 0..1, got {self.jitter}")
+
+    def backoff_s(self, attempt: int, retry_after: float | None = None) -> float:
+        """The pause after failed attempt number ``attempt`` (1-based)."""
+        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
+        pause = base * (1.0 - self.jitter) + random.uniform(0.0, base * self.jitter)
+        if retry_after is not None:
+            pause = max(pause, min(retry_after, self.max_retry_after_s))
+        return pause
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+DEFAULT_RETRY = RetryPolicy()
+
+
+def normalize_address(address: str) -> str:
+    """A broker or nameserver base URL: ``host:port`` gets ``http://``; no trailing slash."""
+    address = address.strip().rstrip("/")
+    if "://" not in address:
+        address = "http://" + address
+    return address
+
+
+def url(base: str, *segments: str | int) -> str:
+    """``base`` + path segments, each percent-encoded (``%RETRY%g`` → ``%25RETRY%25g``)."""
+    return base + "".join("/" + quote(str(s), safe="") for s in segments)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: a number of seconds or an HTTP date; None when absent/bad."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class HttpClient:
+    """Requests to any tidemq service; one instance is shared by a client's components."""
+
+    def __init__(
+        self,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self._client = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(timeout_s),
+            headers={"user-agent": "tidemq-python", **(headers or {})},
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        self._closed = False
+        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # swapped in tests
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._client.aclose()
+
+    async def call(
+        self,
+        method: str,
+        target: str,
+        *,
+        body: Any = None,
+        params: Params | None = None,
+        binary: bool = False,
+        timeout_s: float | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Any:
+        """Send a request (retrying per policy) and return its decoded answer.
+
+        ``binary`` selects msgpack for the request body and asks for msgpack back.
+        ``timeout_s`` overrides the client's timeout (long polls need more than their wait).
+        """
+        policy = retry or self.retry
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._once(method, target, body, params, binary, timeout_s)
+            except TidemqError as exc:
+                if not exc.retriable or attempt >= policy.max_attempts:
+                    raise
+                pause = policy.backoff_s(attempt, getattr(exc, "retry_after", None))
+                elapsed = time.monotonic() - started
+                if policy.deadline_s is not None and elapsed + pause > policy.deadline_s:
+                    raise
+                log.debug("%s %s failed (attempt %d/%d): %s; retrying in %.3fs", method,
+                          target, attempt, policy.max_attempts, exc, pause)
+                await self._sleep(pause)
+
+    async def _once(
+        self, method: str, target: str, body: Any, params: Params | None, binary: bool,
+        timeout_s: float | None,
+    ) -> Any:
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+        content_type = CONTENT_MSGPACK if binary else CONTENT_JSON
+        headers = {"accept": content_type}
+        content: bytes | None = None
+        if body is not None:
+            content = encode_payload(body, content_type)
+            headers["content-type"] = content_type
+        timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+        try:
+            response = await self._client.request(
+                method, target, content=content, params=params, headers=headers,
+                timeout=timeout,
+            )
+        except httpx.TimeoutException as exc:
+            raise RequestTimeoutError(f"{method} {target}: no answer in time ({exc!r})") from exc
+        except httpx.HTTPError as exc:
+            if self._closed:
+                raise ClientClosedError("the client is closed") from exc
+            raise TransportError(f"{method} {target}: {exc!r}") from exc
+        except RuntimeError as exc:  # httpx: "client has been closed"
+            if self._closed:
+                raise ClientClosedError("the client is closed") from exc
+            raise
+        if response.status_code >= 400:
+            raise self._error(response)
+        try:
+            return decode_payload(response.content, response.headers.get("content-type"))
+        except ProtocolError as exc:
+            raise UnexpectedResponseError(
+                f"{method} {target}: undecodable {response.status_code} answer: {exc.message}"
+            ) from exc
+
+    @staticmethod
+    def _error(response: httpx.Response) -> ServerError:
+        status = response.status_code
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        try:
+            payload = decode_payload(response.content, response.headers.get("content-type"))
+        except ProtocolError:
+            payload = None
+        if isinstance(payload, dict) and isinstance(payload.get("code"), str):
+            return server_error(payload["code"], str(payload.get("message", "")), status,
+                                retry_after)
+        # No {code, message}: a proxy, or a framework default such as FastAPI's 422/404.
+        detail = payload.get("detail") if isinstance(payload, dict) else None
+        text = str(detail) if detail is not None else response.text[:200]
+        if status in (400, 422):
+            return BadRequestError("BAD_REQUEST", text, status, retry_after)
+        return server_error(f"HTTP_{status}", text or response.reason_phrase, status,
+                            retry_after)

@@ -1,0 +1,111 @@
+"""What users send and get back: ``Message``, ``SendResult``, and their checks before sending.
+
+Received messages are ``tidemq.protocol.ReceivedMessage`` (also ``tidemq.ReceivedMessage``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tidemq._exceptions import ConfigurationError, server_error
+from tidemq.protocol import ErrorCode, OutgoingMessage
+from tidemq.protocol.message import DEFAULT_LIMITS, Limits
+
+
+def new_message_id() -> str:
+    """A fresh message id: 32 hex characters (uuid4), well under the 64-character limit."""
+    return uuid.uuid4().hex
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send. ``body`` text is sent as UTF-8.
+
+    At most one of ``delay_level`` (1-18), ``delay_ms`` and ``deliver_at_ms`` (epoch ms) may be
+    set. ``sharding_key`` pins all messages with the same key to one queue (ordered messages);
+    ``queue_id`` pins a queue explicitly. Leave ``message_id`` empty to get a fresh one per
+    ``send`` call (the SDK always sends one, so its own retries are idempotent); set it to make
+    your own retries of the same logical message idempotent too.
+    """
+
+    body: bytes | str
+    topic: str | None = None
+    tag: str | None = None
+    keys: Sequence[str] | str = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    sharding_key: str | None = None
+    queue_id: int | None = None
+    delay_level: int = 0
+    delay_ms: int | None = None
+    deliver_at_ms: int | None = None
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where the broker stored a message: its id, topic, queue and offset within the queue."""
+
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+
+
+def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
+    """The wire form of ``message``, with a message id, checked the way the broker would.
+
+    Checking here means one bad message fails its own ``send`` and never the coalesced batch
+    it would have shared with other callers. Raises the same exception classes the broker's
+    answer would (``MessageTooLargeError``, ``InvalidDelayError``, ``BadRequestError``).
+    """
+    body = message.body.encode("utf-8") if isinstance(message.body, str) else message.body
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise ConfigurationError(f"body must be bytes or str, got {type(message.body).__name__}")
+    body = bytes(body)
+    if len(body) > limits.max_body_bytes:
+        raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"body: {len(body)} bytes exceeds the "
+                           f"limit of {limits.max_body_bytes} bytes")
+    message_id = message.message_id or new_message_id()
+    if len(message_id) > limits.max_message_id_chars:
+        raise server_error(ErrorCode.BAD_REQUEST, f"message_id: at most "
+                           f"{limits.max_message_id_chars} characters, got {len(message_id)}")
+    keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
+    delays = [name for name, value in (("delay_level", message.delay_level or None),
+                                       ("delay_ms", message.delay_ms),
+                                       ("deliver_at_ms", message.deliver_at_ms))
+              if value is not None]
+    if len(delays) > 1:
+        raise server_error(ErrorCode.INVALID_DELAY, "give at most one of delay_level, "
+                           f"delay_ms, deliver_at_ms; got {', '.join(delays)}")
+    if not 0 <= message.delay_level <= limits.max_delay_level:
+        raise server_error(ErrorCode.INVALID_DELAY, f"delay_level: must be "
+                           f"1-{limits.max_delay_level} (or 0 for none), got {message.delay_level}")
+    if message.delay_ms is not None and not 0 <= message.delay_ms <= limits.max_delay_ms:
+        raise server_error(ErrorCode.INVALID_DELAY, f"delay_ms: must be "
+                           f"0-{limits.max_delay_ms} ms, got {message.delay_ms}")
+    if message.queue_id is not None and message.queue_id < 0:
+        raise server_error(ErrorCode.BAD_REQUEST, f"queue_id: must be >= 0, got "
+                           f"{message.queue_id}")
+    out = OutgoingMessage(
+        body=body,
+        message_id=message_id,
+        tag=message.tag or None,
+        keys=keys,
+        properties=dict(message.properties),
+        queue_id=message.queue_id,
+        sharding_key=message.sharding_key,
+        delay_level=message.delay_level,
+        delay_ms=message.delay_ms,
+        deliver_at_ms=message.deliver_at_ms,
+    )
+    if out.properties_size() > limits.max_properties_bytes:
+        raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"properties: {out.properties_size()} "
+                           f"bytes exceeds the limit of {limits.max_properties_bytes} bytes")
+    return out
+
+
+def wire_size(message: OutgoingMessage) -> int:
+    """What ``message`` adds to a batch's byte bound (API.md counts body + properties)."""
+    return len(message.body) + message.properties_size()

@@ -1,0 +1,230 @@
+"""One queue of a push consumer: the pull loop, handler dispatch and failure handling.
+
+Concurrent mode: each pulled message runs in its own task (at most ``max_concurrency`` handlers
+across the consumer, shared semaphore); the queue's ``OffsetTracker`` keeps the committable
+offset below every unfinished message. Pulling pauses while the span between the oldest
+unfinished message and the pull position exceeds ``max_span`` (a stuck handler must not let
+memory grow without bound).
+
+Ordered mode: the queue's messages run one after another; a failure is retried in place after a
+pause, up to ``max_reconsume_times``, and only then handed to the broker's retry.
+
+A failed message (``RETRY_LATER``, an exception or a timeout) is, in clustering mode, handed to
+``POST /v1/groups/{group}/retry``; if that call fails the message is consumed again locally
+after a pause and handed back again — it stays unfinished (so uncommitted) until one succeeds.
+In broadcasting mode there is no shared retry topic: the message is retried locally and then
+dropped with an error log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from tidemq._broker_api import BrokerApi
+from tidemq._exceptions import (
+    OffsetOutOfRangeError,
+    TidemqError,
+    TopicNotFoundError,
+    TransportError,
+)
+from tidemq._http import NO_RETRY, RetryPolicy
+from tidemq._offsets import OffsetTracker
+from tidemq._routes import MessageQueue
+from tidemq._tags import TagExpression
+from tidemq.protocol import ReceivedMessage, retry_topic
+
+log = logging.getLogger("tidemq.consumer")
+
+_PULL_BACKOFF = RetryPolicy(initial_backoff_s=0.2, max_backoff_s=5.0, deadline_s=None)
+
+
+class ConsumeResult(StrEnum):
+    SUCCESS = "success"  # consumed: its offset may be committed
+    RETRY_LATER = "retry_later"  # failed: deliver it again later (via %RETRY%<group>)
+
+
+#: An async handler; returning None counts as SUCCESS, raising as RETRY_LATER.
+Handler = Callable[[ReceivedMessage], Awaitable[ConsumeResult | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class PullerSettings:
+    group: str
+    clustering: bool
+    orderly: bool
+    pull_batch: int
+    pull_wait_ms: int
+    max_reconsume_times: int
+    orderly_retry_pause_s: float
+    local_retry_pause_s: float
+    consume_timeout_s: float | None
+    max_span: int = 2000  # pause pulling while this many offsets lie between oldest and next
+
+
+class QueuePuller:
+    """Pulls one queue and hands its messages to the handler until stopped."""
+
+    def __init__(
+        self, queue: MessageQueue, tracker: OffsetTracker, expression: TagExpression,
+        api: BrokerApi, handler: Handler, permits: asyncio.Semaphore, settings: PullerSettings,
+        on_route_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.queue = queue
+        self.tracker = tracker
+        self.expression = expression
+        self._api = api
+        self._handler = handler
+        self._permits = permits
+        self._s = settings
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._messages: set[asyncio.Task[None]] = set()
+        self._retry_topic = retry_topic(settings.group)
+        self._on_route_error = on_route_error  # the topic moved or the broker is gone
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"tidemq-pull-{self.queue}")
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop pulling; wait up to ``timeout_s`` for handlers, then cancel what still runs."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._messages:  # tasks started by now (wait yields first), so permits are released
+            _, pending = await asyncio.wait(set(self._messages), timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("%s: %d handler(s) still running after %.1fs were cancelled; "
+                            "their messages will be delivered again", self.queue, len(pending),
+                            timeout_s)
+                await asyncio.wait(pending)
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._stopping:
+            if self.tracker.next_offset - self.tracker.committable() > self._s.max_span:
+                await asyncio.sleep(0.05)  # flow control: a slow handler holds the window
+                continue
+            try:
+                result = await self._api.pull(
+                    self.queue, offset=self.tracker.next_offset, max_messages=self._s.pull_batch,
+                    wait_ms=self._s.pull_wait_ms, tags=self._wire_tags(),
+                    group=self._s.group if self._s.clustering else None, retry=NO_RETRY)
+            except OffsetOutOfRangeError:
+                await self._reset_offset()
+                continue
+            except TidemqError as exc:
+                failures += 1
+                if self._on_route_error and isinstance(exc, TopicNotFoundError | TransportError):
+                    self._on_route_error(self.queue.topic)
+                loud = failures in (1, 10) or failures % 100 == 0
+                level = logging.WARNING if loud else logging.DEBUG
+                kind = "topic gone" if isinstance(exc, TopicNotFoundError) else "pull failed"
+                log.log(level, "%s: %s (%d in a row): %s", self.queue, kind, failures, exc)
+                await asyncio.sleep(_PULL_BACKOFF.backoff_s(min(failures, 10)))
+                continue
+            failures = 0
+            self.tracker.pulled([m.queue_offset for m in result.messages], result.next_offset)
+            for message in result.messages:
+                await self._dispatch(message, result.origin_topics.get(message.queue_offset))
+
+    def _wire_tags(self) -> str:
+        return "*" if self.queue.topic == self._retry_topic else str(self.expression)
+
+    async def _dispatch(self, message: ReceivedMessage, origin_topic: str | None) -> None:
+        if self.queue.topic == self._retry_topic:
+            message.topic = origin_topic or message.topic  # handlers see the topic they subscribed
+        elif not self.expression.matches(message.tag):
+            self.tracker.done(message.queue_offset)  # a tag-hash collision let it through
+            return
+        await self._permits.acquire()
+        task = asyncio.create_task(self._process(message), name=f"tidemq-consume-{self.queue}")
+        self._messages.add(task)
+        task.add_done_callback(self._messages.discard)
+        if self._s.orderly:
+            await asyncio.shield(task)  # one at a time; stop() waits for it, bounded
+
+    async def _process(self, message: ReceivedMessage) -> None:
+        if await self._invoke(message, permit_held=True):
+            self.tracker.done(message.queue_offset)
+            return
+        attempts = 1
+        if self._s.orderly or not self._s.clustering:
+            s = self._s
+            pause = s.orderly_retry_pause_s if s.orderly else s.local_retry_pause_s
+            while attempts < self._s.max_reconsume_times and not self._stopping:
+                await asyncio.sleep(pause)
+                message.reconsume_times += 1
+                attempts += 1
+                if await self._invoke(message):
+                    self.tracker.done(message.queue_offset)
+                    return
+            if self._stopping:
+                return  # unfinished: the next owner gets it again
+            if not self._s.clustering:
+                log.error("%s: message %s failed %d times; broadcasting mode has no retry "
+                          "topic, dropping it", self.queue, message.message_id, attempts)
+                self.tracker.done(message.queue_offset)
+                return
+        await self._hand_back(message)
+
+    async def _hand_back(self, message: ReceivedMessage) -> None:
+        """Give the message to the broker's retry; while that fails, consume it again locally."""
+        while not self._stopping:
+            try:
+                where = await self._api.send_to_retry(self.queue.address, self._s.group,
+                                                      message.message_id)
+            except TidemqError as exc:
+                log.warning("%s: could not hand message %s to retry (%s); consuming it again "
+                            "in %.1fs", self.queue, message.message_id, exc,
+                            self._s.local_retry_pause_s)
+            else:
+                log.debug("%s: message %s handed to %s", self.queue, message.message_id, where)
+                self.tracker.done(message.queue_offset)
+                return
+            await asyncio.sleep(self._s.local_retry_pause_s)
+            if self._stopping:
+                return
+            message.reconsume_times += 1
+            if await self._invoke(message):
+                self.tracker.done(message.queue_offset)
+                return
+
+    async def _invoke(self, message: ReceivedMessage, *, permit_held: bool = False) -> bool:
+        """Run the handler once; True when it consumed the message."""
+        if not permit_held:
+            await self._permits.acquire()
+        try:
+            result = await asyncio.wait_for(self._handler(message), self._s.consume_timeout_s)
+        except TimeoutError:
+            log.warning("%s: handler timed out after %ss on message %s", self.queue,
+                        self._s.consume_timeout_s, message.message_id)
+            return False
+        except Exception:
+            log.exception("%s: handler raised on message %s (will retry)", self.queue,
+                          message.message_id)
+            return False
+        finally:
+            self._permits.release()
+        return result is None or result == ConsumeResult.SUCCESS
+
+    async def _reset_offset(self) -> None:
+        try:
+            offsets = await self._api.topic_offsets(self.queue.address, self.queue.topic)
+            new = offsets[self.queue.queue_id].max_offset
+        except (TidemqError, KeyError) as exc:
+            log.warning("%s: offset %d out of range and the queue's offsets are unknown: %s",
+                        self.queue, self.tracker.next_offset, exc)
+            await asyncio.sleep(1.0)
+            return
+        log.warning("%s: offset %d out of range; continuing at %d", self.queue,
+                    self.tracker.next_offset, new)
+        self.tracker.reset(new)

@@ -1,0 +1,390 @@
+"""``PushConsumer``: a group shares the queues of its subscribed topics; messages go to a handler.
+
+    async def handle(message: ReceivedMessage) -> ConsumeResult:
+        print(message.topic, message.tag, message.text)
+        return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer("billing", nameservers=["http://127.0.0.1:9876"], handler=handle)
+    consumer.subscribe("orders", "created || paid")
+    async with consumer:
+        await stop_event.wait()
+
+Clustering (default): every ``heartbeat_interval_s`` the consumer heartbeats each broker of its
+topics, gets the group's sorted members and takes its share of the sorted queue list
+(``allocate_averagely``) — queues of every subscribed topic plus ``%RETRY%<group>`` (subscribed
+automatically once it exists). Revoked queues stop and commit first; added queues start at the
+group's committed offset, else at the queue's first offset (``consume_from="first"``) or its end
+(``"last"``). Offsets are committed every ``offset_commit_interval_s``, on rebalance and on close;
+a crash redelivers at most that much (at-least-once). All members of a group must subscribe to
+the same topics, as in RocketMQ.
+
+Broadcasting: every instance consumes every queue and keeps its offsets **in memory only**:
+committing them under the shared group would make instances overwrite one another's progress.
+A restarted broadcasting instance therefore starts again from ``consume_from``. Failed messages
+are retried locally and then dropped (there is no per-instance retry topic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Literal
+
+import httpx
+
+from tidemq import _constants as C
+from tidemq._allocate import allocate_averagely
+from tidemq._broker_api import BrokerApi
+from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
+from tidemq._http import DEFAULT_RETRY, HttpClient, RetryPolicy
+from tidemq._offsets import OffsetTracker
+from tidemq._puller import Handler, PullerSettings, QueuePuller
+from tidemq._routes import MessageQueue, RouteTable
+from tidemq._tags import TagExpression
+from tidemq.protocol import retry_topic
+
+log = logging.getLogger("tidemq.consumer")
+
+Mode = Literal["clustering", "broadcasting"]
+ConsumeFrom = Literal["first", "last"]
+
+_BACKGROUND_RETRY = RetryPolicy(max_attempts=3, deadline_s=5.0)
+
+
+def new_client_id() -> str:
+    """``host@pid@random``: unique per consumer instance, readable in member lists."""
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+class PushConsumer:
+    """Pulls the queues allocated to this instance and calls ``handler`` for each message."""
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        handler: Handler,
+        nameservers: Sequence[str] | None = None,
+        broker_url: str | None = None,
+        subscriptions: Mapping[str, str] | None = None,
+        mode: Mode = "clustering",
+        orderly: bool = False,
+        max_concurrency: int = 16,
+        pull_batch: int = 32,
+        pull_wait_ms: int = C.PULL_WAIT_MS,
+        offset_commit_interval_s: float = C.OFFSET_COMMIT_INTERVAL_S,
+        heartbeat_interval_s: float = C.CONSUMER_HEARTBEAT_INTERVAL_S,
+        consume_from: ConsumeFrom = "first",
+        max_reconsume_times: int = C.MAX_RECONSUME_TIMES,
+        consume_timeout_s: float | None = C.CONSUME_TIMEOUT_S,
+        orderly_retry_pause_s: float = C.ORDERLY_RETRY_PAUSE_S,
+        local_retry_pause_s: float = C.LOCAL_RETRY_PAUSE_S,
+        close_timeout_s: float = C.CLOSE_TIMEOUT_S,
+        client_id: str | None = None,
+        request_timeout_s: float = C.REQUEST_TIMEOUT_S,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        route_refresh_s: float = C.ROUTE_REFRESH_INTERVAL_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if mode not in ("clustering", "broadcasting"):
+            raise ConfigurationError(f"mode must be 'clustering' or 'broadcasting', got {mode!r}")
+        if consume_from not in ("first", "last"):
+            raise ConfigurationError(
+                f"consume_from must be 'first' or 'last', got {consume_from!r}")
+        if max_concurrency < 1 or not 1 <= pull_batch <= 1024:
+            raise ConfigurationError("max_concurrency must be >= 1 and pull_batch 1-1024")
+        if not 0 <= pull_wait_ms <= C.LONG_POLL_MAX_WAIT_MS:
+            raise ConfigurationError(f"pull_wait_ms must be 0-{C.LONG_POLL_MAX_WAIT_MS}")
+        self.group = group
+        self.mode: Mode = mode
+        self.client_id = client_id or new_client_id()
+        self._handler = handler
+        self._consume_from = consume_from
+        self._commit_interval_s = offset_commit_interval_s
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._close_timeout_s = close_timeout_s
+        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
+        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
+                                  refresh_interval_s=route_refresh_s)
+        self._api = BrokerApi(self._http)
+        self._settings = PullerSettings(
+            group=group, clustering=mode == "clustering", orderly=orderly,
+            pull_batch=pull_batch, pull_wait_ms=pull_wait_ms,
+            max_reconsume_times=max_reconsume_times, orderly_retry_pause_s=orderly_retry_pause_s,
+            local_retry_pause_s=local_retry_pause_s, consume_timeout_s=consume_timeout_s)
+        self._permits = asyncio.Semaphore(max_concurrency)
+        self._subscriptions: dict[str, TagExpression] = {}
+        self._pullers: dict[MessageQueue, QueuePuller] = {}
+        self._local_offsets: dict[MessageQueue, int] = {}  # broadcasting: the only offset store
+        self._brokers: set[str] = set()  # every broker heartbeated, to leave on close
+        self._members: list[str] = []
+        self._last_heartbeat_ok = time.monotonic()
+        self._rebalance_lock = asyncio.Lock()
+        self._wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = self._closed = False
+        for topic, expression in (subscriptions or {}).items():
+            self.subscribe(topic, expression)
+
+    # -- public ------------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
+        """Consume ``topic`` messages matching ``tag_expression`` (``*`` or ``a || b``)."""
+        self._subscriptions[topic] = TagExpression.parse(tag_expression)
+        self._wakeup.set()
+
+    def unsubscribe(self, topic: str) -> None:
+        self._subscriptions.pop(topic, None)
+        self._wakeup.set()
+
+    @property
+    def subscriptions(self) -> dict[str, str]:
+        """Topic → tag expression as sent in heartbeats (with the retry topic in clustering)."""
+        subs = {topic: str(expr) for topic, expr in self._subscriptions.items()}
+        if self._settings.clustering and subs:
+            subs[retry_topic(self.group)] = "*"
+        return subs
+
+    @property
+    def assignment(self) -> list[MessageQueue]:
+        """The queues this instance consumes now, sorted."""
+        return sorted(self._pullers)
+
+    @property
+    def members(self) -> list[str]:
+        """The group's members at the last heartbeat, sorted."""
+        return list(self._members)
+
+    async def start(self) -> PushConsumer:
+        """Join the group, take this instance's queues and start consuming."""
+        if self._closed:
+            raise ConfigurationError("a closed consumer cannot be started again")
+        if not self._started:
+            if not self._subscriptions:
+                raise ConfigurationError("subscribe(topic, ...) before starting the consumer")
+            self._started = True
+            self._routes.start()
+            self._wakeup.clear()
+            await self.rebalance()
+            self._tasks = [
+                asyncio.create_task(self._heartbeat_loop(), name="tidemq-heartbeat"),
+                asyncio.create_task(self._commit_loop(), name="tidemq-offset-commit"),
+            ]
+        return self
+
+    async def close(self) -> None:
+        """Stop pulling, wait (bounded) for handlers, commit offsets and leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        async with self._rebalance_lock:
+            pullers = list(self._pullers.values())
+            await asyncio.gather(*(p.stop(self._close_timeout_s) for p in pullers))
+            await self._commit(pullers)
+            self._pullers.clear()
+        await asyncio.gather(*(self._leave(b) for b in sorted(self._brokers)))
+        await self._routes.close()
+        await self._http.aclose()
+        log.info("consumer %s of group %s closed", self.client_id, self.group)
+
+    async def __aenter__(self) -> PushConsumer:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def commit_offsets(self) -> None:
+        """Commit every queue's committable offset now (also runs periodically and on close)."""
+        await self._commit(list(self._pullers.values()))
+
+    async def rebalance(self) -> None:
+        """Heartbeat and re-allocate queues now (also runs every ``heartbeat_interval_s``)."""
+        async with self._rebalance_lock:
+            if self._closed:
+                return
+            queues, brokers = await self._subscribed_queues()
+            if not await self._heartbeat(brokers):
+                if time.monotonic() - self._last_heartbeat_ok > C.CONSUMER_EXPIRY_S:
+                    log.warning("no heartbeat reached a broker for %.0fs: the group has dropped "
+                                "this consumer, releasing its queues", C.CONSUMER_EXPIRY_S)
+                    await self._apply([])
+                return
+            if self._settings.clustering:
+                target = allocate_averagely(self.client_id, self._members, queues)
+            else:
+                target = queues
+            await self._apply(target)
+
+    # -- rebalance ---------------------------------------------------------------------------
+
+    async def _subscribed_queues(self) -> tuple[list[MessageQueue], set[str]]:
+        """The sorted readable queues of every subscribed topic and the brokers serving them."""
+        queues: list[MessageQueue] = []
+        for topic in self.subscriptions:
+            try:
+                route = await self._routes.get(topic)
+            except TopicNotFoundError:
+                if topic == retry_topic(self.group):
+                    log.debug("retry topic %s does not exist yet", topic)
+                else:
+                    log.warning("subscribed topic %r does not exist", topic)
+                continue
+            except TidemqError as exc:
+                log.warning("no route for %r, its queues are skipped this round: %s", topic, exc)
+                continue
+            queues.extend(route.read_queues())
+        brokers = {q.address for q in queues}
+        if not brokers and self._routes.direct_broker:
+            brokers.add(self._routes.direct_broker)
+        return sorted(queues), brokers
+
+    async def _heartbeat(self, brokers: set[str]) -> bool:
+        """Heartbeat every broker; the members are the union of their answers (plus us)."""
+        if not brokers:
+            return False
+        mode = self.mode
+        subs = self.subscriptions
+        answers = await asyncio.gather(*(
+            self._api.heartbeat(b, self.group, client_id=self.client_id, subscriptions=subs,
+                                mode=mode, retry=_BACKGROUND_RETRY)
+            for b in sorted(brokers)), return_exceptions=True)
+        members = {self.client_id}
+        ok = False
+        for broker, answer in zip(sorted(brokers), answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, TidemqError):
+                    raise answer
+                log.warning("heartbeat to %s failed: %s", broker, answer)
+                continue
+            ok = True
+            self._brokers.add(broker)
+            members.update(answer)
+        if ok:
+            self._last_heartbeat_ok = time.monotonic()
+            new = sorted(members)
+            if new != self._members:
+                log.info("group %s members: %s", self.group, ", ".join(new))
+            self._members = new
+        return ok
+
+    async def _apply(self, target: Sequence[MessageQueue]) -> None:
+        wanted = set(target)
+        revoked = [p for q, p in self._pullers.items() if q not in wanted]
+        added = [q for q in target if q not in self._pullers]
+        if revoked:
+            drain = min(self._close_timeout_s, C.REBALANCE_DRAIN_S)
+            await asyncio.gather(*(p.stop(drain) for p in revoked))
+            await self._commit(revoked)
+            for p in revoked:
+                del self._pullers[p.queue]
+            log.info("released %d queue(s): %s", len(revoked),
+                     ", ".join(str(p.queue) for p in revoked))
+        if added:
+            starts = await self._start_offsets(added)
+            for queue in added:
+                if queue not in starts:
+                    continue  # its offset is unknown this round: try again at the next one
+                puller = QueuePuller(queue, OffsetTracker(starts[queue]),
+                                     self._subscriptions.get(queue.topic, TagExpression(None)),
+                                     self._api, self._handler, self._permits, self._settings,
+                                     on_route_error=self._routes.invalidate)
+                self._pullers[queue] = puller
+                puller.start()
+            if starts:
+                log.info("took %d queue(s): %s", len(starts),
+                         ", ".join(f"{q}@{o}" for q, o in sorted(starts.items())))
+
+    async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
+        by_topic: dict[tuple[str, str], list[MessageQueue]] = defaultdict(list)
+        for q in queues:
+            by_topic[(q.address, q.topic)].append(q)
+        starts: dict[MessageQueue, int] = {}
+        for (broker, topic), group in by_topic.items():
+            try:
+                if self._settings.clustering:
+                    committed = await self._api.committed_offsets(broker, self.group, topic)
+                else:
+                    committed = {q.queue_id: self._local_offsets[q] for q in group
+                                 if q in self._local_offsets}
+                bounds = {}
+                if any(q.queue_id not in committed for q in group):
+                    bounds = await self._api.topic_offsets(broker, topic)
+            except TidemqError as exc:
+                log.warning("offsets of %s on %s unknown, not starting its queues yet: %s",
+                            topic, broker, exc)
+                continue
+            for q in group:
+                if q.queue_id in committed:
+                    starts[q] = committed[q.queue_id]
+                elif q.queue_id in bounds:
+                    b = bounds[q.queue_id]
+                    starts[q] = b.max_offset if self._consume_from == "last" else b.min_offset
+                else:
+                    starts[q] = 0  # not in the broker's answer yet: the pull reads from min
+        return starts
+
+    # -- offsets and background loops ------------------------------------------------------
+
+    async def _commit(self, pullers: Sequence[QueuePuller]) -> None:
+        due: dict[str, list[tuple[QueuePuller, int]]] = defaultdict(list)
+        for p in pullers:
+            offset = p.tracker.commit_due()
+            if offset is not None:
+                due[p.queue.address].append((p, offset))
+        if not self._settings.clustering:
+            for items in due.values():
+                for p, offset in items:
+                    self._local_offsets[p.queue] = p.tracker.committed = offset
+            return
+        for broker, items in due.items():
+            try:
+                await self._api.commit_offsets(
+                    broker, self.group, [(p.queue.topic, p.queue.queue_id, o) for p, o in items],
+                    retry=_BACKGROUND_RETRY)
+            except TidemqError as exc:
+                log.warning("committing %d offset(s) to %s failed (next try in %.0fs): %s",
+                            len(items), broker, self._commit_interval_s, exc)
+                continue
+            for p, offset in items:
+                p.tracker.committed = offset
+
+    async def _leave(self, broker: str) -> None:
+        try:
+            await self._api.leave(broker, self.group, self.client_id, retry=_BACKGROUND_RETRY)
+        except TidemqError as exc:
+            log.warning("leaving group %s on %s failed (it expires in %.0fs): %s", self.group,
+                        broker, C.CONSUMER_EXPIRY_S, exc)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), self._heartbeat_interval_s)
+            self._wakeup.clear()
+            try:
+                await self.rebalance()
+            except Exception:
+                log.exception("rebalance of group %s failed", self.group)
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._commit_interval_s)
+            try:
+                await self.commit_offsets()
+            except Exception:
+                log.exception("offset commit of group %s failed", self.group)

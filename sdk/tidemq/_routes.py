@@ -1,0 +1,258 @@
+"""Which brokers serve a topic, and with how many queues.
+
+With nameservers, ``GET /v1/routes/{topic}`` is asked of any nameserver that answers (starting
+from a rotating one). With a single ``broker_url`` and no nameserver, the broker itself is asked
+``GET /v1/topics/{topic}``. Routes are cached, refreshed in the background every
+``refresh_interval_s`` and re-fetched on demand after an error (``invalidate``). A refresh that
+fails keeps the last known route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemq._constants import ROUTE_REFRESH_INTERVAL_S
+from tidemq._exceptions import (
+    ConfigurationError,
+    TidemqError,
+    TopicNotFoundError,
+    UnexpectedResponseError,
+)
+from tidemq._http import NO_RETRY, HttpClient, normalize_address, url
+
+log = logging.getLogger("tidemq.routes")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MessageQueue:
+    """One queue of a topic on one broker. Orders by (broker name, topic, queue id)."""
+
+    broker_name: str
+    topic: str
+    queue_id: int
+    address: str = field(compare=False)  # the broker's base URL
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}#{self.queue_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRoute:
+    """One broker's share of a topic."""
+
+    broker_name: str
+    address: str
+    queues: int
+    perm: str = "rw"
+
+    @property
+    def readable(self) -> bool:
+        return "r" in self.perm
+
+    @property
+    def writable(self) -> bool:
+        return "w" in self.perm
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    """Every broker serving a topic; queue lists are computed once (send hot path)."""
+
+    topic: str
+    brokers: tuple[BrokerRoute, ...]
+    _write: tuple[MessageQueue, ...] = field(init=False, repr=False, compare=False)
+    _read: tuple[MessageQueue, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_write", self._queues(writable=True))
+        object.__setattr__(self, "_read", self._queues(writable=False))
+
+    def write_queues(self) -> tuple[MessageQueue, ...]:
+        """Writable (broker, queue) pairs sorted by (broker name, queue id)."""
+        return self._write
+
+    def read_queues(self) -> tuple[MessageQueue, ...]:
+        """Readable (broker, queue) pairs sorted by (broker name, queue id)."""
+        return self._read
+
+    def _queues(self, *, writable: bool) -> tuple[MessageQueue, ...]:
+        return tuple(sorted(
+            MessageQueue(b.broker_name, self.topic, q, b.address)
+            for b in self.brokers
+            if (b.writable if writable else b.readable)
+            for q in range(b.queues)
+        ))
+
+    @property
+    def addresses(self) -> list[str]:
+        return sorted({b.address for b in self.brokers})
+
+
+def parse_route(topic: str, payload: Any) -> TopicRoute:
+    """A nameserver answer ``{topic, queues: [{broker_name, address, queues, perm}]}``."""
+    try:
+        brokers = tuple(
+            BrokerRoute(str(q["broker_name"]), normalize_address(str(q["address"])),
+                        int(q["queues"]), str(q.get("perm", "rw")))
+            for q in payload["queues"]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnexpectedResponseError(f"malformed route for topic {topic!r}: {exc!r}") from exc
+    return TopicRoute(topic, brokers)
+
+
+@dataclass(slots=True)
+class _Cached:
+    route: TopicRoute
+    fetched_at: float
+    stale: bool = False  # an error was seen: ask again, but keep this if nobody answers
+
+
+class RouteTable:
+    """Topic → route, from nameservers or from one broker."""
+
+    def __init__(
+        self,
+        http: HttpClient,
+        *,
+        nameservers: Sequence[str] | None = None,
+        broker_url: str | None = None,
+        refresh_interval_s: float = ROUTE_REFRESH_INTERVAL_S,
+    ) -> None:
+        if bool(nameservers) == bool(broker_url):
+            raise ConfigurationError("give either nameservers=[...] or broker_url=..., not both")
+        self._http = http
+        self._nameservers = [normalize_address(n) for n in nameservers or ()]
+        self._broker = normalize_address(broker_url) if broker_url else None
+        self.refresh_interval_s = refresh_interval_s
+        self._cache: dict[str, _Cached] = {}
+        self._loading: dict[str, asyncio.Task[TopicRoute]] = {}
+        self._next_ns = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def direct_broker(self) -> str | None:
+        """The broker URL when running without nameservers."""
+        return self._broker
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._refresh_loop(), name="tidemq-route-refresh")
+
+    async def close(self) -> None:
+        for task in list(self._loading.values()):
+            task.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def cached(self, topic: str) -> TopicRoute | None:
+        entry = self._cache.get(topic)
+        return entry.route if entry else None
+
+    def invalidate(self, topic: str) -> None:
+        """Mark a route stale (after a send or pull error): the next ``get`` asks again, and
+        keeps the stale route only if no nameserver answers — an outage of the nameservers
+        must not make a consumer drop queues it could still read."""
+        entry = self._cache.get(topic)
+        if entry is not None:
+            entry.stale = True
+
+    async def get(self, topic: str) -> TopicRoute:
+        """The route of ``topic``, cached; concurrent misses share one lookup."""
+        entry = self._cache.get(topic)
+        if entry is not None and not entry.stale:
+            return entry.route
+        task = self._loading.get(topic)
+        if task is None:
+            task = asyncio.create_task(self._load(topic), name=f"tidemq-route-{topic}")
+            self._loading[topic] = task
+            task.add_done_callback(self._loaded)
+        return await asyncio.shield(task)
+
+    async def _load(self, topic: str) -> TopicRoute:
+        try:
+            route = await self._fetch(topic)
+        except TopicNotFoundError:
+            self._cache.pop(topic, None)
+            raise
+        except TidemqError as exc:
+            entry = self._cache.get(topic)
+            if entry is None or not exc.retriable:
+                raise
+            log.warning("route lookup for %r failed, using the last known route: %s", topic, exc)
+            entry.stale = False  # until the next error: do not stall every send on lookups
+            return entry.route
+        self._cache[topic] = _Cached(route, time.monotonic())
+        return route
+
+    def _loaded(self, task: asyncio.Task[TopicRoute]) -> None:
+        for topic, pending in list(self._loading.items()):
+            if pending is task:
+                del self._loading[topic]
+        if not task.cancelled():
+            task.exception()  # retrieved here so an unawaited failure is not logged as lost
+
+    async def _fetch(self, topic: str) -> TopicRoute:
+        if self._broker is not None:
+            info = await self._http.call("GET", url(self._broker, "v1", "topics", topic))
+            try:
+                queues = int(info["queues"])
+                perm = str(info.get("perm", "rw"))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UnexpectedResponseError(f"malformed topic {topic!r}: {exc!r}") from exc
+            return TopicRoute(topic, (BrokerRoute("broker", self._broker, queues, perm),))
+        return await self._ask_nameservers(topic)
+
+    async def _ask_nameservers(self, topic: str) -> TopicRoute:
+        """Try nameservers in turn (each once per round), a few rounds with back-off."""
+        policy = self._http.retry
+        last: TidemqError | None = None
+        for attempt in range(1, policy.max_attempts + 1):
+            not_found: TopicNotFoundError | None = None
+            for _ in range(len(self._nameservers)):
+                ns = self._nameservers[self._next_ns % len(self._nameservers)]
+                try:
+                    payload = await self._http.call(
+                        "GET", url(ns, "v1", "routes", topic), retry=NO_RETRY)
+                    return parse_route(topic, payload)
+                except TopicNotFoundError as exc:
+                    not_found = exc  # another nameserver may know it already
+                except TidemqError as exc:
+                    if not exc.retriable:
+                        raise
+                    log.warning("nameserver %s: route lookup for %r failed: %s", ns, topic, exc)
+                    last = exc
+                self._next_ns += 1
+            if not_found is not None:
+                raise not_found
+            if attempt < policy.max_attempts:
+                await asyncio.sleep(policy.backoff_s(attempt))
+        assert last is not None
+        raise last
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_interval_s)
+            for topic in list(self._cache):
+                try:
+                    route = await self._fetch(topic)
+                except TopicNotFoundError:
+                    log.warning("topic %r is no longer served by any broker", topic)
+                    self._cache.pop(topic, None)
+                except TidemqError as exc:
+                    log.warning("route refresh for %r failed, keeping the last one: %s",
+                                topic, exc)
+                else:
+                    old = self._cache.get(topic)
+                    if old is not None and old.route != route:
+                        log.info("route of %r changed: %s", topic, route.brokers)
+                    self._cache[topic] = _Cached(route, time.monotonic())

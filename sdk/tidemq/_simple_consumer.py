@@ -1,0 +1,179 @@
+"""``SimpleConsumer``: receive messages with an invisibility time, ack each one.
+
+    async with SimpleConsumer("audit", broker_url="http://127.0.0.1:10911", topic="orders") as c:
+        for message in await c.receive(max=16):
+            await handle(message)
+            await c.ack(message)
+
+A received message stays invisible to the group for ``invisible_ms``; not acked by then, it is
+delivered again (with a new receipt handle). ``change_invisible_duration`` extends (or shortens)
+the time and returns the new handle — the old one is no longer valid.
+
+With several brokers serving the topic, ``receive`` first asks each broker without waiting, in
+rotating order, and long-polls one broker (the next in turn) only when none had a message.
+Receipt handles remember their broker so that ``ack`` goes where the message came from.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+
+import httpx
+
+from tidemq import _constants as C
+from tidemq._broker_api import BrokerApi
+from tidemq._exceptions import ConfigurationError
+from tidemq._http import DEFAULT_RETRY, HttpClient, RetryPolicy
+from tidemq._routes import RouteTable
+from tidemq._tags import TagExpression
+from tidemq.protocol import ReceivedMessage
+
+log = logging.getLogger("tidemq.simple_consumer")
+
+_MAX_REMEMBERED_HANDLES = 100_000  # receipt handle → broker, for multi-broker topics
+
+
+class SimpleConsumer:
+    """Receive / ack / change invisibility for one group on one topic."""
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        topic: str,
+        nameservers: Sequence[str] | None = None,
+        broker_url: str | None = None,
+        tag_expression: str = "*",
+        invisible_ms: int = C.INVISIBLE_MS,
+        request_timeout_s: float = C.REQUEST_TIMEOUT_S,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        route_refresh_s: float = C.ROUTE_REFRESH_INTERVAL_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if invisible_ms <= 0:
+            raise ConfigurationError(f"invisible_ms must be positive, got {invisible_ms}")
+        self.group = group
+        self.topic = topic
+        self.tag_expression = TagExpression.parse(tag_expression)
+        self.invisible_ms = invisible_ms
+        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
+        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
+                                  refresh_interval_s=route_refresh_s)
+        self._api = BrokerApi(self._http)
+        self._handles: OrderedDict[str, str] = OrderedDict()  # receipt handle → broker
+        self._turn = 0
+
+    async def start(self) -> SimpleConsumer:
+        self._routes.start()
+        return self
+
+    async def close(self) -> None:
+        await self._routes.close()
+        await self._http.aclose()
+
+    async def __aenter__(self) -> SimpleConsumer:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def receive(
+        self, max: int = 16, invisible_ms: int | None = None, wait_ms: int = C.RECEIVE_WAIT_MS,
+    ) -> list[ReceivedMessage]:
+        """Up to ``max`` messages, each invisible to the group for ``invisible_ms``.
+
+        Waits up to ``wait_ms`` (long poll) when none is available; may return fewer than
+        available, or none.
+        """
+        if not 1 <= max <= 1024:
+            raise ConfigurationError(f"max must be 1-1024, got {max}")
+        invisible = invisible_ms if invisible_ms is not None else self.invisible_ms
+        brokers = await self._brokers()
+        start = self._turn
+        self._turn += 1
+        order = [brokers[(start + i) % len(brokers)] for i in range(len(brokers))]
+        if len(order) > 1:
+            for broker in order:
+                messages = await self._receive(broker, max, invisible, 0)
+                if messages:
+                    return messages
+            if wait_ms == 0:
+                return []
+        return await self._receive(order[0], max, invisible, wait_ms)
+
+    async def ack(self, messages: ReceivedMessage | str | Iterable[ReceivedMessage | str]) -> int:
+        """Acknowledge messages (or receipt handles); returns how many the broker acked."""
+        items = [messages] if isinstance(messages, ReceivedMessage | str) else list(messages)
+        by_broker: dict[str, list[str]] = defaultdict(list)
+        for item in items:
+            handle = self._handle_of(item)
+            by_broker[await self._broker_of(handle)].append(handle)
+        acked = 0
+        for broker, handles in by_broker.items():
+            acked += await self._api.ack(broker, self.group, handles)
+            for handle in handles:
+                self._handles.pop(handle, None)
+        return acked
+
+    async def change_invisible_duration(self, message: ReceivedMessage | str,
+                                        invisible_ms: int) -> str:
+        """Make the message invisible for ``invisible_ms`` from now; returns the new handle.
+
+        A ``ReceivedMessage`` gets its ``receipt_handle`` replaced; the old one is invalid.
+        """
+        handle = self._handle_of(message)
+        broker = await self._broker_of(handle)
+        new = await self._api.change_invisibility(broker, self.group, handle, invisible_ms)
+        self._handles.pop(handle, None)
+        self._remember(new, broker)
+        if isinstance(message, ReceivedMessage):
+            message.receipt_handle = new
+        return new
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _brokers(self) -> list[str]:
+        route = await self._routes.get(self.topic)
+        brokers = sorted({b.address for b in route.brokers if b.readable})
+        return brokers or route.addresses
+
+    async def _receive(self, broker: str, max_messages: int, invisible_ms: int,
+                       wait_ms: int) -> list[ReceivedMessage]:
+        messages = await self._api.receive(
+            broker, self.group, topic=self.topic, tags=str(self.tag_expression),
+            max_messages=max_messages, invisible_ms=invisible_ms, wait_ms=wait_ms)
+        accepted = []
+        for m in messages:
+            if m.receipt_handle:
+                self._remember(m.receipt_handle, broker)
+            if self.tag_expression.matches(m.tag):
+                accepted.append(m)
+            elif m.receipt_handle:  # a tag-hash collision: not ours, never hand it out
+                await self._api.ack(broker, self.group, [m.receipt_handle])
+        return accepted
+
+    def _remember(self, handle: str, broker: str) -> None:
+        self._handles[handle] = broker
+        while len(self._handles) > _MAX_REMEMBERED_HANDLES:
+            self._handles.popitem(last=False)
+
+    async def _broker_of(self, handle: str) -> str:
+        broker = self._handles.get(handle)
+        if broker is not None:
+            return broker
+        return (await self._brokers())[0]
+
+    @staticmethod
+    def _handle_of(item: ReceivedMessage | str) -> str:
+        if isinstance(item, str):
+            return item
+        if not item.receipt_handle:
+            raise ConfigurationError(f"message {item.message_id} has no receipt handle "
+                                     "(it was not received by a SimpleConsumer)")
+        return item.receipt_handle

@@ -1,0 +1,305 @@
+"""An in-memory broker and nameserver behind ``httpx.MockTransport``, for SDK unit tests.
+
+Just enough of API.md for the SDK: topics, send (with dedup by message id), pull (with a short
+long-poll), group heartbeat / leave / offsets / retry, simple-consumer receive / ack /
+invisibility, and nameserver routes. Every request is recorded; ``fail_next`` queues canned error
+answers for a path prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import httpx
+from tidemq.protocol import (
+    ErrorCode,
+    ProtocolError,
+    decode_payload,
+    encode_payload,
+    parse_messages,
+    retry_topic,
+)
+
+
+@dataclass
+class Recorded:
+    method: str
+    host: str
+    path: str
+    params: dict[str, str]
+    content_type: str | None
+    body: Any
+
+
+@dataclass
+class Canned:
+    status: int
+    code: str
+    message: str = "canned failure"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class FakeBroker:
+    """One broker's state."""
+
+    def __init__(self, name: str, address: str, *, long_poll_cap_s: float = 0.05) -> None:
+        self.name = name
+        self.address = address
+        self.long_poll_cap_s = long_poll_cap_s
+        self.filter_tags = True  # False: let every tag through, as a tag-hash collision would
+        self.queues: dict[str, list[list[dict[str, Any]]]] = {}
+        self.dedup: dict[tuple[str, str], dict[str, Any]] = {}
+        self.members: dict[str, dict[str, float]] = {}  # group → client → last heartbeat
+        self.heartbeats: list[dict[str, Any]] = []
+        self.offsets: dict[tuple[str, str, int], int] = {}  # (group, topic, queue) → offset
+        self.retried: list[tuple[str, str]] = []  # (group, message_id)
+        self.inflight: dict[str, dict[str, Any]] = {}  # receipt handle → message
+        self.acked: list[str] = []
+        self._handles = itertools.count(1)
+        self._cursor: dict[tuple[str, str], int] = {}
+
+    # -- state helpers ---------------------------------------------------------------------
+
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        self.queues.setdefault(topic, [[] for _ in range(queues)])
+
+    def put(self, topic: str, queue_id: int, body: bytes, *, tag: str | None = None,
+            message_id: str | None = None, **extra: Any) -> dict[str, Any]:
+        queue = self.queues[topic][queue_id]
+        now = int(time.time() * 1000)
+        message = {"message_id": message_id or f"m-{topic}-{queue_id}-{len(queue)}",
+                   "topic": topic, "queue_id": queue_id, "queue_offset": len(queue),
+                   "body": body, "tag": tag, "keys": [], "properties": {},
+                   "born_timestamp_ms": now, "store_timestamp_ms": now, "reconsume_times": 0}
+        message.update(extra)
+        queue.append(message)
+        return message
+
+    def all_messages(self, topic: str) -> list[dict[str, Any]]:
+        return [m for q in self.queues.get(topic, []) for m in q]
+
+    def find(self, message_id: str) -> dict[str, Any] | None:
+        for topic in self.queues:
+            for m in self.all_messages(topic):
+                if m["message_id"] == message_id:
+                    return m
+        return None
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    async def handle(self, method: str, parts: list[str], params: dict[str, str],
+                     body: Any) -> Any:
+        if parts[:2] == ["v1", "topics"] and len(parts) == 3 and method == "GET":
+            return self._topic(parts[2])
+        if parts[:2] == ["v1", "topics"] and parts[3:] == ["messages"]:
+            return self._send(parts[2], body)
+        if parts[:2] == ["v1", "topics"] and parts[3] == "queues":
+            return await self._pull(parts[2], int(parts[4]), params)
+        if parts[:2] == ["v1", "groups"]:
+            return self._group(method, parts[2], parts[3:], params, body)
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"fake broker: no route {method} {parts}")
+
+    def _topic(self, topic: str) -> Any:
+        if topic not in self.queues:
+            raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND, f"no topic {topic}")
+        qs = self.queues[topic]
+        return {"name": topic, "queues": len(qs), "perm": "rw",
+                "offsets": [{"queue_id": i, "min": 0, "max": len(q)} for i, q in enumerate(qs)]}
+
+    def _send(self, topic: str, body: Any) -> Any:
+        if topic not in self.queues:
+            raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND, f"no topic {topic}")
+        messages = parse_messages(body)
+        results = []
+        for wire, m in zip(body["messages"], messages, strict=True):
+            assert m.message_id, "the SDK must always set a message id"
+            key = (topic, m.message_id)
+            if key not in self.dedup:
+                queue_id = m.queue_id if m.queue_id is not None else 0
+                stored = self.put(topic, queue_id, m.body, tag=m.tag, message_id=m.message_id,
+                                  keys=m.keys, properties=m.properties, wire=wire)
+                self.dedup[key] = {"message_id": m.message_id, "queue_id": queue_id,
+                                   "queue_offset": stored["queue_offset"]}
+            results.append(self.dedup[key])
+        return {"results": results}
+
+    async def _pull(self, topic: str, queue_id: int, params: dict[str, str]) -> Any:
+        if topic not in self.queues:
+            raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND, f"no topic {topic}")
+        queue = self.queues[topic][queue_id]
+        offset, limit = int(params["offset"]), int(params.get("max", 32))
+        if offset > len(queue):
+            raise ProtocolError(ErrorCode.OFFSET_OUT_OF_RANGE, f"{offset} > {len(queue)}")
+        if offset == len(queue):
+            wait = min(int(params.get("wait_ms", 0)) / 1000, self.long_poll_cap_s)
+            await asyncio.sleep(wait)
+        tags = params.get("tags", "*")
+        wanted = None
+        if tags != "*" and self.filter_tags:
+            wanted = {t.strip() for t in tags.split("||")}
+        out = []
+        next_offset = offset
+        for m in queue[offset:offset + limit]:
+            next_offset = m["queue_offset"] + 1
+            if wanted is None or m["tag"] in wanted:
+                out.append({k: v for k, v in m.items() if k != "wire"})
+        return {"messages": out, "next_offset": next_offset, "min_offset": 0,
+                "max_offset": len(queue)}
+
+    def _group(self, method: str, group: str, rest: list[str], params: dict[str, str],
+               body: Any) -> Any:
+        what = rest[0]
+        if what == "heartbeat":
+            self.heartbeats.append(body)
+            self.members.setdefault(group, {})[body["client_id"]] = time.monotonic()
+            return {"members": sorted(self.members[group])}
+        if what == "members" and method == "DELETE":
+            self.members.get(group, {}).pop(rest[1], None)
+            return {}
+        if what == "offsets" and method == "PUT":
+            for o in body["offsets"]:
+                self.offsets[(group, o["topic"], o["queue_id"])] = o["offset"]
+            return {}
+        if what == "offsets":
+            topic = params["topic"]
+            return {"offsets": [{"topic": t, "queue_id": q, "offset": o, "max_offset": 0, "lag": 0}
+                                for (g, t, q), o in sorted(self.offsets.items())
+                                if g == group and t == topic]}
+        if what == "retry":
+            return self._retry(group, body["message_id"])
+        if what == "receive":
+            return self._receive(group, body)
+        if what == "ack":
+            handles = body["receipt_handles"]
+            self.acked.extend(handles)
+            return {"acked": sum(1 for h in handles if self.inflight.pop(h, None) is not None)}
+        if what == "invisibility":
+            if body["receipt_handle"] not in self.inflight:
+                raise ProtocolError(ErrorCode.INVALID_RECEIPT_HANDLE, "unknown handle")
+            message = self.inflight.pop(body["receipt_handle"])
+            new = f"h{next(self._handles)}"
+            self.inflight[new] = message
+            return {"receipt_handle": new}
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"fake broker: no group route {rest}")
+
+    def _retry(self, group: str, message_id: str) -> Any:
+        original = self.find(message_id)
+        if original is None:
+            raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND, message_id)
+        self.retried.append((group, message_id))
+        topic = retry_topic(group)
+        self.create_topic(topic, 1)
+        self.put(topic, 0, original["body"], tag=original["tag"], message_id=message_id,
+                 origin_topic=original["topic"],
+                 reconsume_times=original["reconsume_times"] + 1)
+        return {"destination": topic}
+
+    def _receive(self, group: str, body: Any) -> Any:
+        topic = body["topic"]
+        out: list[dict[str, Any]] = []
+        for queue_id, queue in enumerate(self.queues.get(topic, [])):
+            cursor = self._cursor.get((group, f"{topic}#{queue_id}"), 0)
+            for m in queue[cursor:]:
+                if len(out) >= body["max"]:
+                    break
+                handle = f"h{next(self._handles)}"
+                self.inflight[handle] = m
+                out.append({**{k: v for k, v in m.items() if k != "wire"},
+                            "receipt_handle": handle})
+                cursor += 1
+            self._cursor[(group, f"{topic}#{queue_id}")] = cursor
+        return {"messages": out}
+
+
+class FakeCluster:
+    """Brokers and nameservers by address; ``transport`` serves them all."""
+
+    def __init__(self, brokers: int = 1, nameservers: int = 1) -> None:
+        self.brokers = {f"http://broker{i}:10911": FakeBroker(f"broker-{i}",
+                                                              f"http://broker{i}:10911")
+                        for i in range(brokers)}
+        self.nameservers = [f"http://ns{i}:9876" for i in range(nameservers)]
+        self.down: set[str] = set()  # addresses that refuse connections
+        self.requests: list[Recorded] = []
+        self._canned: list[tuple[str, Canned]] = []
+        self._lose: list[str] = []
+        self.transport = httpx.MockTransport(self._serve)
+
+    @property
+    def broker(self) -> FakeBroker:
+        return next(iter(self.brokers.values()))
+
+    @property
+    def broker_url(self) -> str:
+        return next(iter(self.brokers))
+
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        for b in self.brokers.values():
+            b.create_topic(topic, queues)
+
+    def fail_next(self, path_prefix: str, *answers: Canned) -> None:
+        """Answer the next requests whose path starts with ``path_prefix`` with ``answers``."""
+        self._canned.extend((path_prefix, a) for a in answers)
+
+    def lose_answer_next(self, path_prefix: str) -> None:
+        """Process the next matching request, then fail it as if the connection broke."""
+        self._lose.append(path_prefix)
+
+    def requests_to(self, path_prefix: str, method: str | None = None) -> list[Recorded]:
+        return [r for r in self.requests if r.path.startswith(path_prefix)
+                and (method is None or r.method == method)]
+
+    def iter_brokers(self) -> Iterator[FakeBroker]:
+        return iter(self.brokers.values())
+
+    async def _serve(self, request: httpx.Request) -> httpx.Response:
+        origin = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        raw_path = request.url.raw_path.decode().split("?")[0]
+        parts = [unquote(p) for p in raw_path.strip("/").split("/")]
+        path = "/" + "/".join(parts)
+        content_type = request.headers.get("content-type")
+        body = decode_payload(request.content, content_type) if request.content else None
+        params = dict(request.url.params)
+        self.requests.append(Recorded(request.method, origin, path, params, content_type, body))
+        if origin in self.down:
+            raise httpx.ConnectError(f"connection refused: {origin}", request=request)
+        accept = request.headers.get("accept", "application/json")
+        for i, (prefix, canned) in enumerate(self._canned):
+            if path.startswith(prefix):
+                del self._canned[i]
+                return self._answer(canned.status, {"code": canned.code,
+                                                    "message": canned.message},
+                                    "application/json", canned.headers)
+        try:
+            if origin in self.nameservers:
+                answer = self._route(parts)
+            else:
+                answer = await self.brokers[origin].handle(request.method, parts, params, body)
+        except ProtocolError as exc:
+            return self._answer(exc.code.http_status, exc.to_wire(), "application/json")
+        for i, prefix in enumerate(self._lose):
+            if path.startswith(prefix):
+                del self._lose[i]
+                raise httpx.ReadError("connection reset after the request", request=request)
+        return self._answer(200, answer, accept)
+
+    def _route(self, parts: list[str]) -> Any:
+        topic = parts[2]
+        queues = [{"broker_name": b.name, "address": b.address, "queues": len(b.queues[topic]),
+                   "perm": "rw"} for b in self.brokers.values() if topic in b.queues]
+        if not queues:
+            raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND, f"no route for {topic}")
+        return {"topic": topic, "queues": queues}
+
+    @staticmethod
+    def _answer(status: int, payload: Any, content_type: str,
+                headers: dict[str, str] | None = None) -> httpx.Response:
+        ct = "application/msgpack" if "msgpack" in content_type else "application/json"
+        return httpx.Response(status, content=encode_payload(payload, ct),
+                              headers={"content-type": ct, **(headers or {})})

@@ -1,0 +1,273 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from tidemq import (
+    ConfigurationError,
+    ConsumeResult,
+    PushConsumer,
+    ReceivedMessage,
+    RetryPolicy,
+)
+
+from tests.sdk.fakes import Canned, FakeCluster
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+async def wait_until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
+    """Poll ``condition`` (state of fakes and handlers, which signal nothing) until it holds."""
+    async with asyncio.timeout(limit_s):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+
+def _consumer(cluster: FakeCluster, handler: Any, group: str = "g1", **kw: Any) -> PushConsumer:
+    settings: dict[str, Any] = dict(
+        broker_url=cluster.broker_url, transport=cluster.transport, pull_wait_ms=50,
+        heartbeat_interval_s=60.0, offset_commit_interval_s=60.0, local_retry_pause_s=0.01,
+        orderly_retry_pause_s=0.01, close_timeout_s=1.0)
+    settings.update(kw)
+    return PushConsumer(group, handler=handler, **settings)
+
+
+def _fill(cluster: FakeCluster, per_queue: int, topic: str = "orders",
+          tag: str | None = "a") -> None:
+    for q in range(len(cluster.broker.queues[topic])):
+        for i in range(per_queue):
+            cluster.broker.put(topic, q, f"{q}-{i}".encode(), tag=tag)
+
+
+async def test_messages_reach_the_handler_and_offsets_are_committed(cluster: FakeCluster) -> None:
+    _fill(cluster, 5)
+    received: list[ReceivedMessage] = []
+
+    async def handler(message: ReceivedMessage) -> ConsumeResult:
+        received.append(message)
+        return ConsumeResult.SUCCESS
+
+    consumer = _consumer(cluster, handler)
+    consumer.subscribe("orders", "a || b")
+    async with consumer:
+        await wait_until(lambda: len(received) == 20)
+        assert len(consumer.assignment) == 4
+        await consumer.commit_offsets()
+        assert cluster.broker.offsets == {("g1", "orders", q): 5 for q in range(4)}
+    assert sorted(m.body for m in received) == sorted(
+        f"{q}-{i}".encode() for q in range(4) for i in range(5))
+    beat = cluster.broker.heartbeats[0]
+    assert beat == {"client_id": consumer.client_id, "mode": "clustering",
+                    "subscriptions": {"orders": "a || b", "%RETRY%g1": "*"}}
+    pulls = cluster.requests_to("/v1/topics/orders/queues/")
+    assert pulls[0].params["tags"] == "a || b" and pulls[0].params["group"] == "g1"
+    assert cluster.requests_to(f"/v1/groups/g1/members/{consumer.client_id}", "DELETE")
+
+
+async def test_consumption_resumes_at_the_committed_offset(cluster: FakeCluster) -> None:
+    _fill(cluster, 5)
+    for q in range(4):
+        cluster.broker.offsets[("g1", "orders", q)] = 3
+    received: list[bytes] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        received.append(message.body)
+
+    async with _consumer(cluster, handler, subscriptions={"orders": "*"}):
+        await wait_until(lambda: len(received) == 8)
+        await asyncio.sleep(0.05)
+    assert sorted(received) == sorted(f"{q}-{i}".encode() for q in range(4) for i in (3, 4))
+
+
+async def test_consume_from_last_skips_the_backlog(cluster: FakeCluster) -> None:
+    _fill(cluster, 5)
+    received: list[bytes] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        received.append(message.body)
+
+    async with _consumer(cluster, handler, subscriptions={"orders": "*"}, consume_from="last"):
+        await asyncio.sleep(0.05)
+        cluster.broker.put("orders", 2, b"new", tag="a")
+        await wait_until(lambda: received == [b"new"])
+
+
+async def test_retry_later_hands_the_message_to_the_retry_topic(cluster: FakeCluster) -> None:
+    cluster.broker.put("orders", 0, b"flaky", tag="a", message_id="m-flaky")
+    cluster.broker.put("orders", 0, b"fine", tag="a", message_id="m-fine")
+    seen: list[tuple[str, str, int]] = []
+
+    async def handler(message: ReceivedMessage) -> ConsumeResult:
+        seen.append((message.message_id, message.topic, message.reconsume_times))
+        if message.message_id == "m-flaky" and message.reconsume_times == 0:
+            return ConsumeResult.RETRY_LATER
+        return ConsumeResult.SUCCESS
+
+    consumer = _consumer(cluster, handler, subscriptions={"orders": "*"})
+    async with consumer:
+        await wait_until(lambda: cluster.broker.retried == [("g1", "m-flaky")])
+        await consumer.rebalance()  # the retry topic exists now: subscribe to it
+        assert any(q.topic == "%RETRY%g1" for q in consumer.assignment)
+        await wait_until(lambda: ("m-flaky", "orders", 1) in seen)
+        await consumer.commit_offsets()
+    assert cluster.broker.offsets[("g1", "orders", 0)] == 2
+    assert cluster.broker.offsets[("g1", "%RETRY%g1", 0)] == 1
+
+
+async def test_handler_exception_counts_as_retry_later(cluster: FakeCluster) -> None:
+    cluster.broker.put("orders", 1, b"boom", tag="a", message_id="m-boom")
+
+    async def handler(message: ReceivedMessage) -> ConsumeResult:
+        raise RuntimeError("handler bug")
+
+    async with _consumer(cluster, handler, subscriptions={"orders": "*"}):
+        await wait_until(lambda: ("g1", "m-boom") in cluster.broker.retried)
+
+
+async def test_failed_retry_call_keeps_the_message_and_consumes_it_again(
+    cluster: FakeCluster,
+) -> None:
+    cluster.broker.put("orders", 0, b"x", tag="a", message_id="m-x")
+    cluster.fail_next("/v1/groups/g1/retry", Canned(503, "UNAVAILABLE", "redis down"),
+                      Canned(503, "UNAVAILABLE", "redis down"))
+    calls = 0
+
+    async def handler(message: ReceivedMessage) -> ConsumeResult:
+        nonlocal calls
+        calls += 1
+        return ConsumeResult.RETRY_LATER
+
+    consumer = _consumer(cluster, handler, subscriptions={"orders": "*"}, retry=NO_RETRY)
+    async with consumer:
+        await wait_until(lambda: calls >= 2)
+        await consumer.commit_offsets()
+        assert cluster.broker.offsets[("g1", "orders", 0)] == 0  # not lost: still in flight
+        await wait_until(lambda: cluster.broker.retried == [("g1", "m-x")])
+        await consumer.commit_offsets()
+        assert cluster.broker.offsets[("g1", "orders", 0)] == 1
+    assert calls == 3  # first try + one local reconsume per failed retry call
+
+
+async def test_commit_waits_for_the_slowest_in_flight_message(cluster: FakeCluster) -> None:
+    for i in range(5):
+        cluster.broker.put("orders", 0, f"{i}".encode(), tag="a")
+    gate = asyncio.Event()
+    done: list[int] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        if message.queue_offset == 1:
+            await gate.wait()
+        done.append(message.queue_offset)
+
+    consumer = _consumer(cluster, handler, subscriptions={"orders": "*"})
+    async with consumer:
+        await wait_until(lambda: sorted(done) == [0, 2, 3, 4])
+        await consumer.commit_offsets()
+        assert cluster.broker.offsets[("g1", "orders", 0)] == 1
+        gate.set()
+        await wait_until(lambda: len(done) == 5)
+        await consumer.commit_offsets()
+        assert cluster.broker.offsets[("g1", "orders", 0)] == 5
+
+
+async def test_tags_are_confirmed_on_the_client(cluster: FakeCluster) -> None:
+    cluster.broker.filter_tags = False
+    for tag in ("a", "b", "a", None):
+        cluster.broker.put("orders", 0, b"x", tag=tag)
+    tags: list[str | None] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        tags.append(message.tag)
+
+    consumer = _consumer(cluster, handler, subscriptions={"orders": "a"})
+    async with consumer:
+        await wait_until(lambda: len(tags) == 2)
+        await asyncio.sleep(0.05)
+        await consumer.commit_offsets()
+    assert tags == ["a", "a"]
+    assert cluster.broker.offsets[("g1", "orders", 0)] == 4
+
+
+async def test_members_share_the_queues_and_rebalance_when_one_leaves(
+    cluster: FakeCluster,
+) -> None:
+    async def handler(message: ReceivedMessage) -> None:
+        return None
+
+    a = _consumer(cluster, handler, subscriptions={"orders": "*"}, client_id="a")
+    b = _consumer(cluster, handler, subscriptions={"orders": "*"}, client_id="b")
+    await a.start()
+    assert [q.queue_id for q in a.assignment] == [0, 1, 2, 3]
+    await b.start()
+    await a.rebalance()
+    assert a.members == b.members == ["a", "b"]
+    assert [q.queue_id for q in a.assignment] == [0, 1]
+    assert [q.queue_id for q in b.assignment] == [2, 3]
+    assert {("g1", "orders", 2), ("g1", "orders", 3)} <= set(cluster.broker.offsets)  # released
+    await b.close()
+    await a.rebalance()
+    assert a.members == ["a"] and len(a.assignment) == 4
+    await a.close()
+
+
+async def test_orderly_mode_processes_a_queue_in_order_and_retries_in_place(
+    cluster: FakeCluster,
+) -> None:
+    for i in range(6):
+        cluster.broker.put("orders", 0, f"{i}".encode(), tag="a")
+    calls: list[tuple[int, int]] = []
+    running = 0
+    overlap = False
+
+    async def handler(message: ReceivedMessage) -> ConsumeResult:
+        nonlocal running, overlap
+        running += 1
+        overlap = overlap or running > 1
+        await asyncio.sleep(0.001)
+        running -= 1
+        calls.append((message.queue_offset, message.reconsume_times))
+        if message.queue_offset == 2 and message.reconsume_times < 2:
+            return ConsumeResult.RETRY_LATER
+        return ConsumeResult.SUCCESS
+
+    async with _consumer(cluster, handler, subscriptions={"orders": "*"}, orderly=True):
+        await wait_until(lambda: len(calls) == 8)
+    assert calls == [(0, 0), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0), (4, 0), (5, 0)]
+    assert not overlap and cluster.broker.retried == []
+
+
+async def test_broadcasting_consumes_everything_everywhere_and_keeps_offsets_local(
+    cluster: FakeCluster,
+) -> None:
+    _fill(cluster, 2)
+    seen: dict[str, list[bytes]] = {"a": [], "b": []}
+
+    def handler_for(name: str) -> Any:
+        async def handler(message: ReceivedMessage) -> ConsumeResult:
+            seen[name].append(message.body)
+            return ConsumeResult.RETRY_LATER if message.body == b"0-0" else ConsumeResult.SUCCESS
+        return handler
+
+    consumers = [_consumer(cluster, handler_for(n), subscriptions={"orders": "*"}, client_id=n,
+                           mode="broadcasting", max_reconsume_times=2) for n in ("a", "b")]
+    for c in consumers:
+        await c.start()
+    await wait_until(lambda: all(len(v) == 9 for v in seen.values()))  # 8 + one local retry
+    for c in consumers:
+        assert len(c.assignment) == 4
+        await c.close()
+    assert cluster.broker.offsets == {} and cluster.broker.retried == []
+    assert cluster.broker.heartbeats[0]["mode"] == "broadcasting"
+    assert "%RETRY%g1" not in cluster.broker.heartbeats[0]["subscriptions"]
+
+
+async def test_configuration_errors(cluster: FakeCluster) -> None:
+    async def handler(message: ReceivedMessage) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError):
+        _consumer(cluster, handler, mode="fanout")
+    with pytest.raises(ConfigurationError):
+        await _consumer(cluster, handler).start()  # nothing subscribed

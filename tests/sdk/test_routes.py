@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from tidemq import ConfigurationError, RetryPolicy, TopicNotFoundError, TransportError
+from tidemq._http import HttpClient
+from tidemq._routes import RouteTable
+
+from tests.sdk.fakes import FakeCluster
+
+FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.001)
+
+
+def _table(cluster: FakeCluster, **kw: Any) -> RouteTable:
+    http = HttpClient(transport=cluster.transport, retry=FAST)
+    return RouteTable(http, **kw)
+
+
+async def test_route_from_any_nameserver(two_brokers: FakeCluster) -> None:
+    two_brokers.down.add(two_brokers.nameservers[0])
+    table = _table(two_brokers, nameservers=two_brokers.nameservers)
+    route = await table.get("orders")
+    assert [b.broker_name for b in route.brokers] == ["broker-0", "broker-1"]
+    assert len(route.read_queues()) == 8
+    await table.get("orders")  # cached
+    assert len(two_brokers.requests_to("/v1/routes/orders")) == 2
+
+
+async def test_unknown_topic_and_all_nameservers_down(two_brokers: FakeCluster) -> None:
+    table = _table(two_brokers, nameservers=two_brokers.nameservers)
+    with pytest.raises(TopicNotFoundError):
+        await table.get("missing")
+    two_brokers.down.update(two_brokers.nameservers)
+    with pytest.raises(TransportError):
+        await table.get("orders")
+
+
+async def test_concurrent_misses_share_one_lookup_and_invalidate_refetches(
+    cluster: FakeCluster,
+) -> None:
+    table = _table(cluster, nameservers=cluster.nameservers)
+    routes = await asyncio.gather(*(table.get("orders") for _ in range(20)))
+    assert len({id(r) for r in routes}) == 1
+    assert len(cluster.requests_to("/v1/routes/orders")) == 1
+    table.invalidate("orders")
+    await table.get("orders")
+    assert len(cluster.requests_to("/v1/routes/orders")) == 2
+
+
+async def test_background_refresh_picks_up_new_queues(cluster: FakeCluster) -> None:
+    table = _table(cluster, nameservers=cluster.nameservers, refresh_interval_s=0.01)
+    table.start()
+    assert len((await table.get("orders")).read_queues()) == 4
+    cluster.broker.queues["orders"].extend([[], []])
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if len((await table.get("orders")).read_queues()) == 6:
+            break
+    assert len((await table.get("orders")).read_queues()) == 6
+    await table.close()
+
+
+async def test_direct_broker_asks_the_broker_for_the_topic(cluster: FakeCluster) -> None:
+    table = _table(cluster, broker_url=cluster.broker_url)
+    route = await table.get("orders")
+    assert route.addresses == [cluster.broker_url] and len(route.write_queues()) == 4
+    assert cluster.requests_to("/v1/topics/orders", "GET")
+
+
+def test_exactly_one_of_nameservers_or_broker_url(cluster: FakeCluster) -> None:
+    with pytest.raises(ConfigurationError):
+        _table(cluster)
+    with pytest.raises(ConfigurationError):
+        _table(cluster, nameservers=["http://ns:1"], broker_url="http://b:1")
+
+
+async def test_a_stale_route_is_kept_while_no_nameserver_answers(cluster: FakeCluster) -> None:
+    table = _table(cluster, nameservers=cluster.nameservers)
+    route = await table.get("orders")
+    table.invalidate("orders")
+    cluster.down.update(cluster.nameservers)
+    assert await table.get("orders") is route
+    cluster.down.clear()
+    cluster.broker.queues.pop("orders")
+    table.invalidate("orders")
+    with pytest.raises(TopicNotFoundError):
+        await table.get("orders")
+    assert table.cached("orders") is None
