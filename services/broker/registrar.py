@@ -1,0 +1,125 @@
+"""The broker's link to the nameservers: register topics at once, then heartbeat periodically.
+
+Every heartbeat carries the broker's full topic set (``topics_provider()``), sent to every
+nameserver concurrently. A nameserver that is down is logged, never raised: the others keep
+serving routes, and the next heartbeat catches the lagging one up.
+
+Heartbeats to one nameserver are serialised and take their topic snapshot only once it is their
+turn, so an older topic set can never overwrite a newer one there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from services.common.constants import BROKER_HEARTBEAT_INTERVAL_S
+from services.common.loop import BackgroundLoop
+
+log = logging.getLogger(__name__)
+
+TopicsProvider = Callable[[], dict[str, dict[str, Any]]]  # {topic: {"queues": n, "perm": "rw"}}
+
+HEARTBEAT_PATH = "/v1/brokers/heartbeat"
+REQUEST_TIMEOUT_S = 3.0  # per heartbeat request to one nameserver
+
+
+class _HeartbeatLoop(BackgroundLoop):
+    name = "nameserver-heartbeat"
+
+    def __init__(self, registrar: NameserverRegistrar, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.registrar = registrar
+
+    async def run_once(self) -> None:
+        await self.registrar.register_now()
+
+
+class NameserverRegistrar:
+    """Keeps this broker registered with every nameserver."""
+
+    def __init__(self, nameserver_urls: list[str], cluster: str, broker_name: str, address: str,
+                 topics_provider: TopicsProvider,
+                 interval_s: float = BROKER_HEARTBEAT_INTERVAL_S,
+                 timeout_s: float = REQUEST_TIMEOUT_S,
+                 unregister_on_stop: bool = True) -> None:
+        self.nameserver_urls = [u.strip().rstrip("/") for u in nameserver_urls if u.strip()]
+        self.cluster = cluster
+        self.broker_name = broker_name
+        self.address = address.rstrip("/")
+        self.topics_provider = topics_provider
+        self.unregister_on_stop = unregister_on_stop
+        self._client = httpx.AsyncClient(timeout=timeout_s)
+        self._loop = _HeartbeatLoop(self, interval_s)
+        self._locks = {url: asyncio.Lock() for url in self.nameserver_urls}
+        self._reachable: dict[str, bool | None] = dict.fromkeys(self.nameserver_urls)
+
+    def start(self) -> None:
+        """Register now and then every ``interval_s`` (in a background task)."""
+        if not self.nameserver_urls:
+            log.warning("no nameservers configured: broker %s will not be routable",
+                        self.broker_name)
+            return
+        log.info("registering broker %s (%s) with %s every %g s", self.broker_name,
+                 self.address, ", ".join(self.nameserver_urls), self._loop.interval_s)
+        self._loop.start()
+
+    def request_heartbeat(self) -> None:
+        """Ask for a heartbeat soon without waiting for it (``register_now`` waits)."""
+        self._loop.wakeup()
+
+    async def stop(self) -> None:
+        """Stop heartbeating; leave every nameserver's routes at once unless told not to."""
+        await self._loop.stop()
+        if self.unregister_on_stop and self.nameserver_urls:
+            await asyncio.gather(*(self._unregister(url) for url in self.nameserver_urls))
+        await self._client.aclose()
+
+    async def register_now(self) -> dict[str, bool]:
+        """Heartbeat every nameserver concurrently; answer which ones accepted it."""
+        results = await asyncio.gather(*(self._heartbeat(url) for url in self.nameserver_urls))
+        return dict(zip(self.nameserver_urls, results, strict=True))
+
+    async def _heartbeat(self, url: str) -> bool:
+        async with self._locks[url]:
+            try:
+                body = {"cluster": self.cluster, "broker_name": self.broker_name,
+                        "address": self.address, "topics": self.topics_provider()}
+            except Exception:
+                log.exception("cannot list topics for the heartbeat to %s", url)
+                return False
+            try:
+                resp = await self._client.post(url + HEARTBEAT_PATH, json=body)
+            except httpx.HTTPError as exc:
+                self._mark(url, False, f"{type(exc).__name__}: {exc}".rstrip(": "))
+                return False
+            if resp.status_code != 200:
+                self._mark(url, False, f"HTTP {resp.status_code}: {resp.text[:300]}")
+                return False
+            self._mark(url, True, f"{len(body['topics'])} topic(s)")
+            return True
+
+    def _mark(self, url: str, ok: bool, detail: str) -> None:
+        """Log state changes loudly and repeats quietly, so a dead nameserver cannot flood."""
+        before = self._reachable[url]
+        self._reachable[url] = ok
+        if ok and before is not True:
+            log.info("registered with nameserver %s (%s)", url, detail)
+        elif not ok and before is not False:
+            log.warning("heartbeat to nameserver %s failed (%s); retrying every %g s",
+                        url, detail, self._loop.interval_s)
+        else:
+            log.debug("heartbeat to %s: %s", url, detail)
+
+    async def _unregister(self, url: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            resp = await self._client.delete(f"{url}/v1/brokers/{quote(self.broker_name, safe='')}",
+                                             params={"address": self.address}, timeout=1.0)
+            if resp.status_code == 200:
+                log.info("unregistered from nameserver %s", url)

@@ -1,0 +1,110 @@
+"""What every CLI command shares: consoles, the endpoints chosen by global options, REST calls.
+
+The CLI talks to the services with plain httpx (not the SDK). A server error is shown as
+``CODE: message`` on stderr and the command exits with status 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import quote
+
+import httpx
+import typer
+from rich.console import Console
+
+from services.common.constants import BROKER_PORT, NAMESERVER_PORT
+
+console = Console()
+err_console = Console(stderr=True)
+
+DEFAULT_BROKER_URL = f"http://127.0.0.1:{BROKER_PORT}"
+DEFAULT_NAMESERVER_URL = f"http://127.0.0.1:{NAMESERVER_PORT}"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CliError(Exception):
+    """A failure to report in one line and exit with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a command: a ``CliError`` becomes one red line on stderr and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except CliError as exc:
+            err_console.print(exc.message, style="bold red", markup=False, highlight=False)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the services are (global options ``--broker`` and ``--nameserver``)."""
+
+    broker: str = DEFAULT_BROKER_URL
+    nameserver: str = DEFAULT_NAMESERVER_URL
+    timeout_s: float = 10.0
+
+    def client(self, timeout_s: float | None = None) -> httpx.Client:
+        return httpx.Client(timeout=timeout_s or self.timeout_s)
+
+
+def endpoints(ctx: typer.Context) -> Endpoints:
+    found = ctx.find_object(Endpoints)
+    return found if found is not None else Endpoints()
+
+
+def segment(value: str) -> str:
+    """Quote a topic, group or id for use as one URL path segment (``%RETRY%g`` included)."""
+    return quote(value, safe="")
+
+
+def answer(resp: httpx.Response) -> Any:
+    """The decoded JSON of a successful answer, or a CliError showing ``CODE: message``."""
+    if resp.status_code < 400:
+        return resp.json() if resp.content else {}
+    try:
+        body = resp.json()
+        code, message = body["code"], body["message"]
+    except (ValueError, KeyError, TypeError):
+        code, message = f"HTTP_{resp.status_code}", resp.text.strip()[:500] or resp.reason_phrase
+    raise CliError(f"{code}: {message}")
+
+
+def unreachable(url: str, exc: httpx.HTTPError) -> CliError:
+    detail = str(exc) or type(exc).__name__
+    return CliError(f"UNAVAILABLE: cannot reach {url} ({detail}); is tidemq running? "
+                    "Start it with `tidemq up` or point --broker/--nameserver at it")
+
+
+def call(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
+    """One REST call: decoded JSON on success, CliError on a server error or no connection."""
+    try:
+        resp = client.request(method, url, **kwargs)
+    except httpx.HTTPError as exc:
+        raise unreachable(url, exc) from exc
+    return answer(resp)
+
+
+def print_json(payload: Any) -> None:
+    """One JSON document per line, for scripts (``--json``)."""
+    text = json.dumps(payload, ensure_ascii=False)
+    if console.is_terminal:
+        console.print_json(text)
+    else:
+        print(text, flush=True)

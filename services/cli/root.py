@@ -1,0 +1,41 @@
+"""The root `tidemq` command: global options and the list of sub-commands."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from services.cli import admin, messages, up
+from services.cli.rest import DEFAULT_BROKER_URL, DEFAULT_NAMESERVER_URL, Endpoints
+
+app = typer.Typer(
+    name="tidemq",
+    help="tidemq: a RocketMQ-style message queue with transactional and delayed messages.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    broker: Annotated[str, typer.Option(envvar="TIDEMQ_BROKER_URL",
+                                        help="Broker base URL.")] = DEFAULT_BROKER_URL,
+    nameserver: Annotated[str, typer.Option(envvar="TIDEMQ_NAMESERVER_URL",
+                                            help="Nameserver base URL.")
+                          ] = DEFAULT_NAMESERVER_URL,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each request.")] = 10.0,
+) -> None:
+    ctx.obj = Endpoints(broker=broker.rstrip("/"), nameserver=nameserver.rstrip("/"),
+                        timeout_s=timeout)
+
+
+app.command("up")(up.up)
+app.add_typer(admin.topic_app, name="topic")
+app.command("send")(messages.send)
+app.command("consume")(messages.consume)
+app.command("query")(messages.query)
+app.command("cluster")(admin.cluster)
+app.command("bench", context_settings={"allow_extra_args": True,
+                                       "ignore_unknown_options": True})(admin.bench)

@@ -1,0 +1,16 @@
+"""``python -m services.nameserver``: serve with settings from ``TIDEMQ_NAMESRV_*``."""
+
+from __future__ import annotations
+
+from services.common.runner import serve
+from services.nameserver.app import build_app
+from services.nameserver.settings import NameserverSettings
+
+
+def main() -> None:
+    settings = NameserverSettings()
+    serve(build_app(settings), settings.host, settings.port, settings.log_level)
+
+
+if __name__ == "__main__":
+    main()

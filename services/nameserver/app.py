@@ -1,0 +1,158 @@
+"""The nameserver's HTTP API (API.md, "Nameserver"): broker heartbeats in, topic routes out.
+
+Thin routes over ``BrokerRegistry``; an ``ExpiryLoop`` sweeps silent brokers in the background.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Query
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
+
+from services.common.app import create_app
+from services.common.loop import BackgroundLoop
+from services.nameserver.registry import BrokerRegistry, TopicInfo
+from services.nameserver.settings import NameserverSettings
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUES = 65_535  # upper bound on a topic's queue count in a heartbeat
+ADDRESS_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+
+
+class TopicBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    queues: StrictInt = Field(ge=1, le=MAX_QUEUES)
+    perm: Literal["r", "w", "rw"]
+
+
+class HeartbeatBody(BaseModel):
+    """``POST /v1/brokers/heartbeat``: the broker's full current state (replaces the last one)."""
+
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+    cluster: str = Field(min_length=1, max_length=255)
+    broker_name: str = Field(min_length=1, max_length=255)
+    address: str = Field(max_length=1024,
+                         description="base URL clients use, e.g. http://127.0.0.1:10911")
+    topics: dict[str, TopicBody]
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, address: str) -> str:
+        if not ADDRESS_RE.match(address):
+            raise ValueError(f"{address!r} is not the broker's base URL "
+                             "(like http://127.0.0.1:10911)")
+        return address.rstrip("/")
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, topics: dict[str, TopicBody]) -> dict[str, TopicBody]:
+        for name in topics:
+            try:
+                validate_topic_name(name)
+            except ProtocolError as exc:
+                raise ValueError(exc.message) from None
+        return topics
+
+
+class Metrics:
+    """The nameserver's Prometheus metrics, on a registry of its own."""
+
+    def __init__(self, brokers: BrokerRegistry) -> None:
+        self.registry = CollectorRegistry()
+        Gauge("tidemq_nameserver_brokers", "Live brokers registered with this nameserver",
+              registry=self.registry).set_function(lambda: len(brokers))
+        Gauge("tidemq_nameserver_topics", "Topics served by at least one live broker",
+              registry=self.registry).set_function(lambda: len(brokers.topics()))
+        self.heartbeats = Counter("tidemq_nameserver_heartbeats",
+                                  "Broker heartbeats accepted", registry=self.registry)
+        self.route_lookups = Counter("tidemq_nameserver_route_lookups",
+                                     "Route lookups by outcome (found, not_found)", ["result"],
+                                     registry=self.registry)
+        self.expired = Counter("tidemq_nameserver_brokers_expired",
+                               "Brokers dropped after missing heartbeats", registry=self.registry)
+        for result in ("found", "not_found"):
+            self.route_lookups.labels(result)
+
+
+class ExpiryLoop(BackgroundLoop):
+    """Removes brokers that stopped heartbeating."""
+
+    name = "nameserver-expiry"
+
+    def __init__(self, brokers: BrokerRegistry, metrics: Metrics, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.brokers = brokers
+        self.metrics = metrics
+
+    async def run_once(self) -> None:
+        expired = self.brokers.expire()
+        if expired:
+            self.metrics.expired.inc(len(expired))
+
+
+def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = None) -> FastAPI:
+    brokers = brokers or BrokerRegistry(expiry_ms=int(settings.broker_expiry_s * 1000))
+    metrics = Metrics(brokers)
+    expiry = ExpiryLoop(brokers, metrics, settings.expiry_check_interval_s)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        expiry.start()
+        log.info("nameserver ready on %s:%d (broker expiry %.1f s, swept every %.1f s)",
+                 settings.host, settings.port, settings.broker_expiry_s,
+                 settings.expiry_check_interval_s)
+        try:
+            yield
+        finally:
+            await expiry.stop()
+            log.info("nameserver stopped")
+
+    app = create_app("tidemq nameserver", metrics.registry, lifespan)
+    app.state.brokers = brokers
+
+    @app.post("/v1/brokers/heartbeat", tags=["brokers"])
+    async def heartbeat(body: HeartbeatBody) -> dict[str, Any]:
+        """Register a broker or refresh it; its topic set becomes exactly ``topics``."""
+        topics = {name: TopicInfo(queues=t.queues, perm=t.perm) for name, t in body.topics.items()}
+        brokers.heartbeat(body.cluster, body.broker_name, body.address, topics)
+        metrics.heartbeats.inc()
+        return {}
+
+    @app.delete("/v1/brokers/{broker_name}", tags=["brokers"])
+    async def unregister(
+        broker_name: str,
+        address: Annotated[str | None, Query(description="only if still at this address")] = None,
+    ) -> dict[str, Any]:
+        """A broker shutting down cleanly leaves the routes at once (idempotent)."""
+        brokers.unregister(broker_name, address)
+        return {}
+
+    @app.get("/v1/routes/{topic}", tags=["routes"])
+    async def routes(topic: str) -> dict[str, Any]:
+        """Every live broker serving ``topic``, with its queue count and permission."""
+        validate_topic_name(topic)
+        queues = brokers.routes(topic)
+        if not queues:
+            metrics.route_lookups.labels("not_found").inc()
+            raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND,
+                                f"no live broker serves topic {topic!r}: create it on a broker "
+                                f"(PUT /v1/topics/{topic}) and retry")
+        metrics.route_lookups.labels("found").inc()
+        return {"topic": topic, "queues": [q.to_wire() for q in queues]}
+
+    @app.get("/v1/cluster", tags=["routes"])
+    async def cluster() -> dict[str, Any]:
+        """Every live broker with its last heartbeat and topics."""
+        return {"brokers": [b.to_wire() for b in brokers.brokers()]}
+
+    return app

@@ -1,0 +1,17 @@
+"""Nameserver settings, read from ``TIDEMQ_NAMESRV_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import PositiveFloat
+from pydantic_settings import SettingsConfigDict
+
+from services.common.constants import BROKER_EXPIRY_S, NAMESERVER_PORT
+from services.common.settings import ServiceSettings
+
+
+class NameserverSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="TIDEMQ_NAMESRV_", extra="ignore")
+
+    port: int = NAMESERVER_PORT  # listen port
+    broker_expiry_s: PositiveFloat = BROKER_EXPIRY_S  # drop a broker silent this long (s)
+    expiry_check_interval_s: PositiveFloat = 10.0  # how often silent brokers are swept (s)
