@@ -1,0 +1,1 @@
+"""tidemq benchmarks: run ``python -m bench.run_all [--quick] [--json]``."""
