@@ -17,9 +17,12 @@ from services.broker.store.index import Index, topic_key, unique_key
 from services.broker.store.types import KEY_SEPARATOR, SysFlag
 
 
+_TYPE_MASK = int(SysFlag.TYPE_MASK)  # plain ints: IntFlag operators are slow on the hot path
+_NOT_DISPATCHED = (int(SysFlag.PREPARED), int(SysFlag.ROLLBACK))
+
+
 def dispatchable(sys_flag: int) -> bool:
-    kind = sys_flag & SysFlag.TYPE_MASK
-    return kind not in (SysFlag.PREPARED, SysFlag.ROLLBACK)
+    return (sys_flag & _TYPE_MASK) not in _NOT_DISPATCHED
 
 
 class Dispatcher:
@@ -47,14 +50,17 @@ class Dispatcher:
             self.queues[(topic, queue_id)] = cq
         return cq
 
-    def next_queue_offset(self, topic: str, queue_id: int, sys_flag: int) -> int:
-        return self.queue(topic, queue_id).max_offset if dispatchable(sys_flag) else 0
-
     def dispatch(self, topic: str, queue_id: int, queue_offset: int, phys: int, size: int,
                  sys_flag: int, tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
-        if dispatchable(sys_flag):
-            self.queue(topic, queue_id).append(queue_offset, phys, size, tag_code)
-            self.touched.add((topic, queue_id))
+        cq = self.queue(topic, queue_id) if dispatchable(sys_flag) else None
+        self.dispatch_to(cq, topic, queue_offset, phys, size, tag_code, store_ms, uniq, keys)
+
+    def dispatch_to(self, cq: ConsumeQueue | None, topic: str, queue_offset: int, phys: int,
+                    size: int, tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
+        """``dispatch`` for a caller that already looked up the queue (None: no unit)."""
+        if cq is not None:
+            cq.append(queue_offset, phys, size, tag_code)
+            self.touched.add((topic, cq.queue_id))
         if uniq:
             self.index.put(unique_key(uniq), phys, store_ms)
         if keys:

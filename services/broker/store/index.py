@@ -70,15 +70,17 @@ class IndexFile:
         return self.count >= self.entries or store_ms - self.begin_ms > MAX_DELTA_MS
 
     def put(self, key: str, phys: int, store_ms: int) -> None:
-        h = key_hash(key)
+        h = zlib.crc32(key.encode("utf-8"))
         slot_at = HEADER_SIZE + (h % self.slots) * SLOT.size
         (prev,) = SLOT.unpack_from(self.mm, slot_at)
         self.count += 1
         ENTRY.pack_into(self.mm, self._entries_at + self.count * ENTRY_SIZE, h, phys,
                         max(0, store_ms - self.begin_ms), prev)
         SLOT.pack_into(self.mm, slot_at, self.count)
-        self.end_ms = max(self.end_ms, store_ms)
-        self.end_phys = max(self.end_phys, phys)
+        if store_ms > self.end_ms:
+            self.end_ms = store_ms
+        if phys > self.end_phys:
+            self.end_phys = phys
 
     def write_header(self) -> None:
         HEADER.pack_into(self.mm, 0, INDEX_MAGIC, 1, self.begin_ms, self.end_ms, self.end_phys,
@@ -124,6 +126,11 @@ class Index:
             self.files.append(IndexFile(path, self.slots, self.entries))
 
     def put(self, key: str, phys: int, store_ms: int) -> None:
+        last = self.files[-1] if self.files else None
+        if last is not None and last.count < last.entries and \
+                store_ms - last.begin_ms <= MAX_DELTA_MS:
+            last.put(key, phys, store_ms)
+            return
         if not self.files or self.files[-1].full(store_ms):
             name = f"{store_ms:020d}"
             if self.files and self.files[-1].path.name >= name:

@@ -33,6 +33,7 @@ import ipaddress
 import struct
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 from services.broker.store.types import MessageRecord, StoredRecord
 
@@ -44,6 +45,10 @@ SUPPORTED_VERSIONS = frozenset({1})
 
 HEADER = struct.Struct(">iIIiiqqiq8sq8siqqi")
 HEADER_SIZE = HEADER.size  # 96
+HEAD = struct.Struct(">iIIiiqqiq8sq8siqq")  # the header up to body_len (the payload starts it)
+HEAD_SIZE = HEAD.size  # 92
+CRC = struct.Struct(">I")
+META = struct.Struct(">iIIiiqqi44xq")  # what dispatch needs: ... sys_flag, (skip), tag_code
 BLANK = struct.Struct(">iI")
 BLANK_SIZE = BLANK.size  # 8
 PREFIX = struct.Struct(">iII")  # total_size, magic, crc
@@ -67,6 +72,7 @@ class CorruptRecord(Exception):
         self.why = why
 
 
+@lru_cache(maxsize=4096)
 def encode_host(host: str) -> bytes:
     """``"ip:port"`` → 8 bytes; non-IPv4 hosts keep only the port."""
     addr, _, port = host.rpartition(":")
@@ -77,6 +83,7 @@ def encode_host(host: str) -> bytes:
     return ip + struct.pack(">I", int(port) if port.isdigit() else 0)
 
 
+@lru_cache(maxsize=4096)
 def decode_host(raw: bytes) -> str:
     return f"{ipaddress.IPv4Address(raw[:4])}:{struct.unpack('>I', raw[4:])[0]}"
 
@@ -84,7 +91,15 @@ def decode_host(raw: bytes) -> str:
 def encode_properties(props: dict[str, str]) -> bytes:
     if not props:
         return b""
-    return "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode("utf-8")
+    return "".join([f"{k}\x01{v}\x02" for k, v in props.items()]).encode("utf-8")
+
+
+@lru_cache(maxsize=65536)
+def _topic_field(topic: str) -> bytes:
+    raw = topic.encode("utf-8")
+    if len(raw) > MAX_TOPIC_BYTES:
+        raise ValueError(f"topic is {len(raw)} bytes; the limit is {MAX_TOPIC_BYTES}")
+    return U8.pack(len(raw)) + raw
 
 
 def decode_properties(raw: bytes) -> dict[str, str]:
@@ -100,32 +115,42 @@ def decode_properties(raw: bytes) -> dict[str, str]:
 
 def encode_payload(rec: MessageRecord) -> bytes:
     """The variable part of a record (body, topic, properties), built before the writer runs."""
-    topic = rec.topic.encode("utf-8")
     props = encode_properties(rec.properties)
-    if len(topic) > MAX_TOPIC_BYTES:
-        raise ValueError(f"topic is {len(topic)} bytes; the limit is {MAX_TOPIC_BYTES}")
     if len(props) > MAX_PROPERTIES_BYTES:
         raise ValueError(f"properties are {len(props)} bytes; the limit is {MAX_PROPERTIES_BYTES}")
-    return b"".join((I32.pack(len(rec.body)), rec.body, U8.pack(len(topic)), topic,
+    return b"".join((I32.pack(len(rec.body)), rec.body, _topic_field(rec.topic),
                      U16.pack(len(props)), props))
+
+
+def append_record(buf: bytearray, rec: MessageRecord, total_size: int, queue_offset: int,
+                  physical_offset: int, store_timestamp: int, store_host: bytes,
+                  payload: bytes) -> None:
+    """Append one whole record to ``buf``: the header, its CRC, then the payload.
+
+    ``payload`` starts with body_len, the header layout's last field, so the header is packed
+    without it.
+    """
+    head = HEAD.pack(
+        total_size, MAGIC, 0, rec.queue_id, rec.flag, queue_offset, physical_offset,
+        rec.sys_flag, rec.born_timestamp, encode_host(rec.born_host), store_timestamp,
+        store_host, rec.reconsume_times, rec.prepared_tx_offset, rec.tag_code,
+    )
+    crc = zlib.crc32(payload, zlib.crc32(memoryview(head)[12:]))
+    at = len(buf)
+    buf += head
+    CRC.pack_into(buf, at + 8, crc)
+    buf += payload
 
 
 def encode_header(rec: MessageRecord, total_size: int, queue_offset: int, physical_offset: int,
                   store_timestamp: int, store_host: bytes, payload: bytes) -> bytes:
-    """The fixed header with its CRC over everything after the CRC field.
-
-    ``payload`` starts with body_len, which the header layout counts as its last field, so the
-    header struct is packed without it and the payload supplies those four bytes.
-    """
-    head = bytearray(HEADER.pack(
-        total_size, MAGIC, 0, rec.queue_id, rec.flag, queue_offset, physical_offset,
-        rec.sys_flag, rec.born_timestamp, encode_host(rec.born_host), store_timestamp,
-        store_host, rec.reconsume_times, rec.prepared_tx_offset, rec.tag_code, 0,
-    ))
-    del head[-4:]  # body_len comes from the payload
-    crc = zlib.crc32(payload, zlib.crc32(memoryview(head)[12:]))
-    struct.pack_into(">I", head, 8, crc)
-    return bytes(head)
+    """The 92 header bytes that precede ``payload`` (see ``append_record``)."""
+    buf = bytearray()
+    append_record(buf, rec, total_size, queue_offset, physical_offset, store_timestamp,
+                  store_host, b"")
+    crc = zlib.crc32(payload, zlib.crc32(memoryview(buf)[12:]))
+    CRC.pack_into(buf, 8, crc)
+    return bytes(buf)
 
 
 @dataclass(slots=True)
@@ -185,14 +210,25 @@ def decode(buf: bytes | bytearray | memoryview, pos: int, offset: int) -> Stored
 
 
 def decode_meta(buf: bytes | bytearray | memoryview, pos: int, offset: int) -> RecordMeta:
-    """Decode what dispatch needs (used by recovery to rebuild consume queues and index)."""
-    rec = decode(buf, pos, offset)
-    (*_, tag_code, _body_len) = HEADER.unpack_from(buf, pos)
+    """What dispatch needs from a record that ``check`` already validated (recovery's path):
+    one header unpack and the properties, no body copy and no second CRC pass."""
+    size, _, _, queue_id, _, queue_offset, physical_offset, sys_flag, tag_code = \
+        META.unpack_from(buf, pos)
+    if physical_offset != offset:
+        raise CorruptRecord(offset, f"record says it lives at {physical_offset}")
+    (store_ts,) = STORE_TS.unpack_from(buf, pos + STORE_TS_AT)
+    (body_len,) = I32.unpack_from(buf, pos + HEADER_SIZE - 4)
+    p = pos + HEADER_SIZE + body_len
+    topic_len = buf[p]
+    topic = bytes(buf[p + 1:p + 1 + topic_len]).decode("utf-8")
+    p += 1 + topic_len
+    (props_len,) = U16.unpack_from(buf, p)
+    props = decode_properties(bytes(buf[p + 2:p + 2 + props_len]))
     return RecordMeta(
-        physical_offset=offset, size=rec.size, topic=rec.topic, queue_id=rec.queue_id,
-        queue_offset=rec.queue_offset, sys_flag=rec.sys_flag, tag_code=tag_code,
-        store_timestamp=rec.store_timestamp, unique_key=rec.properties.get("UNIQ_KEY", ""),
-        keys=rec.properties.get("KEYS", ""),
+        physical_offset=offset, size=size, topic=topic, queue_id=queue_id,
+        queue_offset=queue_offset, sys_flag=sys_flag, tag_code=tag_code,
+        store_timestamp=store_ts, unique_key=props.get("UNIQ_KEY", ""),
+        keys=props.get("KEYS", ""),
     )
 
 

@@ -56,6 +56,7 @@ class MessageStore:
         self._sync_lock = asyncio.Lock()
         self.writer = GroupCommitWriter(config, self.log, self.dispatcher, self._notify,
                                         self._sync_lock)
+        self.put = self.writer.put  # type: ignore[method-assign]  # skip a coroutine layer
         self.retention = Retention(self)
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery_seconds = 0.0

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from services.broker.store import record
 from services.broker.store.commitlog import CommitLog, StoreClosedError
 from services.broker.store.config import FlushMode, StoreConfig
-from services.broker.store.dispatcher import Dispatcher
+from services.broker.store.dispatcher import Dispatcher, dispatchable
+from services.broker.store.record import append_record
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,12 @@ class GroupCommitWriter:
                 self.stats["busy"] += 1
             return refusal
         payloads = [record.encode_payload(r) for r in records]
-        nbytes = sum(len(p) for p in payloads) + HEADER_WRITTEN * len(payloads)
-        largest = max(len(p) for p in payloads) + HEADER_WRITTEN
+        nbytes = largest = 0
+        for p in payloads:
+            nbytes += len(p)
+            largest = max(largest, len(p))
+        nbytes += HEADER_WRITTEN * len(payloads)
+        largest += HEADER_WRITTEN
         if largest + record.BLANK_SIZE > self.log.segment_bytes:
             return PutResult(PutStatus.TOO_LARGE, message=f"a {largest}-byte record cannot fit "
                              f"a {self.log.segment_bytes}-byte segment")
@@ -169,7 +174,7 @@ class GroupCommitWriter:
                 req.future.set_result(failure or req.result)  # type: ignore[arg-type]
 
     def _write_batch(self, batch: list[_Request]) -> None:
-        clog, disp = self.log, self.dispatcher
+        clog, disp, store_host = self.log, self.dispatcher, self.store_host
         now_ms = int(time.time() * 1000)
         buf = bytearray()
         for req in batch:
@@ -182,14 +187,12 @@ class GroupCommitWriter:
                         buf = bytearray()
                     clog.roll()
                 phys = clog.write_offset + len(buf)
-                qoff = disp.next_queue_offset(rec.topic, rec.queue_id, rec.sys_flag)
-                buf += record.encode_header(rec, size, qoff, phys, now_ms, self.store_host,
-                                            payload)
-                buf += payload
+                cq = disp.queue(rec.topic, rec.queue_id) if dispatchable(rec.sys_flag) else None
+                qoff = cq.max_offset if cq is not None else 0
+                append_record(buf, rec, size, qoff, phys, now_ms, store_host, payload)
                 props = rec.properties
-                disp.dispatch(rec.topic, rec.queue_id, qoff, phys, size, rec.sys_flag,
-                              rec.tag_code, now_ms, props.get("UNIQ_KEY", ""),
-                              props.get("KEYS", ""))
+                disp.dispatch_to(cq, rec.topic, qoff, phys, size, rec.tag_code, now_ms,
+                                 props.get("UNIQ_KEY", ""), props.get("KEYS", ""))
                 appended.append(Appended(phys, size, rec.queue_id, qoff, now_ms))
             req.result = PutResult(PutStatus.OK, appended)
             self.stats["put_records"] += len(req.records)
