@@ -3,7 +3,7 @@
 File layout (big-endian), named by the 20-digit store timestamp (ms) of its first entry::
 
     header   40 B   magic u32, version u32, begin_ms i64, end_ms i64, end_phys i64, count u32,
-                    pad u32
+                    sealed u32 (1 once the file takes no more writes and its header is final)
     slots    slots × u32            index of the newest entry with that hash (0 = empty)
     entries  entries × 20 B         key hash u32, commit log offset i64, ms since begin i32,
                                     previous entry with the same slot u32
@@ -11,6 +11,10 @@ File layout (big-endian), named by the 20-digit store timestamp (ms) of its firs
 Hashes collide, and entries may point at records that recovery later truncated and overwrote;
 so every hit is verified by the caller against the record itself. The index is derived data,
 rebuilt by re-dispatching from the checkpoint after a crash; duplicate entries are harmless.
+
+The header's ``count`` is persisted with every checkpoint. After a crash, slots may point at
+entries past that count (added after the checkpoint); opening an unsealed file walks such
+slots back along ``prev`` to the persisted state, and re-dispatch adds those entries again.
 """
 
 from __future__ import annotations
@@ -58,18 +62,44 @@ class IndexFile:
         if fresh or os.fstat(self.fd).st_size < size:
             os.ftruncate(self.fd, size)
         self.mm = mmap.mmap(self.fd, size)
-        magic, _v, begin, end, end_phys, count, _ = HEADER.unpack_from(self.mm, 0)
+        magic, _v, begin, end, end_phys, count, sealed = HEADER.unpack_from(self.mm, 0)
         if magic != INDEX_MAGIC:
             begin = begin_ms if begin_ms is not None else int(path.name)
-            end, end_phys, count = begin, 0, 0
+            end, end_phys, count, sealed = begin, 0, 0, 0
             HEADER.pack_into(self.mm, 0, INDEX_MAGIC, 1, begin, end, end_phys, count, 0)
         self.begin_ms, self.end_ms, self.end_phys, self.count = begin, end, end_phys, count
+        self.sealed = bool(sealed)
         self._entries_at = HEADER_SIZE + slots * SLOT.size
+        if not fresh and not self.sealed:
+            self._roll_back_to_count()
+
+    def _roll_back_to_count(self) -> None:
+        """Point every slot at its newest entry within ``count`` (see the module docstring)."""
+        region = self.mm[HEADER_SIZE:self._entries_at]
+        repaired = 0
+        for n, (i,) in enumerate(SLOT.iter_unpack(region)):
+            if i <= self.count:
+                continue
+            steps = 0
+            while i > self.count and steps < MAX_CHAIN:
+                if i > self.entries:
+                    i = 0
+                    break
+                _, _, _, prev = ENTRY.unpack_from(self.mm, self._entries_at + i * ENTRY_SIZE)
+                i = prev if prev < i else 0
+                steps += 1
+            SLOT.pack_into(self.mm, HEADER_SIZE + n * SLOT.size, i)
+            repaired += 1
+        if repaired:
+            log.info("index %s: rolled %d slots back to the checkpointed %d entries",
+                     self.path.name, repaired, self.count)
 
     def full(self, store_ms: int) -> bool:
         return self.count >= self.entries or store_ms - self.begin_ms > MAX_DELTA_MS
 
     def put(self, key: str, phys: int, store_ms: int) -> None:
+        if self.sealed:
+            raise RuntimeError(f"index file {self.path.name} is sealed")
         h = zlib.crc32(key.encode("utf-8"))
         slot_at = HEADER_SIZE + (h % self.slots) * SLOT.size
         (prev,) = SLOT.unpack_from(self.mm, slot_at)
@@ -84,7 +114,12 @@ class IndexFile:
 
     def write_header(self) -> None:
         HEADER.pack_into(self.mm, 0, INDEX_MAGIC, 1, self.begin_ms, self.end_ms, self.end_phys,
-                         self.count, 0)
+                         self.count, int(self.sealed))
+
+    def seal(self) -> None:
+        """No more writes: make the header final, so reopening needs no roll-back."""
+        self.sealed = True
+        self.flush()
 
     def lookup(self, key: str, begin_ms: int, end_ms: int) -> Iterator[int]:
         """Commit log offsets of entries with the key's hash in the time range, newest first."""
@@ -105,6 +140,7 @@ class IndexFile:
 
     def close(self) -> None:
         try:
+            self.sealed = True
             self.write_header()
             self.mm.close()
         finally:
@@ -124,6 +160,8 @@ class Index:
         self.dir.mkdir(parents=True, exist_ok=True)
         for path in sorted(p for p in self.dir.iterdir() if p.name.isdigit()):
             self.files.append(IndexFile(path, self.slots, self.entries))
+        if self.files:
+            self.files[-1].sealed = False  # the newest file takes writes again
 
     def put(self, key: str, phys: int, store_ms: int) -> None:
         last = self.files[-1] if self.files else None
@@ -131,7 +169,9 @@ class Index:
                 store_ms - last.begin_ms <= MAX_DELTA_MS:
             last.put(key, phys, store_ms)
             return
-        if not self.files or self.files[-1].full(store_ms):
+        if last is None or last.full(store_ms):
+            if last is not None:
+                last.seal()
             name = f"{store_ms:020d}"
             if self.files and self.files[-1].path.name >= name:
                 name = f"{int(self.files[-1].path.name) + 1:020d}"
