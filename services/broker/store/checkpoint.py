@@ -7,6 +7,7 @@ the new version, never torn. Recovery trusts derived data (consume queues, index
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -27,7 +28,8 @@ class Checkpoint:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             return cls()
-        return cls(**{k: v for k, v in data.items() if k in cls.__slots__})  # type: ignore[attr-defined]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")

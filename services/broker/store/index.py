@@ -4,8 +4,8 @@ File layout (big-endian), named by the 20-digit store timestamp (ms) of its firs
 
     header   40 B   magic u32, version u32, begin_ms i64, end_ms i64, end_phys i64, count u32,
                     sealed u32 (1 once the file takes no more writes and its header is final)
-    slots    slots × u32            index of the newest entry with that hash (0 = empty)
-    entries  entries × 20 B         key hash u32, commit log offset i64, ms since begin i32,
+    slots    slots x u32            index of the newest entry with that hash (0 = empty)
+    entries  entries x 20 B         key hash u32, commit log offset i64, ms since begin i32,
                                     previous entry with the same slot u32
 
 Hashes collide, and entries may point at records that recovery later truncated and overwrote;

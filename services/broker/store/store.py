@@ -59,6 +59,7 @@ class MessageStore:
         self.put = self.writer.put  # type: ignore[method-assign]  # skip a coroutine layer
         self.retention = Retention(self)
         self._tasks: list[asyncio.Task[None]] = []
+        self._checkpoint_job: asyncio.Future[None] | None = None  # the thread of a checkpoint
         self.recovery_seconds = 0.0
         self.recovered_records = 0
 
@@ -123,7 +124,10 @@ class MessageStore:
             fds += self.dispatcher.take_dirty()
             for f in self.index.files[-2:]:
                 f.write_header()
-            await asyncio.to_thread(self._sync_and_save, fds, offset, clean)
+            job = asyncio.ensure_future(asyncio.to_thread(self._sync_and_save, fds, offset,
+                                                          clean))
+            self._checkpoint_job = job
+            await asyncio.shield(job)  # a cancelled caller must not release the lock early
             self.log.mark_synced(offset)
 
     def _sync_and_save(self, fds: list[int], offset: int, clean: bool) -> None:
@@ -158,6 +162,8 @@ class MessageStore:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._checkpoint_job is not None:  # a cancelled checkpoint's thread still runs
+            await asyncio.wait([self._checkpoint_job])
         if not self.log.error:
             await self.checkpoint(clean=True)
         self.dispatcher.close()

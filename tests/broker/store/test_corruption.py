@@ -35,6 +35,15 @@ async def _written(root: Path) -> tuple[list[tuple[int, int]], int]:
     return spots, checkpointed
 
 
+def _flip(path: Path, pos: int, n: int) -> None:
+    """Invert ``n`` bytes at ``pos``: junk that certainly differs from what was there."""
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        old = f.read(n)
+        f.seek(pos)
+        f.write(bytes(b ^ 0xFF for b in old))
+
+
 def _last_segment(root: Path) -> Path:
     return sorted((root / "commitlog").iterdir())[-1]
 
@@ -48,11 +57,7 @@ async def test_junk_in_last_segment_recovers_to_last_valid_record(store_dir: Pat
     size = seg.stat().st_size
     rnd = random.Random(seed)
     pos = rnd.randrange(0, size - 1)
-    with open(seg, "r+b") as f:
-        f.seek(pos)
-        old = f.read(8)
-        f.seek(pos)
-        f.write(bytes(b ^ 0xFF for b in old))
+    _flip(seg, pos, 8)
     hit = start + pos
     survivors = [o for o, n in spots if o + n <= hit]
     store = await MessageStore.open(small_config(store_dir))
@@ -91,9 +96,7 @@ async def test_corrupt_record_below_checkpoint_is_never_served(store_dir: Path) 
     victim = store.get("T", 0, 0, 1).records[0]
     await store.close()
     seg = sorted((store_dir / "commitlog").iterdir())[0]
-    with open(seg, "r+b") as f:
-        f.seek(victim.physical_offset + 200)
-        f.write(b"\xde\xad\xbe\xef")
+    _flip(seg, victim.physical_offset + 200, 4)
     store = await MessageStore.open(small_config(store_dir))
     assert victim.physical_offset < checkpointed
     assert store.read(victim.physical_offset) is None

@@ -1,0 +1,77 @@
+"""The broker's FastAPI app: the lifespan opens the Broker, the routers serve it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+from types import FrameType
+from typing import Any
+
+from fastapi import FastAPI
+
+from services.broker.metrics import BrokerMetrics
+from services.broker.routes import ROUTERS
+from services.broker.service import Broker
+from services.broker.settings import BrokerSettings
+from services.common.app import create_app
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[int, FrameType | None], Any]
+
+
+def create_broker_app(settings: BrokerSettings | None = None, *,
+                      release_on_signal: bool = False) -> FastAPI:
+    """The app of one broker. ``release_on_signal``: on SIGTERM/SIGINT, answer held pulls at
+    once, so that the server's graceful shutdown is not kept waiting by long polls."""
+    settings = settings if settings is not None else BrokerSettings()
+    metrics = BrokerMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        broker = Broker(settings, metrics)
+        await broker.start()
+        app.state.broker = broker
+        restore = _chain_signals(broker.begin_shutdown) if release_on_signal else None
+        try:
+            yield
+        finally:
+            if restore is not None:
+                restore()
+            await broker.stop()
+
+    app = create_app("tidemq broker", metrics.registry, lifespan)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app
+
+
+def _chain_signals(callback: Callable[[], None]) -> Callable[[], None] | None:
+    """Run ``callback`` on the loop when SIGTERM/SIGINT arrives, then the server's own handler
+    (uvicorn installs it before the lifespan starts). Returns a function undoing it."""
+    loop = asyncio.get_running_loop()
+    installed: dict[int, Handler] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum: int, frame: FrameType | None, previous: Handler = previous) -> None:
+            loop.call_soon_threadsafe(callback)
+            previous(signum, frame)
+
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread (e.g. a test client): nothing to chain
+            return None
+        installed[sig] = previous
+
+    def restore() -> None:
+        for sig, previous in installed.items():
+            with contextlib.suppress(ValueError):
+                signal.signal(sig, previous)
+
+    return restore

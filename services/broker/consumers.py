@@ -1,0 +1,104 @@
+"""Consumer group operations: membership, committed offsets, and the simple consumer.
+
+Offsets live in Redis (``OffsetStore``); a commit is answered once Redis has it. Membership is
+in memory (``GroupRegistry``). Receive, ack and invisibility are ``SimpleConsumerService``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name
+
+from services.broker.groups import GroupRegistry
+from services.broker.offsets import OffsetStore
+from services.broker.pulling import PullService
+from services.broker.simple import Received, SimpleConsumerService
+from services.broker.store.store import MessageStore
+from services.broker.topics import TopicManager
+
+MAX_OFFSETS_PER_COMMIT = 65_536  # entries in one PUT /offsets
+
+
+class ConsumerService:
+    def __init__(self, store: MessageStore, topics: TopicManager, groups: GroupRegistry,
+                 offsets: OffsetStore, simple: SimpleConsumerService, pulls: PullService,
+                 long_poll_max_ms: int) -> None:
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.simple = simple
+        self.pulls = pulls
+        self.long_poll_max_ms = long_poll_max_ms
+
+    # --- membership ------------------------------------------------------------------------------
+
+    def heartbeat(self, group: str, client_id: str, subscriptions: dict[str, str],
+                  mode: str) -> list[str]:
+        validate_group_name(group)
+        return self.groups.heartbeat(group, client_id, subscriptions, mode)
+
+    def leave(self, group: str, client_id: str) -> None:
+        validate_group_name(group)
+        self.groups.leave(group, client_id)
+
+    # --- offsets ---------------------------------------------------------------------------------
+
+    async def commit(self, group: str, entries: list[tuple[str, int, int]]) -> None:
+        """Store committed offsets once each is known to be within its queue."""
+        validate_group_name(group)
+        if len(entries) > MAX_OFFSETS_PER_COMMIT:
+            raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE,
+                                f"{len(entries)} offsets in one commit; at most "
+                                f"{MAX_OFFSETS_PER_COMMIT}")
+        for topic, queue_id, offset in entries:
+            cfg = self.topics.require(topic)
+            if queue_id < 0 or queue_id >= cfg.queues:
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    f"queue_id {queue_id} does not exist: topic {topic!r} has "
+                                    f"queues 0-{cfg.queues - 1}")
+            if offset < 0:
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    f"offset {offset} for {topic} queue {queue_id} must be >= 0")
+            _, high = self.store.queue_offsets(topic, queue_id)
+            if offset > high:
+                raise ProtocolError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                    f"offset {offset} for {topic} queue {queue_id} is beyond its "
+                                    f"max_offset {high}")
+        await self.offsets.commit(group, entries)
+
+    async def committed(self, group: str, topic: str | None) -> list[dict[str, Any]]:
+        """Committed offsets with the queue end and lag ([] for an unknown group)."""
+        validate_group_name(group)
+        topics = [topic] if topic else await self.offsets.topics(group)
+        out: list[dict[str, Any]] = []
+        for name in topics:
+            committed = await self.offsets.get(group, name)
+            for queue_id in sorted(committed):
+                offset = committed[queue_id]
+                _, high = self.store.queue_offsets(name, queue_id)
+                out.append({"topic": name, "queue_id": queue_id, "offset": offset,
+                            "max_offset": high, "lag": max(0, high - offset)})
+        return out
+
+    # --- simple consumer -------------------------------------------------------------------------
+
+    async def receive(self, group: str, topic: str, tags: str, max_count: int,
+                      invisible_ms: int, wait_ms: int) -> list[Received]:
+        validate_group_name(group)
+        cfg = self.pulls.readable_topic(topic, 0)
+        wait_ms = max(0, min(wait_ms, self.long_poll_max_ms))
+        if self.pulls.closing:
+            wait_ms = 0
+        return await self.simple.receive(group, topic, list(range(cfg.queues)), tags or "*",
+                                         max_count, invisible_ms, wait_ms)
+
+    async def ack(self, group: str, receipt_handles: list[str]) -> int:
+        validate_group_name(group)
+        return await self.simple.ack(group, receipt_handles)
+
+    async def change_invisibility(self, group: str, receipt_handle: str,
+                                  invisible_ms: int) -> str:
+        validate_group_name(group)
+        return await self.simple.change_invisibility(group, receipt_handle, invisible_ms)

@@ -1,0 +1,100 @@
+"""Idempotent send: a (topic, message_id) stored within the window gets its first result again.
+
+Three layers, cheapest first:
+
+1. ``recent``: an insertion-ordered map of what this process stored, expired from the front by
+   time (and by size: ``max_entries`` bounds memory);
+2. ``in flight``: a future per key being stored right now, so a concurrent duplicate waits for
+   the first request's result instead of storing a second copy;
+3. the store's unique-key index (``find_by_unique_key``), consulted only while the map cannot
+   be complete for the window: during the first ``window_s`` after a start (messages stored by
+   the previous run), or after the size bound evicted an entry younger than the window.
+
+Only client-given ids are remembered: an id the broker assigned cannot be retried by a client
+that never knew it, so remembering it would only cost memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import NamedTuple
+
+DedupKey = tuple[str, str]  # (topic, message_id)
+
+
+class Placed(NamedTuple):
+    """Where a message was stored: the answer a duplicate gets."""
+
+    queue_id: int
+    queue_offset: int
+
+
+class DedupCache:
+    def __init__(self, window_s: float, max_entries: int, started_ms: int) -> None:
+        self.window_ms = int(window_s * 1000)
+        self.max_entries = max_entries
+        # keys younger than this may be missing from ``_recent``; older ones are outside it
+        self._complete_since_ms = started_ms
+        self._recent: OrderedDict[DedupKey, tuple[int, int, int]] = OrderedDict()
+        self._inflight: dict[DedupKey, asyncio.Future[Placed]] = {}
+        self.hits = 0  # duplicates answered without storing (metrics read it)
+
+    @property
+    def enabled(self) -> bool:
+        return self.window_ms > 0
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def needs_index(self, now_ms: int) -> bool:
+        """True while a key within the window may be missing from memory."""
+        return self.enabled and now_ms - self.window_ms < self._complete_since_ms
+
+    def lookup(self, key: DedupKey, now_ms: int) -> Placed | None:
+        entry = self._recent.get(key)
+        if entry is None or entry[2] < now_ms - self.window_ms:
+            return None
+        return Placed(entry[0], entry[1])
+
+    def in_flight(self, key: DedupKey) -> asyncio.Future[Placed] | None:
+        return self._inflight.get(key)
+
+    def begin(self, key: DedupKey) -> asyncio.Future[Placed]:
+        """Mark ``key`` as being stored; duplicates arriving meanwhile await the future."""
+        fut: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        return fut
+
+    def finish(self, key: DedupKey, fut: asyncio.Future[Placed], placed: Placed | None,
+               error: BaseException | None = None, stored_ms: int = 0) -> None:
+        """End an in-flight store: remember its result, or hand its error to the waiters."""
+        if self._inflight.get(key) is fut:
+            del self._inflight[key]
+        if placed is not None:
+            self.remember(key, placed, stored_ms)
+            if not fut.done():
+                fut.set_result(placed)
+        elif not fut.done():
+            fut.set_exception(error or RuntimeError("store did not answer"))
+            fut.exception()  # retrieved: nobody may be waiting
+
+    def remember(self, key: DedupKey, placed: Placed, stored_ms: int) -> None:
+        if not self.enabled:
+            return
+        self._recent[key] = (placed.queue_id, placed.queue_offset, stored_ms)
+        self._recent.move_to_end(key)
+        while len(self._recent) > self.max_entries:
+            _, (_, _, ts) = self._recent.popitem(last=False)
+            # an entry still inside the window was dropped: fall back to the index until it ages
+            self._complete_since_ms = max(self._complete_since_ms, ts + 1)
+
+    def expire(self, now_ms: int) -> None:
+        """Drop entries older than the window (called once per send request)."""
+        horizon = now_ms - self.window_ms
+        recent = self._recent
+        while recent:
+            key = next(iter(recent))
+            if recent[key][2] >= horizon:
+                break
+            del recent[key]

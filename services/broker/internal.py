@@ -1,0 +1,123 @@
+"""What the checker, scheduler and metrics sidecar may do through ``/internal/``.
+
+Write records as they are (system topics included, explicit sys_flag and raw properties), read
+them back with raw properties and physical offsets, and hold retention back to their progress.
+The request shapes live here, so the later issues extend one place.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic, validate_topic_name
+
+from services.broker.convert import TAGS, UNIQ_KEY
+from services.broker.sending import SendService, new_message_id, now_ms
+from services.broker.store.store import MessageStore
+from services.broker.store.types import MessageRecord, StoredRecord, tag_code
+from services.broker.topics import TopicConfig, TopicManager
+
+MAX_RECORDS = 4096  # records per internal write
+
+
+def _field(obj: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = obj.get(name, default)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"{name} must be an integer, got {value!r}")
+    if kind is not int and not isinstance(value, kind):
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"{name} must be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _body(obj: dict[str, Any]) -> bytes:
+    raw = obj.get("body", b"")
+    if isinstance(raw, bytes | bytearray):
+        return bytes(raw)
+    if not isinstance(raw, str):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "body must be bytes or a string")
+    if obj.get("body_encoding") == "base64":
+        try:
+            return base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ProtocolError(ErrorCode.INVALID_BODY_ENCODING,
+                                "body is not valid base64") from exc
+    return raw.encode("utf-8")
+
+
+class InternalService:
+    def __init__(self, store: MessageStore, topics: TopicManager, sender: SendService) -> None:
+        self.store = store
+        self.topics = topics
+        self.sender = sender
+
+    async def _topic(self, name: str) -> TopicConfig:
+        validate_topic_name(name)
+        if is_system_topic(name):
+            cfg, _ = await self.topics.ensure_system(name)
+            return cfg
+        return self.topics.require(name)
+
+    def parse_record(self, obj: Any, default_topic: str, now: int) -> MessageRecord:
+        if not isinstance(obj, dict):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "each record must be an object")
+        props = _field(obj, "properties", dict, {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "properties must map strings to strings")
+        props = dict(props)
+        props.setdefault(UNIQ_KEY, new_message_id())
+        code = obj.get("tag_code")
+        return MessageRecord(
+            topic=_field(obj, "topic", str, default_topic),
+            queue_id=_field(obj, "queue_id", int, 0),
+            body=_body(obj),
+            properties=props,
+            tag_code=tag_code(props.get(TAGS)) if code is None else _field(obj, "tag_code", int,
+                                                                            0),
+            flag=_field(obj, "flag", int, 0),
+            sys_flag=_field(obj, "sys_flag", int, 0),
+            born_timestamp=_field(obj, "born_timestamp_ms", int, now),
+            born_host=_field(obj, "born_host", str, "127.0.0.1:0"),
+            reconsume_times=_field(obj, "reconsume_times", int, 0),
+            prepared_tx_offset=_field(obj, "prepared_tx_offset", int, 0),
+        )
+
+    async def put(self, default_topic: str, payload: Any) -> list[dict[str, Any]]:
+        """``{records: [...], dedup: false}`` → one result per record, in order.
+
+        With ``dedup`` a record whose (topic, UNIQ_KEY) was stored within the window is not
+        stored again (a re-put after a crash); its first result is answered.
+        """
+        if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, 'the body must be {"records": [...]}')
+        items = payload["records"]
+        if not 1 <= len(items) <= MAX_RECORDS:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"send 1-{MAX_RECORDS} records")
+        dedup = bool(payload.get("dedup", False))
+        now = now_ms()
+        records = [self.parse_record(item, default_topic, now) for item in items]
+        for record in records:
+            cfg = await self._topic(record.topic)
+            if not 0 <= record.queue_id < cfg.queues:
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    f"queue_id {record.queue_id} does not exist: topic "
+                                    f"{cfg.name!r} has queues 0-{cfg.queues - 1}")
+        placed = await self.sender.put_records(records, [dedup] * len(records), now)
+        return [{"message_id": r.properties[UNIQ_KEY], "topic": r.topic,
+                 "queue_id": p.queue_id, "queue_offset": p.queue_offset}
+                for r, p in zip(records, placed, strict=True)]
+
+    def read(self, physical_offset: int) -> StoredRecord:
+        record = self.store.read(physical_offset) if physical_offset >= 0 else None
+        if record is None:
+            raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
+                                f"no readable record at physical offset {physical_offset}")
+        return record
+
+    def set_retention_floor(self, owner: str, physical_offset: int) -> None:
+        if not owner or physical_offset < 0:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                "owner must be non-empty and physical_offset >= 0")
+        self.store.set_retention_floor(owner, physical_offset)

@@ -1,0 +1,105 @@
+"""Consumer retry: a message a group failed to consume goes to ``%RETRY%group``, or to
+``%DLQ%group`` once it has been reconsumed more than ``max_reconsume_times``.
+
+The copy keeps the message's identity (UNIQ_KEY), tag, keys and properties, counts one more
+reconsume and records the original topic in RETRY_TOPIC. Back-off by delay levels comes with
+delayed delivery: ``retry_delay_level`` is the seam it will use.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tidemq.protocol import (
+    ErrorCode,
+    ProtocolError,
+    dlq_topic,
+    is_system_topic,
+    retry_topic,
+    validate_group_name,
+)
+
+from services.broker.convert import MAX_RECONSUME_TIMES, RETRY_TOPIC, TAGS
+from services.broker.metrics import BrokerMetrics
+from services.broker.sending import check_put, now_ms
+from services.broker.store.store import MessageStore
+from services.broker.store.types import MessageRecord, StoredRecord, tag_code
+from services.broker.topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+FIRST_RETRY_LEVEL = 3  # retries back off from delay level 3 (10 s) upwards (DESIGN.md §3)
+MAX_DELAY_LEVEL = 18
+
+
+def retry_delay_level(reconsume_times: int) -> int:
+    """The delay level of the ``reconsume_times``-th retry: 3, 4, 5 ... capped at 18.
+
+    Unused until delayed delivery exists; then a retry is stored as a delayed message.
+    """
+    return min(FIRST_RETRY_LEVEL + max(reconsume_times - 1, 0), MAX_DELAY_LEVEL)
+
+
+def latest_copy(copies: list[StoredRecord], group: str) -> StoredRecord:
+    """The copy a group's retry continues from: its own retry copy, else the newest plain one."""
+    own = retry_topic(group)
+    for rec in reversed(copies):
+        if rec.topic == own or not is_system_topic(rec.topic):
+            return rec
+    return copies[-1]
+
+
+class RetryService:
+    def __init__(self, store: MessageStore, topics: TopicManager, metrics: BrokerMetrics,
+                 max_reconsume_times: int) -> None:
+        self.store = store
+        self.topics = topics
+        self.metrics = metrics
+        self.max_reconsume_times = max_reconsume_times
+
+    async def retry(self, group: str, message_id: str, delay_level: int | None = None) -> str:
+        """Send the message back for ``group``; returns the destination topic."""
+        validate_group_name(group)
+        if delay_level:
+            if not 0 < delay_level <= MAX_DELAY_LEVEL:
+                raise ProtocolError(ErrorCode.INVALID_DELAY,
+                                    f"delay_level must be 1-{MAX_DELAY_LEVEL} (or 0 for none), "
+                                    f"got {delay_level}")
+            raise ProtocolError(ErrorCode.INVALID_DELAY,
+                                "delayed delivery is not enabled on this broker yet: retry "
+                                "without delay_level")
+        copies = self.store.find_by_unique_key(message_id) if message_id else []
+        if not copies:
+            raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
+                                f"no message with message_id {message_id!r} is stored on this "
+                                "broker: retry it on the broker it was pulled from")
+        source = latest_copy(copies, group)
+        times = source.reconsume_times + 1
+        limit = _max_reconsume(source, self.max_reconsume_times)
+        dead = times > limit
+        destination = dlq_topic(group) if dead else retry_topic(group)
+        await self.topics.ensure_system(destination, 1)
+        props = dict(source.properties)
+        props.setdefault(RETRY_TOPIC, source.topic)
+        record = MessageRecord(
+            topic=destination, queue_id=0, body=source.body, properties=props,
+            tag_code=tag_code(props.get(TAGS)), flag=source.flag,
+            born_timestamp=source.born_timestamp or now_ms(), born_host=source.born_host,
+            reconsume_times=times,
+        )
+        check_put(await self.store.put([record]))
+        self.metrics.retries.labels("dlq" if dead else "retry").inc()
+        if dead:
+            log.info("message %s of group %s reconsumed %d times (max %d): moved to %s",
+                     message_id, group, times - 1, limit, destination)
+        return destination
+
+
+def _max_reconsume(record: StoredRecord, default: int) -> int:
+    raw = record.properties.get(MAX_RECONSUME_TIMES)
+    if raw is not None:
+        try:
+            return int(raw)
+        except ValueError:
+            pass
+    return default

@@ -1,0 +1,145 @@
+"""Consumer groups: membership, offsets, retry, and the simple consumer (receive/ack/invisibility);
+producer heartbeats."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from tidemq.protocol import validate_group_name
+
+from services.broker.convert import to_wire
+from services.broker.routes._common import body_doc, broker_of, read_model, wants_msgpack
+from services.common.app import reply
+
+router = APIRouter(tags=["groups"])
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class HeartbeatBody(_Body):
+    client_id: str = Field(min_length=1, max_length=255)
+    subscriptions: dict[str, str] = Field(default_factory=dict,
+                                          description='topic → "*" or "tagA || tagB"')
+    mode: str = Field("clustering", description='"clustering" or "broadcasting"')
+
+
+class OffsetEntry(_Body):
+    topic: str
+    queue_id: StrictInt
+    offset: StrictInt
+
+
+class OffsetsBody(_Body):
+    offsets: list[OffsetEntry]
+
+
+class RetryBody(_Body):
+    message_id: str = Field(min_length=1, max_length=64)
+    delay_level: StrictInt | None = None
+
+
+class ReceiveBody(_Body):
+    topic: str
+    tags: str = "*"
+    max: StrictInt = Field(16, ge=1, le=1024)
+    invisible_ms: StrictInt = Field(30_000, ge=0)
+    wait_ms: StrictInt = Field(20_000, ge=0)
+
+
+class AckBody(_Body):
+    receipt_handles: list[str] = Field(max_length=4096)
+
+
+class InvisibilityBody(_Body):
+    receipt_handle: str
+    invisible_ms: StrictInt = Field(ge=0)
+
+
+class ProducerHeartbeatBody(_Body):
+    client_id: str = Field(min_length=1, max_length=255)
+
+
+@router.post("/v1/groups/{group}/heartbeat", openapi_extra=body_doc(HeartbeatBody),
+             summary="Consumer heartbeat; answers the live members (the rebalance view)")
+async def heartbeat(group: str, request: Request) -> Response:
+    body = await read_model(request, HeartbeatBody)
+    members = broker_of(request).consumers.heartbeat(group, body.client_id,
+                                                     body.subscriptions, body.mode)
+    return reply(request, {"members": members})
+
+
+@router.delete("/v1/groups/{group}/members/{client_id}", summary="Leave the group now")
+async def leave(group: str, client_id: str, request: Request) -> Response:
+    broker_of(request).consumers.leave(group, client_id)
+    return reply(request, {})
+
+
+@router.put("/v1/groups/{group}/offsets", openapi_extra=body_doc(OffsetsBody),
+            summary="Commit offsets; answered once durable in Redis")
+async def commit_offsets(group: str, request: Request) -> Response:
+    body = await read_model(request, OffsetsBody)
+    entries = [(e.topic, e.queue_id, e.offset) for e in body.offsets]
+    await broker_of(request).consumers.commit(group, entries)
+    return reply(request, {})
+
+
+@router.get("/v1/groups/{group}/offsets", summary="Committed offsets with max_offset and lag")
+async def get_offsets(group: str, request: Request,
+                      topic: Annotated[str | None, Query()] = None) -> Response:
+    offsets = await broker_of(request).consumers.committed(group, topic or None)
+    return reply(request, {"offsets": offsets})
+
+
+@router.post("/v1/groups/{group}/retry", openapi_extra=body_doc(RetryBody),
+             summary="Send a failed message to the group's retry topic (or DLQ)")
+async def retry(group: str, request: Request) -> Response:
+    body = await read_model(request, RetryBody)
+    destination = await broker_of(request).retries.retry(group, body.message_id,
+                                                         body.delay_level)
+    return reply(request, {"destination": destination})
+
+
+@router.post("/v1/groups/{group}/receive", openapi_extra=body_doc(ReceiveBody),
+             summary="Simple consumer: receive messages with an invisibility time")
+async def receive(group: str, request: Request) -> Response:
+    body = await read_model(request, ReceiveBody)
+    received = await broker_of(request).consumers.receive(
+        group, body.topic, body.tags, body.max, body.invisible_ms, body.wait_ms)
+    binary = wants_msgpack(request)
+    messages = []
+    for item in received:
+        wire = to_wire(item.record, binary)
+        wire["reconsume_times"] = item.reconsume_times
+        wire["receipt_handle"] = item.receipt_handle
+        messages.append(wire)
+    return reply(request, {"messages": messages})
+
+
+@router.post("/v1/groups/{group}/ack", openapi_extra=body_doc(AckBody),
+             summary="Simple consumer: acknowledge received messages")
+async def ack(group: str, request: Request) -> Response:
+    body = await read_model(request, AckBody)
+    acked = await broker_of(request).consumers.ack(group, body.receipt_handles)
+    return reply(request, {"acked": acked})
+
+
+@router.post("/v1/groups/{group}/invisibility", openapi_extra=body_doc(InvisibilityBody),
+             summary="Simple consumer: change a received message's invisibility")
+async def invisibility(group: str, request: Request) -> Response:
+    body = await read_model(request, InvisibilityBody)
+    handle = await broker_of(request).consumers.change_invisibility(
+        group, body.receipt_handle, body.invisible_ms)
+    return reply(request, {"receipt_handle": handle})
+
+
+@router.post("/v1/producers/{group}/heartbeat", openapi_extra=body_doc(ProducerHeartbeatBody),
+             summary="Producer heartbeat (transaction checks go to live producers only)")
+async def producer_heartbeat(group: str, request: Request) -> Response:
+    validate_group_name(group)
+    body = await read_model(request, ProducerHeartbeatBody)
+    broker_of(request).producers.heartbeat(group, body.client_id)
+    return reply(request, {})

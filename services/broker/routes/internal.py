@@ -1,0 +1,111 @@
+"""``/internal/`` endpoints for the checker, scheduler and metrics sidecar (token required).
+
+Small on purpose: write records as they are, read them raw, read one by physical offset, and
+hold retention back to a consumer's progress. Later issues extend ``services.broker.internal``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from pydantic import BaseModel, Field, StrictInt
+
+from services.broker.convert import to_internal_wire
+from services.broker.pulling import MAX_PULL, TagFilter
+from services.broker.routes._common import (
+    body_doc,
+    broker_of,
+    read_model,
+    read_payload,
+    wants_msgpack,
+)
+from services.common.app import reply, require_token
+
+
+def _token(request: Request) -> None:
+    require_token(request, broker_of(request).settings.token)
+
+
+router = APIRouter(prefix="/internal/v1", tags=["internal"], dependencies=[Depends(_token)])
+
+
+class RecordDoc(BaseModel):
+    """A record written as it is; documentation only (parsed in services.broker.internal)."""
+
+    topic: str | None = Field(None, description="default: the topic in the path")
+    queue_id: int = 0
+    body: str = ""
+    body_encoding: str = Field("utf-8", description='"utf-8" or "base64" (raw bytes: msgpack)')
+    properties: dict[str, str] = Field(default_factory=dict,
+                                       description="raw, reserved names allowed; UNIQ_KEY is "
+                                                   "assigned when absent")
+    tag_code: int | None = Field(None, description="consume-queue tag slot; default: hash of "
+                                                   "the TAGS property")
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int | None = None
+    born_host: str = "127.0.0.1:0"
+    reconsume_times: int = 0
+    prepared_tx_offset: int = 0
+
+
+class RecordsDoc(BaseModel):
+    records: list[RecordDoc]
+    dedup: bool = Field(False, description="skip records whose (topic, UNIQ_KEY) is stored")
+
+
+class RetentionFloorBody(BaseModel):
+    owner: str = Field(min_length=1, max_length=255)
+    physical_offset: StrictInt = Field(ge=0)
+
+
+async def _put(topic: str, request: Request) -> Response:
+    broker = broker_of(request)
+    payload = await read_payload(request, broker.sender.max_request_bytes)
+    results = await broker.internal.put(topic, payload)
+    return reply(request, {"results": results})
+
+
+@router.post("/topics/{topic}/messages", openapi_extra=body_doc(RecordsDoc),
+             summary="Write records to any topic (system topics included)")
+async def put_records(topic: str, request: Request) -> Response:
+    return await _put(topic, request)
+
+
+@router.get("/topics/{topic}/queues/{queue_id}/messages",
+            summary="Pull raw records (system topics included)")
+async def pull_records(
+    topic: str,
+    request: Request,
+    queue_id: Annotated[int, Path(ge=0)],
+    offset: Annotated[int, Query(ge=0)] = 0,
+    max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 32,
+    wait_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
+    tags: Annotated[str, Query()] = "*",
+) -> Response:
+    broker = broker_of(request)
+    answer = await broker.pulls.pull(topic, queue_id, offset, max, wait_ms,
+                                     TagFilter.parse(tags), internal=True)
+    binary = wants_msgpack(request)
+    return reply(request, {
+        "messages": [to_internal_wire(r, binary) for r in answer.records],
+        "next_offset": answer.next_offset,
+        "min_offset": answer.min_offset,
+        "max_offset": answer.max_offset,
+    })
+
+
+@router.get("/records/{physical_offset}", summary="One record by physical offset")
+async def read_record(physical_offset: int, request: Request) -> Response:
+    record = broker_of(request).internal.read(physical_offset)
+    return reply(request, to_internal_wire(record, wants_msgpack(request)))
+
+
+@router.post("/retention-floor", openapi_extra=body_doc(RetentionFloorBody),
+             summary="Keep commit log segments from this physical offset on")
+async def retention_floor(request: Request) -> Response:
+    body = await read_model(request, RetentionFloorBody)
+    broker_of(request).internal.set_retention_floor(body.owner, body.physical_offset)
+    answer: dict[str, Any] = {}
+    return reply(request, answer)

@@ -1,0 +1,76 @@
+"""Send and pull: the two hot paths. Bodies are decoded by hand (no pydantic on the way in)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query, Request, Response
+from pydantic import BaseModel, Field
+from tidemq.protocol import validate_group_name
+
+from services.broker.convert import to_wire
+from services.broker.pulling import MAX_PULL, TagFilter
+from services.broker.routes._common import (
+    body_doc,
+    broker_of,
+    client_host,
+    read_payload,
+    wants_msgpack,
+)
+from services.common.app import reply
+
+router = APIRouter(tags=["messages"])
+
+
+class MessageDoc(BaseModel):
+    """A message to send (API.md "Message"); documentation only, parsed by tidemq.protocol."""
+
+    message_id: str | None = Field(None, max_length=64, description="identity; the SDK sets one")
+    body: str = Field("", description="text, base64 text, or raw bytes in msgpack")
+    body_encoding: Literal["utf-8", "base64"] = "utf-8"
+    tag: str | None = None
+    keys: list[str] = []
+    properties: dict[str, str] = {}
+    queue_id: int | None = Field(None, description="a fixed queue")
+    sharding_key: str | None = Field(None, description="same key → same queue (ordered)")
+    delay_level: int = Field(0, description="1-18; at most one of the three delay fields")
+    delay_ms: int | None = None
+    deliver_at_ms: int | None = None
+
+
+class SendDoc(BaseModel):
+    messages: list[MessageDoc]
+
+
+@router.post("/v1/topics/{topic}/messages", summary="Send a batch of messages",
+             openapi_extra=body_doc(SendDoc, "validated and stored as a whole"))
+async def send(topic: str, request: Request) -> Response:
+    broker = broker_of(request)
+    payload = await read_payload(request, broker.sender.max_request_bytes)
+    results = await broker.sender.send(topic, payload, client_host(request))
+    return reply(request, {"results": results})
+
+
+@router.get("/v1/topics/{topic}/queues/{queue_id}/messages", summary="Pull from one queue")
+async def pull(
+    topic: str,
+    request: Request,
+    queue_id: Annotated[int, Path(ge=0)],
+    offset: Annotated[int, Query(ge=0, description="first queue offset to read")] = 0,
+    max: Annotated[int, Query(ge=1, le=MAX_PULL, description="messages at most")] = 32,
+    wait_ms: Annotated[int, Query(ge=0, le=30_000, description="long poll at the end")] = 0,
+    tags: Annotated[str, Query(description='"*" or "tagA || tagB"')] = "*",
+    group: Annotated[str | None, Query(description="consumer group (lag metrics)")] = None,
+) -> Response:
+    broker = broker_of(request)
+    if group:
+        validate_group_name(group)
+    answer = await broker.pulls.pull(topic, queue_id, offset, max, wait_ms,
+                                     TagFilter.parse(tags), group=group)
+    binary = wants_msgpack(request)
+    return reply(request, {
+        "messages": [to_wire(r, binary) for r in answer.records],
+        "next_offset": answer.next_offset,
+        "min_offset": answer.min_offset,
+        "max_offset": answer.max_offset,
+    })

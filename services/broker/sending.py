@@ -1,0 +1,275 @@
+"""The send path: validate a batch as a whole, pick queues, de-duplicate, store, answer.
+
+Hot path: no pydantic, no Redis, one ``store.put`` per request, metrics counted per batch.
+Delayed delivery goes through one seam, ``DelayRouter``: ``NoDelays`` (today's behaviour) refuses
+every delay with INVALID_DELAY rather than dropping it; the delay issue replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+import zlib
+from typing import Any, Protocol, cast
+
+from tidemq.protocol import (
+    ErrorCode,
+    Limits,
+    OutgoingMessage,
+    ProtocolError,
+    is_system_topic,
+    parse_messages,
+    validate_topic_name,
+)
+
+from services.broker.convert import UNIQ_KEY, to_record
+from services.broker.dedup import DedupCache, DedupKey, Placed
+from services.broker.metrics import BrokerMetrics
+from services.broker.store.store import MessageStore
+from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
+from services.broker.topics import Perm, TopicConfig, TopicManager
+
+log = logging.getLogger(__name__)
+
+#: PutStatus → the error a client gets (OK is absent: it is not an error).
+PUT_ERRORS: dict[PutStatus, tuple[ErrorCode, str]] = {
+    PutStatus.BUSY: (ErrorCode.BROKER_BUSY,
+                     "broker busy: the write queue is full; retry after Retry-After seconds"),
+    PutStatus.DISK_FULL: (ErrorCode.DISK_FULL,
+                          "the broker's disk is full and nothing can be deleted; writes refused"),
+    PutStatus.UNAVAILABLE: (ErrorCode.UNAVAILABLE,
+                            "the store is closed or unavailable; retry on another broker"),
+    PutStatus.TOO_LARGE: (ErrorCode.MESSAGE_TOO_LARGE,
+                          "a record is larger than a commit log segment can hold"),
+}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_message_id() -> str:
+    return uuid.uuid4().hex
+
+
+def check_put(result: PutResult) -> list[Appended]:
+    """The appended records of a successful put, or the ProtocolError its status maps to."""
+    if result.status is PutStatus.OK:
+        return result.appended
+    code, text = PUT_ERRORS[result.status]
+    raise ProtocolError(code, f"{text} ({result.message})" if result.message else text)
+
+
+# --- delays: the seam the delayed-delivery issue replaces ---------------------------------------
+
+class DelayRouter(Protocol):
+    def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
+        """Due time (epoch ms) of a delayed message, None to deliver at once; raises
+        ProtocolError(INVALID_DELAY) for a delay it cannot honour."""
+
+    def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
+        """The record to store instead of ``record`` so that it is delivered at ``due_ms``."""
+
+
+class NoDelays:
+    """Delayed delivery not enabled: every real delay is refused, none is silently dropped."""
+
+    NOT_ENABLED = "delayed delivery is not enabled on this broker yet"
+
+    def __init__(self, max_delay_ms: int) -> None:
+        self.max_delay_ms = max_delay_ms
+
+    def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
+        if msg.deliver_at_ms is not None:
+            if msg.deliver_at_ms > now_ms + self.max_delay_ms:
+                raise ProtocolError(ErrorCode.INVALID_DELAY,
+                                    f"deliver_at_ms {msg.deliver_at_ms} is more than the maximum "
+                                    f"delay of {self.max_delay_ms} ms from now ({now_ms})")
+            if msg.deliver_at_ms <= now_ms:
+                return None  # in the past: delivered at once (API.md)
+        elif not msg.delay_level and not msg.delay_ms:
+            return None
+        raise ProtocolError(ErrorCode.INVALID_DELAY,
+                            f"{self.NOT_ENABLED}: send without delay_level, delay_ms and "
+                            "deliver_at_ms")
+
+    def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
+        raise ProtocolError(ErrorCode.INVALID_DELAY, self.NOT_ENABLED)
+
+
+# --- the send service ---------------------------------------------------------------------------
+
+class SendService:
+    def __init__(self, store: MessageStore, topics: TopicManager, dedup: DedupCache,
+                 metrics: BrokerMetrics, limits: Limits, delays: DelayRouter, *,
+                 auto_create_queues: int | None = None) -> None:
+        self.store = store
+        self.topics = topics
+        self.dedup = dedup
+        self.metrics = metrics
+        self.limits = limits
+        self.delays = delays
+        self.auto_create_queues = auto_create_queues  # None: auto-creation off
+        # a send request's body at most: JSON may escape a byte into up to 6 characters
+        self.max_request_bytes = 6 * limits.max_batch_bytes + 1024 * 1024
+        self._round_robin = itertools.count()
+
+    async def writable_topic(self, topic: str) -> TopicConfig:
+        """The topic a public send may write, creating it when auto-creation is on."""
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            validate_topic_name(topic)
+            if is_system_topic(topic):
+                raise _forbidden(topic)
+            if self.auto_create_queues is None:
+                raise self.topics.not_found(topic)
+            cfg, _ = await self.topics.put(topic, self.auto_create_queues, Perm.READ_WRITE)
+        elif cfg.system:
+            raise _forbidden(topic)
+        if not cfg.perm.writable:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"topic {topic!r} is read-only on this broker (perm "
+                                f"{cfg.perm.value!r}); send to a writable broker")
+        return cfg
+
+    def select_queue(self, cfg: TopicConfig, msg: OutgoingMessage) -> int:
+        if msg.queue_id is not None:
+            if msg.queue_id >= cfg.queues:
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    f"queue_id {msg.queue_id} does not exist: topic "
+                                    f"{cfg.name!r} has queues 0-{cfg.queues - 1}")
+            return msg.queue_id
+        if msg.sharding_key is not None:
+            return zlib.crc32(msg.sharding_key.encode("utf-8")) % cfg.queues
+        return next(self._round_robin) % cfg.queues
+
+    async def send(self, topic: str, payload: Any, host: str) -> list[dict[str, Any]]:
+        """Store a ``{messages: [...]}`` request; the results in request order."""
+        cfg = await self.writable_topic(topic)
+        msgs = parse_messages(payload, self.limits)
+        now = now_ms()
+        records: list[MessageRecord] = []
+        ids: list[str] = []
+        given: list[bool] = []
+        # validate everything and build the records before anything is stored
+        for msg in msgs:
+            due = self.delays.check(msg, now)
+            queue_id = self.select_queue(cfg, msg)
+            mid = msg.message_id or new_message_id()
+            record = to_record(msg, topic, queue_id, mid, now, host)
+            if due is not None:
+                record = self.delays.route(record, msg, due)
+            records.append(record)
+            ids.append(mid)
+            given.append(msg.message_id is not None)
+        placed = await self.put_records(records, given, now)
+        return [{"message_id": mid, "queue_id": p.queue_id, "queue_offset": p.queue_offset}
+                for mid, p in zip(ids, placed, strict=True)]
+
+    async def put_records(self, records: list[MessageRecord], dedup: list[bool],
+                          now: int) -> list[Placed]:
+        """Store ``records`` (one store write), except those whose ``dedup`` flag is set and
+        whose (topic, UNIQ_KEY) was stored within the window: they get the first result."""
+        cache = self.dedup
+        n = len(records)
+        placed: list[Placed | None] = [None] * n
+        to_store: list[int] = []
+        same_as: list[tuple[int, int]] = []  # (i, j): record i repeats record j of this batch
+        waits: list[tuple[int, asyncio.Future[Placed]]] = []
+        keys: dict[int, DedupKey] = {}
+        if cache.enabled:
+            cache.expire(now)
+            use_index = cache.needs_index(now)
+            first: dict[DedupKey, int] = {}
+            for i, record in enumerate(records):
+                if dedup[i]:
+                    key = (record.topic, record.properties[UNIQ_KEY])
+                    j = first.setdefault(key, i)
+                    if j != i:
+                        same_as.append((i, j))
+                        continue
+                    hit = cache.lookup(key, now)
+                    if hit is None and (fut := cache.in_flight(key)) is not None:
+                        waits.append((i, fut))
+                        continue
+                    if hit is None and use_index:
+                        hit = self._indexed(key, now)
+                    if hit is not None:
+                        placed[i] = hit
+                        continue
+                    keys[i] = key
+                to_store.append(i)
+        else:
+            to_store = list(range(n))
+        if to_store and keys:
+            # in flight from here: a concurrent duplicate waits for this write's result. The
+            # write runs as its own task so that its result is remembered even if this
+            # request is cancelled (client gone) while the store is still writing it.
+            futures = {i: cache.begin(key) for i, key in keys.items()}
+            write = asyncio.ensure_future(self._store(records, to_store, placed, keys, futures))
+            write.add_done_callback(_retrieve)
+            await asyncio.shield(write)
+        elif to_store:
+            await self._store(records, to_store, placed)
+        for i, fut in waits:
+            placed[i] = await asyncio.shield(fut)
+        for i, j in same_as:
+            placed[i] = placed[j]
+        duplicates = n - len(to_store)
+        if duplicates:
+            cache.hits += duplicates
+            self.metrics.dedup_hits.inc(duplicates)
+        return cast(list[Placed], placed)  # every slot is filled above
+
+    async def _store(self, records: list[MessageRecord], to_store: list[int],
+                     placed: list[Placed | None], keys: dict[int, DedupKey] | None = None,
+                     futures: dict[int, asyncio.Future[Placed]] | None = None) -> None:
+        """One store write of ``records[i] for i in to_store``; fills ``placed`` and settles
+        the dedup futures of ``keys`` (the result, or the error for the waiters)."""
+        cache = self.dedup
+        keys = keys or {}
+        futures = futures or {}
+        batch = records if len(to_store) == len(records) else [records[i] for i in to_store]
+        started = time.perf_counter()
+        try:
+            result = await self.store.put(batch)
+            self.metrics.observe_put(batch[0].topic, batch, result.status,
+                                     time.perf_counter() - started)
+            appended = check_put(result)
+        except BaseException as exc:
+            err = exc if isinstance(exc, ProtocolError) else ProtocolError(
+                ErrorCode.UNAVAILABLE, f"store write failed: {type(exc).__name__}")
+            for i, fut in futures.items():
+                cache.finish(keys[i], fut, None, err)
+            raise
+        for i, app in zip(to_store, appended, strict=True):
+            placed[i] = where = Placed(app.queue_id, app.queue_offset)
+            pending = futures.get(i)
+            if pending is not None:
+                cache.finish(keys[i], pending, where, stored_ms=app.store_timestamp)
+
+    def _indexed(self, key: DedupKey, now: int) -> Placed | None:
+        """The first copy of ``key`` in the store's unique-key index within the window."""
+        topic, mid = key
+        horizon = now - self.dedup.window_ms
+        for rec in self.store.find_by_unique_key(mid):
+            if rec.topic == topic and rec.store_timestamp >= horizon:
+                where = Placed(rec.queue_id, rec.queue_offset)
+                self.dedup.remember(key, where, rec.store_timestamp)
+                return where
+        return None
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Mark a write's error as seen: its request may be gone (the error went to the waiters)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _forbidden(topic: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.FORBIDDEN_SYSTEM_TOPIC,
+                         f"{topic!r} is a system topic: it cannot be written through the public "
+                         "API (reading it is allowed)")

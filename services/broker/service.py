@@ -1,0 +1,140 @@
+"""One broker: every part, opened in dependency order and closed in reverse.
+
+The routes reach the parts through ``Broker``; nothing here handles HTTP. Sending touches only
+the store (never Redis), so a Redis outage stops consumer-state requests, not producers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from services.broker.consumers import ConsumerService
+from services.broker.dedup import DedupCache
+from services.broker.groups import GroupExpiryLoop, GroupRegistry, ProducerRegistry
+from services.broker.internal import InternalService
+from services.broker.longpoll import PullHold
+from services.broker.metrics import BrokerMetrics
+from services.broker.offsets import OffsetStore
+from services.broker.pulling import PullService
+from services.broker.query import QueryService
+from services.broker.registrar import NameserverRegistrar
+from services.broker.retry import RetryService
+from services.broker.sending import NoDelays, SendService, now_ms
+from services.broker.settings import BrokerSettings
+from services.broker.simple import SimpleConsumerService
+from services.broker.store.store import MessageStore
+from services.broker.topics import TopicConfig, TopicManager
+
+log = logging.getLogger(__name__)
+
+REGISTER_TIMEOUT_S = 5.0  # a topic create waits this long for the nameservers at most
+
+
+class Broker:
+    """The parts of a running broker. ``start`` opens them; ``stop`` closes them."""
+
+    store: MessageStore
+    offsets: OffsetStore
+    simple: SimpleConsumerService
+    registrar: NameserverRegistrar
+    sender: SendService
+    pulls: PullService
+    queries: QueryService
+    retries: RetryService
+    consumers: ConsumerService
+    internal: InternalService
+
+    def __init__(self, settings: BrokerSettings, metrics: BrokerMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics if metrics is not None else BrokerMetrics()
+        self.topics = TopicManager(settings.data_dir)
+        self.hold = PullHold()
+        self.groups = GroupRegistry(settings.consumer_expiry_s)
+        self.producers = ProducerRegistry(settings.producer_expiry_s)
+        self._loops = [GroupExpiryLoop(self.groups, settings.group_expiry_interval_s),
+                       GroupExpiryLoop(self.producers, settings.group_expiry_interval_s)]
+        self.started = False
+
+    async def start(self) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.topics.load)
+        self.store = await MessageStore.open(s.store_config())
+        self.store.add_listener(self.hold.notify)
+        self.offsets = OffsetStore(s.redis_url, s.namespace)
+        await self.offsets.start()
+        self.simple = SimpleConsumerService(self.store, s.redis_url, s.namespace, self.hold,
+                                            self.offsets)
+        dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
+        self.sender = SendService(
+            self.store, self.topics, dedup, self.metrics, s.limits(), NoDelays(s.max_delay_ms),
+            auto_create_queues=s.default_queues if s.auto_create_topics else None)
+        self.pulls = PullService(self.store, self.topics, self.hold, self.metrics,
+                                 s.long_poll_max_ms)
+        self.queries = QueryService(self.store, self.topics)
+        self.retries = RetryService(self.store, self.topics, self.metrics,
+                                    s.max_reconsume_times)
+        self.consumers = ConsumerService(self.store, self.topics, self.groups, self.offsets,
+                                         self.simple, self.pulls, s.long_poll_max_ms)
+        self.internal = InternalService(self.store, self.topics, self.sender)
+        for loop in self._loops:
+            loop.start()
+        self.registrar = NameserverRegistrar(s.nameserver_urls, s.cluster, s.broker_name,
+                                             s.address, self.topics.route_table,
+                                             s.register_interval_s)
+        self.topics.add_listener(self._topic_changed)
+        self.registrar.start()
+        self.metrics.add_stats("tidemq_broker_store_", self.store.stats, "store")
+        self.metrics.add_stats("tidemq_broker_", self.stats, "broker")
+        self.started = True
+        log.info("broker %s of cluster %s serving %s: %d topic(s), data in %s, flush=%s",
+                 s.broker_name, s.cluster, s.address, len(self.topics), s.data_dir, s.flush)
+
+    def begin_shutdown(self) -> None:
+        """Release held pulls and receives at once (called on SIGTERM, before requests drain)."""
+        if self.started:
+            self.pulls.close()
+        else:
+            self.hold.wake_all()
+
+    async def stop(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        self.begin_shutdown()
+        steps: list[tuple[str, Any]] = [
+            ("nameserver registrar", self.registrar.stop()),
+            *((f"loop {loop.name}", loop.stop()) for loop in self._loops),
+            ("simple consumer", self.simple.close()),
+            ("offset store", self.offsets.close()),
+            ("message store", self.store.close()),
+        ]
+        for name, step in steps:
+            try:
+                await step
+            except Exception:
+                log.exception("closing the %s failed", name)
+        log.info("broker %s stopped", self.settings.broker_name)
+
+    async def announce(self) -> None:
+        """Register the current topics with every nameserver now (bounded wait)."""
+        try:
+            await asyncio.wait_for(self.registrar.register_now(), REGISTER_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("nameserver registration took longer than %.0f s; the periodic "
+                        "heartbeat will retry", REGISTER_TIMEOUT_S)
+
+    def _topic_changed(self, cfg: TopicConfig) -> None:
+        self.registrar.request_heartbeat()
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "topics": float(len(self.topics)),
+            "dedup_entries": float(len(self.sender.dedup)),
+            "held_pulls": float(self.hold.waiter_count()),
+            "offset_commit_round_trips": float(self.offsets.round_trips),
+            "simple_delivered": float(self.simple.delivered),
+            "simple_acked": float(self.simple.acked),
+        }

@@ -1,0 +1,142 @@
+"""Broker settings, read from ``TIDEMQ_BROKER_*`` environment variables.
+
+One field per knob, with its unit and default in the comment. The store's own knobs are passed
+through to ``StoreConfig`` by ``store_config()``; message limits to ``Limits`` by ``limits()``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+from tidemq.protocol import Limits
+
+from services.broker.store.config import FlushMode, StoreConfig
+from services.broker.store.types import GiB, MiB
+from services.common.constants import (
+    BROKER_HEARTBEAT_INTERVAL_S,
+    BROKER_PORT,
+    CONSUMER_EXPIRY_S,
+    PRODUCER_EXPIRY_S,
+)
+from services.common.settings import ServiceSettings
+
+DAY_MS = 24 * 3600 * 1000
+_LIMITS = Limits()
+
+
+class BrokerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="TIDEMQ_BROKER_", extra="ignore")
+
+    # --- identity and neighbours ---------------------------------------------------------------
+    port: int = BROKER_PORT  # listen port
+    broker_name: str = Field(default="broker-a", min_length=1)  # name in nameserver routes
+    advertised_address: str = ""  # base URL clients use ("" = http://{host}:{port})
+    nameservers: str = ""  # comma-separated nameserver base URLs ("" = register nowhere)
+    # nameserver heartbeat period (s)
+    register_interval_s: float = Field(default=BROKER_HEARTBEAT_INTERVAL_S, gt=0)
+    redis_url: str = "redis://127.0.0.1:6379/0"  # consumer offsets, simple-consumer state
+
+    # --- store (see services/broker/store/config.py) -----------------------------------------
+    data_dir: Path = Path("tidemq-data/broker")  # store files and topics.json live here
+    flush: FlushMode = FlushMode.ASYNC  # "async": ack once written; "sync": ack after fsync
+    flush_interval_ms: int = Field(default=500, gt=0)  # async flush period (ms)
+    segment_bytes: int = Field(default=1 * GiB, gt=0)  # commit log segment size (bytes)
+    # refuse sends (BROKER_BUSY) once the write queue's head waited this long (ms)
+    max_send_wait_ms: int = Field(default=200, gt=0)
+    max_pending_bytes: int = Field(default=256 * MiB, gt=0)  # BROKER_BUSY past this backlog (B)
+    # delete commit log segments older than this (hours)
+    file_reserved_hours: float = Field(default=72.0, gt=0)
+    retention_interval_s: float = Field(default=10.0, gt=0)  # how often retention runs (s)
+    # past this disk usage ratio, delete the oldest segments early
+    disk_high_water_ratio: float = Field(default=0.85, gt=0, le=1)
+    # past this disk usage ratio with nothing deletable, refuse sends (DISK_FULL)
+    disk_full_ratio: float = Field(default=0.95, gt=0, le=1)
+
+    # --- topics --------------------------------------------------------------------------------
+    # queues of a topic created without a count (PUT without queues, auto-creation)
+    default_queues: int = Field(default=8, ge=1, le=1024)
+    auto_create_topics: bool = False  # a send to an unknown topic creates it (opt-in)
+
+    # --- messages ------------------------------------------------------------------------------
+    dedup_window_s: float = Field(default=600.0, ge=0)  # same (topic, message_id) answered once (s)
+    dedup_max_entries: int = Field(default=500_000, ge=0)  # in-memory dedup map size; older: index
+    max_body_bytes: int = Field(default=_LIMITS.max_body_bytes, gt=0)  # one message body (bytes)
+    # encoded user properties of one message (bytes)
+    max_properties_bytes: int = Field(default=_LIMITS.max_properties_bytes, gt=0)
+    max_batch_messages: int = Field(default=_LIMITS.max_batch_messages, gt=0)  # messages per send
+    max_batch_bytes: int = Field(default=_LIMITS.max_batch_bytes, gt=0)  # bytes per send request
+    max_delay_ms: int = Field(default=30 * DAY_MS, gt=0, le=366 * DAY_MS)  # longest delay (ms)
+    reject_transactions: bool = False  # answer TRANSACTIONS_DISABLED to transactional sends
+
+    # --- consumers -----------------------------------------------------------------------------
+    max_reconsume_times: int = Field(default=16, ge=0)  # retries before a message goes to the DLQ
+    # longest held pull or receive (ms); longer wait_ms are cut to this
+    long_poll_max_ms: int = Field(default=30_000, ge=0, le=30_000)
+    # drop a consumer group member silent this long (s)
+    consumer_expiry_s: float = Field(default=CONSUMER_EXPIRY_S, gt=0)
+    producer_expiry_s: float = Field(default=PRODUCER_EXPIRY_S, gt=0)  # drop a silent producer (s)
+    # how often silent members are swept (s)
+    group_expiry_interval_s: float = Field(default=5.0, gt=0)
+
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("advertised_address")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")
+
+    @property
+    def address(self) -> str:
+        """The base URL registered with nameservers."""
+        if self.advertised_address:
+            return self.advertised_address
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def nameserver_urls(self) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.nameservers.split(",") if u.strip()]
+
+    @property
+    def namespace(self) -> str:
+        """Redis namespace of this broker's consumer state: queue ids are per broker."""
+        return f"{self.cluster}:{self.broker_name}"
+
+    def limits(self) -> Limits:
+        return Limits(
+            max_body_bytes=self.max_body_bytes,
+            max_properties_bytes=self.max_properties_bytes,
+            max_batch_messages=self.max_batch_messages,
+            max_batch_bytes=self.max_batch_bytes,
+            max_delay_ms=self.max_delay_ms,
+        )
+
+    def store_config(self) -> StoreConfig:
+        return StoreConfig(
+            root=self.data_dir / "store",
+            segment_bytes=self.segment_bytes,
+            flush=self.flush,
+            flush_interval_ms=self.flush_interval_ms,
+            max_send_wait_ms=self.max_send_wait_ms,
+            max_pending_bytes=self.max_pending_bytes,
+            file_reserved_hours=self.file_reserved_hours,
+            retention_interval_s=self.retention_interval_s,
+            disk_high_water_ratio=self.disk_high_water_ratio,
+            disk_full_ratio=self.disk_full_ratio,
+            store_host=self.store_host,
+        )
+
+    @property
+    def store_host(self) -> str:
+        """``ip:port`` recorded in every stored record (IPv4: the record has 8 bytes for it)."""
+        try:
+            ip = str(ipaddress.IPv4Address(self.host))
+        except ValueError:
+            ip = "127.0.0.1"
+        if ip == "0.0.0.0":
+            ip = "127.0.0.1"
+        return f"{ip}:{self.port}"
