@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidemq.protocol import ErrorCode, ProtocolError
@@ -26,9 +27,18 @@ log = logging.getLogger(__name__)
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
+class JSONResponse(Response):
+    """JSON rendered with orjson (fast, and handles bytes-free payloads of any size)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
 def error_response(code: ErrorCode, message: str, headers: dict[str, str] | None = None,
-                   ) -> ORJSONResponse:
-    return ORJSONResponse({"code": code.value, "message": message},
+                   ) -> JSONResponse:
+    return JSONResponse({"code": code.value, "message": message},
                           status_code=code.http_status, headers=headers)
 
 
@@ -38,7 +48,7 @@ def reply(request: Request, payload: Any, status: int = 200) -> Response:
     if is_msgpack(accept):
         return Response(encode_payload(payload, accept), status_code=status,
                         media_type="application/msgpack")
-    return ORJSONResponse(payload, status_code=status)
+    return JSONResponse(payload, status_code=status)
 
 
 def require_token(request: Request, token: str) -> None:
@@ -54,7 +64,7 @@ def require_token(request: Request, token: str) -> None:
 def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | None = None,
                version: str = "0.1.0") -> FastAPI:
     app = FastAPI(title=title, version=version, lifespan=lifespan,
-                  default_response_class=ORJSONResponse)
+                  default_response_class=JSONResponse)
 
     @app.exception_handler(ProtocolError)
     async def _protocol_error(_: Request, exc: ProtocolError) -> Response:
@@ -66,17 +76,17 @@ def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | Non
         parts = []
         for err in exc.errors()[:5]:
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            parts.append(f"{where}: {err.get('msg')}")
+            parts.append(f"{where or 'body'}: {err.get('msg')}")
         return error_response(ErrorCode.BAD_REQUEST, "; ".join(parts) or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            return ORJSONResponse({"code": "NOT_FOUND", "message": "no such endpoint"}, 404)
+            return JSONResponse({"code": "NOT_FOUND", "message": "no such endpoint"}, 404)
         if exc.status_code == 405:
-            return ORJSONResponse({"code": "METHOD_NOT_ALLOWED",
+            return JSONResponse({"code": "METHOD_NOT_ALLOWED",
                                    "message": "method not allowed on this path"}, 405)
-        return ORJSONResponse({"code": "BAD_REQUEST", "message": str(exc.detail)},
+        return JSONResponse({"code": "BAD_REQUEST", "message": str(exc.detail)},
                               exc.status_code)
 
     @app.exception_handler(Exception)

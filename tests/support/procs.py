@@ -92,9 +92,9 @@ class ServiceProcess:
     def start(self, timeout: float = 20.0) -> ServiceProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
-        self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
-                                     cwd=REPO, env=env, stdout=log, stderr=log)
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
+                                         cwd=REPO, env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

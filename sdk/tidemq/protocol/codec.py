@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import orjson
@@ -30,5 +30,5 @@ def decode_payload(raw: bytes, content_type: str | None) -> Any:
 
 def encode_payload(obj: Any, content_type: str | None) -> bytes:
     if is_msgpack(content_type):
-        return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+        return cast(bytes, msgpack.packb(obj, use_bin_type=True))
     return orjson.dumps(obj)

@@ -267,6 +267,7 @@ class ReceivedMessage:
     reconsume_times: int = 0
     receipt_handle: str | None = None
     state: str | None = None
+    origin_topic: str | None = None  # for retry and DLQ copies: the topic first consumed from
 
     @property
     def text(self) -> str:
@@ -292,4 +293,5 @@ class ReceivedMessage:
             reconsume_times=obj.get("reconsume_times", 0),
             receipt_handle=obj.get("receipt_handle"),
             state=obj.get("state"),
+            origin_topic=obj.get("origin_topic"),
         )
