@@ -22,10 +22,14 @@ up: $(STAMP) redis
 test: $(STAMP) redis
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# bench/install-peers.sh installs the peers measured beside tidemq (nats-server, nats-py);
+# it never fails the run: a missing peer is reported as skipped.
 bench: $(STAMP) redis
+	@bench/install-peers.sh $(VENV)
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 bench-quick: $(STAMP) redis
+	@bench/install-peers.sh $(VENV)
 	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
 
 lint: $(STAMP)
