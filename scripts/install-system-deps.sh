@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs the system packages tidemq needs from Debian when they are missing.
-# Needs root (or passwordless sudo): redis-server is a Debian package.
+# Needs root (or passwordless sudo): these are Debian packages.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)  # PySpark metrics job
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)  # promtool: exposition and rule tests
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)  # offline compose validation
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -48,6 +48,13 @@ from tidemq._push_consumer import PushConsumer
 from tidemq._routes import MessageQueue
 from tidemq._simple_consumer import SimpleConsumer
 from tidemq._tags import TagExpression
+from tidemq._transaction import (
+    LocalTransactionFailed,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+    TransactionState,
+)
 from tidemq.protocol import ErrorCode, ReceivedMessage
 
 __all__ = [
@@ -66,6 +73,7 @@ __all__ = [
     "InvalidDelayError",
     "InvalidReceiptHandleError",
     "InvalidTopicNameError",
+    "LocalTransactionFailed",
     "Message",
     "MessageNotFoundError",
     "MessageQueue",
@@ -84,7 +92,11 @@ __all__ = [
     "TidemqError",
     "TopicNotFoundError",
     "TransactionAlreadyEndedError",
+    "TransactionListener",
     "TransactionNotFoundError",
+    "TransactionProducer",
+    "TransactionSendResult",
+    "TransactionState",
     "TransactionsDisabledError",
     "TransportError",
     "UnauthorizedError",

@@ -203,7 +203,9 @@ class QueuePuller:
         if not permit_held:
             await self._permits.acquire()
         try:
-            result = await asyncio.wait_for(self._handler(message), self._s.consume_timeout_s)
+            # a timeout scope in this task, not wait_for: no extra task per message
+            async with asyncio.timeout(self._s.consume_timeout_s):
+                result = await self._handler(message)
         except TimeoutError:
             log.warning("%s: handler timed out after %ss on message %s", self.queue,
                         self._s.consume_timeout_s, message.message_id)

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from services.broker.grpc import GrpcFrontDoor
 from services.broker.metrics import BrokerMetrics
 from services.broker.routes import ROUTERS
 from services.broker.service import Broker
@@ -35,12 +36,25 @@ def create_broker_app(settings: BrokerSettings | None = None, *,
         broker = Broker(settings, metrics)
         await broker.start()
         app.state.broker = broker
-        restore = _chain_signals(broker.begin_shutdown) if release_on_signal else None
+        front = GrpcFrontDoor(broker, settings)  # RocketMQ 5 clients, beside REST
+        try:
+            await front.start()
+        except BaseException:
+            await broker.stop()
+            raise
+        app.state.grpc = front
+
+        def begin_shutdown() -> None:
+            broker.begin_shutdown()
+            front.begin_shutdown()
+
+        restore = _chain_signals(begin_shutdown) if release_on_signal else None
         try:
             yield
         finally:
             if restore is not None:
                 restore()
+            await front.close()
             await broker.stop()
 
     app = create_app("tidemq broker", metrics.registry, lifespan)

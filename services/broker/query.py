@@ -6,6 +6,7 @@ copy is a plain stored message. Transactions and delays extend it with their own
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 
 from tidemq.protocol import ErrorCode, ProtocolError
@@ -33,10 +34,15 @@ def message_state(copies: list[StoredRecord]) -> tuple[StoredRecord, MessageStat
     return copies[-1], MessageState.STORED
 
 
+#: A feature's view of a message: the copy to show and its state, or None when not its own.
+MessageView = Callable[[list[StoredRecord]], "tuple[StoredRecord, MessageState] | None"]
+
+
 class QueryService:
     def __init__(self, store: MessageStore, topics: TopicManager) -> None:
         self.store = store
         self.topics = topics
+        self.views: list[MessageView] = []  # asked in order before message_state (transactions)
 
     def by_id(self, message_id: str) -> tuple[StoredRecord, MessageState]:
         copies = self.store.find_by_unique_key(message_id) if message_id else []
@@ -44,6 +50,10 @@ class QueryService:
             raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
                                 f"no message with message_id {message_id!r} is stored on this "
                                 "broker (it may have expired or live on another broker)")
+        for view in self.views:
+            shown = view(copies)
+            if shown is not None:
+                return shown
         return message_state(copies)
 
     def by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,

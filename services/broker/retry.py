@@ -2,8 +2,9 @@
 ``%DLQ%group`` once it has been reconsumed more than ``max_reconsume_times``.
 
 The copy keeps the message's identity (UNIQ_KEY), tag, keys and properties, counts one more
-reconsume and records the original topic in RETRY_TOPIC. Back-off by delay levels comes with
-delayed delivery: ``retry_delay_level`` is the seam it will use.
+reconsume and records the original topic in RETRY_TOPIC. With back-off on (a scheduler is
+configured), a retry waits at delay level ``retry_delay_level`` (3 + reconsume count) before it
+reaches ``%RETRY%group``, so a failing consumer backs off instead of spinning.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tidemq.protocol import (
 )
 
 from services.broker.convert import MAX_RECONSUME_TIMES, RETRY_TOPIC, TAGS
+from services.broker.delays import REAL_TOPIC, WAITING_PROPERTIES, Delays, is_waiting
 from services.broker.metrics import BrokerMetrics
 from services.broker.sending import check_put, now_ms
 from services.broker.store.store import MessageStore
@@ -35,36 +37,46 @@ MAX_DELAY_LEVEL = 18
 def retry_delay_level(reconsume_times: int) -> int:
     """The delay level of the ``reconsume_times``-th retry: 3, 4, 5 ... capped at 18.
 
-    Unused until delayed delivery exists; then a retry is stored as a delayed message.
+    RocketMQ's ``3 + reconsumeTimes`` with the count before this retry: 10 s, 30 s, 1 m ...
     """
     return min(FIRST_RETRY_LEVEL + max(reconsume_times - 1, 0), MAX_DELAY_LEVEL)
 
 
 def latest_copy(copies: list[StoredRecord], group: str) -> StoredRecord:
-    """The copy a group's retry continues from: its own retry copy, else the newest plain one."""
+    """The copy a group's retry continues from: its own retry copy (delivered or still
+    waiting out its back-off), else the newest plain one."""
     own = retry_topic(group)
     for rec in reversed(copies):
         if rec.topic == own or not is_system_topic(rec.topic):
+            return rec
+        if is_waiting(rec) and rec.properties.get(REAL_TOPIC) == own:
             return rec
     return copies[-1]
 
 
 class RetryService:
     def __init__(self, store: MessageStore, topics: TopicManager, metrics: BrokerMetrics,
-                 max_reconsume_times: int) -> None:
+                 max_reconsume_times: int, delays: Delays | None = None,
+                 backoff: bool = False) -> None:
         self.store = store
         self.topics = topics
         self.metrics = metrics
         self.max_reconsume_times = max_reconsume_times
+        self.delays = delays  # None: no delayed delivery (a delay_level is refused)
+        self.backoff = backoff  # retries wait retry_delay_level(n) before they come back
 
-    async def retry(self, group: str, message_id: str, delay_level: int | None = None) -> str:
-        """Send the message back for ``group``; returns the destination topic."""
+    async def retry(self, group: str, message_id: str, delay_level: int | None = None, *,
+                    dead_letter: bool = False) -> str:
+        """Send the message back for ``group``; returns the destination topic.
+        ``dead_letter``: straight to the DLQ (a client gave up on it; RocketMQ 5 clients)."""
         validate_group_name(group)
+        levels = len(self.delays.levels_ms) if self.delays is not None else MAX_DELAY_LEVEL
         if delay_level:
-            if not 0 < delay_level <= MAX_DELAY_LEVEL:
+            if not 0 < delay_level <= levels:
                 raise ProtocolError(ErrorCode.INVALID_DELAY,
-                                    f"delay_level must be 1-{MAX_DELAY_LEVEL} (or 0 for none), "
+                                    f"delay_level must be 1-{levels} (or 0 for none), "
                                     f"got {delay_level}")
+        if delay_level and self.delays is None:
             raise ProtocolError(ErrorCode.INVALID_DELAY,
                                 "delayed delivery is not enabled on this broker yet: retry "
                                 "without delay_level")
@@ -76,10 +88,10 @@ class RetryService:
         source = latest_copy(copies, group)
         times = source.reconsume_times + 1
         limit = _max_reconsume(source, self.max_reconsume_times)
-        dead = times > limit
+        dead = dead_letter or times > limit
         destination = dlq_topic(group) if dead else retry_topic(group)
         await self.topics.ensure_system(destination, 1)
-        props = dict(source.properties)
+        props = {k: v for k, v in source.properties.items() if k not in WAITING_PROPERTIES}
         props.setdefault(RETRY_TOPIC, source.topic)
         record = MessageRecord(
             topic=destination, queue_id=0, body=source.body, properties=props,
@@ -87,6 +99,9 @@ class RetryService:
             born_timestamp=source.born_timestamp or now_ms(), born_host=source.born_host,
             reconsume_times=times,
         )
+        level = delay_level or (retry_delay_level(times) if self.backoff else 0)
+        if not dead and level and self.delays is not None:
+            record = self.delays.route_record(record, now_ms(), delay_level=min(level, levels))
         check_put(await self.store.put([record]))
         self.metrics.retries.labels("dlq" if dead else "retry").inc()
         if dead:

@@ -154,6 +154,7 @@ class SendService:
         records: list[MessageRecord] = []
         ids: list[str] = []
         given: list[bool] = []
+        later: list[int | None] = []  # a delayed message's queue id once delivered
         # validate everything and build the records before anything is stored
         for msg in msgs:
             due = self.delays.check(msg, now)
@@ -165,9 +166,12 @@ class SendService:
             records.append(record)
             ids.append(mid)
             given.append(msg.message_id is not None)
+            later.append(None if due is None else queue_id)
         placed = await self.put_records(records, given, now)
-        return [{"message_id": mid, "queue_id": p.queue_id, "queue_offset": p.queue_offset}
-                for mid, p in zip(ids, placed, strict=True)]
+        # a delayed message answers the queue it will be delivered to and its waiting offset
+        return [{"message_id": mid, "queue_id": p.queue_id if q is None else q,
+                 "queue_offset": p.queue_offset}
+                for mid, p, q in zip(ids, placed, later, strict=True)]
 
     async def put_records(self, records: list[MessageRecord], dedup: list[bool],
                           now: int) -> list[Placed]:

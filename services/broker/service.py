@@ -12,6 +12,7 @@ from typing import Any
 
 from services.broker.consumers import ConsumerService
 from services.broker.dedup import DedupCache
+from services.broker.delays import Delays, delay_view
 from services.broker.groups import GroupExpiryLoop, GroupRegistry, ProducerRegistry
 from services.broker.internal import InternalService
 from services.broker.longpoll import PullHold
@@ -21,11 +22,15 @@ from services.broker.pulling import PullService
 from services.broker.query import QueryService
 from services.broker.registrar import NameserverRegistrar
 from services.broker.retry import RetryService
-from services.broker.sending import NoDelays, SendService, now_ms
+from services.broker.scheduler_client import SchedulerClient
+from services.broker.scheduling import ScheduleService
+from services.broker.sending import SendService, now_ms
 from services.broker.settings import BrokerSettings
 from services.broker.simple import SimpleConsumerService
 from services.broker.store.store import MessageStore
 from services.broker.topics import TopicConfig, TopicManager
+from services.broker.transactions import TransactionService
+from services.broker.tx_checking import TxChecking
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,9 @@ class Broker:
     retries: RetryService
     consumers: ConsumerService
     internal: InternalService
+    transactions: TransactionService
+    tx_checking: TxChecking
+    schedule: ScheduleService
 
     def __init__(self, settings: BrokerSettings, metrics: BrokerMetrics | None = None) -> None:
         self.settings = settings
@@ -68,17 +76,35 @@ class Broker:
         self.simple = SimpleConsumerService(self.store, s.redis_url, s.namespace, self.hold,
                                             self.offsets)
         dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
+        delays = Delays(s.delay_levels_ms, s.max_delay_ms)
         self.sender = SendService(
-            self.store, self.topics, dedup, self.metrics, s.limits(), NoDelays(s.max_delay_ms),
+            self.store, self.topics, dedup, self.metrics, s.limits(), delays,
             auto_create_queues=s.default_queues if s.auto_create_topics else None)
         self.pulls = PullService(self.store, self.topics, self.hold, self.metrics,
                                  s.long_poll_max_ms)
         self.queries = QueryService(self.store, self.topics)
         self.retries = RetryService(self.store, self.topics, self.metrics,
-                                    s.max_reconsume_times)
+                                    s.max_reconsume_times, delays,
+                                    backoff=s.retry_backoff and bool(s.scheduler_url))
+        scheduler = (SchedulerClient(s.scheduler_url, s.token, s.scheduler_timeout_s)
+                     if s.scheduler_url else None)
+        self.schedule = ScheduleService(self.store, self.topics, self.sender, delays, scheduler,
+                                        s.broker_name, self.pulls)
+        await self.schedule.start()
+        delays.on_first_delay = self.schedule.hold_for_scheduler
+        self.queries.views.insert(0, delay_view)  # waiting / cancelled before anything else
         self.consumers = ConsumerService(self.store, self.topics, self.groups, self.offsets,
                                          self.simple, self.pulls, s.long_poll_max_ms)
         self.internal = InternalService(self.store, self.topics, self.sender)
+        self.transactions = TransactionService(
+            self.store, self.topics, self.sender, self.producers, self.metrics,
+            reject=s.reject_transactions, dedup_window_s=s.dedup_window_s,
+            dedup_max_entries=s.dedup_max_entries, check_hold_s=s.check_hold_s,
+            max_ended=s.max_ended_transactions)
+        await self.transactions.start()
+        self.tx_checking = TxChecking(self.transactions, s.broker_name)
+        self.tx_checking.start_rebuild()
+        self.queries.views.append(self.tx_checking.message_view)
         for loop in self._loops:
             loop.start()
         self.registrar = NameserverRegistrar(s.nameserver_urls, s.cluster, s.broker_name,
@@ -88,6 +114,8 @@ class Broker:
         self.registrar.start()
         self.metrics.add_stats("tidemq_broker_store_", self.store.stats, "store")
         self.metrics.add_stats("tidemq_broker_", self.stats, "broker")
+        self.metrics.add_stats("tidemq_broker_transactions_", self.transactions.stats,
+                               "transactions")
         self.started = True
         log.info("broker %s of cluster %s serving %s: %d topic(s), data in %s, flush=%s",
                  s.broker_name, s.cluster, s.address, len(self.topics), s.data_dir, s.flush)
@@ -96,6 +124,7 @@ class Broker:
         """Release held pulls and receives at once (called on SIGTERM, before requests drain)."""
         if self.started:
             self.pulls.close()
+            self.transactions.close()
         else:
             self.hold.wake_all()
 
@@ -107,8 +136,10 @@ class Broker:
         steps: list[tuple[str, Any]] = [
             ("nameserver registrar", self.registrar.stop()),
             *((f"loop {loop.name}", loop.stop()) for loop in self._loops),
+            ("transaction rebuild", self.tx_checking.stop()),
             ("simple consumer", self.simple.close()),
             ("offset store", self.offsets.close()),
+            ("scheduler client", self.schedule.close()),
             ("message store", self.store.close()),
         ]
         for name, step in steps:

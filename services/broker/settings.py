@@ -17,11 +17,13 @@ from tidemq.protocol import Limits
 from services.broker.store.config import FlushMode, StoreConfig
 from services.broker.store.types import GiB, MiB
 from services.common.constants import (
+    BROKER_GRPC_PORT,
     BROKER_HEARTBEAT_INTERVAL_S,
     BROKER_PORT,
     CONSUMER_EXPIRY_S,
     PRODUCER_EXPIRY_S,
 )
+from services.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from services.common.settings import ServiceSettings
 
 DAY_MS = 24 * 3600 * 1000
@@ -70,7 +72,18 @@ class BrokerSettings(ServiceSettings):
     max_batch_messages: int = Field(default=_LIMITS.max_batch_messages, gt=0)  # messages per send
     max_batch_bytes: int = Field(default=_LIMITS.max_batch_bytes, gt=0)  # bytes per send request
     max_delay_ms: int = Field(default=30 * DAY_MS, gt=0, le=366 * DAY_MS)  # longest delay (ms)
+    # delay level table, level 1 first (services/common/delaylevels.py); shared with the scheduler
+    delay_levels: str = DEFAULT_DELAY_LEVELS
+    scheduler_url: str = ""  # scheduler base URL: cancel and /v1/scheduled ask it ("" = none)
+    scheduler_timeout_s: float = Field(default=10.0, gt=0)  # one request to the scheduler (s)
+    # consumer retries back off by delay level 3 + reconsume count (needs a scheduler: without
+    # scheduler_url a retry goes straight to %RETRY%group)
+    retry_backoff: bool = True
     reject_transactions: bool = False  # answer TRANSACTIONS_DISABLED to transactional sends
+    # a transaction check waits this long for a producer of its group to poll it (s)
+    check_hold_s: float = Field(default=30.0, gt=0)
+    # ended transactions remembered in memory (older ones are read back from the store)
+    max_ended_transactions: int = Field(default=200_000, ge=0)
 
     # --- consumers -----------------------------------------------------------------------------
     max_reconsume_times: int = Field(default=16, ge=0)  # retries before a message goes to the DLQ
@@ -81,6 +94,15 @@ class BrokerSettings(ServiceSettings):
     producer_expiry_s: float = Field(default=PRODUCER_EXPIRY_S, gt=0)  # drop a silent producer (s)
     # how often silent members are swept (s)
     group_expiry_interval_s: float = Field(default=5.0, gt=0)
+
+    # --- gRPC front door: RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) ------------
+    grpc_enabled: bool = True  # serve gRPC beside REST (also off when grpc_port is 0)
+    # gRPC listen port (0 = off); a busy default port only logs, a busy configured one fails
+    grpc_port: int = Field(default=BROKER_GRPC_PORT, ge=0, le=65535)
+    grpc_advertised_address: str = ""  # host:port in gRPC routes ("" = {host}:{grpc_port})
+    grpc_long_polling_ms: int = Field(default=20_000, gt=0)  # push consumers' long poll (ms)
+    # invisibility of a message received without one (push consumers) (ms)
+    grpc_invisible_ms: int = Field(default=60_000, gt=0)
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
@@ -98,6 +120,14 @@ class BrokerSettings(ServiceSettings):
         return f"http://{host}:{self.port}"
 
     @property
+    def grpc_address(self) -> str:
+        """``host:port`` of the gRPC front door that routes give to RocketMQ clients."""
+        if self.grpc_advertised_address:
+            return self.grpc_advertised_address
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        return f"{host}:{self.grpc_port}"
+
+    @property
     def nameserver_urls(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.nameservers.split(",") if u.strip()]
 
@@ -113,7 +143,18 @@ class BrokerSettings(ServiceSettings):
             max_batch_messages=self.max_batch_messages,
             max_batch_bytes=self.max_batch_bytes,
             max_delay_ms=self.max_delay_ms,
+            max_delay_level=len(self.delay_levels_ms),
         )
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        return parse_delay_levels(self.delay_levels)
+
+    @field_validator("delay_levels")
+    @classmethod
+    def _check_levels(cls, value: str) -> str:
+        parse_delay_levels(value)  # ValueError → a settings error naming the bad part
+        return value
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(

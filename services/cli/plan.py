@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.constants import (
+    BROKER_GRPC_PORT,
     BROKER_PORT,
     CHECKER_PORT,
     METRICS_PORT,
@@ -43,6 +44,7 @@ class UpOptions:
     cluster: str = "DefaultCluster"
     nameserver_port: int = NAMESERVER_PORT
     broker_port: int = BROKER_PORT
+    broker_grpc_port: int = BROKER_GRPC_PORT  # RocketMQ 5 clients (gRPC); 0 = off
     checker_port: int = CHECKER_PORT
     scheduler_port: int = SCHEDULER_PORT
     metrics_port: int = METRICS_PORT
@@ -60,10 +62,17 @@ class ServiceSpec:
     host: str
     port: int
     env: Mapping[str, str] = field(default_factory=dict)
+    grpc_port: int = 0  # the broker's gRPC front door (0 = none)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def shown_url(self) -> str:
+        """The URL as `tidemq up` prints it: with the gRPC port (same host) when there is one,
+        kept short so that the endpoints table fits 80 columns."""
+        return f"{self.url} grpc:{self.grpc_port}" if self.grpc_port else self.url
 
     @property
     def health_url(self) -> str:
@@ -139,6 +148,8 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
         specific[sidecar] = {"BROKER_URL": url["broker"], "REDIS_URL": redis_url, "TOKEN": token}
     specific["scheduler"]["DATA_DIR"] = str(data_dir / "scheduler")
     specific["metrics"]["DATA_DIR"] = str(data_dir / "metrics")
+    if opts.broker_grpc_port != BROKER_GRPC_PORT:  # the broker's default otherwise
+        specific["broker"]["GRPC_PORT"] = str(opts.broker_grpc_port)
     if "scheduler" in names:  # the broker answers cancel and /v1/scheduled by asking it
         specific["broker"]["SCHEDULER_URL"] = url["scheduler"]
 
@@ -146,7 +157,8 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
         ServiceSpec(name=name, module=f"services.{name}", host=opts.host,
                     port=service_port(opts, name),
                     env={ENV_PREFIX[name] + k: v
-                         for k, v in {**common(name), **specific[name]}.items()})
+                         for k, v in {**common(name), **specific[name]}.items()},
+                    grpc_port=opts.broker_grpc_port if name == "broker" else 0)
         for name in names
     ]
 

@@ -168,7 +168,7 @@ class Supervisor:
                            f"start: is another tidemq running? Choose another with "
                            f"--{spec.name}-port")
         child = self._spawn(spec.name, spec.command(sys.executable), child_env(spec),
-                            spec.url, spec.docs_url)
+                            spec.shown_url, spec.docs_url)
         with httpx.Client(timeout=0.5) as client:
             self._wait(child, lambda: client.get(spec.health_url).status_code == 200)
         return child

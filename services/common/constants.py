@@ -52,3 +52,43 @@ def receive_cursor_key(cluster: str, group: str, topic: str) -> str:
 def service_progress_key(cluster: str, service: str) -> str:
     """Hash: progress field → value, for checker / scheduler (e.g. half and op offsets)."""
     return f"{_ns(cluster)}:progress:{service}"
+
+
+# --- metrics sidecar (PySpark) ----------------------------------------------------------------
+METRICS_SPARK_MASTER = "local[*]"  # Spark master of the metrics job (any master URL works)
+METRICS_TRIGGER_INTERVAL_S = 5.0  # continuous mode: one micro-batch this often (s)
+METRICS_MAX_EVENTS_PER_BATCH = 200_000  # read limit of one micro-batch (events)
+METRICS_EXPOSITION_FILE = "metrics.prom"  # exposition written by each batch, under the data dir
+
+
+# --- delayed messages (broker ↔ scheduler) ----------------------------------------------------
+SCHEDULER_FLOOR_OWNER = "scheduler"  # retention floor owner on the broker (intake + level queues)
+TIMER_CANCELS_TOPIC = "TIDE_SYS_TIMER_CANCELS"  # broker's durable record of cancelled timers
+
+
+def scheduler_progress_key(cluster: str, broker_name: str) -> str:
+    """Hash, per broker the scheduler serves: ``intake`` → next timer-intake offset,
+    ``level:{n}`` → next offset of level n's queue, ``level-intent:{n}`` → end offset of the
+    level batch being delivered (a crash leaves it behind: that range is re-checked)."""
+    return service_progress_key(cluster, f"scheduler:{broker_name}")
+
+
+def scheduler_level_cancels_key(cluster: str, broker_name: str) -> str:
+    """Hash: ``{queue id}:{queue offset}`` → ``{due_ms} {message_id}`` of cancelled
+    delay-level messages not yet passed by the level walk."""
+    return f"{_ns(cluster)}:scheduler-level-cancels:{broker_name}"
+
+
+# --- transactional messages (broker ↔ checker) -------------------------------------------------
+TRANSACTION_CHECK_INTERVAL_MS = 30_000  # the checker scans the half queue this often (ms)
+TRANSACTION_TIMEOUT_MS = 6_000  # a half message is first checked after this (immunity, ms)
+TRANSACTION_CHECK_MAX = 15  # checks sent before a half message is discarded
+TRANSACTION_MAX_AGE_S = 72 * 3600.0  # a half message older than this is discarded (s)
+PRODUCER_HEARTBEAT_INTERVAL_S = 10.0  # transactional producer → broker heartbeat (s)
+CHECKER_FLOOR_OWNER = "checker"  # retention floor owner on the broker (half + op queues)
+
+
+def checker_progress_key(cluster: str, broker_name: str) -> str:
+    """Hash, per broker the checker serves: ``half`` → next half-queue offset to scan,
+    ``op`` → next op-queue offset to read."""
+    return service_progress_key(cluster, f"checker:{broker_name}")

@@ -1,0 +1,416 @@
+"""Delayed-delivery benchmark: lateness, a burst, and the cost of far-future timers.
+
+Run ``python -m bench.delays [--quick] [--json]``.
+
+A redis-server, a broker and a scheduler run as child processes on free ports (data in a temp
+dir); timers are sent through the broker's public API (msgpack, 1024 per request, 100-byte
+bodies, ``deliver_at_ms``) and read back from their topic with raw pulls. Lateness is the
+delivered copy's ``store_timestamp_ms`` minus its ``deliver_at_ms`` (one host, one clock).
+
+a. lateness   N timers spread evenly over the next S seconds, starting after a lead time that
+              covers sending them (full: 1,000,000 over 600 s; quick: 100,000 over 60 s):
+              lateness p50/p99/max, and the scheduler's resident memory (peak).
+b. burst      B timers due within the same second (full 200,000; quick 20,000): seconds from
+              the start of that second until the last one is stored in its topic.
+c. far        F timers with 100-byte bodies spread over the next 30 days (full 10,000,000;
+              quick 1,000,000; sent with 4096 per request) into a freshly restarted scheduler:
+              its disk bytes and resident-memory growth per timer once all are taken in.
+
+Targets (2 cores): lateness p99 <= 200 ms; burst <= 5 s; RAM <= 1 byte per far timer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import psutil
+
+from bench._common import Row, err, loop_name, print_json, print_table, progress, run
+from bench._peers import free_port, python_service, redis_server
+
+MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
+TOKEN = "bench-token"
+QUEUES = 8
+BODY = b"x" * 100
+DAY_MS = 86_400_000
+SEND_BATCH = 1024
+FAR_BATCH = 4096
+SENDERS = 4  # send requests in flight
+
+TARGET_P99_MS = 200.0
+TARGET_BURST_S = 5.0
+TARGET_RAM_PER_TIMER = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    timers: int  # (a)
+    spread_s: float
+    lead_s: float  # (a) the first timer is due this long after sending starts
+    burst: int  # (b)
+    burst_lead_s: float
+    far: int  # (c)
+
+
+FULL = Sizes(timers=1_000_000, spread_s=600.0, lead_s=40.0, burst=200_000, burst_lead_s=15.0,
+             far=10_000_000)
+QUICK = Sizes(timers=100_000, spread_s=60.0, lead_s=8.0, burst=20_000, burst_lead_s=5.0,
+              far=1_000_000)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Cluster:
+    """redis-server + broker + scheduler, wired together."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        cluster = f"bench-{uuid.uuid4().hex[:8]}"
+        self.redis = redis_server(workdir / "redis", appendonly=True)
+        self.broker_port, self.sched_port = free_port(), free_port()
+        redis_url = f"redis://127.0.0.1:{self.redis.port}/0"
+        self.broker = python_service("broker", self.broker_port, workdir, {
+            "TIDEMQ_BROKER_PORT": str(self.broker_port),
+            "TIDEMQ_BROKER_DATA_DIR": str(workdir / "broker"),
+            "TIDEMQ_BROKER_REDIS_URL": redis_url, "TIDEMQ_BROKER_CLUSTER": cluster,
+            "TIDEMQ_BROKER_TOKEN": TOKEN, "TIDEMQ_BROKER_LOG_LEVEL": "warning",
+            "TIDEMQ_BROKER_GRPC_ENABLED": "false",
+            "TIDEMQ_BROKER_MAX_BATCH_MESSAGES": str(FAR_BATCH),
+            "TIDEMQ_BROKER_SCHEDULER_URL": f"http://127.0.0.1:{self.sched_port}",
+        })
+        self.sched_dir = workdir / "scheduler"
+        self.scheduler = python_service("scheduler", self.sched_port, workdir, {
+            "TIDEMQ_SCHEDULER_PORT": str(self.sched_port),
+            "TIDEMQ_SCHEDULER_BROKER_URL": f"http://127.0.0.1:{self.broker_port}",
+            "TIDEMQ_SCHEDULER_REDIS_URL": redis_url, "TIDEMQ_SCHEDULER_CLUSTER": cluster,
+            "TIDEMQ_SCHEDULER_TOKEN": TOKEN, "TIDEMQ_SCHEDULER_DATA_DIR": str(self.sched_dir),
+            "TIDEMQ_SCHEDULER_LOG_LEVEL": "warning",
+        })
+        self.url = f"http://127.0.0.1:{self.broker_port}"
+        self.sched_url = f"http://127.0.0.1:{self.sched_port}"
+
+    async def start(self) -> None:
+        (self.workdir / "redis").mkdir(parents=True, exist_ok=True)
+        for child in (self.redis, self.broker, self.scheduler):
+            await asyncio.to_thread(child.start)
+        await self.wait_ready()
+        err.print(f"pids: broker {self.broker.pid}, scheduler {self.scheduler.pid}")
+
+    async def wait_ready(self) -> None:
+        async with httpx.AsyncClient(headers={"X-Tidemq-Token": TOKEN}) as http:
+            for _ in range(400):
+                resp = await http.get(f"{self.sched_url}/internal/v1/status")
+                if resp.status_code == 200 and resp.json()["ready"]:
+                    return
+                await asyncio.sleep(0.05)
+        raise TimeoutError("the scheduler did not connect to the broker")
+
+    async def restart_scheduler(self) -> None:
+        await asyncio.to_thread(self.scheduler.stop)
+        await asyncio.to_thread(self.scheduler.start)
+        await self.wait_ready()
+
+    async def close(self) -> None:
+        for child in (self.scheduler, self.broker, self.redis):
+            await asyncio.to_thread(child.stop)
+
+    def scheduler_rss(self) -> int:
+        assert self.scheduler.pid is not None
+        return int(psutil.Process(self.scheduler.pid).memory_info().rss)
+
+    async def status(self, http: httpx.AsyncClient) -> dict[str, Any]:
+        resp = await http.get(f"{self.sched_url}/internal/v1/status",
+                              headers={"X-Tidemq-Token": TOKEN})
+        answer: dict[str, Any] = resp.json()
+        return answer
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+async def send_timers(http: httpx.AsyncClient, url: str, topic: str, prefix: str,
+                      dues: array[int], batch: int, label: str) -> float:
+    """Send one timer per due time (message id ``{prefix}{i}``); returns seconds taken."""
+    began = time.perf_counter()
+    n = len(dues)
+    starts = list(range(0, n, batch))
+    with progress() as bar:
+        task = bar.add_task(label, total=n)
+
+        async def sender(k: int) -> None:
+            for s in starts[k::SENDERS]:
+                msgs = [{"message_id": f"{prefix}{i}", "body": BODY, "deliver_at_ms": dues[i],
+                         "queue_id": i % QUEUES} for i in range(s, min(n, s + batch))]
+                body = msgpack.packb({"messages": msgs}, use_bin_type=True)
+                while True:
+                    resp = await http.post(f"{url}/v1/topics/{topic}/messages", content=body,
+                                           headers=MSGPACK)
+                    if resp.status_code == 200:
+                        break
+                    if resp.status_code != 503:
+                        raise RuntimeError(f"send failed: {resp.status_code} {resp.text[:300]}")
+                    await asyncio.sleep(0.05)
+                bar.advance(task, len(msgs))
+
+        await asyncio.gather(*(sender(k) for k in range(SENDERS)))
+    return time.perf_counter() - began
+
+
+class Collector:
+    """Pulls every queue of a topic; records the store time of each timer by its index."""
+
+    def __init__(self, url: str, topic: str, prefix: str, n: int) -> None:
+        self.url, self.topic, self.prefix, self.n = url, topic, prefix, n
+        self.stored = array("q", [0]) * n
+        self.count = 0
+        self.duplicates = 0
+        self.done = asyncio.Event()
+
+    async def run(self, http: httpx.AsyncClient, deadline: float) -> None:
+        async def queue(qid: int) -> None:
+            offset = 0
+            cut = len(self.prefix)
+            while not self.done.is_set() and time.monotonic() < deadline:
+                resp = await http.get(
+                    f"{self.url}/v1/topics/{self.topic}/queues/{qid}/messages",
+                    params={"offset": offset, "max": 1024, "wait_ms": 500}, headers=MSGPACK)
+                answer = msgpack.unpackb(resp.content, raw=False)
+                for m in answer["messages"]:
+                    i = int(m["message_id"][cut:])
+                    if self.stored[i]:
+                        self.duplicates += 1
+                    else:
+                        self.stored[i] = m["store_timestamp_ms"]
+                        self.count += 1
+                offset = answer["next_offset"]
+                if self.count >= self.n:
+                    self.done.set()
+
+        await asyncio.gather(*(queue(q) for q in range(QUEUES)))
+
+
+async def create_topic(http: httpx.AsyncClient, url: str) -> str:
+    topic = f"Delays-{uuid.uuid4().hex[:6]}"
+    resp = await http.put(f"{url}/v1/topics/{topic}", json={"queues": QUEUES})
+    resp.raise_for_status()
+    return topic
+
+
+def pct(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+async def phase_lateness(c: Cluster, http: httpx.AsyncClient, sizes: Sizes) -> dict[str, Any]:
+    topic = await create_topic(http, c.url)
+    n = sizes.timers
+    start = now_ms() + int(sizes.lead_s * 1000)
+    step = sizes.spread_s * 1000 / n
+    dues = array("q", (start + int(i * step) for i in range(n)))
+    col = Collector(c.url, topic, "a", n)
+    deadline = time.monotonic() + sizes.lead_s + sizes.spread_s + 120
+    pull = asyncio.create_task(col.run(http, deadline))
+    rss_peak = 0
+
+    async def sample() -> None:
+        nonlocal rss_peak
+        while not col.done.is_set():
+            rss_peak = max(rss_peak, c.scheduler_rss())
+            await asyncio.sleep(0.5)
+
+    sampler = asyncio.create_task(sample())
+    send_s = await send_timers(http, c.url, topic, "a", dues, SEND_BATCH, "a: sending timers")
+    err.print(f"a: sent {n:,} timers in {send_s:.1f}s; the first is due "
+              f"{(start - now_ms()) / 1000:.1f}s from now, the last in "
+              f"{(dues[-1] - now_ms()) / 1000:.0f}s")
+    with progress() as bar:
+        task = bar.add_task("a: delivered", total=n)
+        while not col.done.is_set() and time.monotonic() < deadline:
+            bar.update(task, completed=col.count)
+            await asyncio.sleep(0.5)
+        bar.update(task, completed=col.count)
+    col.done.set()
+    await pull
+    await sampler
+    late = [col.stored[i] - dues[i] for i in range(n) if col.stored[i]]
+    early = sum(1 for x in late if x < 0)
+    return {"timers": n, "delivered": col.count, "duplicates": col.duplicates, "early": early,
+            "send_s": send_s, "p50_ms": pct(late, 0.50) if late else None,
+            "p99_ms": pct(late, 0.99) if late else None,
+            "max_ms": float(max(late)) if late else None,
+            "mean_ms": statistics.fmean(late) if late else None, "rss_peak": rss_peak}
+
+
+async def phase_burst(c: Cluster, http: httpx.AsyncClient, sizes: Sizes) -> dict[str, Any]:
+    topic = await create_topic(http, c.url)
+    n = sizes.burst
+    second = (now_ms() + int(sizes.burst_lead_s * 1000)) // 1000 * 1000
+    dues = array("q", (second + (i * 997) % 1000 for i in range(n)))
+    col = Collector(c.url, topic, "b", n)
+    pull = asyncio.create_task(col.run(http, time.monotonic() + sizes.burst_lead_s + 120))
+    send_s = await send_timers(http, c.url, topic, "b", dues, SEND_BATCH, "b: sending burst")
+    lead = (second - now_ms()) / 1000
+    err.print(f"b: sent {n:,} timers in {send_s:.1f}s; all due within the second starting "
+              f"{lead:.1f}s from now")
+    await pull
+    stored = [s for s in col.stored if s]
+    last = max(stored) if stored else None
+    early = sum(1 for i in range(n) if col.stored[i] and col.stored[i] < dues[i])
+    return {"burst": n, "delivered": col.count, "duplicates": col.duplicates, "early": early,
+            "lead_s": lead, "burst_s": (last - second) / 1000 if last else None,
+            "first_s": (min(stored) - second) / 1000 if stored else None}
+
+
+async def phase_far(c: Cluster, http: httpx.AsyncClient, sizes: Sizes) -> dict[str, Any]:
+    await c.restart_scheduler()  # a fresh process: memory from (a) and (b) does not count
+    topic = await create_topic(http, c.url)
+    # warm-up at full batch sizes: the one-time cost of the pipeline (HTTP buffers, allocator
+    # arenas of the I/O threads) is paid before the "before" figure
+    n_warm = max(50_000, sizes.far // 20)
+    warm = array("q", (now_ms() + 2 * DAY_MS + i for i in range(n_warm)))
+    await send_timers(http, c.url, topic, "w", warm, FAR_BATCH, "c: warm-up")
+    base = await taken_in(c, http, n_warm, None, "")
+    await asyncio.sleep(1.0)
+    rss_before = c.scheduler_rss()
+    disk_before = dir_bytes(c.sched_dir)
+    n = sizes.far
+    t0 = now_ms()
+    lo, span = t0 + 3_600_000, 30 * DAY_MS - 3_600_000 - 60_000
+    dues = array("q", (lo + (i * 7_919_993) % span for i in range(n)))
+    send_s = await send_timers(http, c.url, topic, "c", dues, FAR_BATCH, "c: sending far timers")
+    began = time.perf_counter()
+    await taken_in(c, http, base + n, base, "c: taken in")
+    ingest_tail_s = time.perf_counter() - began
+    await asyncio.sleep(2.0)  # a checkpoint, and the allocator settling
+    rss_after = c.scheduler_rss()
+    disk_after = dir_bytes(c.sched_dir)
+    return {"far": n, "send_s": send_s, "ingest_tail_s": ingest_tail_s,
+            "rss_before": rss_before, "rss_after": rss_after,
+            "ram_per_timer": (rss_after - rss_before) / n,
+            "disk_per_timer": (disk_after - disk_before) / n,
+            "disk_bytes": disk_after - disk_before}
+
+
+async def taken_in(c: Cluster, http: httpx.AsyncClient, target: int, base: int | None,
+                   label: str) -> int:
+    """Wait until the scheduler holds ``target`` pending timers; returns the count."""
+    with progress() as bar:
+        task = bar.add_task(label or "taken in", total=target - (base or 0))
+        while True:
+            pending = int((await c.status(http))["pending_timers"])
+            bar.update(task, completed=pending - (base or 0))
+            if pending >= target:
+                return pending
+            await asyncio.sleep(0.5)
+
+
+async def run_all(tmp: Path, sizes: Sizes, only: set[str]) -> dict[str, Any]:
+    c = Cluster(tmp)
+    await c.start()
+    res: dict[str, Any] = {}
+    try:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as h:
+            if "a" in only:
+                res["a"] = await phase_lateness(c, h, sizes)
+            if "b" in only:
+                res["b"] = await phase_burst(c, h, sizes)
+            if "c" in only:
+                res["c"] = await phase_far(c, h, sizes)
+    finally:
+        await c.close()
+    return res
+
+
+def build_rows(res: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    a, b, f = res.get("a"), res.get("b"), res.get("c")
+    if a:
+        rows += [
+            Row(f"a. lateness p50 ({a['timers']:,} timers)", a["p50_ms"], "ms"),
+            Row("a. lateness p99", a["p99_ms"], "ms", target=f"<= {TARGET_P99_MS:.0f} ms",
+                met=a["p99_ms"] is not None and a["p99_ms"] <= TARGET_P99_MS),
+            Row("a. lateness max", a["max_ms"], "ms"),
+            Row("a. delivered / early / duplicates", a["delivered"], "timers",
+                target=f"all, 0 early ({a['early']}), 0 dup ({a['duplicates']})",
+                met=a["delivered"] == a["timers"] and not a["early"] and not a["duplicates"]),
+            Row("a. scheduler RSS (peak)", a["rss_peak"] / 2**20, "MiB"),
+        ]
+    if b:
+        rows += [
+            Row(f"b. burst of {b['burst']:,} due in one second", b["burst_s"], "s",
+                target=f"<= {TARGET_BURST_S:.0f} s",
+                met=b["burst_s"] is not None and b["burst_s"] <= TARGET_BURST_S
+                and b["delivered"] == b["burst"]),
+            Row("b. delivered / early / duplicates", b["delivered"], "timers",
+                target=f"all, 0 early ({b['early']}), 0 dup ({b['duplicates']})",
+                met=b["delivered"] == b["burst"] and not b["early"] and not b["duplicates"]),
+        ]
+    if f:
+        rows += [
+            Row(f"c. RAM per far timer ({f['far']:,})", f["ram_per_timer"], "bytes",
+                target=f"<= {TARGET_RAM_PER_TIMER:.0f} byte",
+                met=f["ram_per_timer"] <= TARGET_RAM_PER_TIMER),
+            Row("c. disk per far timer", f["disk_per_timer"], "bytes"),
+            Row("c. scheduler RSS before / after", f["rss_after"] / 2**20, "MiB",
+                target=f"before {f['rss_before'] / 2**20:.1f} MiB"),
+            Row("c. send rate (4096 per request)", f["far"] / f["send_s"], "timers/s"),
+        ]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.delays", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the smaller sizes (about 2 minutes)")
+    ap.add_argument("--json", action="store_true",
+                    help="print one JSON object with every figure as the last line of stdout")
+    ap.add_argument("--only", default="abc", help="phases to run, e.g. 'b' or 'ac'")
+    ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: /tmp)")
+    args = ap.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    loop = loop_name()
+    err.print(f"delays bench ({'quick' if args.quick else 'full'}), event loop: {loop}")
+    began = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="tidemq-delays-bench-", dir=args.dir))
+    try:
+        res = run(run_all(tmp, sizes, set(args.only)))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    total = time.perf_counter() - began
+    print_table(f"tidemq delays bench ({'quick' if args.quick else 'full'})", build_rows(res),
+                caption=f"{os.cpu_count()} CPUs, {loop}, {total:.0f} s in all; lateness = "
+                        "store time of the delivered copy - deliver_at_ms")
+    if args.json:
+        a, b, f = res.get("a") or {}, res.get("b") or {}, res.get("c") or {}
+        print_json({
+            "bench": "delays", "quick": args.quick, "event_loop": loop,
+            "lateness_p50_ms": a.get("p50_ms"), "lateness_p99_ms": a.get("p99_ms"),
+            "lateness_max_ms": a.get("max_ms"), "timers": a.get("timers"),
+            "timers_early": a.get("early"), "scheduler_rss_peak_bytes": a.get("rss_peak"),
+            "burst_s": b.get("burst_s"), "burst_size": b.get("burst"),
+            "burst_early": b.get("early"),
+            "ram_bytes_per_far_timer": f.get("ram_per_timer"),
+            "disk_bytes_per_far_timer": f.get("disk_per_timer"), "far_timers": f.get("far"),
+            "seconds": round(total, 1),
+        })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,373 @@
+"""Transactions benchmark: transactional sends beside plain sends, and a check-back sweep.
+
+Run ``python -m bench.transactions [--quick] [--json]``.
+
+The bench starts its own redis-server, broker (``flush=async``) and, for the sweep, a checker,
+on free ports with data in a temp dir, and stops them at the end. Bodies are 512 bytes.
+
+1. plain      ``Producer.send`` from 256 concurrent senders (the SDK coalesces concurrent
+              sends into batch requests): N messages (quick 10k, full 50k), msgs/s.
+2. txn        ``TransactionProducer.send`` from 256 concurrent senders, N messages: each is a
+              half message, a local transaction that answers COMMIT at once, and an end (halves
+              and ends are coalesced into ``POST /v1/transactions`` / ``.../end`` batches);
+              msgs/s counted once every message is committed and consumable. Target: >= 0.5x
+              plain. Extra row: the same with ``wait_for_end=False`` (RocketMQ's oneway end:
+              the ends ride along with the next half messages).
+3. sweep      P half messages nobody ended (quick 10k, full 100k), stored through the batch
+              endpoint, all older than the checker's immunity; a producer of their group is
+              alive and answers every check with COMMIT. The checker starts (quick: 1 s check
+              interval, 0.5 s immunity; full: the defaults, 30 s and 6 s): the time from its
+              start until all P are delivered, and its peak resident memory. Target: within
+              one default check interval (30 s).
+
+Plain and txn alternate twice in the full run (the box is shared and noisy); the best of each
+is used. The JSON line has at least ``txn_vs_plain_ratio``, ``check_sweep_s`` and
+``check_sweep_pending``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+
+from bench._common import Row, err, loop_name, print_json, print_table, progress, run
+
+REPO = Path(__file__).resolve().parents[1]
+BODY = b"t" * 512
+SENDERS = 256
+QUEUES = 8
+TOKEN = "bench-token"
+HALF_BATCH = 1024
+TARGET_RATIO = 0.5
+TARGET_SWEEP_S = 30.0  # one default check interval
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    sends: int
+    pending: int
+    interval_ms: int
+    immunity_ms: int
+    rounds: int
+
+
+QUICK = Sizes(sends=10_000, pending=10_000, interval_ms=1_000, immunity_ms=500, rounds=1)
+FULL = Sizes(sends=50_000, pending=100_000, interval_ms=30_000, immunity_ms=6_000, rounds=2)
+
+
+# --- processes ---------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Child:
+    """A server process on a free port; output to ``<workdir>/<name>.log``."""
+
+    def __init__(self, name: str, argv: list[str], port: int, workdir: Path,
+                 env: dict[str, str] | None = None, health: bool = True) -> None:
+        self.name, self.argv, self.port, self.workdir = name, argv, port, workdir
+        self.env, self.health = env or {}, health
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> Child:
+        log = open(self.workdir / f"{self.name}.log", "ab")
+        self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = (self.workdir / f"{self.name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+            try:
+                if self.health:
+                    if httpx.get(f"http://127.0.0.1:{self.port}/healthz",
+                                 timeout=0.5).status_code == 200:
+                        return self
+                else:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                    return self
+            except (httpx.HTTPError, OSError):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"{self.name} did not start within {timeout}s")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def service(name: str, workdir: Path, prefix: str, env: dict[str, str]) -> Child:
+    port = free_port()
+    env = {f"{prefix}PORT": str(port), f"{prefix}LOG_LEVEL": "warning", **env}
+    return Child(name, [sys.executable, "-m", f"services.{name}"], port, workdir, env)
+
+
+# --- the workloads -----------------------------------------------------------------------------
+class CommitAll:
+    """A listener whose local transaction always commits, and whose checks answer commit."""
+
+    async def execute_local_transaction(self, message: Any, arg: Any) -> Any:
+        from tidemq import TransactionState
+        return TransactionState.COMMIT
+
+    async def check_local_transaction(self, message: Any) -> Any:
+        from tidemq import TransactionState
+        return TransactionState.COMMIT
+
+
+async def stored(http: httpx.AsyncClient, broker: str, topic: str) -> int:
+    r = await http.get(f"{broker}/v1/topics/{topic}")
+    r.raise_for_status()
+    return sum(int(o["max"]) - int(o["min"]) for o in r.json()["offsets"])
+
+
+async def create_topic(http: httpx.AsyncClient, broker: str, topic: str) -> None:
+    r = await http.put(f"{broker}/v1/topics/{topic}", json={"queues": QUEUES})
+    r.raise_for_status()
+
+
+async def drive(label: str, n: int, send: Any) -> float:
+    """``send(i)`` for i < n from SENDERS workers; the elapsed seconds."""
+    counter = iter(range(n))
+    with progress() as bar:
+        task = bar.add_task(label, total=n)
+
+        async def worker() -> None:
+            for i in counter:
+                await send(i)
+                bar.advance(task)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(SENDERS)))
+        return time.perf_counter() - began
+
+
+async def plain_round(broker: str, http: httpx.AsyncClient, n: int) -> float:
+    from tidemq import Producer
+
+    topic = f"plain-{uuid.uuid4().hex[:8]}"
+    await create_topic(http, broker, topic)
+    async with Producer(broker_url=broker) as producer:
+        seconds = await drive("plain sends", n, lambda i: producer.send(BODY, topic=topic))
+    if await stored(http, broker, topic) != n:
+        raise RuntimeError(f"plain: {topic} does not hold {n} messages")
+    return n / seconds
+
+
+async def txn_round(broker: str, http: httpx.AsyncClient, n: int, oneway: bool) -> float:
+    """Transactions per second, counted until all ``n`` are committed and consumable."""
+    from tidemq import TransactionProducer, TransactionState
+
+    topic = f"txn-{uuid.uuid4().hex[:8]}"
+    await create_topic(http, broker, topic)
+    async with TransactionProducer(f"bench-{topic}", CommitAll(), broker_url=broker,
+                                   wait_for_end=not oneway) as producer:
+        began = time.perf_counter()
+        async def send(i: int) -> None:
+            result = await producer.send(BODY, topic=topic)
+            if result.local_state is not TransactionState.COMMIT or result.end_error:
+                raise RuntimeError(f"transaction {result.transaction_id} did not commit")
+
+        label = "transactional sends, oneway end" if oneway else "transactional sends"
+        await drive(label, n, send)
+    while await stored(http, broker, topic) < n:  # the last ends (oneway) are in flight
+        await asyncio.sleep(0.005)
+        if time.perf_counter() - began > 120:
+            raise RuntimeError(f"txn: {topic} does not hold {n} committed messages")
+    return n / (time.perf_counter() - began)
+
+
+async def store_halves(http: httpx.AsyncClient, broker: str, group: str, topic: str,
+                       n: int) -> None:
+    with progress() as bar:
+        task = bar.add_task(f"storing {n:,} pending half messages", total=n)
+        sem = asyncio.Semaphore(4)
+
+        async def one(count: int) -> None:
+            body = msgpack.packb({"producer_group": group, "topic": topic,
+                                  "messages": [{"body": BODY} for _ in range(count)]},
+                                 use_bin_type=True)
+            async with sem:
+                r = await http.post(f"{broker}/v1/transactions", content=body,
+                                    headers={"content-type": "application/msgpack"})
+            r.raise_for_status()
+            bar.advance(task, count)
+
+        await asyncio.gather(*(one(min(HALF_BATCH, n - i)) for i in range(0, n, HALF_BATCH)))
+
+
+async def checker_peak_rss(url: str) -> float | None:
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(f"{url}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("tidemq_checker_peak_rss_bytes "):
+            return float(line.split()[1])
+    return None
+
+
+async def sweep(tmp: Path, broker: str, redis_url: str, cluster: str, sizes: Sizes,
+                http: httpx.AsyncClient) -> dict[str, Any]:
+    from tidemq import TransactionProducer
+
+    topic, group = f"sweep-{uuid.uuid4().hex[:8]}", f"bench-sweep-{uuid.uuid4().hex[:6]}"
+    n = sizes.pending
+    await create_topic(http, broker, topic)
+    began = time.perf_counter()
+    await store_halves(http, broker, group, topic, n)
+    stored_s = time.perf_counter() - began
+    await asyncio.sleep(sizes.immunity_ms / 1000 + 0.2)  # every half is due at the first scan
+    answering = TransactionProducer(group, CommitAll(), broker_url=broker, check_max=1024,
+                                    check_concurrency=256)
+    await answering.start()
+    await asyncio.sleep(0.5)  # its heartbeat is in: checks have a live producer
+    checker = service("checker", tmp, "TIDEMQ_CHECKER_", {
+        "TIDEMQ_CHECKER_BROKER_URL": broker, "TIDEMQ_CHECKER_REDIS_URL": redis_url,
+        "TIDEMQ_CHECKER_TOKEN": TOKEN, "TIDEMQ_CHECKER_CLUSTER": cluster,
+        "TIDEMQ_CHECKER_CHECK_INTERVAL_MS": str(sizes.interval_ms),
+        "TIDEMQ_CHECKER_TRANSACTION_TIMEOUT_MS": str(sizes.immunity_ms),
+        "TIDEMQ_CHECKER_BATCH_SIZE": "1024"})
+    try:
+        started = time.perf_counter()
+        await asyncio.to_thread(checker.start)
+        with progress() as bar:
+            task = bar.add_task("check sweep: delivered after a check", total=n)
+            done = 0
+            while done < n:
+                await asyncio.sleep(0.2)
+                done = await stored(http, broker, topic)
+                bar.update(task, completed=done)
+                if time.perf_counter() - started > 10 * TARGET_SWEEP_S:
+                    raise RuntimeError(f"sweep: only {done} of {n} delivered")
+        sweep_s = time.perf_counter() - started
+        peak = await checker_peak_rss(f"http://127.0.0.1:{checker.port}")
+    finally:
+        await answering.close()
+        await asyncio.to_thread(checker.stop)
+    return {"sweep_s": sweep_s, "pending": n, "checker_peak_rss": peak,
+            "checks_per_s": n / sweep_s, "store_halves_s": stored_s,
+            "answered": answering.checks_answered}
+
+
+async def run_bench(tmp: Path, sizes: Sizes) -> dict[str, Any]:
+    redis_port = free_port()
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not installed: run scripts/install-system-deps.sh")
+    (tmp / "redis").mkdir()
+    redis = Child("redis", [exe, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir",
+                            str(tmp / "redis"), "--save", "", "--appendonly", "no"],
+                  redis_port, tmp, health=False)
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    cluster = f"bench-{uuid.uuid4().hex[:8]}"
+    broker = service("broker", tmp, "TIDEMQ_BROKER_", {
+        "TIDEMQ_BROKER_DATA_DIR": str(tmp / "broker"), "TIDEMQ_BROKER_REDIS_URL": redis_url,
+        "TIDEMQ_BROKER_CLUSTER": cluster, "TIDEMQ_BROKER_TOKEN": TOKEN,
+        "TIDEMQ_BROKER_FLUSH": "async", "TIDEMQ_BROKER_GRPC_ENABLED": "false"})
+    await asyncio.to_thread(redis.start)
+    try:
+        await asyncio.to_thread(broker.start)
+        url = f"http://127.0.0.1:{broker.port}"
+        async with httpx.AsyncClient(timeout=60) as http:
+            plain: list[float] = []
+            txn: list[float] = []
+            oneway: list[float] = []
+            for _ in range(sizes.rounds):
+                plain.append(await plain_round(url, http, sizes.sends))
+                txn.append(await txn_round(url, http, sizes.sends, oneway=False))
+                oneway.append(await txn_round(url, http, sizes.sends, oneway=True))
+            swept = await sweep(tmp, url, redis_url, cluster, sizes, http)
+    finally:
+        await asyncio.to_thread(broker.stop)
+        await asyncio.to_thread(redis.stop)
+    return {"plain": plain, "txn": txn, "oneway": oneway, "sweep": swept}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.transactions", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, short check interval")
+    ap.add_argument("--json", action="store_true", help="one JSON object on the last line")
+    ap.add_argument("--dir", default=None, help="scratch directory (default: system temp)")
+    args = ap.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    loop = loop_name()
+    err.print(f"transactions bench ({'quick' if args.quick else 'full'}), event loop: {loop}")
+    began = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="tidemq-tx-bench-", dir=args.dir))
+    try:
+        res = run(run_bench(tmp, sizes))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    total_s = time.perf_counter() - began
+    plain, txn, sw = max(res["plain"]), max(res["txn"]), res["sweep"]
+    oneway = max(res["oneway"])
+    ratio = txn / plain if plain else 0.0
+    oneway_ratio = oneway / plain if plain else 0.0
+    peak = sw["checker_peak_rss"]
+    rows = [
+        Row(f"plain sends, {SENDERS} senders (best of {sizes.rounds})", plain, "msgs/s", 1.0),
+        Row(f"transactional sends (half + local commit + end), {SENDERS} senders", txn,
+            "msgs/s", ratio, f">= {TARGET_RATIO}x plain", ratio >= TARGET_RATIO),
+        Row("transactional sends, end not awaited (wait_for_end=False, extra)", oneway,
+            "msgs/s", oneway_ratio),
+        Row(f"check sweep: {sw['pending']:,} pending halves, checked and committed",
+            sw["sweep_s"], "s", target=f"<= {TARGET_SWEEP_S:.0f} s (one check interval)",
+            met=sw["sweep_s"] <= TARGET_SWEEP_S),
+        Row("check sweep rate", sw["checks_per_s"], "checks/s"),
+        Row("checker peak resident memory", None if peak is None else peak / 2**20, "MiB"),
+        Row("storing the pending halves (batch endpoint)",
+            sw["pending"] / sw["store_halves_s"], "msgs/s"),
+    ]
+    notes = [f"event loop: {loop}; {os.cpu_count()} CPUs; {len(BODY)} B bodies; broker "
+             f"flush=async; total {total_s:.0f} s",
+             "plain runs: " + ", ".join(f"{v:,.0f}" for v in res["plain"]) + "; txn runs: "
+             + ", ".join(f"{v:,.0f}" for v in res["txn"]) + "; oneway-end runs: "
+             + ", ".join(f"{v:,.0f}" for v in res["oneway"]) + " msgs/s (transactions "
+             "counted until committed)",
+             f"sweep: checker interval {sizes.interval_ms} ms, immunity {sizes.immunity_ms} ms; "
+             f"time counted from the checker's start; {sw['answered']:,} checks answered"]
+    print_table(f"tidemq transactions bench ({'quick' if args.quick else 'full'})", rows,
+                caption="\n".join(notes))
+    if args.json:
+        print_json({
+            "bench": "transactions", "quick": args.quick, "event_loop": loop,
+            "plain_msgs_per_s": plain, "txn_msgs_per_s": txn, "txn_vs_plain_ratio": ratio,
+            "plain_runs": res["plain"], "txn_runs": res["txn"],
+            "txn_oneway_msgs_per_s": oneway, "txn_oneway_vs_plain_ratio": oneway_ratio,
+            "txn_oneway_runs": res["oneway"],
+            "check_sweep_s": sw["sweep_s"], "check_sweep_pending": sw["pending"],
+            "check_sweep_checks_per_s": sw["checks_per_s"],
+            "checker_peak_rss_bytes": peak, "check_interval_ms": sizes.interval_ms,
+            "targets_met": {r.figure: r.met for r in rows if r.met is not None},
+            "total_s": total_s,
+        })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

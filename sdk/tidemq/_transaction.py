@@ -1,0 +1,317 @@
+"""``TransactionProducer``: publish a message if and only if the local transaction commits.
+
+    class Orders:
+        async def execute_local_transaction(self, message, arg):
+            await arg.save()                  # the application's own transaction
+            return TransactionState.COMMIT
+        async def check_local_transaction(self, message):
+            return TransactionState.COMMIT if await exists(message.message_id) \\
+                else TransactionState.ROLLBACK
+
+    async with TransactionProducer("orders-tx", Orders(), broker_url="http://127.0.0.1:10911") as p:
+        result = await p.send(Message(b"order 42 created", topic="orders"), arg=order)
+
+``send`` stores a half message (invisible), runs ``execute_local_transaction``, then ends the
+transaction with its answer. An exception there counts as ``UNKNOWN``: the message is neither
+delivered nor lost — the broker's checker asks the group later (any live instance) through
+``check_local_transaction``. Concurrent sends share batch requests (``POST /v1/transactions``
+with ``messages``, and the ends waiting meanwhile, or ``POST /v1/transactions/end``), and while
+started the producer heartbeats and answers checks in batches (``_transaction_checks.py``).
+
+By default ``send`` returns once the broker acknowledged the end (``end_error`` says when it
+could not). ``wait_for_end=False`` returns as soon as the end is queued, like RocketMQ's oneway
+end-transaction: faster, and a lost end is resolved by a check all the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import TracebackType
+from typing import Any, Protocol
+
+import httpx
+
+from tidemq._constants import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S, ROUTE_REFRESH_INTERVAL_S
+from tidemq._exceptions import (
+    ClientClosedError,
+    ConfigurationError,
+    TidemqError,
+    TopicNotFoundError,
+    TransportError,
+    UnexpectedResponseError,
+    server_error,
+)
+from tidemq._http import DEFAULT_RETRY, HttpClient, RetryPolicy, url
+from tidemq._message import Message, to_outgoing
+from tidemq._routes import RouteTable
+from tidemq._selector import QueueSelector
+from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
+from tidemq._transaction_checks import CheckPoller
+from tidemq.protocol import OutgoingMessage, ProtocolError, ReceivedMessage, validate_topic_name
+
+log = logging.getLogger("tidemq.transactions")
+
+PRODUCER_HEARTBEAT_S = 10.0  # heartbeat period; the broker forgets a producer silent 30 s
+CHECK_WAIT_MS = 20_000  # one long poll for checks
+CHECK_MAX = 256  # checks per poll
+
+
+class TransactionState(StrEnum):
+    """What a local transaction did; also the action sent to the broker."""
+
+    COMMIT = "commit"  # deliver the message
+    ROLLBACK = "rollback"  # never deliver it
+    UNKNOWN = "unknown"  # not known yet: the broker will check again later
+
+
+class LocalTransactionFailed(Exception):
+    """Raise from ``execute_local_transaction`` when the local transaction failed *and is known
+    to be rolled back*: the producer ends it with ROLLBACK at once and reports the cause in
+    ``TransactionSendResult.error``. Any other exception means UNKNOWN (the broker checks)."""
+
+
+class TransactionListener(Protocol):
+    """The application's side of a transactional producer."""
+
+    async def execute_local_transaction(self, message: Message, arg: Any
+                                        ) -> TransactionState: ...
+
+    async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionSendResult:
+    message_id: str
+    transaction_id: str
+    topic: str
+    local_state: TransactionState  # what execute_local_transaction answered
+    broker: str  # the broker holding the transaction
+    error: BaseException | None = None  # raised by execute_local_transaction (→ UNKNOWN)
+    end_error: TidemqError | None = None  # the end did not reach the broker (a check will)
+
+
+class TransactionProducer:
+    """Transactional sends for one producer group; an async context manager."""
+
+    def __init__(
+        self,
+        group: str,
+        listener: TransactionListener,
+        *,
+        nameservers: Sequence[str] | None = None,
+        broker_url: str | None = None,
+        linger_ms: float = 1.0,
+        max_batch: int = 256,
+        max_in_flight: int = 32,
+        check_immunity_s: float | None = None,
+        heartbeat_interval_s: float = PRODUCER_HEARTBEAT_S,
+        check_wait_ms: int = CHECK_WAIT_MS,
+        check_max: int = CHECK_MAX,
+        check_concurrency: int = 64,
+        wait_for_end: bool = True,
+        client_id: str | None = None,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        route_refresh_s: float = ROUTE_REFRESH_INTERVAL_S,
+        close_timeout_s: float = CLOSE_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        try:
+            validate_topic_name(group)  # same rule as group names
+        except ProtocolError as exc:
+            raise ConfigurationError(f"producer group: {exc.message}") from None
+        if not 1 <= max_batch <= 1024 or max_in_flight < 1 or linger_ms < 0:
+            raise ConfigurationError("max_batch must be 1-1024, max_in_flight >= 1, "
+                                     "linger_ms >= 0")
+        self.group = group
+        self.listener = listener
+        self.client_id = client_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
+        self.check_immunity_s = check_immunity_s
+        self.wait_for_end = wait_for_end
+        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
+        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
+                                  refresh_interval_s=route_refresh_s)
+        self._selector = QueueSelector()
+        self._batcher = TxBatcher(self._post, linger_s=linger_ms / 1000, max_items=max_batch,
+                                  max_in_flight=max_in_flight)
+        self._checks = CheckPoller(
+            self._http, group, self.client_id, self._check, nameservers=nameservers or (),
+            broker_url=broker_url, heartbeat_s=heartbeat_interval_s, wait_ms=check_wait_ms,
+            max_checks=check_max, concurrency=check_concurrency)
+        self._close_timeout_s = close_timeout_s
+        self._valid_topics: set[str] = set()
+        self._started = False
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> TransactionProducer:
+        """Start heartbeats, the check poller and route refresh."""
+        if self._closed:
+            raise ClientClosedError("the transaction producer is closed")
+        if not self._started:
+            self._started = True
+            self._routes.start()
+            self._checks.start()
+        return self
+
+    async def close(self) -> None:
+        """Finish queued sends and ends (bounded), stop answering checks, leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._batcher.drain(self._close_timeout_s)
+            await self._checks.close(self._close_timeout_s)
+        finally:
+            await self._routes.close()
+            await self._http.aclose()
+
+    async def __aenter__(self) -> TransactionProducer:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    @property
+    def checks_answered(self) -> int:
+        return self._checks.answered
+
+    # -- sending -----------------------------------------------------------------------------
+
+    async def send(
+        self,
+        message: Message | bytes | str,
+        arg: Any = None,
+        *,
+        topic: str | None = None,
+        tag: str | None = None,
+        keys: Sequence[str] | str | None = None,
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        message_id: str | None = None,
+        check_immunity_s: float | None = None,
+    ) -> TransactionSendResult:
+        """Half message → ``execute_local_transaction(message, arg)`` → end. Raises only when
+        the half message could not be stored (then nothing happened); afterwards every outcome
+        is in the result."""
+        if self._closed:
+            raise ClientClosedError("the transaction producer is closed")
+        overrides: dict[str, Any] = dict(topic=topic, tag=tag, keys=keys, properties=properties,
+                                         sharding_key=sharding_key, message_id=message_id)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if isinstance(message, bytes | str):
+            msg = Message(body=message, **given)
+        elif isinstance(message, Message):  # a copy: the message id is filled in below
+            msg = dataclasses.replace(message, **given)
+        else:
+            raise ConfigurationError(f"send: expected a Message, bytes or str, got "
+                                     f"{type(message).__name__}")
+        if not msg.topic:
+            raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
+        if msg.topic not in self._valid_topics:
+            try:
+                validate_topic_name(msg.topic)
+            except ProtocolError as exc:
+                raise server_error(exc.code, exc.message) from None
+            self._valid_topics.add(msg.topic)
+        out = to_outgoing(msg)
+        msg.message_id = out.message_id
+        await self.start()
+        route = await self._routes.get(msg.topic)
+        queue = self._selector.select(route, sharding_key=out.sharding_key, queue_id=out.queue_id)
+        out.queue_id = queue.queue_id
+        self._checks.add_broker(queue.address)
+        immunity = check_immunity_s if check_immunity_s is not None else self.check_immunity_s
+        txid = await self._batcher.half(queue.address, (msg.topic, immunity), out)
+        state, error = await self._execute(msg, arg, txid)
+        end_error: TidemqError | None = None
+        ending = self._batcher.end(queue.address, (txid, state.value, False))
+        if not self.wait_for_end:
+            ending.add_done_callback(_log_end_failure)
+        else:
+            try:
+                await ending
+            except TidemqError as exc:
+                end_error = exc
+                log.warning("transaction %s: ending with %s failed: %s (the broker will check "
+                            "it)", txid, state.value, exc)
+        assert out.message_id is not None
+        return TransactionSendResult(out.message_id, txid, msg.topic, state, queue.address,
+                                     error, end_error)
+
+    async def _execute(self, message: Message, arg: Any, txid: str
+                       ) -> tuple[TransactionState, BaseException | None]:
+        try:
+            return TransactionState(await self.listener.execute_local_transaction(message, arg)), \
+                None
+        except LocalTransactionFailed as exc:
+            log.info("transaction %s: local transaction failed and rolled back (%s); rolling "
+                     "back the message", txid, exc.__cause__ or exc)
+            return TransactionState.ROLLBACK, exc.__cause__ or exc
+        except Exception as exc:
+            log.warning("transaction %s: execute_local_transaction raised %s: %s; ending as "
+                        "UNKNOWN (the broker will check it)", txid, type(exc).__name__, exc)
+            return TransactionState.UNKNOWN, exc
+
+    async def _check(self, message: ReceivedMessage) -> str:
+        return TransactionState(await self.listener.check_local_transaction(message)).value
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def _post(self, broker: str, group: HalfGroup | None,
+                    messages: list[OutgoingMessage], ends: list[EndItem],
+                    ) -> tuple[list[str | BaseException], list[str | BaseException]]:
+        """Half messages (with any waiting ends) to ``POST /v1/transactions``, or ends alone to
+        ``POST /v1/transactions/end``; the transaction ids and the end states, in order."""
+        wire_ends = [{"transaction_id": t, "action": a, "from_check": c} for t, a, c in ends]
+        if group is None:
+            answer = await self._http.call("POST", url(broker, "v1", "transactions", "end"),
+                                           body={"producer_group": self.group,
+                                                 "ends": wire_ends})
+            return [], self._end_results(answer, broker)
+        topic, immunity = group
+        body: dict[str, Any] = {"producer_group": self.group, "topic": topic,
+                                "messages": [m.to_wire(binary=True) for m in messages]}
+        if immunity is not None:
+            body["check_immunity_s"] = immunity
+        if wire_ends:
+            body["ends"] = wire_ends
+        try:
+            answer = await self._http.call("POST", url(broker, "v1", "transactions"), body=body,
+                                           binary=True)
+        except (TopicNotFoundError, TransportError):
+            self._routes.invalidate(topic)
+            raise
+        try:
+            txids: list[str | BaseException] = [str(t["transaction_id"])
+                                                for t in answer["transactions"]]
+        except (KeyError, TypeError) as exc:
+            raise UnexpectedResponseError(f"malformed half answer from {broker}: {exc!r}") \
+                from exc
+        return txids, self._end_results(answer, broker) if wire_ends else []
+
+    @staticmethod
+    def _end_results(answer: Any, broker: str) -> list[str | BaseException]:
+        out: list[str | BaseException] = []
+        try:
+            for r in answer["results"]:
+                out.append(server_error(r["code"], str(r.get("message", ""))) if r.get("code")
+                           else str(r["state"]))
+        except (KeyError, TypeError) as exc:
+            raise UnexpectedResponseError(f"malformed end answer from {broker}: {exc!r}") \
+                from exc
+        return out
+
+
+def _log_end_failure(future: asyncio.Future[str]) -> None:
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.warning("ending a transaction failed: %s (the broker will check it)", exc)

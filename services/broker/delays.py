@@ -1,0 +1,207 @@
+"""Delayed delivery on the broker: validate a delay, and store the message where it waits.
+
+- ``delay_level`` n → ``SCHEDULE_TOPIC_XXXX`` queue n-1, with the delivery time (epoch ms) in
+  the consume queue's tag slot; the scheduler walks each level queue in order.
+- ``delay_ms`` / ``deliver_at_ms`` → the timer intake topic (``TIDE_SYS_TIMER_INTAKE``), which
+  the scheduler consumes into its own time-bucketed log on disk.
+
+The waiting copy keeps the message whole (body, identity, tag, keys, properties, flags) and adds
+``REAL_TOPIC``, ``REAL_QID``, ``TIMER_DELIVER_MS`` (and ``DELAY`` for a level). A due time in the
+past, or a delay of 0, means "deliver at once": the message is stored as it is.
+
+Transactions route their committed copy through ``route_record`` (fields given) or
+``route_committed`` (fields kept on the half message as ``stash`` properties), so a delay counts
+from the commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from tidemq.protocol import (
+    ErrorCode,
+    OutgoingMessage,
+    ProtocolError,
+    SystemTopic,
+    is_system_topic,
+)
+from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
+
+from services.broker.query import MessageState
+from services.broker.store.types import MessageRecord, StoredRecord
+from services.common.constants import TIMER_CANCELS_TOPIC
+
+SCHEDULE_TOPIC = SystemTopic.SCHEDULE.value
+INTAKE_TOPIC = SystemTopic.TIMER_INTAKE.value
+DELAY_TOPICS = frozenset({SCHEDULE_TOPIC, INTAKE_TOPIC})
+
+REAL_TOPIC = "REAL_TOPIC"  # the topic a waiting copy is delivered to
+REAL_QID = "REAL_QID"  # ... and its queue id
+DELAY = "DELAY"  # delay level of a level copy (or of a stashed delay)
+DELAY_MS = "DELAY_MS"  # a stashed relative delay (ms)
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # due time (epoch ms) of a waiting copy, or a stashed one
+WAITING_PROPERTIES = (REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS)
+
+
+class Delays:
+    """The broker's ``DelayRouter`` (services.broker.sending): levels and arbitrary delays."""
+
+    def __init__(self, levels_ms: tuple[int, ...], max_delay_ms: int,
+                 on_first_delay: Callable[[], None] | None = None) -> None:
+        self.levels_ms = levels_ms
+        self.max_delay_ms = max_delay_ms
+        self.on_first_delay = on_first_delay  # e.g. hold retention for the scheduler
+        self.routed_levels = 0
+        self.routed_timers = 0
+
+    # --- validation ---------------------------------------------------------------------------
+    def due_for(self, now_ms: int, *, delay_level: int = 0, delay_ms: int | None = None,
+                deliver_at_ms: int | None = None) -> int | None:
+        """Due time of a delay, None to deliver at once; raises INVALID_DELAY."""
+        given = [n for n, v in (("delay_level", delay_level or None), ("delay_ms", delay_ms),
+                                ("deliver_at_ms", deliver_at_ms)) if v is not None]
+        if len(given) > 1:
+            raise _invalid(f"give at most one of delay_level, delay_ms, deliver_at_ms; got "
+                           f"{', '.join(given)}")
+        if delay_level:
+            if not 1 <= delay_level <= len(self.levels_ms):
+                raise _invalid(f"delay_level must be 1-{len(self.levels_ms)} (or 0 for none), "
+                               f"got {delay_level}")
+            return now_ms + self.levels_ms[delay_level - 1]
+        if delay_ms is not None:
+            if not 0 <= delay_ms <= self.max_delay_ms:
+                raise _invalid(f"delay_ms must be 0-{self.max_delay_ms} ms (the maximum delay), "
+                               f"got {delay_ms}")
+            return now_ms + delay_ms if delay_ms else None
+        if deliver_at_ms is not None:
+            if deliver_at_ms < 0:
+                raise _invalid(f"deliver_at_ms must be epoch milliseconds, got {deliver_at_ms}")
+            if deliver_at_ms > now_ms + self.max_delay_ms:
+                raise _invalid(f"deliver_at_ms {deliver_at_ms} is more than the maximum delay of "
+                               f"{self.max_delay_ms} ms from now ({now_ms})")
+            return deliver_at_ms if deliver_at_ms > now_ms else None
+        return None
+
+    def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
+        return self.due_for(now_ms, delay_level=msg.delay_level, delay_ms=msg.delay_ms,
+                            deliver_at_ms=msg.deliver_at_ms)
+
+    # --- routing ------------------------------------------------------------------------------
+    def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
+        return self.waiting_copy(record, due_ms, msg.delay_level)
+
+    def route_record(self, record: MessageRecord, now_ms: int, *, delay_level: int = 0,
+                     delay_ms: int | None = None, deliver_at_ms: int | None = None
+                     ) -> MessageRecord:
+        """``record`` itself when it is due now, else its waiting copy; raises INVALID_DELAY."""
+        due = self.due_for(now_ms, delay_level=delay_level, delay_ms=delay_ms,
+                           deliver_at_ms=deliver_at_ms)
+        return record if due is None else self.waiting_copy(record, due, delay_level)
+
+    @staticmethod
+    def stash(msg: OutgoingMessage) -> dict[str, str]:
+        """Properties that keep ``msg``'s delay on a record stored now and routed later."""
+        if msg.delay_level:
+            return {DELAY: str(msg.delay_level)}
+        if msg.delay_ms:
+            return {DELAY_MS: str(msg.delay_ms)}
+        if msg.deliver_at_ms is not None:
+            return {TIMER_DELIVER_MS: str(msg.deliver_at_ms)}
+        return {}
+
+    def route_committed(self, record: MessageRecord, now_ms: int) -> MessageRecord:
+        """Route a record carrying ``stash`` properties (a committed transactional message):
+        the stash is removed and a relative delay counts from ``now_ms``. A stashed delay that
+        no longer fits (e.g. the table shrank) is delivered at once rather than dropped."""
+        props = record.properties
+        if not any(k in props for k in (DELAY, DELAY_MS, TIMER_DELIVER_MS)):
+            return record
+        clean = {k: v for k, v in props.items() if k not in WAITING_PROPERTIES}
+        plain = dataclasses.replace(record, properties=clean)
+        level = _int(props.get(DELAY))
+        try:
+            return self.route_record(plain, now_ms, delay_level=level or 0,
+                                     delay_ms=_int(props.get(DELAY_MS)) if not level else None,
+                                     deliver_at_ms=_int(props.get(TIMER_DELIVER_MS))
+                                     if not level and DELAY_MS not in props else None)
+        except ProtocolError:
+            return plain
+
+    def waiting_copy(self, record: MessageRecord, due_ms: int, level: int = 0) -> MessageRecord:
+        """The copy stored instead of ``record`` until ``due_ms``."""
+        if self.on_first_delay is not None:
+            hold, self.on_first_delay = self.on_first_delay, None
+            hold()
+        props = dict(record.properties)
+        props[REAL_TOPIC] = record.topic
+        props[REAL_QID] = str(record.queue_id)
+        props[TIMER_DELIVER_MS] = str(due_ms)
+        if level:
+            props[DELAY] = str(level)
+            self.routed_levels += 1
+        else:
+            self.routed_timers += 1
+        return MessageRecord(
+            topic=SCHEDULE_TOPIC if level else INTAKE_TOPIC, queue_id=level - 1 if level else 0,
+            body=record.body, properties=props, tag_code=due_ms, flag=record.flag,
+            sys_flag=record.sys_flag, born_timestamp=record.born_timestamp,
+            born_host=record.born_host, reconsume_times=record.reconsume_times,
+            prepared_tx_offset=record.prepared_tx_offset)
+
+
+# --- what a waiting copy is ---------------------------------------------------------------------
+
+def is_consumable(topic: str) -> bool:
+    """A topic consumers read: ordinary, retry or DLQ (not a waiting or transaction one)."""
+    return not is_system_topic(topic) or topic.startswith((RETRY_PREFIX, DLQ_PREFIX))
+
+
+def is_waiting(record: StoredRecord) -> bool:
+    return record.topic in DELAY_TOPICS and REAL_TOPIC in record.properties
+
+
+def due_of(record: StoredRecord) -> int | None:
+    return _int(record.properties.get(TIMER_DELIVER_MS))
+
+
+def as_delivered_view(record: StoredRecord) -> StoredRecord:
+    """A waiting copy shown where it will be delivered (real topic and queue)."""
+    props = record.properties
+    qid = _int(props.get(REAL_QID))
+    return dataclasses.replace(record, topic=props.get(REAL_TOPIC, record.topic),
+                               queue_id=record.queue_id if qid is None else qid)
+
+
+def delay_view(copies: list[StoredRecord]) -> tuple[StoredRecord, MessageState] | None:
+    """``(copy to show, SCHEDULED | CANCELLED)`` when the newest copy that matters is a
+    waiting copy or a cancel record; None when delays have no say (a ``QueryService`` view).
+
+    Copies in other system topics (transaction half/op records) do not matter here.
+    """
+    waiting: StoredRecord | None = None
+    for rec in reversed(copies):
+        if rec.topic == TIMER_CANCELS_TOPIC:
+            shown = next((c for c in reversed(copies) if is_waiting(c)), None)
+            return as_delivered_view(shown or rec), MessageState.CANCELLED
+        if is_waiting(rec):
+            waiting = rec
+            break
+        if is_consumable(rec.topic):
+            return None  # delivered (or never delayed): a real, retry or DLQ copy is newest
+    if waiting is None:
+        return None
+    return as_delivered_view(waiting), MessageState.SCHEDULED
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _invalid(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.INVALID_DELAY, message)

@@ -1,0 +1,116 @@
+"""Delayed messages: cancel and inspect (public), and the scheduler's internal endpoints."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, Field, StrictInt
+from tidemq.protocol import ErrorCode, ProtocolError
+
+from services.broker.routes._common import body_doc, broker_of, read_model, read_payload
+from services.broker.scheduling import MAX_DUE_PER_LEVEL, MAX_INTAKE
+from services.common.app import reply, require_token
+
+router = APIRouter(tags=["delayed messages"])
+
+
+@router.delete("/v1/messages/{message_id}/schedule",
+               summary="Cancel a delayed message that was not delivered yet")
+async def cancel(message_id: str, request: Request) -> Response:
+    return reply(request, await broker_of(request).schedule.cancel(message_id))
+
+
+@router.get("/v1/scheduled", summary="Pending delayed messages: count, next due time, by level")
+async def scheduled(request: Request,
+                    topic: Annotated[str | None, Query(description="only this topic")] = None,
+                    ) -> Response:
+    return reply(request, await broker_of(request).schedule.scheduled(topic))
+
+
+# --- for the scheduler ---------------------------------------------------------------------------
+
+def _token(request: Request) -> None:
+    require_token(request, broker_of(request).settings.token)
+
+
+internal = APIRouter(prefix="/internal/v1/schedule", tags=["internal"],
+                     dependencies=[Depends(_token)])
+
+
+class DueBody(BaseModel):
+    offsets: dict[int, StrictInt] = Field(default_factory=dict,
+                                          description="level queue id → next offset")
+    now_ms: StrictInt = Field(description="the scheduler's clock: due means tag slot ≤ this")
+    max: int = Field(1024, ge=1, le=MAX_DUE_PER_LEVEL, description="records per level at most")
+
+
+class ProgressBody(BaseModel):
+    owner: str = Field(min_length=1, max_length=255)
+    positions: list[tuple[str, StrictInt, StrictInt]] = Field(
+        description="[topic, queue id, next offset] of every queue the owner consumes")
+
+
+class PendingBody(BaseModel):
+    offsets: dict[int, StrictInt] = Field(default_factory=dict,
+                                          description="level queue id → next offset")
+    intake_offset: StrictInt = Field(0, ge=0, description="next intake offset not taken in")
+    topic: str | None = None
+    skip: list[tuple[StrictInt, StrictInt]] = Field(default_factory=list,
+                                                    description="[queue id, offset] cancelled")
+
+
+class DeliverDoc(BaseModel):
+    records: list[dict[str, Any]] = Field(description="delivery records (see scheduling.py)")
+    strict: list[int] = Field(default_factory=list,
+                              description="indexes to store only if not delivered already")
+
+
+@internal.get("/info", summary="Delay table and identity of this broker")
+async def info(request: Request) -> Response:
+    return reply(request, broker_of(request).schedule.info())
+
+
+@internal.get("/intake", summary="Timers of the intake topic, ready to file")
+async def intake(
+    request: Request,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    max: Annotated[int, Query(ge=1, le=MAX_INTAKE)] = 1024,
+    wait_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
+) -> Response:
+    return reply(request, await broker_of(request).schedule.intake(offset, max, wait_ms))
+
+
+@internal.post("/levels/due", openapi_extra=body_doc(DueBody),
+               summary="Due records of every delay-level queue, in queue order")
+async def levels_due(request: Request) -> Response:
+    body = await read_model(request, DueBody)
+    answer = broker_of(request).schedule.levels_due(body.offsets, body.now_ms, body.max)
+    return reply(request, answer)
+
+
+@internal.post("/deliver", openapi_extra=body_doc(DeliverDoc),
+               summary="Store due messages in their real topics (one store write)")
+async def deliver(request: Request) -> Response:
+    broker = broker_of(request)
+    payload = await read_payload(request, broker.sender.max_request_bytes)
+    return reply(request, await broker.schedule.deliver(payload))
+
+
+@internal.post("/progress", openapi_extra=body_doc(ProgressBody),
+               summary="The scheduler's offsets: its retention floor")
+async def progress(request: Request) -> Response:
+    body = await read_model(request, ProgressBody)
+    floor = broker_of(request).schedule.report_progress(body.owner, body.positions)
+    return reply(request, {"floor": floor})
+
+
+@internal.post("/pending", openapi_extra=body_doc(PendingBody),
+               summary="Count what waits beyond the scheduler's offsets (of one topic)")
+async def pending(request: Request) -> Response:
+    body = await read_model(request, PendingBody)
+    if body.topic is not None and not body.topic:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "topic must not be empty")
+    answer = broker_of(request).schedule.pending(body.offsets, body.intake_offset, body.topic,
+                                                 {(q, o) for q, o in body.skip})
+    return reply(request, answer)

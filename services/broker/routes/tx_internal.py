@@ -1,0 +1,63 @@
+"""``/internal/v1/transactions/*``: what the checker reads and asks (cluster token required)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel
+
+from services.broker.routes._common import body_doc, broker_of, read_payload
+from services.broker.tx_checking import MAX_PAGE
+from services.common.app import reply, require_token
+
+
+def _token(request: Request) -> None:
+    require_token(request, broker_of(request).settings.token)
+
+
+router = APIRouter(prefix="/internal/v1/transactions", tags=["internal"],
+                   dependencies=[Depends(_token)])
+
+
+class ActionDoc(BaseModel):
+    transaction_id: str
+    physical_offset: int
+    action: Literal["check", "defer", "discard"]
+
+
+class ActionsDoc(BaseModel):
+    actions: list[ActionDoc]
+
+
+@router.get("/info", summary="Which broker this is (the checker's progress is kept per broker)")
+async def info(request: Request) -> Response:
+    broker = broker_of(request)
+    return reply(request, {"broker_name": broker.settings.broker_name,
+                           "cluster": broker.settings.cluster})
+
+
+@router.get("/halves", summary="A page of the half queue (metadata, no bodies)")
+async def halves(
+    request: Request,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    max: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 256,
+) -> Response:
+    return reply(request, broker_of(request).tx_checking.halves(offset, max))
+
+
+@router.get("/ops", summary="A page of the op queue: the transaction ids it ends")
+async def ops(
+    request: Request,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    max: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 256,
+) -> Response:
+    return reply(request, broker_of(request).tx_checking.ops(offset, max))
+
+
+@router.post("/actions", summary="Check, defer or discard half messages",
+             openapi_extra=body_doc(ActionsDoc))
+async def actions(request: Request) -> Response:
+    payload = await read_payload(request)
+    results = await broker_of(request).tx_checking.act(payload)
+    return reply(request, {"results": results})

@@ -1,0 +1,351 @@
+"""What the broker does for delayed messages beyond routing them (services.broker.delays).
+
+For the scheduler (``/internal/v1/schedule/*``, token required):
+
+- ``levels_due``: walk each delay-level queue from the scheduler's offsets and hand over the
+  records whose delivery time (the consume queue's tag slot) has come, in queue order;
+- ``deliver``: store due messages in their real topic and queue in one store write per batch,
+  keeping message id, body, properties, keys and tags (store time = delivery time); records
+  marked ``strict`` (a re-delivery after a crash or a failed request) are first looked up by
+  their unique key and not stored again if that delivery already happened;
+- ``report_progress``: the scheduler's intake and level offsets become its retention floor, so
+  the broker never deletes a segment holding a record the scheduler has not taken yet.
+
+For clients: ``cancel`` and ``scheduled`` (API.md) ask the scheduler, which decides; a
+successful cancel is also written to ``TIDE_SYS_TIMER_CANCELS`` so the message's state reads
+``cancelled`` from the broker's own store.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgpack
+from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic, validate_topic_name
+
+from services.broker.convert import TAGS, UNIQ_KEY
+from services.broker.delays import (
+    DELAY,
+    INTAKE_TOPIC,
+    REAL_QID,
+    REAL_TOPIC,
+    SCHEDULE_TOPIC,
+    TIMER_DELIVER_MS,
+    WAITING_PROPERTIES,
+    Delays,
+    due_of,
+    is_consumable,
+    is_waiting,
+)
+from services.broker.pulling import PullService, TagFilter
+from services.broker.scheduler_client import SchedulerClient
+from services.broker.sending import SendService, check_put, now_ms
+from services.broker.store.store import MessageStore
+from services.broker.store.types import MessageRecord, StoredRecord, tag_code
+from services.broker.topics import TopicManager
+from services.common.constants import SCHEDULER_FLOOR_OWNER, TIMER_CANCELS_TOPIC
+
+log = logging.getLogger(__name__)
+
+MAX_DUE_PER_LEVEL = 4096  # records one levels_due answer carries per level
+MAX_DELIVER = 4096  # records per deliver request
+MAX_INTAKE = 4096  # timers per intake read
+MAX_SCAN = 1_000_000  # consume-queue units one pending count reads at most
+
+
+def delivery_map(record: StoredRecord) -> dict[str, Any]:
+    """A waiting copy as the record to deliver (msgpack-ready; what ``deliver`` takes)."""
+    props = {k: v for k, v in record.properties.items() if k not in WAITING_PROPERTIES}
+    return {
+        "topic": record.properties.get(REAL_TOPIC, record.topic),
+        "queue_id": int(record.properties.get(REAL_QID, "0")),
+        "body": record.body,
+        "properties": props,
+        "flag": record.flag,
+        "sys_flag": record.sys_flag,
+        "born_timestamp_ms": record.born_timestamp,
+        "born_host": record.born_host,
+        "reconsume_times": record.reconsume_times,
+        "prepared_tx_offset": record.prepared_tx_offset,
+    }
+
+
+def parse_delivery(obj: Any) -> MessageRecord:
+    """A ``delivery_map`` back into a record (the scheduler is trusted: light checks only)."""
+    try:
+        props = obj["properties"]
+        body = obj["body"]
+        record = MessageRecord(
+            topic=obj["topic"], queue_id=int(obj["queue_id"]),
+            body=body.encode("utf-8") if isinstance(body, str) else bytes(body),
+            properties=props, tag_code=tag_code(props.get(TAGS)),
+            flag=int(obj.get("flag", 0)), sys_flag=int(obj.get("sys_flag", 0)),
+            born_timestamp=int(obj.get("born_timestamp_ms", 0)),
+            born_host=str(obj.get("born_host", "127.0.0.1:0")),
+            reconsume_times=int(obj.get("reconsume_times", 0)),
+            prepared_tx_offset=int(obj.get("prepared_tx_offset", 0)))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"a delivery record is malformed ({type(exc).__name__}: {exc})"
+                            ) from None
+    if not isinstance(props, dict) or not isinstance(props.get(UNIQ_KEY), str):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "a delivery record needs properties.UNIQ_KEY")
+    return record
+
+
+class ScheduleService:
+    def __init__(self, store: MessageStore, topics: TopicManager, sender: SendService,
+                 delays: Delays, scheduler: SchedulerClient | None, broker_name: str,
+                 pulls: PullService) -> None:
+        self.store = store
+        self.pulls = pulls
+        self.topics = topics
+        self.sender = sender
+        self.delays = delays
+        self.scheduler = scheduler
+        self.broker_name = broker_name
+        self.delivered = 0  # messages stored by deliver
+        self.duplicates = 0  # strict re-deliveries found already stored
+        self.cancelled = 0
+
+    async def start(self) -> None:
+        await self.topics.ensure_system(SCHEDULE_TOPIC)
+        await self.topics.ensure_system(INTAKE_TOPIC)
+        await self.topics.ensure_system(TIMER_CANCELS_TOPIC, 1)
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.close()
+
+    def hold_for_scheduler(self) -> None:
+        """Before the first delayed message: keep everything from here until the scheduler
+        reports its own progress (a scheduler that never ran must not lose timers)."""
+        if SCHEDULER_FLOOR_OWNER not in self.store.floors:
+            self.store.set_retention_floor(SCHEDULER_FLOOR_OWNER, self.store.log.write_offset)
+
+    # --- for the scheduler ------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        return {"broker_name": self.broker_name, "delay_levels_ms": list(self.delays.levels_ms),
+                "max_delay_ms": self.delays.max_delay_ms, "schedule_topic": SCHEDULE_TOPIC,
+                "intake_topic": INTAKE_TOPIC}
+
+    def levels_due(self, offsets: dict[int, int], now: int, max_count: int) -> dict[str, Any]:
+        """For each level queue: the due records from its offset, in order, up to the first
+        that is not due yet (whose time comes back as ``next_due_ms``)."""
+        max_count = max(1, min(max_count, MAX_DUE_PER_LEVEL))
+        out: dict[int, dict[str, Any]] = {}
+        min_phys = self.store.log.min_offset
+        for qid in range(len(self.delays.levels_ms)):
+            cq = self.store.dispatcher.queues.get((SCHEDULE_TOPIC, qid))
+            lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
+            offset = min(max(offsets.get(qid, 0), lo), hi)
+            spots: list[tuple[int, int]] = []
+            meta: dict[int, tuple[int, int]] = {}  # physical offset → (queue offset, due)
+            next_due = None
+            pos = offset
+            if cq is not None and offset < hi:
+                for phys, size, due in cq.read_units(offset, max_count):
+                    if due > now:
+                        next_due = due
+                        break
+                    pos += 1
+                    if size > 0 and phys >= min_phys:
+                        spots.append((phys, size))
+                        meta[phys] = (pos - 1, due)
+            records = []
+            for rec in self.store.read_many(spots):
+                qoff, due = meta[rec.physical_offset]
+                records.append({"offset": qoff, "due_ms": due, "message_id": rec.message_id,
+                                "record": delivery_map(rec)})
+            out[qid] = {"records": records, "next_offset": pos, "min_offset": lo,
+                        "max_offset": hi, "next_due_ms": next_due}
+        return {"levels": out, "now_ms": now}
+
+    async def intake(self, offset: int, max_count: int, wait_ms: int) -> dict[str, Any]:
+        """Timers of the intake queue from ``offset``, each as ``[queue offset, due ms,
+        message id, real topic, msgpack delivery record]`` (what the scheduler files as is);
+        holds up to ``wait_ms`` when there is none yet."""
+        max_count = max(1, min(max_count, MAX_INTAKE))
+        res = self.store.get(INTAKE_TOPIC, 0, offset, max_count)
+        records, nxt, lo, hi = res.records, res.next_offset, res.min_offset, res.max_offset
+        if not records and nxt >= hi and wait_ms > 0:
+            answer = await self.pulls.pull(INTAKE_TOPIC, 0, nxt, max_count, wait_ms,
+                                           TagFilter(None), internal=True)
+            records, nxt = answer.records, answer.next_offset
+            lo, hi = answer.min_offset, answer.max_offset
+        packb = msgpack.packb
+        timers = [[r.queue_offset, due_of(r) or 0, r.message_id,
+                   r.properties.get(REAL_TOPIC, r.topic),
+                   packb(delivery_map(r), use_bin_type=True)]
+                  for r in records]
+        return {"timers": timers, "next_offset": nxt, "min_offset": lo, "max_offset": hi}
+
+    async def deliver(self, payload: Any) -> dict[str, int]:
+        """``{records: [delivery map...], strict: [index...]}`` → stored in one write."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, 'the body must be {"records": [...]}')
+        items = payload["records"]
+        if not 1 <= len(items) <= MAX_DELIVER:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"deliver 1-{MAX_DELIVER} records")
+        records = [parse_delivery(item) for item in items]
+        strict = {i for i in payload.get("strict") or () if isinstance(i, int)}
+        queues: dict[str, int | None] = {}
+        for record in records:
+            if record.topic not in queues:
+                queues[record.topic] = await self._queues_of(record.topic)
+            count = queues[record.topic]
+            if count and record.queue_id >= count:
+                record.queue_id %= count  # the topic shrank while the message waited
+        keep = [r for i, r in enumerate(records) if i not in strict or not self._delivered(r)]
+        duplicates = len(records) - len(keep)
+        if keep:
+            await self.sender.put_records(keep, [False] * len(keep), now_ms())
+        self.delivered += len(keep)
+        self.duplicates += duplicates
+        return {"stored": len(keep), "duplicates": duplicates}
+
+    async def _queues_of(self, topic: str) -> int | None:
+        cfg = self.topics.get(topic)
+        if cfg is None and is_system_topic(topic):  # a retry topic no one created yet
+            cfg, _ = await self.topics.ensure_system(topic, 1)
+        if cfg is None:
+            validate_topic_name(topic)
+            log.warning("delivering to topic %s, which is not in the topic table", topic)
+            return None
+        return cfg.queues
+
+    def _delivered(self, record: MessageRecord) -> bool:
+        """True when this very delivery is already stored (same topic, id, reconsume count
+        and born time): a re-delivery after a crash, de-duplicated by the unique key."""
+        mid = record.properties[UNIQ_KEY]
+        return any(c.topic == record.topic and c.reconsume_times == record.reconsume_times
+                   and c.born_timestamp == record.born_timestamp and not is_waiting(c)
+                   for c in self.store.find_by_unique_key(mid))
+
+    def report_progress(self, owner: str, positions: list[tuple[str, int, int]]) -> int:
+        """Hold retention at the first record any of ``positions`` (topic, queue, next offset)
+        has not consumed; a queue consumed to its end holds from the log's end."""
+        floor = self.store.log.write_offset
+        for topic, qid, offset in positions:
+            cq = self.store.dispatcher.queues.get((topic, qid))
+            if cq is None or offset >= cq.max_offset:
+                continue
+            units = cq.read_units(max(offset, cq.min_offset), 1)
+            if units:
+                floor = min(floor, units[0][0])
+        self.store.set_retention_floor(owner or SCHEDULER_FLOOR_OWNER, floor)
+        return floor
+
+    def pending(self, offsets: dict[int, int], intake_offset: int, topic: str | None,
+                skip: set[tuple[int, int]]) -> dict[str, Any]:
+        """What waits on this broker beyond the scheduler's offsets: per level queue (count and
+        next due time, cancelled ``skip`` left out) and on the intake topic (not taken in yet).
+        Without ``topic`` only consume-queue units are read; with it, the records too."""
+        by_queue: dict[int, int] = {}
+        level_due: int | None = None
+        for qid in range(len(self.delays.levels_ms)):
+            n, due = self._count(SCHEDULE_TOPIC, qid, offsets.get(qid, 0), topic,
+                                 {o for q, o in skip if q == qid}, first_only=True)
+            by_queue[qid] = n
+            if due is not None:
+                level_due = due if level_due is None else min(level_due, due)
+        intake, intake_due = self._count(INTAKE_TOPIC, 0, intake_offset, topic, set(),
+                                         first_only=False)
+        return {"by_queue": by_queue, "next_due_ms": level_due, "intake_pending": intake,
+                "intake_next_due_ms": intake_due}
+
+    def _count(self, topic: str, qid: int, offset: int, real_topic: str | None,
+               skip: set[int], first_only: bool) -> tuple[int, int | None]:
+        """(waiting records from ``offset``, earliest due time); a level queue is in due
+        order (``first_only``), the intake queue is not. Scans at most MAX_SCAN units."""
+        cq = self.store.dispatcher.queues.get((topic, qid))
+        if cq is None:
+            return 0, None
+        offset = max(offset, cq.min_offset)
+        count, first = 0, None
+        end = min(cq.max_offset, offset + MAX_SCAN)
+        if real_topic is None and first_only:
+            count = max(0, cq.max_offset - offset) - sum(1 for o in skip if o >= offset)
+            end = min(end, offset + len(skip) + 1)  # the first unit not cancelled is enough
+        while offset < end:
+            units = cq.read_units(offset, min(1024, end - offset))
+            if not units:
+                break
+            wanted = {phys: due for i, (phys, size, due) in enumerate(units)
+                      if size > 0 and offset + i not in skip}
+            if real_topic is None:
+                if not first_only:
+                    count += len(wanted)
+                dues = list(wanted.values())
+            else:
+                spots = sorted((p, sz) for p, sz, _ in units if p in wanted)
+                dues = [wanted[r.physical_offset] for r in self.store.read_many(spots)
+                        if r.properties.get(REAL_TOPIC) == real_topic]
+                count += len(dues)
+            if dues:
+                first = min(dues) if first is None else min(first, *dues)
+                if first_only and real_topic is None:
+                    break
+            offset += len(units)
+        return max(0, count), first
+
+    # --- for clients ------------------------------------------------------------------------
+    def _require_scheduler(self) -> SchedulerClient:
+        if self.scheduler is None:
+            raise ProtocolError(ErrorCode.UNAVAILABLE,
+                                "no scheduler is configured on this broker (set "
+                                "TIDEMQ_BROKER_SCHEDULER_URL, or start it with `tidemq up`)")
+        return self.scheduler
+
+    async def cancel(self, message_id: str) -> dict[str, Any]:
+        """Cancel a delayed message not yet delivered; 409 ALREADY_DELIVERED once it was."""
+        copies = self.store.find_by_unique_key(message_id) if message_id else []
+        newest = _newest_that_matters(copies)
+        if newest is not None and newest.topic == TIMER_CANCELS_TOPIC:
+            return {"message_id": message_id, "state": "cancelled"}
+        if newest is not None and not is_waiting(newest):
+            raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
+                                f"message {message_id!r} was already delivered to "
+                                f"{newest.topic!r} (or was never delayed): nothing to cancel")
+        hint: dict[str, Any] = {}
+        if newest is not None:
+            hint = {"due_ms": due_of(newest), "topic": newest.properties.get(REAL_TOPIC)}
+            if newest.topic == SCHEDULE_TOPIC:
+                hint["level"] = int(newest.properties.get(DELAY, newest.queue_id + 1))
+                hint["queue_offset"] = newest.queue_offset
+            else:
+                hint["intake_offset"] = newest.queue_offset
+        await self._require_scheduler().cancel(message_id, hint)
+        await self._record_cancel(message_id, newest, hint)
+        self.cancelled += 1
+        log.info("cancelled delayed message %s (due %s)", message_id, hint.get("due_ms"))
+        return {"message_id": message_id, "state": "cancelled"}
+
+    async def _record_cancel(self, message_id: str, waiting: StoredRecord | None,
+                             hint: dict[str, Any]) -> None:
+        props = {UNIQ_KEY: message_id}
+        if waiting is not None:
+            props[REAL_TOPIC] = waiting.properties.get(REAL_TOPIC, "")
+        if hint.get("due_ms") is not None:
+            props[TIMER_DELIVER_MS] = str(hint["due_ms"])
+        record = MessageRecord(topic=TIMER_CANCELS_TOPIC, queue_id=0, body=b"",
+                               properties=props, born_timestamp=now_ms())
+        await self.topics.ensure_system(TIMER_CANCELS_TOPIC, 1)
+        check_put(await self.store.put([record]))
+
+    async def scheduled(self, topic: str | None) -> dict[str, Any]:
+        if topic:
+            validate_topic_name(topic)
+        return await self._require_scheduler().scheduled(topic or None)
+
+
+def _newest_that_matters(copies: list[StoredRecord]) -> StoredRecord | None:
+    """The newest waiting copy, cancel record, or delivered/plain copy (transaction records
+    and other system copies do not decide whether a delayed message can be cancelled)."""
+    for rec in reversed(copies):
+        if rec.topic == TIMER_CANCELS_TOPIC or is_waiting(rec):
+            return rec
+        if is_consumable(rec.topic):
+            return rec
+    return None

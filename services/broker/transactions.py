@@ -1,0 +1,397 @@
+"""Transactional messages, producer side: half messages, end-transaction, the check channel.
+
+- ``begin``: validate like a send, store each message as a half copy (invisible) plus a ``half``
+  event in one store write; a retried half (same topic and message id in the dedup window)
+  answers its first transaction id.
+- ``end``: under the transactions' locks, decide each end against the durable state (commit:
+  commit copy + op record + event; rollback: op record + event; unknown: event only), write
+  everything of a batch in ONE ``store.put``, then update memory. The write runs as its own task,
+  so a client that disconnects mid-write cannot leave memory behind the log. Ending again with
+  the same action answers the same state; a different action → 409 TRANSACTION_ALREADY_ENDED.
+- ``poll_checks``: the long poll producers answer checks from (``CheckChannel``).
+
+The checker's side (scan pages, check/discard actions, restart rebuild, message states) is in
+``tx_checking.py``; the records and their properties in ``tx_model.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import Counter
+from tidemq.protocol import (
+    ErrorCode,
+    OutgoingMessage,
+    ProtocolError,
+    parse_messages,
+)
+
+from services.broker.checks import CheckChannel
+from services.broker.convert import TAGS, to_wire
+from services.broker.groups import ProducerRegistry
+from services.broker.metrics import BrokerMetrics
+from services.broker.sending import SendService, check_put, new_message_id, now_ms
+from services.broker.store.store import MessageStore
+from services.broker.store.types import (
+    Appended,
+    MessageRecord,
+    StoredRecord,
+    tag_code,
+)
+from services.broker.topics import TopicManager
+from services.broker.tx_model import (
+    DISCARD_TOPIC,
+    EVENTS_TOPIC,
+    HALF_TOPIC,
+    OP_TOPIC,
+    TRANSACTION_ID,
+    EventKind,
+    OpEntry,
+    TxAction,
+    TxInfo,
+    TxState,
+    commit_copy,
+    event_for,
+    event_record,
+    new_transaction_id,
+    op_records,
+    user_keys,
+)
+from services.broker.tx_requests import (
+    MAX_ENDS,
+    EndRequest,
+    delayed_message,
+    half_record,
+    parse_end,
+    parse_ends,
+    parse_group,
+)
+from services.broker.tx_table import HalfCache, HalfDedup, KeyedLocks, TxTable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_ENDS", "EndRequest", "TransactionService", "parse_end", "parse_ends",
+           "parse_group"]
+
+SYSTEM_TOPICS = (HALF_TOPIC, OP_TOPIC, DISCARD_TOPIC, EVENTS_TOPIC)
+MAX_CHECKS_PER_POLL = 1024
+HALF_CACHE_BYTES = 64 * 1024 * 1024  # bodies of recent half records kept for their commit
+
+
+class TransactionService:
+    def __init__(self, store: MessageStore, topics: TopicManager, sender: SendService,
+                 producers: ProducerRegistry, metrics: BrokerMetrics, *, reject: bool,
+                 dedup_window_s: float, dedup_max_entries: int, check_hold_s: float,
+                 max_ended: int, half_cache_bytes: int = HALF_CACHE_BYTES) -> None:
+        self.store = store
+        self.topics = topics
+        self.sender = sender
+        self.producers = producers
+        self.metrics = metrics
+        self.reject = reject
+        self.table = TxTable(store, max_ended)
+        self.cache = HalfCache(half_cache_bytes)
+        self.locks = KeyedLocks()
+        self.channel = CheckChannel(check_hold_s)
+        # halves stored by an earlier run may be retried: ask the index until the window passed
+        earlier = store.queue_offsets(HALF_TOPIC, 0)[1] > 0
+        self.dedup = HalfDedup(store, int(dedup_window_s * 1000), dedup_max_entries,
+                               now_ms() if earlier else 0)
+        self.events = Counter("tidemq_broker_transaction_events",
+                              "Transaction state changes by event (half, commit, rollback, "
+                              "unknown, check, discard)", ["event"], registry=metrics.registry)
+        self.conflicts = Counter("tidemq_broker_transaction_end_conflicts",
+                                 "Ends refused with TRANSACTION_ALREADY_ENDED",
+                                 registry=metrics.registry)
+        for kind in EventKind:
+            self.events.labels(kind.value)
+
+    async def start(self) -> None:
+        for name in SYSTEM_TOPICS:
+            await self.topics.ensure_system(name)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    async def write(self, records: list[MessageRecord]) -> list[Appended]:
+        """One store write; ProtocolError (BROKER_BUSY, DISK_FULL, ...) when it fails."""
+        started = time.perf_counter()
+        result = await self.store.put(records)
+        self.metrics.put_requests.labels(result.status.value).inc()
+        self.metrics.put_latency.observe(time.perf_counter() - started)
+        return check_put(result)
+
+    def count(self, records: list[MessageRecord]) -> None:
+        kinds = collections.Counter(r.properties.get(TAGS, "") for r in records
+                                    if r.topic == EVENTS_TOPIC)
+        for kind, n in kinds.items():
+            self.events.labels(kind).inc(n)
+
+    # --- half messages -------------------------------------------------------------------------
+
+    def check_enabled(self) -> None:
+        if self.reject:
+            raise ProtocolError(ErrorCode.TRANSACTIONS_DISABLED,
+                                "this broker rejects transactional messages "
+                                "(TIDEMQ_BROKER_REJECT_TRANSACTIONS); send them to another "
+                                "broker or send plain messages")
+
+    async def begin(self, payload: Any, host: str) -> dict[str, Any]:
+        """``POST /v1/transactions``: store half messages; the answer of API.md."""
+        self.check_enabled()
+        if not isinstance(payload, dict):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "the body must be an object")
+        group = parse_group(payload)
+        assert group is not None
+        topic = payload.get("topic")
+        if not isinstance(topic, str):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "topic must be a string")
+        single = "message" in payload
+        if single == ("messages" in payload):
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                "give either message (one) or messages (a list), not both")
+        immunity = payload.get("check_immunity_s")
+        if immunity is not None and (isinstance(immunity, bool)
+                                     or not isinstance(immunity, int | float) or immunity < 0):
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"check_immunity_s must be a number >= 0, got {immunity!r}")
+        cfg = await self.sender.writable_topic(topic)
+        msgs = parse_messages({"messages": [payload["message"]] if single
+                               else payload["messages"]}, self.sender.limits)
+        now = now_ms()
+        plan: list[tuple[OutgoingMessage, int, str]] = []
+        for msg in msgs:
+            due = self.sender.delays.check(msg, now)  # refuses what cannot be honoured
+            plan.append((msg, self.sender.select_queue(cfg, msg),
+                         msg.message_id or new_message_id()))
+            if due is None:
+                msg.delay_level, msg.delay_ms, msg.deliver_at_ms = 0, None, None
+        ends = parse_ends(payload.get("ends"), optional=True)
+        mids = [mid for _, _, mid in plan]
+        taken = await self.locks.acquire("m\0" + m for m in mids)
+        try:
+            store = self._store_halves(group, topic, plan, immunity, host, now)
+            if ends:  # ends riding along (the SDK's coalescing): written in the same group commit
+                txids, ended = await asyncio.gather(store, self.end(group, ends))
+            else:
+                txids, ended = await store, []
+        finally:
+            self.locks.release(taken)
+        results = [{"transaction_id": t, "message_id": m} for t, m in zip(txids, mids,
+                                                                          strict=True)]
+        answer: dict[str, Any] = results[0] if single else {"transactions": results}
+        if ends:
+            answer["results"] = ended
+        return answer
+
+    async def _store_halves(self, group: str, topic: str,
+                            plan: list[tuple[OutgoingMessage, int, str]],
+                            immunity: float | None, host: str, now: int) -> list[str]:
+        txids: list[str] = []
+        records: list[MessageRecord] = []
+        fresh: list[tuple[int, TxInfo]] = []  # (index of the half record, its info)
+        seen: dict[str, str] = {}
+        for msg, queue_id, mid in plan:
+            known = seen.get(mid) or (self.dedup.lookup(topic, mid, now)
+                                      if msg.message_id else None)
+            if known is not None:
+                txids.append(known)
+                continue
+            txid = new_transaction_id()
+            seen[mid] = txid
+            txids.append(txid)
+            record = half_record(msg, group, topic, queue_id, mid, txid, immunity, host,
+                                 now)
+            info = TxInfo(txid=txid, message_id=mid, group=group, topic=topic, first_offset=-1,
+                          latest_offset=-1, latest_size=0, check_times=0, born_ms=now)
+            fresh.append((len(records), info))
+            records.append(record)
+            records.append(event_record(EventKind.HALF, "producer", info, now))
+        if not records:
+            return txids
+        appended = await self.write(records)
+        for i, info in fresh:
+            where = appended[i]
+            info.first_offset = info.latest_offset = where.physical_offset
+            info.latest_size = where.size
+            self.table.put(info)
+            self.cache.add(info.txid, records[i])
+            self.dedup.remember(topic, info.message_id, info.txid, now)
+        self.count(records)
+        return txids
+
+    # --- ending --------------------------------------------------------------------------------
+
+    async def end(self, group: str | None, ends: list[EndRequest]) -> list[dict[str, Any]]:
+        """Apply ``ends``; one result per end: ``{transaction_id, state}`` or ``{transaction_id,
+        code, message}``. A store failure fails the whole call (nothing was decided)."""
+        if not 1 <= len(ends) <= MAX_ENDS:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"send 1-{MAX_ENDS} ends")
+        task = asyncio.ensure_future(self._end_locked(group, ends))
+        return await asyncio.shield(task)
+
+    async def _end_locked(self, group: str | None, ends: list[EndRequest]
+                          ) -> list[dict[str, Any]]:
+        taken = await self.locks.acquire(e.txid for e in ends)
+        try:
+            return await self._end(group, ends)
+        finally:
+            self.locks.release(taken)
+
+    async def _end(self, group: str | None, ends: list[EndRequest]) -> list[dict[str, Any]]:
+        now = now_ms()
+        results: list[dict[str, Any]] = [{} for _ in ends]
+        decided: dict[str, TxAction] = {}  # within this batch
+        records: list[MessageRecord] = []
+        ops: list[OpEntry] = []
+        changes: list[tuple[TxInfo, TxState]] = []
+        halves = self._prefetch(ends)
+        for i, req in enumerate(ends):
+            try:
+                info = self._find(req.txid, group)
+                earlier = decided.get(req.txid)  # an end of the same id earlier in this batch
+                state = earlier.final_state if earlier is not None else info.state
+                if state.ended and req.action.final_state is not state:
+                    self.conflicts.inc()
+                    raise ProtocolError(ErrorCode.TRANSACTION_ALREADY_ENDED,
+                                        f"transaction {req.txid} is already {state.value}; it "
+                                        f"cannot be ended with {req.action.value}")
+                if state.ended or earlier is req.action:  # a repeat: same answer, no new record
+                    results[i] = {"transaction_id": req.txid, "state": state.value}
+                    continue
+                if req.action is TxAction.COMMIT:
+                    records.append(self._commit_record(info, now,
+                                                       halves.get(info.latest_offset)))
+                if req.action is not TxAction.UNKNOWN:
+                    ops.append((req.txid, req.action.value, req.source))
+                    changes.append((info, req.action.final_state))
+                records.append(event_record(event_for(req.action), req.source, info, now))
+                decided[req.txid] = req.action
+                results[i] = {"transaction_id": req.txid,
+                              "state": req.action.final_state.value}
+            except ProtocolError as exc:
+                results[i] = {"transaction_id": req.txid, **exc.to_wire()}
+        if records:
+            records.extend(op_records(ops, now))
+            try:
+                await self.write(records)
+            except BaseException:
+                for info, _ in changes:
+                    self.forget(info.txid)  # outcome unknown: reload from the store
+                raise
+            for info, state in changes:
+                self.ended(info, state)
+            self.count(records)
+        return results
+
+    def ended(self, info: TxInfo, state: TxState) -> None:
+        info.state = state
+        self.table.put(info)
+        self.cache.pop(info.txid)
+        self.channel.withdraw(info.group, info.txid)
+
+    def forget(self, txid: str) -> None:
+        self.table.forget(txid)
+        self.cache.pop(txid)
+
+    def _find(self, txid: str, group: str | None) -> TxInfo:
+        info = self.table.ensure(txid)
+        if info is None:
+            raise ProtocolError(ErrorCode.TRANSACTION_NOT_FOUND,
+                                f"no transaction {txid!r} on this broker (unknown id, or its "
+                                "half message is past retention); end it on the broker that "
+                                "stored it")
+        if group is not None and info.group != group:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f"transaction {txid} belongs to producer group {info.group!r}, "
+                                f"not {group!r}")
+        return info
+
+    def half_of(self, info: TxInfo) -> StoredRecord | MessageRecord:
+        """The transaction's message: the record this run wrote, else its newest stored copy."""
+        return self.cache.get(info.txid) or self.read_half(info)
+
+    def read_half(self, info: TxInfo) -> StoredRecord:
+        for offset in (info.latest_offset, info.first_offset):
+            rec = self.store.read(offset)
+            if rec is not None and rec.properties.get(TRANSACTION_ID) == info.txid:
+                return rec
+        raise ProtocolError(ErrorCode.TRANSACTION_NOT_FOUND,
+                            f"the half message of transaction {info.txid} is no longer stored")
+
+    def _prefetch(self, ends: list[EndRequest]) -> dict[int, StoredRecord]:
+        """The half copies a batch of commits needs, read with as few preads as possible."""
+        spots = set()
+        for req in ends:
+            if req.action is TxAction.COMMIT and self.cache.get(req.txid) is None:
+                info = self.table.ensure(req.txid)
+                if info is not None and info.state is TxState.HALF and info.latest_size > 0:
+                    spots.add((info.latest_offset, info.latest_size))
+        if not spots:
+            return {}
+        return {r.physical_offset: r for r in self.store.read_many(sorted(spots))}
+
+    def _commit_record(self, info: TxInfo, now: int,
+                       stored: StoredRecord | None = None) -> MessageRecord:
+        half: StoredRecord | MessageRecord | None = self.cache.get(info.txid)
+        if half is None:
+            half = stored if stored is not None and \
+                stored.properties.get(TRANSACTION_ID) == info.txid else self.read_half(info)
+        record = commit_copy(half, info, tag_code(half.properties.get(TAGS)))
+        delayed = delayed_message(half)
+        if delayed is not None:
+            due = self.sender.delays.check(delayed, now)  # counted from the commit
+            if due is not None:
+                routed = self.sender.delays.route(record, delayed, due)
+                routed.sys_flag |= record.sys_flag
+                return routed
+        return record
+
+    # --- visibility and checks -----------------------------------------------------------------
+
+    def pending(self, group: str | None, max_count: int) -> list[dict[str, Any]]:
+        return [i.to_wire() for i in self.table.pending(group)[:max_count]]
+
+    def heartbeat(self, group: str, client_id: str) -> None:
+        self.producers.heartbeat(group, client_id)
+        self.channel.wake(group)
+
+    async def poll_checks(self, group: str, client_id: str, max_count: int, wait_ms: int,
+                          binary: bool, gone: Callable[[], Awaitable[bool]] | None = None,
+                          ) -> list[dict[str, Any]]:
+        """Checks for one producer (long poll); ``gone`` tells whether it hung up."""
+        if not client_id:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "client_id must be a non-empty string")
+        max_count = max(1, min(max_count, MAX_CHECKS_PER_POLL))
+        tickets = await self.channel.take(
+            group, max_count, max(0, wait_ms) / 1000,
+            lambda: self.producers.is_live(group, client_id), gone)
+        live = [t for t in tickets if not ((i := self.table.get(t.txid)) and i.state.ended)]
+        spots = sorted({(t.physical_offset, t.size) for t in live})
+        found = {r.physical_offset: r for r in self.store.read_many(spots)}
+        out = []
+        for t in live:
+            rec = found.get(t.physical_offset)
+            if rec is None:
+                continue
+            message = to_wire(rec, binary, topic=t.topic, queue_id=t.queue_id, queue_offset=0)
+            message["keys"] = user_keys(rec, t.txid)
+            out.append({"transaction_id": t.txid, "message_id": t.message_id, "topic": t.topic,
+                        "check_times": t.check_times, "message": message})
+        return out
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "pending": float(len(self.table)),
+            "loads": float(self.table.loads),
+            "checks_held": float(len(self.channel)),
+            "checks_offered": float(self.channel.offered),
+            "checks_handed_out": float(self.channel.handed_out),
+            "checks_expired": float(self.channel.expired),
+            "check_pollers": float(self.channel.waiting_pollers()),
+        }

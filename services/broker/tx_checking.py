@@ -1,0 +1,303 @@
+"""Transactional messages, checker side: what ``/internal/v1/transactions/*`` serves.
+
+- ``halves``/``ops``: pages of the half queue (compact metadata, no bodies) and of the op queue
+  (the transaction ids they end), for the checker's scan.
+- ``act``: the checker's decisions, each applied under the transaction's lock against the
+  durable state: ``check`` re-puts the half copy with its check count + 1 (this counts the
+  check, whether or not a producer is alive) and offers the check to the group's pollers;
+  ``defer`` re-puts it unchanged (a message whose own immunity is not over); ``discard`` writes it
+  to ``TRANS_CHECK_MAX_TIME_TOPIC`` with an op record. A decision about a copy that is no longer
+  the transaction's newest (a checker that crashed and re-scans a batch) is ``superseded`` and
+  changes nothing — so a restarted checker never checks twice or forks a transaction.
+- ``rebuild``: after a broker restart, pending transactions are re-read from the half queue
+  (from the checker's retention floor on), so ``GET /v1/transactions`` lists them again.
+- ``message_view``: the state ``GET /v1/messages/{id}`` shows for a transactional message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from typing import Any
+
+from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic
+
+from services.broker.checks import CheckTicket
+from services.broker.query import MessageState
+from services.broker.sending import now_ms
+from services.broker.store.types import MessageRecord, StoredRecord
+from services.broker.transactions import TransactionService
+from services.broker.tx_model import (
+    CHECK_IMMUNITY,
+    HALF_TOPIC,
+    OP_TOPIC,
+    PGROUP,
+    REAL_QID,
+    REAL_TOPIC,
+    TRAN_MSG,
+    TRANSACTION_ID,
+    EventKind,
+    OpEntry,
+    TxAction,
+    TxInfo,
+    TxState,
+    born_ms_of,
+    check_times_of,
+    decode_op,
+    discard_copy,
+    event_record,
+    half_copy,
+    is_commit_copy,
+    op_records,
+)
+from services.common.constants import CHECKER_FLOOR_OWNER
+
+log = logging.getLogger(__name__)
+
+CHECKER_FLOOR = CHECKER_FLOOR_OWNER  # whose retention floor marks the first pending half
+MAX_PAGE = 4096
+MAX_ACTIONS = 4096
+ACTIONS = frozenset({"check", "defer", "discard"})
+REBUILD_PAGE = 512
+REBUILD_WAIT_S = 10.0  # a pending listing waits this long for the restart rebuild
+
+_STATE_VIEW = {TxState.HALF: MessageState.HALF, TxState.COMMITTED: MessageState.COMMITTED,
+               TxState.ROLLED_BACK: MessageState.ROLLED_BACK,
+               TxState.DISCARDED: MessageState.DISCARDED}
+
+
+class TxChecking:
+    def __init__(self, service: TransactionService, broker_name: str) -> None:
+        self.tx = service
+        self.store = service.store
+        self.broker_name = broker_name
+        self.rebuilt = asyncio.Event()
+        self._rebuild: asyncio.Task[None] | None = None
+        self.rebuilt_count = 0
+
+    # --- scan pages ----------------------------------------------------------------------------
+
+    def _page(self, topic: str, offset: int, max_count: int) -> tuple[list[StoredRecord], int,
+                                                                       int, int, int]:
+        lo, hi = self.store.queue_offsets(topic, 0)
+        offset = lo if offset > hi else max(offset, lo)  # a store wiped under the checker
+        res = self.store.get(topic, 0, offset, max(1, min(max_count, MAX_PAGE)))
+        nxt = res.next_offset if res.records else max(offset, res.next_offset)
+        follow = self.store.get(topic, 0, nxt, 1).records if nxt < hi else []
+        next_phys = follow[0].physical_offset if follow else self.store.log.write_offset
+        return res.records, nxt, lo, hi, next_phys
+
+    def halves(self, offset: int, max_count: int) -> dict[str, Any]:
+        records, nxt, lo, hi, next_phys = self._page(HALF_TOPIC, offset, max_count)
+        entries = []
+        for r in records:
+            p = r.properties
+            txid = p.get(TRANSACTION_ID)
+            if not txid:
+                continue
+            immunity = p.get(CHECK_IMMUNITY)
+            entries.append({
+                "queue_offset": r.queue_offset, "physical_offset": r.physical_offset,
+                "transaction_id": txid, "message_id": r.message_id,
+                "producer_group": p.get(PGROUP, ""), "topic": p.get(REAL_TOPIC, ""),
+                "check_times": check_times_of(r), "store_timestamp_ms": r.store_timestamp,
+                "born_ms": born_ms_of(r),
+                "check_immunity_s": float(immunity) if immunity else None,
+            })
+        return {"entries": entries, "next_offset": nxt, "min_offset": lo, "max_offset": hi,
+                "next_physical_offset": next_phys}
+
+    def ops(self, offset: int, max_count: int) -> dict[str, Any]:
+        records, nxt, lo, hi, next_phys = self._page(OP_TOPIC, offset, max_count)
+        txids = [e[0] for r in records for e in decode_op(r)]
+        return {"transaction_ids": txids, "next_offset": nxt, "min_offset": lo,
+                "max_offset": hi, "next_physical_offset": next_phys}
+
+    # --- the checker's decisions ---------------------------------------------------------------
+
+    async def act(self, payload: Any) -> list[dict[str, Any]]:
+        items = payload.get("actions") if isinstance(payload, dict) else None
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_ACTIONS:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                f'the body must be {{"actions": [...]}} with 1-{MAX_ACTIONS}')
+        parsed = []
+        for item in items:
+            if (not isinstance(item, dict) or not isinstance(item.get("transaction_id"), str)
+                    or item.get("action") not in ACTIONS
+                    or not isinstance(item.get("physical_offset"), int)):
+                raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                    "each action is {transaction_id, physical_offset, action: "
+                                    "check|defer|discard}")
+            parsed.append((item["transaction_id"], item["physical_offset"], item["action"]))
+        task = asyncio.ensure_future(self._act_locked(parsed))
+        return await asyncio.shield(task)
+
+    async def _act_locked(self, items: list[tuple[str, int, str]]) -> list[dict[str, Any]]:
+        tx = self.tx
+        taken = await tx.locks.acquire(t for t, _, _ in items)
+        try:
+            return await self._act(items)
+        finally:
+            tx.locks.release(taken)
+
+    async def _act(self, items: list[tuple[str, int, str]]) -> list[dict[str, Any]]:
+        tx, now = self.tx, now_ms()
+        results: list[dict[str, Any]] = []
+        records: list[MessageRecord] = []
+        copies: list[tuple[int, TxInfo, int, str]] = []  # (record index, info, check times, action)
+        ops: list[OpEntry] = []
+        done: set[str] = set()
+        for txid, offset, action in items:
+            info = tx.table.ensure(txid)
+            if info is None:
+                results.append({"transaction_id": txid, "outcome": "not_found"})
+                continue
+            if info.state.ended:
+                results.append({"transaction_id": txid, "outcome": "ended"})
+                continue
+            if offset != info.latest_offset or txid in done:
+                results.append({"transaction_id": txid, "outcome": "superseded"})
+                continue
+            try:
+                half = tx.half_of(info)
+            except ProtocolError:
+                results.append({"transaction_id": txid, "outcome": "not_found"})
+                continue
+            done.add(txid)
+            if action == "discard":
+                copies.append((len(records), info, info.check_times, action))
+                records.append(discard_copy(half))
+                records.append(event_record(EventKind.DISCARD, "check", info, now))
+                ops.append((txid, TxAction.DISCARD.value, "check"))
+            else:
+                times = info.check_times + (1 if action == "check" else 0)
+                copies.append((len(records), info, times, action))
+                records.append(half_copy(half, times))
+                if action == "check":
+                    shown = dataclasses.replace(info, check_times=times)
+                    records.append(event_record(EventKind.CHECK, "check", shown, now))
+            results.append({"transaction_id": txid, "outcome": _OUTCOME[action]})
+        if not records:
+            return results
+        records.extend(op_records(ops, now))
+        try:
+            appended = await tx.write(records)
+        except BaseException:
+            for _, info, _, _ in copies:
+                tx.forget(info.txid)
+            raise
+        live = {}
+        for i, info, times, action in copies:
+            if action == "discard":
+                tx.ended(info, TxState.DISCARDED)
+                continue
+            where = appended[i]
+            info.latest_offset, info.latest_size, info.check_times = (
+                where.physical_offset, where.size, times)
+            if action == "check":
+                qid = int(records[i].properties.get(REAL_QID, "0") or 0)
+                tx.channel.offer(info.group, CheckTicket(
+                    info.txid, info.message_id, info.topic, qid, times, where.physical_offset,
+                    where.size, tx.channel.clock()))
+                if info.group not in live:
+                    live[info.group] = bool(tx.producers.live(info.group))
+        for r in results:
+            info = tx.table.get(r["transaction_id"])
+            if info is not None:
+                r["check_times"] = info.check_times
+                if r["outcome"] == "checked":
+                    r["producer_alive"] = live.get(info.group, False)
+        tx.count(records)
+        return results
+
+    # --- after a restart -----------------------------------------------------------------------
+
+    def start_rebuild(self) -> None:
+        self._rebuild = asyncio.create_task(self._rebuild_pending(), name="tx-rebuild")
+
+    async def stop(self) -> None:
+        if self._rebuild is not None and not self._rebuild.done():
+            self._rebuild.cancel()
+            try:
+                await self._rebuild
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def _rebuild_pending(self) -> None:
+        """Load every transaction with a half copy past the checker's floor (they were
+        pending when the broker stopped, or ended: ``ensure`` tells which)."""
+        try:
+            end = self.store.log.write_offset  # what this run writes is tracked already
+            offset = self._first_offset_at(self.store.floors.get(CHECKER_FLOOR, 0))
+            while True:
+                res = self.store.get(HALF_TOPIC, 0, offset, REBUILD_PAGE)
+                for rec in res.records:
+                    if rec.physical_offset >= end:
+                        return
+                    txid = rec.properties.get(TRANSACTION_ID)
+                    if txid and self.tx.table.get(txid) is None:
+                        self.tx.table.ensure(txid)
+                        self.rebuilt_count += 1
+                if not res.records:
+                    return
+                offset = res.next_offset
+                await asyncio.sleep(0)
+        finally:
+            self.rebuilt.set()
+            if self.rebuilt_count:
+                log.info("transactions: %d loaded from the half queue after start, %d pending",
+                         self.rebuilt_count, len(self.tx.table))
+
+    def _first_offset_at(self, physical: int) -> int:
+        """The first half queue offset whose record is at or after ``physical``."""
+        lo, hi = self.store.queue_offsets(HALF_TOPIC, 0)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            found = self.store.get(HALF_TOPIC, 0, mid, 1).records
+            if found and found[0].physical_offset < physical:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    async def pending(self, group: str | None, max_count: int) -> list[dict[str, Any]]:
+        with contextlib.suppress(TimeoutError):  # a huge rebuild: answer what is known
+            await asyncio.wait_for(self.rebuilt.wait(), REBUILD_WAIT_S)
+        return self.tx.pending(group, max_count)
+
+    # --- GET /v1/messages/{id} -----------------------------------------------------------------
+
+    def message_view(self, copies: list[StoredRecord]
+                     ) -> tuple[StoredRecord, MessageState] | None:
+        """The copy to show and the state of a transactional message; None for others (and
+        for a committed one routed elsewhere, e.g. delayed: the delay view decides)."""
+        tx = [c for c in copies if c.properties.get(TRAN_MSG) == "true"]
+        if not tx:
+            return None
+        txid = tx[-1].properties.get(TRANSACTION_ID, "")
+        commits = [c for c in tx if is_commit_copy(c, txid)]
+        if commits:
+            last = commits[-1]
+            return None if is_system_topic(last.topic) else (last, MessageState.COMMITTED)
+        info = self.tx.table.ensure(txid)
+        halves = [c for c in tx if c.topic == HALF_TOPIC and
+                  c.properties.get(TRANSACTION_ID) == txid]
+        if info is None or not halves:
+            return None
+        shown = halves[-1]
+        shown = dataclasses.replace(shown, topic=info.topic,
+                                    queue_id=int(shown.properties.get(REAL_QID, "0") or 0),
+                                    queue_offset=0,
+                                    properties={k: v for k, v in shown.properties.items()
+                                                if k != "KEYS"} | _keys_prop(shown, txid))
+        return shown, _STATE_VIEW[info.state]
+
+
+_OUTCOME = {"check": "checked", "defer": "deferred", "discard": "discarded"}
+
+
+def _keys_prop(record: StoredRecord, txid: str) -> dict[str, str]:
+    keys = [k for k in record.keys if k != txid]
+    return {"KEYS": "\x1f".join(keys)} if keys else {}

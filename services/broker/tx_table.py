@@ -1,0 +1,230 @@
+"""Where the broker keeps transaction state: a memory table backed by the store's own records.
+
+The commit log is the truth. ``TxTable`` holds every pending transaction of this run and a
+bounded number of recently ended ones; anything else is *loaded* from the store on demand
+(``load``): the half copies through the index (``find_by_key(HALF, txid)``), the end through the
+op records (``find_by_key(OP, txid)``), and, because a crash can tear the tail between a commit
+copy and its op record, any COMMIT copy of the message id in a real topic (``find_by_unique_key``)
+counts as committed too. A load is synchronous, so it can never interleave with a write on the
+event loop; writers hold the transaction's lock (``KeyedLocks``) from lookup to table update.
+
+``HalfDedup`` makes a retried half send (same topic and message id within the dedup window)
+answer the first transaction id instead of opening a second transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from services.broker.store.store import MessageStore
+from services.broker.store.types import MessageRecord
+from services.broker.tx_model import (
+    DISCARD_TOPIC,
+    HALF_TOPIC,
+    OP_TOPIC,
+    REAL_TOPIC,
+    TRANSACTION_ID,
+    TxAction,
+    TxInfo,
+    TxState,
+    born_ms_of,
+    decode_op,
+    info_from_half,
+    is_commit_copy,
+)
+
+MAX_COPIES = 4096  # half copies of one transaction looked at by a load
+
+
+class KeyedLocks:
+    """One asyncio lock per key, taken for many keys at once (sorted: no deadlock).
+
+    Uncontended keys cost a dict entry: a future is made only when somebody has to wait.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, asyncio.Future[None] | None] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def acquire(self, keys: Iterable[str]) -> list[str]:
+        wanted = sorted(set(keys))
+        held = self._held
+        if not any(k in held for k in wanted):  # the usual case: nobody holds any of them
+            for key in wanted:
+                held[key] = None
+            return wanted
+        taken: list[str] = []
+        try:
+            for key in wanted:
+                while key in held:
+                    waiter = held[key]
+                    if waiter is None:
+                        waiter = held[key] = asyncio.get_running_loop().create_future()
+                    await asyncio.shield(waiter)
+                held[key] = None
+                taken.append(key)
+        except BaseException:
+            self.release(taken)
+            raise
+        return taken
+
+    def release(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            waiter = self._held.pop(key, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+
+class HalfDedup:
+    """(real topic, message id) → transaction id of a half stored within the window."""
+
+    def __init__(self, store: MessageStore, window_ms: int, max_entries: int,
+                 started_ms: int) -> None:
+        self.store = store
+        self.window_ms = window_ms
+        self.max_entries = max_entries
+        self._complete_since = started_ms  # younger keys may be missing from memory
+        self._recent: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
+
+    def lookup(self, topic: str, message_id: str, now_ms: int) -> str | None:
+        if self.window_ms <= 0:
+            return None
+        horizon = now_ms - self.window_ms
+        hit = self._recent.get((topic, message_id))
+        if hit is not None and hit[1] >= horizon:
+            return hit[0]
+        if horizon >= self._complete_since:
+            return None
+        for rec in reversed(self.store.find_by_unique_key(message_id)):
+            if (rec.topic == HALF_TOPIC and rec.properties.get(REAL_TOPIC) == topic
+                    and born_ms_of(rec) >= horizon and rec.properties.get(TRANSACTION_ID)):
+                return rec.properties[TRANSACTION_ID]
+        return None
+
+    def remember(self, topic: str, message_id: str, txid: str, now_ms: int) -> None:
+        if self.window_ms <= 0:
+            return
+        self._recent[(topic, message_id)] = (txid, now_ms)
+        horizon = now_ms - self.window_ms
+        while self._recent:
+            key, (_, ts) = next(iter(self._recent.items()))
+            if ts >= horizon and len(self._recent) <= self.max_entries:
+                break
+            del self._recent[key]
+            if ts >= horizon:  # dropped inside the window: use the index until it ages out
+                self._complete_since = max(self._complete_since, ts + 1)
+
+
+class HalfCache:
+    """The half records this run wrote, kept (up to ``max_bytes`` of bodies) until their end:
+    a commit then builds its copy without reading the half back from the log."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._records: OrderedDict[str, MessageRecord] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, txid: str, record: MessageRecord) -> None:
+        if self.max_bytes <= 0:
+            return
+        self._records[txid] = record
+        self.bytes += len(record.body)
+        while self.bytes > self.max_bytes and self._records:
+            self.bytes -= len(self._records.popitem(last=False)[1].body)
+
+    def pop(self, txid: str) -> MessageRecord | None:
+        record = self._records.pop(txid, None)
+        if record is not None:
+            self.bytes -= len(record.body)
+        return record
+
+    def get(self, txid: str) -> MessageRecord | None:
+        return self._records.get(txid)
+
+
+class TxTable:
+    """Transaction id → ``TxInfo``: every pending one of this run, recent ended ones, and
+    whatever ``ensure`` loaded from the store."""
+
+    def __init__(self, store: MessageStore, max_ended: int) -> None:
+        self.store = store
+        self.max_ended = max_ended
+        self._pending: dict[str, TxInfo] = {}
+        self._ended: OrderedDict[str, TxInfo] = OrderedDict()
+        self.loads = 0  # loads from the store (metrics)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def get(self, txid: str) -> TxInfo | None:
+        return self._pending.get(txid) or self._ended.get(txid)
+
+    def ensure(self, txid: str) -> TxInfo | None:
+        """The transaction from memory, else loaded from the store; None when unknown."""
+        info = self._pending.get(txid) or self._ended.get(txid)
+        if info is None:
+            info = self.load(txid)
+            if info is not None:
+                self.put(info)
+        return info
+
+    def put(self, info: TxInfo) -> None:
+        if info.state is TxState.HALF:
+            self._ended.pop(info.txid, None)
+            self._pending[info.txid] = info
+            return
+        self._pending.pop(info.txid, None)
+        self._ended[info.txid] = info
+        self._ended.move_to_end(info.txid)
+        while len(self._ended) > self.max_ended:
+            self._ended.popitem(last=False)
+
+    def forget(self, txid: str) -> None:
+        """Drop what memory knows (after a write whose outcome is unknown): reload next time."""
+        self._pending.pop(txid, None)
+        self._ended.pop(txid, None)
+
+    def pending(self, group: str | None = None) -> list[TxInfo]:
+        found = [i for i in self._pending.values() if group is None or i.group == group]
+        found.sort(key=lambda i: (i.born_ms, i.txid))
+        return found
+
+    # --- the store is the truth --------------------------------------------------------------
+
+    def load(self, txid: str) -> TxInfo | None:
+        """Rebuild one transaction from its records (sync: index lookups and preads)."""
+        if not txid or len(txid) > 64:
+            return None
+        halves = self.store.find_by_key(HALF_TOPIC, txid, max_count=MAX_COPIES)
+        halves = [h for h in halves if h.properties.get(TRANSACTION_ID) == txid]
+        if not halves:
+            return None
+        self.loads += 1
+        info = info_from_half(txid, halves[0], halves[-1])
+        info.state = self._ended_state(txid, info.message_id)
+        return info
+
+    def _ended_state(self, txid: str, message_id: str) -> TxState:
+        for op in self.store.find_by_key(OP_TOPIC, txid, max_count=16):
+            for entry_txid, action, _source in decode_op(op):
+                if entry_txid == txid:
+                    try:
+                        state = TxAction(action).final_state
+                    except ValueError:
+                        continue
+                    if state.ended:
+                        return state
+        # no op record: a crash may have torn the tail between a copy and its op record
+        for rec in self.store.find_by_unique_key(message_id):
+            if is_commit_copy(rec, txid):
+                return TxState.COMMITTED
+            if rec.topic == DISCARD_TOPIC and rec.properties.get(TRANSACTION_ID) == txid:
+                return TxState.DISCARDED
+        return TxState.HALF

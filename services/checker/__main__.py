@@ -1,0 +1,16 @@
+"""``python -m services.checker``: one checker process (settings from ``TIDEMQ_CHECKER_*``)."""
+
+from __future__ import annotations
+
+from services.checker.app import create_checker_app
+from services.checker.settings import CheckerSettings
+from services.common.runner import serve
+
+
+def main() -> None:
+    settings = CheckerSettings()
+    serve(create_checker_app(settings), settings.host, settings.port, settings.log_level)
+
+
+if __name__ == "__main__":
+    main()

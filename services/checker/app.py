@@ -1,0 +1,169 @@
+"""The checker process: a scan loop, its metrics, and a small HTTP surface.
+
+``/healthz``, ``/metrics`` (``tidemq_checker_*``) and ``POST /internal/v1/scan`` (cluster token):
+run one scan now and answer its report (tests, the benchmark, an operator in a hurry). The loop
+itself is tiny; the work is ``CheckScanner.scan``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from tidemq.protocol import ErrorCode, ProtocolError
+
+from services.checker.client import BrokerClient, BrokerUnavailable
+from services.checker.progress import ProgressStore, ProgressUnavailable
+from services.checker.scanner import CheckScanner, ScanConfig, ScanReport
+from services.checker.settings import CheckerSettings
+from services.common.app import create_app, require_token
+from services.common.loop import BackgroundLoop
+
+log = logging.getLogger(__name__)
+
+SCAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class CheckerMetrics:
+    def __init__(self, checker: Checker) -> None:
+        self.registry = r = CollectorRegistry()
+        self.scans = Counter("tidemq_checker_scans", "Scans by result (ok, failed)", ["result"],
+                             registry=r)
+        self.scan_seconds = Histogram("tidemq_checker_scan_seconds", "Time of one scan",
+                                      buckets=SCAN_BUCKETS, registry=r)
+        self.decisions = Counter("tidemq_checker_decisions",
+                                 "Half messages by what the scan did (ended, checked, deferred, "
+                                 "discarded, stale)", ["decision"], registry=r)
+        self.no_producer = Counter("tidemq_checker_checks_without_producer",
+                                   "Checks counted while no producer of the group was alive",
+                                   registry=r)
+        s = checker.scanner
+        for name, doc, fn in (
+            ("half_offset", "Next half-queue offset to scan", lambda: s.half_offset),
+            ("op_offset", "Next op-queue offset to read", lambda: s.op_offset),
+            ("half_end_offset", "Half-queue end seen by the last scan", lambda: checker.end),
+            ("retention_floor", "Physical offset reported as retention floor",
+             lambda: s.floor),
+            ("done_ids", "Ended transaction ids held from op records", lambda: s.done_size),
+            ("last_scan_timestamp_seconds", "Wall time the last scan finished",
+             lambda: checker.last_scan),
+            ("peak_rss_bytes", "Peak resident memory of the checker process", _peak_rss),
+        ):
+            Gauge(f"tidemq_checker_{name}", doc, registry=r).set_function(fn)
+
+    def observe(self, report: ScanReport) -> None:
+        self.scans.labels("ok").inc()
+        self.scan_seconds.observe(report.seconds)
+        for decision in ("ended", "checked", "deferred", "discarded", "stale"):
+            value = getattr(report, decision)
+            if value:
+                self.decisions.labels(decision).inc(value)
+        if report.no_producer:
+            self.no_producer.inc(report.no_producer)
+
+
+def _peak_rss() -> float:
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
+
+
+class Checker:
+    """The parts of a running checker; ``scan_now`` is the one way a scan runs."""
+
+    def __init__(self, settings: CheckerSettings) -> None:
+        self.settings = settings
+        self.client = BrokerClient(settings.broker_url, settings.token, settings.request_timeout_s)
+        self.progress = ProgressStore(settings.redis_url, settings.cluster)
+        self.scanner = CheckScanner(self.client, self.progress, ScanConfig(
+            immunity_ms=settings.transaction_timeout_ms, check_max=settings.check_max,
+            max_age_ms=int(settings.max_age_s * 1000), batch_size=settings.batch_size))
+        self.metrics = CheckerMetrics(self)
+        self.loop = CheckLoop(self, settings.check_interval_ms / 1000)
+        self._lock = asyncio.Lock()
+        self.bound = False
+        self.end = 0
+        self.last_scan = 0.0
+
+    async def scan_now(self) -> ScanReport:
+        async with self._lock:
+            if not self.bound:
+                info = await self.client.info()
+                self.progress.bind(str(info["broker_name"]))
+                self.bound = True
+                log.info("checking transactions of broker %s at %s", info["broker_name"],
+                         self.settings.broker_url)
+            try:
+                report = await self.scanner.scan()
+            except BaseException:
+                self.metrics.scans.labels("failed").inc()
+                raise
+            self.end = report.half_end
+            self.last_scan = time.time()
+            self.metrics.observe(report)
+            if report.checked or report.discarded or report.deferred:
+                log.info("scan: %d half message(s) examined, %d checked (%d with no live "
+                         "producer), %d discarded, %d deferred, %d already ended, in %.2fs",
+                         report.examined, report.checked, report.no_producer,
+                         report.discarded, report.deferred, report.ended + report.stale,
+                         report.seconds)
+            return report
+
+    async def close(self) -> None:
+        await self.loop.stop()
+        await self.client.close()
+        await self.progress.close()
+
+
+class CheckLoop(BackgroundLoop):
+    name = "transaction-check"
+
+    def __init__(self, checker: Checker, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.checker = checker
+
+    async def run_once(self) -> None:
+        try:
+            await self.checker.scan_now()
+        except (BrokerUnavailable, ProgressUnavailable) as exc:
+            log.warning("scan stopped: %s; retrying in %.1fs", exc, self.interval_s)
+
+
+def create_checker_app(settings: CheckerSettings | None = None) -> FastAPI:
+    settings = settings if settings is not None else CheckerSettings()
+    checker = Checker(settings)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.checker = checker
+        checker.loop.start()
+        log.info("checker of cluster %s: broker %s, every %d ms, first check after %d ms, "
+                 "discard after %d checks", settings.cluster, settings.broker_url,
+                 settings.check_interval_ms, settings.transaction_timeout_ms, settings.check_max)
+        try:
+            yield
+        finally:
+            await checker.close()
+            log.info("checker stopped")
+
+    app = create_app("tidemq checker", checker.metrics.registry, lifespan)
+
+    def token(request: Request) -> None:
+        require_token(request, settings.token)
+
+    @app.post("/internal/v1/scan", tags=["internal"], dependencies=[Depends(token)],
+              summary="Run one scan now; answers its report")
+    async def scan() -> dict[str, Any]:
+        try:
+            report = await checker.scan_now()
+        except (BrokerUnavailable, ProgressUnavailable) as exc:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from exc
+        return report.to_wire()
+
+    return app

@@ -1,0 +1,42 @@
+"""Checker settings, read from ``TIDEMQ_CHECKER_*`` environment variables (one knob per field)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.common.constants import (
+    BROKER_PORT,
+    CHECKER_PORT,
+    TRANSACTION_CHECK_INTERVAL_MS,
+    TRANSACTION_CHECK_MAX,
+    TRANSACTION_MAX_AGE_S,
+    TRANSACTION_TIMEOUT_MS,
+)
+from services.common.settings import ServiceSettings
+
+
+class CheckerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="TIDEMQ_CHECKER_", extra="ignore")
+
+    port: int = CHECKER_PORT  # listen port (/healthz, /metrics, /internal/v1/scan)
+    broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # the broker whose half queue it scans
+    redis_url: str = "redis://127.0.0.1:6379/0"  # progress (half and op offsets)
+    # scan the half queue this often (ms); RocketMQ's transactionCheckInterval
+    check_interval_ms: int = Field(default=TRANSACTION_CHECK_INTERVAL_MS, gt=0)
+    # a half message is first checked this long after it was stored, unless it carries its own
+    # check_immunity_s (ms); also the least time between two checks of one message
+    transaction_timeout_ms: int = Field(default=TRANSACTION_TIMEOUT_MS, ge=0)
+    # checks sent to producers before a half message is discarded
+    check_max: int = Field(default=TRANSACTION_CHECK_MAX, ge=1)
+    max_age_s: float = Field(default=TRANSACTION_MAX_AGE_S, gt=0)  # discard older halves (s)
+    batch_size: int = Field(default=512, ge=1, le=4096)  # half messages per page and action call
+    request_timeout_s: float = Field(default=30.0, gt=0)  # one request to the broker (s)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("broker_url")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")

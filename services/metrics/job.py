@@ -1,0 +1,202 @@
+"""The streaming job: events from the broker → rollups → a Prometheus exposition file.
+
+``start_query`` runs it in a Spark session the caller owns (the sidecar, the tests); ``main`` is
+the ``spark-submit`` entry point (``services/metrics/README.md``)::
+
+    spark-submit --master spark://host:7077 --py-files tidemq-metrics.zip \\
+        services/metrics/job.py --broker-url http://broker:10911 --token T \\
+        --output /srv/tidemq/metrics.prom --checkpoint /srv/tidemq/checkpoint [--once]
+
+The aggregation is stateful (complete output mode): Spark keeps the rollups in its state store
+and the source offsets in its offset log, both under the checkpoint, so a restarted query
+counts nothing twice. Each micro-batch hands the whole (small) result table to
+``ExpositionWriter``, which renders and atomically replaces the exposition file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file by spark-submit: make `services` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pyspark import SparkConf
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from services.common.constants import (
+    METRICS_MAX_EVENTS_PER_BATCH,
+    METRICS_SPARK_MASTER,
+    METRICS_TRIGGER_INTERVAL_S,
+)
+from services.metrics.aggregate import aggregate, to_rollup
+from services.metrics.exposition import BatchInfo, render, write_atomic
+from services.metrics.source import FORMAT, TransactionEventSource
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "tidemq_transaction_metrics"
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    broker_url: str
+    output: Path  # the exposition file each batch replaces
+    checkpoint: Path  # Spark's checkpoint: source offsets, aggregation state
+    token: str = ""
+    topic: str = ""  # "" = TIDE_SYS_TRANS_EVENTS
+    once: bool = False  # Trigger.AvailableNow: read what is there now, then stop
+    trigger_interval_s: float = METRICS_TRIGGER_INTERVAL_S
+    max_events_per_batch: int = METRICS_MAX_EVENTS_PER_BATCH
+    partition_events: int = 50_000
+    pull_max: int = 1024
+    start: str = "earliest"
+
+    def source_options(self) -> dict[str, str]:
+        opts = {"broker_url": self.broker_url, "token": self.token, "start": self.start,
+                "max_events_per_batch": str(self.max_events_per_batch),
+                "partition_events": str(self.partition_events), "pull_max": str(self.pull_max)}
+        if self.topic:
+            opts["topic"] = self.topic
+        return opts
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    master: str = METRICS_SPARK_MASTER  # "" = leave it to spark-submit
+    app_name: str = "tidemq-metrics"
+    shuffle_partitions: int = 2  # frozen into the checkpoint on its first run
+    ui: bool = False
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+def build_session(cfg: SessionConfig) -> SparkSession:
+    """A Spark session for the job (or the one already running in this process)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(cfg.app_name)
+    if cfg.master:
+        builder = builder.master(cfg.master)
+    elif not SparkConf().contains("spark.master"):  # not under spark-submit
+        builder = builder.master(METRICS_SPARK_MASTER)
+    conf = {
+        "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
+        "spark.ui.enabled": str(cfg.ui).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.adaptive.enabled": "false",  # not used by stateful streaming anyway
+        "spark.sql.debug.maxToStringFields": "200",  # the rollup plan is wide: no warning
+        **cfg.extra,
+    }
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    started = time.monotonic()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one line per callback otherwise
+    register(spark)
+    log.info("spark session ready in %.1fs (master %s, Spark %s)", time.monotonic() - started,
+             spark.sparkContext.master, spark.version)
+    return spark
+
+
+_registered: set[int] = set()  # ids of the sessions the source is registered with
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("tidemq_events")`` known to ``spark`` (once per session)."""
+    if id(spark) not in _registered:
+        spark.dataSource.register(TransactionEventSource)
+        _registered.add(id(spark))
+
+
+def event_stream(spark: SparkSession, cfg: JobConfig) -> DataFrame:
+    return spark.readStream.format(FORMAT).options(**cfg.source_options()).load()
+
+
+class ExpositionWriter:
+    """The ``foreachBatch`` sink: the complete rollup table → the exposition file."""
+
+    def __init__(self, output: Path) -> None:
+        self.output = output
+        self.batches = 0
+        self.last_batch_id = -1
+        self.last_write_s = 0.0
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        began = time.monotonic()
+        rollups = [to_rollup(row) for row in batch.collect()]
+        now = time.time()
+        write_atomic(self.output, render(rollups, BatchInfo(batch_id, now)))
+        self.batches += 1
+        self.last_batch_id = batch_id
+        self.last_write_s = now
+        events = sum(r.events for r in rollups)
+        log.info("batch %d: %d rollup rows, %d events in all; computed and written in %.2fs",
+                 batch_id, len(rollups), events, time.monotonic() - began)
+
+
+def start_query(spark: SparkSession, cfg: JobConfig,
+                writer: ExpositionWriter | None = None) -> StreamingQuery:
+    """Start the job; with ``cfg.once`` it stops by itself when it has caught up."""
+    register(spark)
+    writer = writer if writer is not None else ExpositionWriter(cfg.output)
+    stream = (aggregate(event_stream(spark, cfg)).writeStream
+              .queryName(QUERY_NAME)
+              .outputMode("complete")
+              .foreachBatch(writer)
+              .option("checkpointLocation", str(cfg.checkpoint)))
+    if cfg.once:
+        stream = stream.trigger(availableNow=True)
+    else:
+        stream = stream.trigger(processingTime=f"{cfg.trigger_interval_s} seconds")
+    query = stream.start()
+    log.info("query %s started (%s), checkpoint %s, output %s", QUERY_NAME,
+             "available-now" if cfg.once else f"every {cfg.trigger_interval_s}s",
+             cfg.checkpoint, cfg.output)
+    return query
+
+
+def parse_args(argv: list[str] | None) -> tuple[JobConfig, SessionConfig]:
+    ap = argparse.ArgumentParser(prog="services/metrics/job.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--broker-url", required=True)
+    ap.add_argument("--token", default=os.environ.get("TIDEMQ_METRICS_TOKEN", ""))
+    ap.add_argument("--output", type=Path, required=True, help="exposition file to replace")
+    ap.add_argument("--checkpoint", required=True, type=Path, help="Spark checkpoint directory")
+    ap.add_argument("--once", action="store_true", help="Trigger.AvailableNow, then exit")
+    ap.add_argument("--trigger-interval", type=float, default=METRICS_TRIGGER_INTERVAL_S)
+    ap.add_argument("--max-events-per-batch", type=int, default=METRICS_MAX_EVENTS_PER_BATCH)
+    ap.add_argument("--master", default="", help="default: spark-submit's --master")
+    ap.add_argument("--shuffle-partitions", type=int, default=2)
+    args = ap.parse_args(argv)
+    job = JobConfig(broker_url=args.broker_url, token=args.token, output=args.output,
+                    checkpoint=args.checkpoint, once=args.once,
+                    trigger_interval_s=args.trigger_interval,
+                    max_events_per_batch=args.max_events_per_batch)
+    return job, SessionConfig(master=args.master, shuffle_partitions=args.shuffle_partitions)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)-5s %(name)s: %(message)s")
+    job, session = parse_args(argv)
+    spark = build_session(session)
+    query = start_query(spark, job)
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,16 @@
+"""``python -m services.scheduler``: one scheduler (settings from ``TIDEMQ_SCHEDULER_*``)."""
+
+from __future__ import annotations
+
+from services.common.runner import serve
+from services.scheduler.app import create_scheduler_app
+from services.scheduler.settings import SchedulerSettings
+
+
+def main() -> None:
+    settings = SchedulerSettings()
+    serve(create_scheduler_app(settings), settings.host, settings.port, settings.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Cancel: a delayed message not delivered yet is never delivered; one already delivered is
+reported as such. Exactly one of cancel and delivery wins, decided on the event loop:
+
+- a timer not ingested yet (its intake offset is ahead of the timer store) is pre-cancelled:
+  it is filed as cancelled the moment it arrives;
+- a timer in the wheel is taken out; a timer queued for delivery is dropped from its batch;
+  then a CANCELLED mark is fsynced before the answer;
+- a timer in a deliver request in flight is waited for: it ends delivered;
+- a timer of a bucket not in memory gets a CANCELLED mark (loading it later skips it);
+- otherwise its marks say what happened (delivered, or cancelled before).
+
+Level messages are the level walker's (``LevelWalker.cancel``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from enum import StrEnum
+
+from services.scheduler.buckets import Mark
+from services.scheduler.delivery import Deliverer, Where
+from services.scheduler.levels import LevelWalker
+from services.scheduler.lookup import Found, locate
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.timers import TimerStore
+
+log = logging.getLogger(__name__)
+
+WAIT_IN_FLIGHT_S = 5.0  # a cancel waits this long for a delivery in flight at most
+
+
+class Outcome(StrEnum):
+    CANCELLED = "cancelled"  # cancelled now
+    ALREADY_CANCELLED = "already_cancelled"
+    DELIVERED = "delivered"  # too late
+    NOT_FOUND = "not_found"
+    BUSY = "busy"  # a delivery of it is stuck in flight; ask again
+
+
+class Canceller:
+    def __init__(self, store: TimerStore, deliverer: Deliverer, levels: LevelWalker,
+                 metrics: SchedulerMetrics) -> None:
+        self.store = store
+        self.deliverer = deliverer
+        self.levels = levels
+        self.metrics = metrics
+
+    async def cancel(self, message_id: str, *, due_ms: int | None = None,
+                     level: int | None = None, queue_offset: int | None = None,
+                     intake_offset: int | None = None) -> Outcome:
+        if level and queue_offset is not None:
+            return Outcome(await self.levels.cancel(level, queue_offset, due_ms or 0,
+                                                    message_id))
+        store = self.store
+        async with store.lock:
+            if intake_offset is not None and intake_offset >= store.ingested_next:
+                await asyncio.to_thread(store.precancels.add, message_id, intake_offset)
+                log.info("cancelled timer %s before it was taken in (intake offset %d)",
+                         message_id, intake_offset)
+                self.metrics.cancelled.labels("timer").inc()
+                return Outcome.CANCELLED
+        # a timer, once filed, stays in its bucket's index: finding it needs no lock
+        found = await locate(store, message_id, due_ms)
+        if not found:
+            return Outcome.NOT_FOUND
+        outcomes = [await self._settle(f) for f in found]
+        for wanted in (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED):
+            if wanted in outcomes:
+                return wanted
+        return outcomes[-1]
+
+    async def _settle(self, f: Found) -> Outcome:
+        """Decide one timer. The decision is taken with no await between the check and the
+        change, so a delivery cannot slip in between; only then is the mark written."""
+        store, deliverer = self.store, self.deliverer
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_IN_FLIGHT_S
+        while True:
+            async with store.lock:  # no bucket load or retirement meanwhile
+                if f.bucket not in store.loaded:
+                    return await self._settle_on_disk(f)
+                if store.wheel.remove(f.due_ms, f.pos, f.bucket):
+                    break
+                where = deliverer.state(f.pos)
+                if where is Where.QUEUED and f.pos not in store.uncertain:
+                    deliverer.drop(f.pos)
+                    break
+            if where is None:  # final already: its marks say how it ended
+                return _ended(await asyncio.to_thread(store.buckets.read_marks, f.bucket), f)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return Outcome.BUSY
+            try:  # in a delivery in flight (or queued to be re-checked): wait for it
+                await asyncio.wait_for(deliverer.wait(f.pos), remaining)
+            except TimeoutError:
+                return Outcome.BUSY
+            if where is Where.QUEUED:
+                await asyncio.sleep(0.05)
+        return await self._mark(f)  # out of the wheel or its batch: nothing delivers it now
+
+    async def _settle_on_disk(self, f: Found) -> Outcome:
+        """A bucket not in memory (``store.lock`` held: it cannot be loaded meanwhile)."""
+        marks = await asyncio.to_thread(self.store.buckets.read_marks, f.bucket)
+        if f.pos in marks and marks[f.pos] is not Mark.INTENT:
+            return _ended(marks, f)
+        # pending (an intent alone is a delivery cut short by a crash: the broker found no
+        # delivered copy before asking, and nothing delivers it while its bucket is on disk)
+        return await self._mark(f)
+
+    async def _mark(self, f: Found) -> Outcome:
+        await self.store.add_marks({f.bucket: [(f.pos, Mark.CANCELLED)]})
+        self.store.finished(f.bucket, 1)
+        self.metrics.cancelled.labels("timer").inc()
+        log.info("cancelled timer at %d (bucket %d, due %d)", f.pos, f.bucket, f.due_ms)
+        return Outcome.CANCELLED
+
+
+def _ended(marks: dict[int, Mark], f: Found) -> Outcome:
+    mark = marks.get(f.pos)
+    if mark is Mark.CANCELLED:
+        return Outcome.ALREADY_CANCELLED
+    if mark in (Mark.DELIVERED, Mark.SKIPPED):
+        return Outcome.DELIVERED
+    return Outcome.NOT_FOUND  # an index entry the wheel never had (a stale one)

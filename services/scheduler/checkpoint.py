@@ -1,0 +1,60 @@
+"""The scheduler's checkpoint: how far its derived files are durable, written atomically.
+
+``indexed_end``: every timer-log entry below it has its bucket index entry inside the recorded
+index sizes (``buckets``), which were fsynced before the checkpoint was written; recovery cuts
+each index back to its size and re-derives entries from ``indexed_end`` on.
+``ingested_next``: the next broker intake offset not in the timer log yet (as of that moment).
+``segments``: for each timer-log segment, the latest bucket any of its entries is filed under.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+VERSION = 1
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    indexed_end: int = 0
+    ingested_next: int = 0
+    buckets: dict[int, int] = field(default_factory=dict)  # bucket start → index file size
+    segments: dict[int, int] = field(default_factory=dict)  # segment start → latest bucket
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint | None:
+        try:
+            data = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        if data.get("version") != VERSION:
+            raise ValueError(f"{path}: checkpoint version {data.get('version')} is not "
+                             f"{VERSION}")
+        return cls(indexed_end=int(data["indexed_end"]),
+                   ingested_next=int(data["ingested_next"]),
+                   buckets={int(k): int(v) for k, v in data["buckets"].items()},
+                   segments={int(k): int(v) for k, v in data["segments"].items()})
+
+    def save(self, path: Path) -> None:
+        """temp file, fsync, rename, fsync the directory: the old or the new one, never torn."""
+        data = orjson.dumps({
+            "version": VERSION, "indexed_end": self.indexed_end,
+            "ingested_next": self.ingested_next,
+            "buckets": {str(k): v for k, v in self.buckets.items()},
+            "segments": {str(k): v for k, v in self.segments.items()},
+        })
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

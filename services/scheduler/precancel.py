@@ -1,0 +1,79 @@
+"""Cancels that arrive before the scheduler has taken the timer in from the broker.
+
+A cancel names the timer's intake offset; when that offset is not ingested yet, the message id
+is kept here (appended to ``precancel.log`` and fsynced before the cancel is answered) and the
+timer is filed as cancelled the moment it is ingested. Entries are dropped at a checkpoint once
+their offset is behind the checkpointed intake position. Record layout (big-endian)::
+
+    0  intake offset  i64
+    8  id length      u16
+    10 message id     utf-8
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+HEAD = struct.Struct(">qH")
+
+
+class Precancels:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.by_id: dict[str, int] = {}  # message id → intake offset
+        self._stale = False  # the file holds cancels no longer needed
+
+    def load(self) -> None:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        at = 0
+        while at + HEAD.size <= len(data):
+            offset, n = HEAD.unpack_from(data, at)
+            if at + HEAD.size + n > len(data):
+                break  # torn tail
+            mid = data[at + HEAD.size: at + HEAD.size + n].decode("utf-8", "replace")
+            self.by_id[mid] = offset
+            at += HEAD.size + n
+        self._stale = True
+
+    @staticmethod
+    def _encode(mid: str, offset: int) -> bytes:
+        raw = mid.encode("utf-8")
+        return HEAD.pack(offset, len(raw)) + raw
+
+    def add(self, mid: str, offset: int) -> None:
+        """Durably remember a cancel (blocking: one small write and an fsync)."""
+        self.by_id[mid] = offset
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, self._encode(mid, offset))
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def take(self, mid: str, offset: int) -> bool:
+        """True (and forgotten in memory) when the timer at ``offset`` was cancelled early."""
+        if self.by_id.get(mid) == offset:
+            del self.by_id[mid]
+            self._stale = True
+            return True
+        return False
+
+    def prune(self, ingested_before: int) -> None:
+        """Rewrite the file without cancels of offsets already ingested and checkpointed."""
+        keep = {m: o for m, o in self.by_id.items() if o >= ingested_before}
+        if len(keep) != len(self.by_id):
+            self.by_id, self._stale = keep, True
+        if not self._stale:
+            return
+        self._stale = False
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(b"".join(self._encode(m, o) for m, o in keep.items()))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)

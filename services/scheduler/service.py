@@ -1,0 +1,201 @@
+"""One scheduler: every part, opened in dependency order and closed in reverse.
+
+The timer store recovers from disk first and delivery starts at once; the parts that need the
+broker (its name and delay table) and Redis (progress) start when both answer, retrying until
+then. Until that point cancel and inspection answer 503 UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Any
+
+import psutil
+from tidemq.protocol import ErrorCode, ProtocolError, SystemTopic
+
+from services.common.constants import SCHEDULER_FLOOR_OWNER
+from services.scheduler.broker_api import BrokerApi
+from services.scheduler.cancel import Canceller
+from services.scheduler.clock import Clock
+from services.scheduler.delivery import Deliverer
+from services.scheduler.intake import IntakeLoop
+from services.scheduler.levels import LevelWalker
+from services.scheduler.lookup import first_far_due, pending_of_topic
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.progress import Progress
+from services.scheduler.settings import SchedulerSettings
+from services.scheduler.timers import TimerConfig, TimerStore
+
+log = logging.getLogger(__name__)
+
+CONNECT_RETRY_S = 1.0
+FLOOR_REFRESH_S = 10.0  # the retention floor is re-sent at least this often
+
+
+class Scheduler:
+    progress: Progress
+    levels: LevelWalker
+    intake: IntakeLoop
+    canceller: Canceller
+
+    def __init__(self, settings: SchedulerSettings, metrics: SchedulerMetrics | None = None
+                 ) -> None:
+        s = settings
+        self.settings = s
+        self.metrics = metrics if metrics is not None else SchedulerMetrics()
+        self.clock = Clock(s.clock_offset_ms)
+        self.store = TimerStore(s.data_dir, TimerConfig(s.bucket_ms, s.preload_ms, s.tick_ms,
+                                                        s.segment_bytes), self.clock)
+        self.broker = BrokerApi(s.broker_url, s.token, s.broker_timeout_s)
+        self.deliverer = Deliverer(self.store, self.broker, self.clock, self.metrics,
+                                   s.deliver_batch, s.deliver_parallelism)
+        self.broker_name = ""
+        self.levels_ms: list[int] = []
+        self.ready = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._process = psutil.Process(os.getpid())
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.store.recover)
+        self.deliverer.start()
+        self._tasks.append(asyncio.create_task(self._checkpoints(), name="checkpoints"))
+        self._tasks.append(asyncio.create_task(self._connect(), name="connect"))
+        self.metrics.add_gauges(self.gauges)
+
+    async def _connect(self) -> None:
+        s = self.settings
+        warned = False
+        while True:
+            try:
+                info = await self.broker.info()
+                self.broker_name = str(info["broker_name"])
+                self.levels_ms = [int(x) for x in info["delay_levels_ms"]]
+                self.progress = Progress(s.redis_url, s.cluster, self.broker_name)
+                intake_offset, _, _ = await self.progress.load()
+                break
+            except Exception as exc:
+                if not warned:
+                    log.warning("waiting for the broker at %s and Redis (%s); retrying every "
+                                "%.0fs", s.broker_url, exc, CONNECT_RETRY_S)
+                    warned = True
+                await asyncio.sleep(CONNECT_RETRY_S)
+        self.levels = LevelWalker(self.broker, self.progress, self.clock, self.metrics,
+                                  self.levels_ms, s.level_poll_ms)
+        await self.levels.start()
+        self.intake = IntakeLoop(self.store, self.broker, self.progress, self.metrics,
+                                 s.intake_batch, s.intake_wait_ms, self.deliverer.wakeup)
+        self.intake.start(intake_offset)
+        self.canceller = Canceller(self.store, self.deliverer, self.levels, self.metrics)
+        self._tasks.append(asyncio.create_task(self._report_floor(), name="floor"))
+        self.ready = True
+        log.info("scheduler serving broker %s at %s: %d delay levels, intake from offset %d, "
+                 "%d pending timer(s)", self.broker_name, s.broker_url, len(self.levels_ms),
+                 self.intake.offset, self.store.pending)
+
+    async def _checkpoints(self) -> None:
+        interval = self.settings.checkpoint_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.store.checkpoint()
+            except OSError:
+                log.exception("checkpoint failed; retrying in %.1fs", interval)
+
+    async def _report_floor(self) -> None:
+        """Tell the broker what it must keep: intake and level records not taken yet."""
+        interval = self.settings.progress_interval_ms / 1000
+        last: list[tuple[str, int, int]] = []
+        since = 0.0
+        while True:
+            positions = [(SystemTopic.TIMER_INTAKE.value, 0, self.store.ingested_next)]
+            positions += [(SystemTopic.SCHEDULE.value, q, self.levels.offsets.get(q, 0))
+                          for q in range(len(self.levels_ms))]
+            if positions != last or since >= FLOOR_REFRESH_S:
+                try:
+                    await self.broker.progress(SCHEDULER_FLOOR_OWNER, positions)
+                    last, since = positions, 0.0
+                except Exception as exc:
+                    log.warning("reporting progress to the broker failed: %s", exc)
+            await asyncio.sleep(interval)
+            since += interval
+
+    async def stop(self) -> None:
+        self.ready = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        steps: list[tuple[str, Any]] = []
+        if hasattr(self, "intake"):
+            steps.append(("intake", self.intake.stop()))
+        if hasattr(self, "levels"):
+            steps.append(("level walk", self.levels.stop()))
+        steps.append(("delivery", self.deliverer.stop()))
+        steps.append(("checkpoint", self.store.checkpoint()))
+        if hasattr(self, "progress"):
+            steps.append(("redis", self.progress.close()))
+        steps.append(("broker client", self.broker.close()))
+        for name, step in steps:
+            try:
+                await step
+            except Exception:
+                log.exception("stopping the %s failed", name)
+        self.store.close()
+        log.info("scheduler stopped")
+
+    # --- answers ------------------------------------------------------------------------------
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise ProtocolError(ErrorCode.UNAVAILABLE,
+                                "the scheduler is starting (waiting for the broker and Redis); "
+                                "retry shortly")
+
+    async def scheduled(self, topic: str | None) -> dict[str, Any]:
+        """``{pending, next_due_ms, by_level, timers}`` (API.md ``GET /v1/scheduled``): level
+        messages and timers not taken in yet are counted by the broker from its queues, the
+        timers taken in by the timer store."""
+        self.require_ready()
+        levels, store = self.levels, self.store
+        taken_in = store.pending  # with the intake position, at one instant
+        waiting = await self.broker.pending(levels.offsets, store.ingested_next, topic,
+                                            list(levels.cancelled))
+        by_level = {int(q) + 1: int(n) for q, n in waiting["by_queue"].items()}
+        early = sum(1 for o in store.precancels.by_id.values() if o >= store.ingested_next)
+        dues = [waiting.get("next_due_ms"), waiting.get("intake_next_due_ms")]
+        if topic:
+            timers, timer_due = await pending_of_topic(store, topic)
+            dues.append(timer_due)
+        else:
+            timers = taken_in
+            near = [store.wheel.next_due(), self.deliverer.queued_due()]
+            dues += near
+            if timers and all(d is None for d in near):
+                dues.append(await first_far_due(store))
+        timers += max(0, int(waiting["intake_pending"]) - (0 if topic else early))
+        known = [d for d in dues if d is not None]
+        return {"pending": timers + sum(by_level.values()),
+                "next_due_ms": min(known) if known else None,
+                "by_level": {str(q): by_level.get(q, 0) for q in range(1, len(self.levels_ms) + 1)},
+                "timers": timers}
+
+    def gauges(self) -> dict[str, float]:
+        ready = self.ready
+        return {
+            "pending_timers": float(self.store.pending),
+            "pending_level_messages": float(sum(self.levels.pending().values()) if ready else 0),
+            "near_timers": float(self.store.wheel.count),
+            "queued_timers": float(self.deliverer.queued),
+            "in_flight_timers": float(len(self.deliverer.sending)),
+            "loaded_buckets": float(len(self.store.loaded)),
+            "buckets": float(len(self.store.buckets.sizes)),
+            "disk_bytes": float(self.store.disk_bytes()),
+            "ingested_offset": float(self.store.ingested_next),
+            "intake_lag": float(self.intake.lag if ready else 0),
+            "max_lateness_ms": float(self.metrics.max_lateness_ms),
+            "clock_offset_ms": float(self.clock.offset_ms),
+            "resident_bytes": float(self._process.memory_info().rss),
+        }

@@ -1,0 +1,61 @@
+"""Scheduler settings, read from ``TIDEMQ_SCHEDULER_*`` environment variables.
+
+One field per knob, with its unit and default in the comment. The delay-level table is the
+broker's (``TIDEMQ_BROKER_DELAY_LEVELS``): the scheduler reads it from the broker at start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.common.constants import BROKER_PORT, SCHEDULER_PORT
+from services.common.settings import ServiceSettings
+
+MiB = 1024 * 1024
+
+
+class SchedulerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="TIDEMQ_SCHEDULER_", extra="ignore")
+
+    port: int = SCHEDULER_PORT  # internal API, /healthz and /metrics
+    broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # the broker whose timers this serves
+    redis_url: str = "redis://127.0.0.1:6379/0"  # progress per level and on the intake topic
+    data_dir: Path = Path("tidemq-data/scheduler")  # timer log, bucket files, checkpoint
+
+    # --- the timer store ---------------------------------------------------------------------
+    bucket_ms: int = Field(default=3_600_000, gt=0)  # width of a time bucket on disk (ms)
+    preload_ms: int = Field(default=600_000, ge=0)  # load a bucket this long before it starts
+    tick_ms: int = Field(default=100, gt=0)  # wheel slot width (ms); bucket_ms is a multiple
+    segment_bytes: int = Field(default=256 * MiB, gt=0)  # timer log segment size (bytes)
+    checkpoint_interval_ms: int = Field(default=1000, gt=0)  # index fsync + checkpoint (ms)
+
+    # --- intake, levels and delivery -----------------------------------------------------------
+    intake_batch: int = Field(default=4096, ge=1, le=4096)  # timers per intake read
+    intake_wait_ms: int = Field(default=1000, ge=0, le=30_000)  # intake long poll (ms)
+    level_poll_ms: int = Field(default=100, gt=0)  # level queues looked at this often (ms)
+    deliver_batch: int = Field(default=1024, ge=1, le=4096)  # timers per deliver request
+    deliver_parallelism: int = Field(default=4, ge=1, le=64)  # deliver requests in flight
+    progress_interval_ms: int = Field(default=1000, gt=0)  # retention floor report (ms)
+    broker_timeout_s: float = Field(default=30.0, gt=0)  # one request to the broker (s)
+
+    # --- tests only ----------------------------------------------------------------------------
+    clock_offset_ms: int = Field(default=0, ge=0)  # the scheduler's clock runs this far ahead
+    test_clock: bool = False  # allow POST /internal/v1/clock to move the clock forward
+
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("broker_url")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_tick(self) -> SchedulerSettings:
+        if self.bucket_ms % self.tick_ms:
+            raise ValueError(f"bucket_ms ({self.bucket_ms}) must be a multiple of tick_ms "
+                             f"({self.tick_ms})")
+        return self

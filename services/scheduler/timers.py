@@ -1,0 +1,282 @@
+"""TimerStore: the scheduler's timers on disk, with only the near window in memory.
+
+- ``ingest`` appends timers to the timer log (one write + fdatasync per batch), then files each
+  under its time bucket's index; a timer of a loaded bucket also goes into the wheel.
+- Buckets are loaded (index minus final marks → wheel) ``preload_ms`` before they start; a far
+  timer costs disk only — a 28-byte index entry and its log entry, no memory.
+- ``checkpoint`` fsyncs the indexes and records how far they are durable; then it retires
+  buckets that ended with every timer final (deleting their files) and timer-log segments
+  whose every timer belongs to a retired bucket.
+- ``recover`` rebuilds the indexes past the checkpoint from the timer log and counts what is
+  pending.
+
+Ingest, bucket loading and cancel decisions hold ``lock``, so none sees the others half done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+
+from services.scheduler.buckets import ENTRY, ENTRY_SIZE, FINAL, MARK, BucketFiles, Mark, text_hash
+from services.scheduler.checkpoint import Checkpoint
+from services.scheduler.clock import Clock
+from services.scheduler.marks import MarkWriter
+from services.scheduler.precancel import Precancels
+from services.scheduler.timerlog import Entry, TimerLog, encode
+from services.scheduler.wheel import Slot, Wheel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TimerConfig:
+    bucket_ms: int = 3_600_000  # width of a time bucket (ms)
+    preload_ms: int = 600_000  # a bucket is loaded into memory this long before it starts (ms)
+    tick_ms: int = 100  # wheel slot width (ms)
+    segment_bytes: int = 256 * 1024 * 1024  # timer log segment size (bytes)
+
+
+@dataclass(slots=True)
+class Timer:
+    """One timer to take in: the record to deliver (msgpack) and what indexes it."""
+
+    due_ms: int
+    intake: int  # offset in the broker's intake queue
+    message_id: str
+    topic: str  # the real topic it will be delivered to
+    payload: bytes
+
+
+def payload_id(payload: bytes) -> tuple[str, str]:
+    """(message id, real topic) of a timer-log payload."""
+    record = msgpack.unpackb(payload, raw=False)
+    return record["properties"].get("UNIQ_KEY", ""), record["topic"]
+
+
+class TimerStore:
+    def __init__(self, root: Path, config: TimerConfig, clock: Clock) -> None:
+        if config.bucket_ms % config.tick_ms:
+            raise ValueError("bucket_ms must be a multiple of tick_ms")
+        self.root = root
+        self.config = config
+        self.clock = clock
+        self.log = TimerLog(root / "log", config.segment_bytes)
+        self.buckets = BucketFiles(root / "buckets", config.bucket_ms)
+        self.precancels = Precancels(root / "precancel.log")
+        self.marks = MarkWriter(self.buckets)
+        self.wheel = Wheel(config.tick_ms, config.bucket_ms)
+        self.checkpoint_path = root / "checkpoint.json"
+        self.lock = asyncio.Lock()
+        self.loaded: set[int] = set()
+        self.live: dict[int, int] = {}  # loaded bucket → timers not final yet
+        self.uncertain: set[int] = set()  # positions with a delivery intent and no outcome
+        self.segments: dict[int, int] = {}  # log segment start → latest bucket in it
+        self.indexed_end = 0
+        self.ingested_next = 0
+        self.pending = 0  # timers not final, over every bucket
+        self.ingested = 0
+        self.recovered = 0
+
+    # --- recovery -------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Open everything and rebuild derived state (blocking: run it in a thread)."""
+        began = time.monotonic()
+        self.root.mkdir(parents=True, exist_ok=True)
+        cp = Checkpoint.load(self.checkpoint_path) or Checkpoint()
+        self.log.open()
+        self.buckets.open(cp.buckets)
+        self.precancels.load()
+        self.segments = {s: b for s, b in cp.segments.items() if s in self.log.starts}
+        self.ingested_next = cp.ingested_next
+        start = max(cp.indexed_end, self.log.starts[0] if self.log.starts else 0)
+        cancelled: dict[int, list[int]] = {}
+        rebuilt: dict[int, bytearray] = {}
+        for entry in self.log.scan(start):
+            mid, topic = payload_id(entry.payload)
+            rebuilt.setdefault(entry.bucket, bytearray()).extend(_index_entry(entry, mid, topic))
+            self._note_segment(entry.pos, entry.bucket)
+            self.ingested_next = max(self.ingested_next, entry.intake + 1)
+            if self.precancels.take(mid, entry.intake):
+                cancelled.setdefault(entry.bucket, []).append(entry.pos)
+            self.recovered += 1
+        for bucket, data in rebuilt.items():
+            self.buckets.append(bucket, bytes(data))
+        for bucket, positions in cancelled.items():
+            self.buckets.add_marks(bucket, b"".join(MARK.pack(p, Mark.CANCELLED)
+                                                    for p in positions))
+        self.indexed_end = self.log.write_offset
+        for bucket in self.buckets.known():
+            if not self.buckets.sizes.get(bucket):
+                self.buckets.retire(bucket)  # marks of a bucket retired before the crash
+        self.buckets.sync(*self.buckets.take_unsynced())
+        self._save(self._capture([]))
+        for bucket, size in self.buckets.sizes.items():
+            final = sum(1 for m in self.buckets.read_marks(bucket).values() if m in FINAL)
+            self.pending += size // ENTRY_SIZE - final
+        log.info("timer store open at %s: %d pending timer(s) in %d bucket(s), timer log "
+                 "[%d, %d), %d entries re-indexed in %.2fs", self.root, self.pending,
+                 len(self.buckets.sizes), self.log.starts[0] if self.log.starts else 0,
+                 self.log.write_offset, self.recovered, time.monotonic() - began)
+
+    # --- intake -----------------------------------------------------------------------------
+    async def ingest(self, timers: list[Timer], next_intake: int) -> int:
+        """Take timers in durably; returns how many were new. ``next_intake``: the broker's
+        intake offset after this batch (timers below ``ingested_next`` are repeats)."""
+        fresh = [t for t in timers if t.intake >= self.ingested_next]
+        current = self.buckets.bucket_of(self.clock.now_ms())
+        buckets = [max(self.buckets.bucket_of(t.due_ms), current) for t in fresh]
+        encoded = [encode(t.due_ms, b, t.intake, t.payload)
+                   for t, b in zip(fresh, buckets, strict=True)]
+        positions: list[int] = []
+        if encoded:
+            positions, fds = self.log.append(encoded)
+            await asyncio.to_thread(self.log.sync, fds)
+        async with self.lock:
+            if fresh:
+                self._file(fresh, buckets, positions, [len(e) for e in encoded])
+                self.indexed_end = self.log.write_offset
+            self.ingested_next = max(self.ingested_next, next_intake)
+        return len(fresh)
+
+    def _file(self, timers: list[Timer], buckets: list[int], positions: list[int],
+              sizes: list[int]) -> None:
+        """Index freshly logged timers (the commit step of ``ingest``: no await inside)."""
+        horizon = self.clock.now_ms() + self.config.preload_ms
+        per_bucket: dict[int, bytearray] = {}
+        cancelled: dict[int, list[int]] = {}
+        for t, bucket, pos, size in zip(timers, buckets, positions, sizes, strict=True):
+            per_bucket.setdefault(bucket, bytearray()).extend(ENTRY.pack(
+                t.due_ms, pos, size, text_hash(t.message_id), text_hash(t.topic)))
+            self._note_segment(pos, bucket)
+            if self.precancels.take(t.message_id, t.intake):
+                cancelled.setdefault(bucket, []).append(pos)
+                continue
+            self.pending += 1
+            if bucket not in self.loaded and bucket < horizon and \
+                    not self.buckets.sizes.get(bucket):
+                self.loaded.add(bucket)  # a new near bucket: nothing on disk to load
+                self.live[bucket] = 0
+            if bucket in self.loaded:
+                self.wheel.add(t.due_ms, pos, size, bucket)
+                self.live[bucket] += 1
+        for bucket, data in per_bucket.items():
+            self.buckets.append(bucket, bytes(data))
+        for bucket, cancelled_positions in cancelled.items():  # rare: cancelled before intake
+            self.buckets.add_marks(bucket, b"".join(MARK.pack(p, Mark.CANCELLED)
+                                                    for p in cancelled_positions))
+        self.ingested += len(timers)
+
+    def _note_segment(self, pos: int, bucket: int) -> None:
+        seg = self.log.starts[-1] if pos >= self.log.starts[-1] else max(
+            s for s in self.log.starts if s <= pos)
+        if self.segments.get(seg, -1) < bucket:
+            self.segments[seg] = bucket
+
+    # --- the near window --------------------------------------------------------------------
+    def to_load(self, now: int) -> list[int]:
+        horizon = now + self.config.preload_ms
+        return [b for b in sorted(self.buckets.sizes) if b < horizon and b not in self.loaded]
+
+    async def load(self, bucket: int) -> None:
+        """Put a bucket's pending timers into the wheel (its index minus final marks)."""
+        async with self.lock:
+            if bucket in self.loaded:
+                return
+            size = self.buckets.sizes.get(bucket, 0)
+            slots, uncertain, live = await asyncio.to_thread(self._read_bucket, bucket, size)
+            self.wheel.merge(slots)
+            self.uncertain |= uncertain
+            self.live[bucket] = live
+            self.loaded.add(bucket)
+        log.info("loaded bucket %d into memory: %d pending timer(s)%s", bucket, live,
+                 f", {len(uncertain)} to re-check with the broker" if uncertain else "")
+
+    def _read_bucket(self, bucket: int, size: int) -> tuple[dict[int, Slot], set[int], int]:
+        data = self.buckets.read_index(bucket, size)
+        marks = self.buckets.read_marks(bucket)
+        slots: dict[int, Slot] = {}
+        uncertain: set[int] = set()
+        seen: set[int] = set()
+        live = 0
+        tick = self.config.tick_ms
+        for due, pos, entry_size, _, _ in ENTRY.iter_unpack(data):
+            mark = marks.get(pos)
+            if mark in FINAL or pos in seen:
+                continue
+            seen.add(pos)
+            if mark is Mark.INTENT:
+                uncertain.add(pos)
+            n = max(due, bucket) // tick
+            slot = slots.get(n)
+            if slot is None:
+                slot = slots[n] = Slot()
+            slot.add(due, pos, entry_size)
+            live += 1
+        return slots, uncertain, live
+
+    def finished(self, bucket: int, count: int) -> None:
+        """``count`` timers of ``bucket`` became final (delivered, cancelled or skipped)."""
+        self.pending -= count
+        if bucket in self.live:
+            self.live[bucket] -= count
+
+    async def add_marks(self, marks: dict[int, list[tuple[int, Mark]]]) -> None:
+        """Append marks per bucket, durably (group commit with concurrent callers)."""
+        await self.marks.add(marks)
+
+    def read(self, spots: list[tuple[int, int]]) -> list[Entry | Exception]:
+        return list(self.log.read_many(spots))
+
+    # --- checkpoint and retirement ----------------------------------------------------------
+    def _capture(self, retiring: Iterable[int]) -> Checkpoint:
+        gone = set(retiring)
+        return Checkpoint(indexed_end=self.indexed_end, ingested_next=self.ingested_next,
+                          buckets={b: s for b, s in self.buckets.sizes.items() if b not in gone},
+                          segments=dict(self.segments))
+
+    def _save(self, cp: Checkpoint) -> None:
+        cp.save(self.checkpoint_path)
+
+    async def checkpoint(self) -> None:
+        now = self.clock.now_ms()
+        async with self.lock:
+            retiring = [b for b in self.loaded if b + self.config.bucket_ms <= now
+                        and self.live.get(b, 0) == 0]
+            cp = self._capture(retiring)
+            unsynced = self.buckets.take_unsynced()
+        await asyncio.to_thread(self.buckets.sync, *unsynced)
+        await asyncio.to_thread(self._save, cp)
+        async with self.lock:
+            for bucket in retiring:
+                if self.live.get(bucket, 0) == 0:
+                    self.loaded.discard(bucket)
+                    self.live.pop(bucket, None)
+                    self.buckets.retire(bucket)
+            self.precancels.prune(cp.ingested_next)
+            frontier = min([*self.buckets.sizes, *self.loaded], default=None)
+            for seg in list(self.log.starts[:-1]):
+                if self.log.segment_end(seg) <= cp.indexed_end and (
+                        frontier is None or self.segments.get(seg, -1) < frontier):
+                    self.log.delete_segment(seg)
+                    self.segments.pop(seg, None)
+        if retiring:
+            log.info("retired %d finished bucket(s)", len(retiring))
+
+    def close(self) -> None:
+        self.buckets.close()
+        self.log.close()
+
+    # --- observability ------------------------------------------------------------------------
+    def disk_bytes(self) -> int:
+        return self.log.disk_bytes() + self.buckets.disk_bytes()
+
+
+def _index_entry(entry: Entry, mid: str, topic: str) -> bytes:
+    return ENTRY.pack(entry.due_ms, entry.pos, entry.size, text_hash(mid), text_hash(topic))

@@ -1,0 +1,146 @@
+"""docker-compose.yml as local processes: each service's command and environment, on loopback.
+
+No Docker engine runs here, so the compose file is read and every service that is a process we
+can run (Redis and the tidemq services) is started as a child: service names resolve to
+127.0.0.1, each port a service ``expose``s is remapped to a free one (in URLs and in the
+service's own ``*_PORT``), ``0.0.0.0`` binds become ``127.0.0.1`` and ``/data/...`` paths move
+under a temp directory. Images that are not ours (Prometheus, Grafana) are not started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.support.procs import REPO, free_port, wait_port
+
+COMPOSE = REPO / "docker-compose.yml"
+
+
+def load_compose(path: Path = COMPOSE) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment with ``${VAR:-default}`` resolved to the default."""
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) for item in raw)
+    return {k: re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", str(v)) for k, v in raw.items()}
+
+
+@dataclass
+class LocalService:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    port: int  # the remapped port of its first `expose`
+    health: str  # "redis" or an HTTP URL
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    def logs(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+
+@dataclass
+class Topology:
+    compose: dict[str, Any]
+    workdir: Path
+    ports: dict[tuple[str, int], int] = field(default_factory=dict)
+    services: dict[str, LocalService] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, svc in self.compose["services"].items():
+            for port in svc.get("expose", []):
+                self.ports[(name, int(port))] = free_port()
+
+    def url(self, service: str) -> str:
+        port = next(p for (name, _), p in self.ports.items() if name == service)
+        return f"http://127.0.0.1:{port}"
+
+    def localize(self, service: str, value: str) -> str:
+        for (name, port), local in self.ports.items():
+            value = re.sub(rf"(?<![\w.-]){re.escape(name)}:{port}\b", f"127.0.0.1:{local}",
+                           value)
+            if name == service and value == str(port):
+                value = str(local)
+        if value == "0.0.0.0":
+            value = "127.0.0.1"
+        if value.startswith("/data/"):
+            value = str(self.workdir / "data" / value.removeprefix("/data/"))
+        return value
+
+    def plan(self, name: str) -> LocalService | None:
+        """How to run one compose service here; None for images we do not run."""
+        svc = self.compose["services"][name]
+        command = [str(c) for c in svc.get("command") or []]
+        exposed = [int(p) for p in svc.get("expose", [])]
+        if not command or not exposed:
+            return None
+        port = self.ports[(name, exposed[0])]
+        env = {k: self.localize(name, v) for k, v in env_of(svc).items()}
+        if command[0] == "redis-server":
+            exe = shutil.which("redis-server")
+            assert exe, "redis-server is not installed"
+            data = self.workdir / "data" / name
+            argv = [exe, *command[1:], "--port", str(port), "--bind", "127.0.0.1",
+                    "--protected-mode", "no"]
+            argv[argv.index("--dir") + 1] = str(data)
+            return LocalService(name, argv, env, port, "redis")
+        if command[:2] == ["python", "-m"]:
+            return LocalService(name, [sys.executable, *command[1:]], env, port,
+                                f"http://127.0.0.1:{port}/healthz")
+        return None
+
+    def start(self, name: str, timeout_s: float = 60.0) -> LocalService:
+        service = self.plan(name)
+        assert service is not None, f"{name} cannot run as a local process"
+        (self.workdir / "data" / name).mkdir(parents=True, exist_ok=True)
+        service.log_path = self.workdir / f"{name}.log"
+        with open(service.log_path, "ab") as log:
+            service.proc = subprocess.Popen(
+                service.argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **service.env, "PYTHONUNBUFFERED": "1"})
+        self.services[name] = service
+        deadline = time.monotonic() + timeout_s
+        if service.health == "redis":
+            wait_port(service.port, timeout_s)
+            return service
+        while time.monotonic() < deadline:
+            if service.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {service.proc.returncode}:\n"
+                                   + service.logs())
+            try:
+                if httpx.get(service.health, timeout=1.0).status_code == 200:
+                    return service
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{name} not healthy after {timeout_s}s:\n{service.logs()}")
+
+    def stop_all(self) -> None:
+        for service in reversed(list(self.services.values())):
+            proc = service.proc
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

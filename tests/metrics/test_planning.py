@@ -1,0 +1,43 @@
+"""Source offsets, read limits and batch splitting (pure)."""
+
+from __future__ import annotations
+
+from services.metrics import planning
+from services.metrics.planning import QueueRange
+
+
+def test_offsets_round_trip_through_spark_form() -> None:
+    offsets = {3: 10, 0: 7}
+    spark_form = planning.to_spark(offsets)
+    assert spark_form == {"queues": {"0": 7, "3": 10}}
+    assert planning.from_spark(spark_form) == offsets
+    assert planning.from_spark(None) == {} and planning.from_spark({"x": 1}) == {}
+
+
+def test_advance_without_a_limit_reads_everything_and_never_goes_back() -> None:
+    start = {0: 5, 1: 9}
+    latest = {0: 8, 1: 4, 2: 3}  # queue 1 went "back" (a truncated tail); queue 2 is new
+    assert planning.advance(start, latest, None) == {0: 8, 1: 9, 2: 3}
+
+
+def test_advance_shares_a_read_limit_fairly_between_queues() -> None:
+    start = {0: 0, 1: 0, 2: 0}
+    latest = {0: 100, 1: 2, 2: 100}
+    end = planning.advance(start, latest, 50)
+    assert sum(end.values()) == 50
+    assert end[1] == 2  # the small queue gets all it has; the rest is split
+    assert abs(end[0] - end[2]) <= 1
+    assert planning.advance(start, latest, 0) == start
+    assert planning.advance(start, latest, 1000) == latest
+
+
+def test_cap_freezes_the_end_for_available_now() -> None:
+    assert planning.cap({0: 10, 1: 5}, {0: 7}) == {0: 7, 1: 5}
+    assert planning.cap({0: 10}, None) == {0: 10}
+
+
+def test_split_cuts_each_queue_into_tasks() -> None:
+    ranges = planning.split({0: 0, 1: 10}, {0: 25, 1: 10, 2: 4}, 10)
+    assert ranges == [QueueRange(0, 0, 10), QueueRange(0, 10, 20), QueueRange(0, 20, 25),
+                      QueueRange(2, 0, 4)]
+    assert sum(r.size for r in ranges) == 29
