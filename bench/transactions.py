@@ -20,7 +20,7 @@ on free ports with data in a temp dir, and stops them at the end. Bodies are 512
               start until all P are delivered, and its peak resident memory. Target: within
               one default check interval (30 s).
 
-Plain and txn alternate twice in the full run (the box is shared and noisy); the best of each
+Plain and the two txn modes alternate three times (the box is shared and noisy); the best of each
 is used. The JSON line has at least ``txn_vs_plain_ratio``, ``check_sweep_s`` and
 ``check_sweep_pending``.
 """
@@ -66,8 +66,8 @@ class Sizes:
     rounds: int
 
 
-QUICK = Sizes(sends=10_000, pending=10_000, interval_ms=1_000, immunity_ms=500, rounds=1)
-FULL = Sizes(sends=50_000, pending=100_000, interval_ms=30_000, immunity_ms=6_000, rounds=2)
+QUICK = Sizes(sends=10_000, pending=10_000, interval_ms=1_000, immunity_ms=500, rounds=3)
+FULL = Sizes(sends=50_000, pending=100_000, interval_ms=30_000, immunity_ms=6_000, rounds=3)
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -195,11 +195,11 @@ async def txn_round(broker: str, http: httpx.AsyncClient, n: int, oneway: bool) 
 
         label = "transactional sends, oneway end" if oneway else "transactional sends"
         await drive(label, n, send)
-    while await stored(http, broker, topic) < n:  # the last ends (oneway) are in flight
-        await asyncio.sleep(0.005)
-        if time.perf_counter() - began > 120:
-            raise RuntimeError(f"txn: {topic} does not hold {n} committed messages")
-    return n / (time.perf_counter() - began)
+        while await stored(http, broker, topic) < n:  # the last ends (oneway) are in flight
+            await asyncio.sleep(0.002)
+            if time.perf_counter() - began > 120:
+                raise RuntimeError(f"txn: {topic} does not hold {n} committed messages")
+        return n / (time.perf_counter() - began)
 
 
 async def store_halves(http: httpx.AsyncClient, broker: str, group: str, topic: str,

@@ -251,8 +251,8 @@ class TransactionProducer:
     async def _execute(self, message: Message, arg: Any, txid: str
                        ) -> tuple[TransactionState, BaseException | None]:
         try:
-            return TransactionState(await self.listener.execute_local_transaction(message, arg)), \
-                None
+            state = await self.listener.execute_local_transaction(message, arg)
+            return (state if type(state) is TransactionState else TransactionState(state)), None
         except LocalTransactionFailed as exc:
             log.info("transaction %s: local transaction failed and rolled back (%s); rolling "
                      "back the message", txid, exc.__cause__ or exc)

@@ -83,7 +83,7 @@ class BrokerSettings(ServiceSettings):
     # a transaction check waits this long for a producer of its group to poll it (s)
     check_hold_s: float = Field(default=30.0, gt=0)
     # ended transactions remembered in memory (older ones are read back from the store)
-    max_ended_transactions: int = Field(default=200_000, ge=0)
+    max_ended_transactions: int = Field(default=50_000, ge=0)
 
     # --- consumers -----------------------------------------------------------------------------
     max_reconsume_times: int = Field(default=16, ge=0)  # retries before a message goes to the DLQ

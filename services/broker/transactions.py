@@ -94,6 +94,7 @@ class TransactionService:
         self.producers = producers
         self.metrics = metrics
         self.reject = reject
+        self._topics_ready = all(topics.get(name) is not None for name in SYSTEM_TOPICS)
         self.table = TxTable(store, max_ended)
         self.cache = HalfCache(half_cache_bytes)
         self.locks = KeyedLocks()
@@ -112,8 +113,14 @@ class TransactionService:
             self.events.labels(kind.value)
 
     async def start(self) -> None:
-        for name in SYSTEM_TOPICS:
-            await self.topics.ensure_system(name)
+        """Nothing to open: the system topics are created with the first half message."""
+
+    async def ensure_topics(self) -> None:
+        """Create the transaction system topics (readable through the public pull) once."""
+        if not self._topics_ready:
+            for name in SYSTEM_TOPICS:
+                await self.topics.ensure_system(name)
+            self._topics_ready = True
 
     def close(self) -> None:
         self.channel.close()
@@ -161,6 +168,7 @@ class TransactionService:
             raise ProtocolError(ErrorCode.BAD_REQUEST,
                                 f"check_immunity_s must be a number >= 0, got {immunity!r}")
         cfg = await self.sender.writable_topic(topic)
+        await self.ensure_topics()
         msgs = parse_messages({"messages": [payload["message"]] if single
                                else payload["messages"]}, self.sender.limits)
         now = now_ms()

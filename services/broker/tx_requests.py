@@ -114,7 +114,7 @@ def half_record(msg: OutgoingMessage, group: str, topic: str, queue_id: int, mid
 def delayed_message(half: StoredRecord | MessageRecord) -> OutgoingMessage | None:
     """The delay a half message asked for (applied from its commit), if any."""
     props = half.properties
-    if not any(k in props for k in (DELAY_LEVEL, DELAY_MS, DELIVER_AT_MS)):
+    if DELAY_LEVEL not in props and DELAY_MS not in props and DELIVER_AT_MS not in props:
         return None
     msg = OutgoingMessage(body=half.body, message_id=props.get(UNIQ_KEY),
                           tag=props.get(TAGS) or None)

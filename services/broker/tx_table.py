@@ -89,6 +89,7 @@ class HalfDedup:
         self.max_entries = max_entries
         self._complete_since = started_ms  # younger keys may be missing from memory
         self._recent: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
+        self._oldest_ms = started_ms  # store time of the first entry (none older remains)
 
     def lookup(self, topic: str, message_id: str, now_ms: int) -> str | None:
         if self.window_ms <= 0:
@@ -110,6 +111,8 @@ class HalfDedup:
             return
         self._recent[(topic, message_id)] = (txid, now_ms)
         horizon = now_ms - self.window_ms
+        if self._oldest_ms >= horizon and len(self._recent) <= self.max_entries:
+            return  # nothing to expire yet (the usual case)
         while self._recent:
             key, (_, ts) = next(iter(self._recent.items()))
             if ts >= horizon and len(self._recent) <= self.max_entries:
@@ -117,14 +120,17 @@ class HalfDedup:
             del self._recent[key]
             if ts >= horizon:  # dropped inside the window: use the index until it ages out
                 self._complete_since = max(self._complete_since, ts + 1)
+        self._oldest_ms = next(iter(self._recent.values()))[1] if self._recent else now_ms
 
 
 class HalfCache:
-    """The half records this run wrote, kept (up to ``max_bytes`` of bodies) until their end:
+    """The half records this run wrote, kept (up to ``max_bytes`` of bodies and ``max_entries``
+    records) until their end:
     a commit then builds its copy without reading the half back from the log."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_entries: int = 200_000) -> None:
         self.max_bytes = max_bytes
+        self.max_entries = max_entries
         self.bytes = 0
         self._records: OrderedDict[str, MessageRecord] = OrderedDict()
 
@@ -136,7 +142,8 @@ class HalfCache:
             return
         self._records[txid] = record
         self.bytes += len(record.body)
-        while self.bytes > self.max_bytes and self._records:
+        while (self.bytes > self.max_bytes or len(self._records) > self.max_entries) \
+                and self._records:
             self.bytes -= len(self._records.popitem(last=False)[1].body)
 
     def pop(self, txid: str) -> MessageRecord | None:

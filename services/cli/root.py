@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from services.cli import admin, messages, tx, up
+from services.cli import admin, delays, messages, tx, up
 from services.cli.rest import DEFAULT_BROKER_URL, DEFAULT_NAMESERVER_URL, Endpoints
 
 app = typer.Typer(
@@ -33,6 +33,7 @@ def root(
 
 app.command("up")(up.up)
 app.add_typer(admin.topic_app, name="topic")
+app.add_typer(delays.delay_app, name="delay")
 app.add_typer(tx.tx_app, name="tx")
 app.command("send")(messages.send)
 app.command("consume")(messages.consume)

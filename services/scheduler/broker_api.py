@@ -18,7 +18,12 @@ MSGPACK = "application/msgpack"
 
 
 class BrokerDown(Exception):
-    """The broker cannot take the request now; retry later."""
+    """The broker cannot take the request now; retry later. ``maybe_done``: the request may
+    have taken effect (no answer came back), unlike a 503 answer, which did nothing."""
+
+    def __init__(self, message: str, maybe_done: bool = True) -> None:
+        super().__init__(message)
+        self.maybe_done = maybe_done
 
 
 class BrokerRefused(Exception):
@@ -66,7 +71,7 @@ class BrokerApi:
             code = data.get("code", "") if isinstance(data, dict) else ""
             message = data.get("message", "") if isinstance(data, dict) else ""
             if resp.status_code == 503:
-                raise BrokerDown(f"{method} {path}: {code}: {message}")
+                raise BrokerDown(f"{method} {path}: {code}: {message}", maybe_done=False)
             raise BrokerRefused(resp.status_code, code, message)
         return data
 

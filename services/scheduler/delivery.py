@@ -214,7 +214,8 @@ class Deliverer:
                 log.log(level, "delivering %d timer(s) failed (%s); retrying in %.2fs",
                         len(payloads), exc, delay)
                 self.metrics.delivery_failures.inc()
-            strict = list(range(len(payloads)))
+                if not isinstance(exc, BrokerDown) or exc.maybe_done:
+                    strict = list(range(len(payloads)))  # it may be stored: look first
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
 

@@ -139,7 +139,7 @@ class LevelWalker:
                 log.warning("levels: delivering %d message(s) failed (%s); retrying",
                             len(payloads), exc)
                 self.metrics.delivery_failures.inc()
-                strict = True
+                strict = strict or not isinstance(exc, BrokerDown) or exc.maybe_done
                 await asyncio.sleep(RETRY_S)
 
     # --- cancel ----------------------------------------------------------------------------

@@ -7,11 +7,12 @@ disk bytes, progress) are read at scrape time through a collector.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,36 @@ class _Gauges(Collector):
                                     value=float(value))
 
 
+class Lateness(Collector):
+    """A histogram of delivery lateness, observed in bulk (a batch at a time, C-speed bisect)
+    rather than one ``observe`` call per timer."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENESS_BUCKETS) + 1)
+        self.total_s = 0.0
+        self.max_ms = 0
+
+    def observe_ms(self, values: list[int]) -> None:
+        if not values:
+            return
+        edges = [b * 1000 for b in LATENESS_BUCKETS]
+        counts = self.counts
+        for v in values:
+            counts[bisect.bisect_left(edges, v)] += 1
+        self.total_s += sum(values) / 1000
+        self.max_ms = max(self.max_ms, max(values))
+
+    def collect(self) -> Iterator[Metric]:
+        cumulative, buckets = 0, []
+        for edge, n in zip([*map(str, LATENESS_BUCKETS), "+Inf"], self.counts, strict=True):
+            cumulative += n
+            buckets.append((edge, cumulative))
+        yield HistogramMetricFamily("tidemq_scheduler_lateness_seconds",
+                                    "Delivery time minus due time (scheduler clock), at the "
+                                    "broker's acknowledgement", buckets=buckets,
+                                    sum_value=self.total_s)
+
+
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -41,9 +72,8 @@ class SchedulerMetrics:
         self.delivered_total = Counter("tidemq_scheduler_delivered",
                                        "Delayed messages delivered, by kind (timer, level)",
                                        ["kind"], registry=r)
-        self.lateness = Histogram("tidemq_scheduler_lateness_seconds",
-                                  "Delivery time minus due time (scheduler clock)",
-                                  buckets=LATENESS_BUCKETS, registry=r)
+        self.lateness = Lateness()
+        r.register(self.lateness)
         self.ingested = Counter("tidemq_scheduler_ingested",
                                 "Timers taken in from the broker's intake topic", registry=r)
         self.cancelled = Counter("tidemq_scheduler_cancelled",
@@ -57,15 +87,14 @@ class SchedulerMetrics:
         for kind in ("timer", "level"):
             self.delivered_total.labels(kind)
             self.cancelled.labels(kind)
-        self.max_lateness_ms = 0
+
+    @property
+    def max_lateness_ms(self) -> int:
+        return self.lateness.max_ms
 
     def add_gauges(self, source: Callable[[], dict[str, float]]) -> None:
         self.registry.register(_Gauges(source))
 
     def delivered(self, count: int, lateness_ms: list[int], kind: str) -> None:
         self.delivered_total.labels(kind).inc(count)
-        observe = self.lateness.observe
-        for ms in lateness_ms:
-            observe(ms / 1000)
-        if lateness_ms:
-            self.max_lateness_ms = max(self.max_lateness_ms, max(lateness_ms))
+        self.lateness.observe_ms(lateness_ms)

@@ -32,7 +32,6 @@ from services.scheduler.timers import TimerConfig, TimerStore
 log = logging.getLogger(__name__)
 
 CONNECT_RETRY_S = 1.0
-FLOOR_REFRESH_S = 10.0  # the retention floor is re-sent at least this often
 
 
 class Scheduler:
@@ -105,22 +104,19 @@ class Scheduler:
                 log.exception("checkpoint failed; retrying in %.1fs", interval)
 
     async def _report_floor(self) -> None:
-        """Tell the broker what it must keep: intake and level records not taken yet."""
+        """Tell the broker what it must keep: intake and level records not taken yet. Sent
+        every interval, changed or not: the broker turns "consumed to the end" into the log's
+        current end, so an idle scheduler does not hold old segments either."""
         interval = self.settings.progress_interval_ms / 1000
-        last: list[tuple[str, int, int]] = []
-        since = 0.0
         while True:
             positions = [(SystemTopic.TIMER_INTAKE.value, 0, self.store.ingested_next)]
             positions += [(SystemTopic.SCHEDULE.value, q, self.levels.offsets.get(q, 0))
                           for q in range(len(self.levels_ms))]
-            if positions != last or since >= FLOOR_REFRESH_S:
-                try:
-                    await self.broker.progress(SCHEDULER_FLOOR_OWNER, positions)
-                    last, since = positions, 0.0
-                except Exception as exc:
-                    log.warning("reporting progress to the broker failed: %s", exc)
+            try:
+                await self.broker.progress(SCHEDULER_FLOOR_OWNER, positions)
+            except Exception as exc:
+                log.warning("reporting progress to the broker failed: %s", exc)
             await asyncio.sleep(interval)
-            since += interval
 
     async def stop(self) -> None:
         self.ready = False

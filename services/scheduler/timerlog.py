@@ -65,10 +65,10 @@ def decode(buf: bytes | memoryview, at: int, pos: int) -> Entry:
     size, magic, crc, due, bucket, intake = HEADER.unpack_from(buf, at)
     if magic != MAGIC or not HEADER_SIZE <= size <= MAX_ENTRY or at + size > len(buf):
         raise CorruptEntry(f"entry at {pos}: bad magic or size ({magic:#x}, {size})")
-    body = bytes(buf[at + 12: at + size])
-    if crc32(body) != crc:
+    view = memoryview(buf)
+    if crc32(view[at + 12: at + size]) != crc:
         raise CorruptEntry(f"entry at {pos}: CRC mismatch")
-    return Entry(pos, size, due, bucket, intake, body[TAIL.size:])
+    return Entry(pos, size, due, bucket, intake, bytes(view[at + HEADER_SIZE: at + size]))
 
 
 class TimerLog:
@@ -207,29 +207,29 @@ class TimerLog:
     def read_many(self, spots: list[tuple[int, int]], gap: int = 64 * 1024,
                   span: int = 4 * 1024 * 1024) -> list[Entry | CorruptEntry]:
         """Entries at ``(pos, size)`` spots, in the given order; near ones share one pread."""
-        order = sorted(range(len(spots)), key=lambda k: spots[k][0])
+        order = sorted(range(len(spots)), key=spots.__getitem__)
         out: list[Entry | CorruptEntry] = [CorruptEntry("unread")] * len(spots)
-        j = 0
-        while j < len(order):
-            first = spots[order[j]][0]
+        j, n = 0, len(order)
+        while j < n:
+            first, size = spots[order[j]]
             i = self._segment(first)
-            end, k = first + spots[order[j]][1], j + 1
-            while k < len(order):
+            seg_end = self.segment_end(self.starts[i]) if i is not None else first
+            end, k = first + size, j + 1
+            while k < n:
                 pos, size = spots[order[k]]
-                if pos - end > gap or pos + size - first > span or self._segment(pos) != i:
+                if pos - end > gap or pos + size - first > span or pos >= seg_end:
                     break
-                end, k = max(end, pos + size), k + 1
-            if i is None:
-                buf = b""
-            else:
-                seg = self.starts[i]
-                buf = os.pread(self._fds[seg], end - first, first - seg)
-            for n in order[j:k]:
-                pos = spots[n][0]
+                if pos + size > end:
+                    end = pos + size
+                k += 1
+            buf = b"" if i is None else os.pread(self._fds[self.starts[i]], end - first,
+                                                 first - self.starts[i])
+            for m in order[j:k]:
+                pos = spots[m][0]
                 try:
-                    out[n] = decode(buf, pos - first, pos)
+                    out[m] = decode(buf, pos - first, pos)
                 except CorruptEntry as exc:
-                    out[n] = exc
+                    out[m] = exc
             j = k
         return out
 

@@ -55,9 +55,10 @@ class Timer:
 
 
 def payload_id(payload: bytes) -> tuple[str, str]:
-    """(message id, real topic) of a timer-log payload."""
-    record = msgpack.unpackb(payload, raw=False)
-    return record["properties"].get("UNIQ_KEY", ""), record["topic"]
+    """(message id, real topic) of a timer-log payload (a delivery row: topic first,
+    properties fourth; services.broker.scheduling.delivery_row)."""
+    row = msgpack.unpackb(payload, raw=False)
+    return row[3].get("UNIQ_KEY", ""), row[0]
 
 
 class TimerStore:

@@ -9,35 +9,10 @@ first slot — so the bucket of a slot is ``slot * tick`` rounded down to the bu
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from array import array
 from dataclasses import dataclass, field
-
-
-@dataclass(slots=True)
-class Slot:
-    dues: array[int] = field(default_factory=lambda: array("q"))
-    positions: array[int] = field(default_factory=lambda: array("q"))
-    sizes: array[int] = field(default_factory=lambda: array("I"))
-
-    def __len__(self) -> int:
-        return len(self.dues)
-
-    def add(self, due: int, pos: int, size: int) -> None:
-        self.dues.append(due)
-        self.positions.append(pos)
-        self.sizes.append(size)
-
-    def extend(self, other: Slot) -> None:
-        self.dues.extend(other.dues)
-        self.positions.extend(other.positions)
-        self.sizes.extend(other.sizes)
-
-    def take(self, keep: list[int]) -> None:
-        """Keep only the entries at indexes ``keep``."""
-        self.dues = array("q", [self.dues[i] for i in keep])
-        self.positions = array("q", [self.positions[i] for i in keep])
-        self.sizes = array("I", [self.sizes[i] for i in keep])
 
 
 @dataclass(slots=True)
@@ -48,6 +23,49 @@ class Due:
     dues: array[int]
     positions: array[int]
     sizes: array[int]
+
+
+@dataclass(slots=True)
+class Slot:
+    dues: array[int] = field(default_factory=lambda: array("q"))
+    positions: array[int] = field(default_factory=lambda: array("q"))
+    sizes: array[int] = field(default_factory=lambda: array("I"))
+    ordered: bool = False  # entries sorted by due time (appends undo it)
+
+    def __len__(self) -> int:
+        return len(self.dues)
+
+    def add(self, due: int, pos: int, size: int) -> None:
+        if self.ordered and self.dues and due < self.dues[-1]:
+            self.ordered = False
+        self.dues.append(due)
+        self.positions.append(pos)
+        self.sizes.append(size)
+
+    def extend(self, other: Slot) -> None:
+        self.ordered = False
+        self.dues.extend(other.dues)
+        self.positions.extend(other.positions)
+        self.sizes.extend(other.sizes)
+
+    def sort(self) -> None:
+        """Order the entries by due time (once, for the slot being handed over in parts)."""
+        order = sorted(range(len(self.dues)), key=self.dues.__getitem__)
+        self.dues = array("q", [self.dues[i] for i in order])
+        self.positions = array("q", [self.positions[i] for i in order])
+        self.sizes = array("I", [self.sizes[i] for i in order])
+        self.ordered = True
+
+    def split(self, now: int) -> Due | None:
+        """Hand over the entries due at ``now`` (the slot is sorted first), keep the rest."""
+        if not self.ordered:
+            self.sort()
+        cut = bisect.bisect_right(self.dues, now)
+        if not cut:
+            return None
+        due = Due(0, self.dues[:cut], self.positions[:cut], self.sizes[:cut])
+        del self.dues[:cut], self.positions[:cut], self.sizes[:cut]
+        return due
 
 
 class Wheel:
@@ -109,21 +127,18 @@ class Wheel:
                 heapq.heappop(self._heap)
                 self.slots.pop(n, None)
                 continue
-            if n < current or max(slot.dues) <= now:
+            if n < current or (slot.ordered and slot.dues[-1] <= now):
                 heapq.heappop(self._heap)
                 del self.slots[n]
                 out.append(Due(self.bucket_of_slot(n), slot.dues, slot.positions, slot.sizes))
                 self.count -= len(slot)
                 continue
             # the current slot: hand over what is due, keep the rest
-            ready = [i for i, d in enumerate(slot.dues) if d <= now]
-            if ready:
-                rest = [i for i, d in enumerate(slot.dues) if d > now]
-                out.append(Due(self.bucket_of_slot(n), array("q", [slot.dues[i] for i in ready]),
-                               array("q", [slot.positions[i] for i in ready]),
-                               array("I", [slot.sizes[i] for i in ready])))
-                slot.take(rest)
-                self.count -= len(ready)
+            part = slot.split(now)
+            if part is not None:
+                part.bucket = self.bucket_of_slot(n)
+                out.append(part)
+                self.count -= len(part.dues)
             break
         return out
 

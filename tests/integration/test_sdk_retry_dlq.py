@@ -20,8 +20,9 @@ MAX_RECONSUME = 2
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory,
             redis_server: RedisServer) -> Iterator[SdkCluster]:
+    # no scheduler and no back-off: a retried message comes back at once
     with run_cluster(tmp_path_factory.mktemp("retry"), redis_server.url,
-                     max_reconsume_times=MAX_RECONSUME) as handle:
+                     max_reconsume_times=MAX_RECONSUME, retry_backoff=False) as handle:
         yield handle
 
 

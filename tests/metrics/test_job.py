@@ -7,6 +7,7 @@ the one rendered from the plain-Python aggregation of the same events.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def run_once(spark: Any, broker: BrokerHandle, token: str, topic: str, job_dir: 
     return text, parse_exposition(text)
 
 
-def expected(bodies: list[Body]) -> Samples:
+def expected(bodies: Sequence[Body]) -> Samples:
     rollups = python_rollup(parse_event(encode(b)) for b in bodies)
     return parse_exposition(render(rollups, BatchInfo(0, 0.0)))
 

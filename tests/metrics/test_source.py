@@ -19,7 +19,7 @@ from services.metrics.source import (
     to_arrow,
 )
 from tests.integration.test_broker_harness import BrokerHandle, unique
-from tests.metrics.helpers import MALFORMED, Script, encode, put_events, scenario
+from tests.metrics.helpers import MALFORMED, Body, Script, encode, put_events, scenario
 
 
 def reader(broker: BrokerHandle, token: str, topic: str, **options: str,
@@ -127,7 +127,7 @@ def test_vectorized_parse_follows_the_python_rules() -> None:
     batch = to_arrow(3, list(range(len(valid))), valid)
     assert _rows(batch) == [(3, i, *parse_event(b)) for i, b in enumerate(valid)]
 
-    edge = [
+    edge: list[Body] = [
         make_event("half", producer_group="g", topic="t", transaction_id="x", born_ms=0,
                    ts_ms=0, check_times=2**31),  # past the 32-bit column
         make_event("half", producer_group="", topic="t", transaction_id="x", born_ms=0,

@@ -4,6 +4,7 @@ forward) and 30 days (on disk, inspectable, cancellable), bad delays, and retry 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,3 +186,27 @@ def test_retry_backs_off_by_delay_level(cluster: DelayCluster) -> None:
     assert got[1]["store_timestamp_ms"] - got[0]["store_timestamp_ms"] >= 4 * STEP_MS
     resp = cluster.http.post(path, json={"message_id": mid, "delay_level": 19})
     assert resp.status_code == 400 and resp.json()["code"] == "INVALID_DELAY"
+
+
+def test_cli_delay_list_and_cancel(cluster: DelayCluster) -> None:
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    topic = cluster.broker.create_topic(queues=1)
+    mid = unique("cli")
+    cluster.broker.send(topic, {"message_id": mid, "body": "x", "delay_ms": 3_600_000},
+                        {"body": "y", "delay_level": 18})
+    runner = CliRunner()
+    base = ["--broker", cluster.broker.url]
+    wait_until(lambda: cluster.scheduled(topic)["pending"] == 2, 5, "both counted")
+    listed = runner.invoke(app, [*base, "delay", "list", "--topic", topic, "--json"])
+    assert listed.exit_code == 0, listed.output
+    answer = json.loads(listed.stdout)
+    assert answer["pending"] == 2 and answer["timers"] == 1 and answer["by_level"]["18"] == 1
+    table = runner.invoke(app, [*base, "delay", "list"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "level 18" in table.stdout
+    cancelled = runner.invoke(app, [*base, "delay", "cancel", mid])
+    assert cancelled.exit_code == 0 and "cancelled" in cancelled.stdout
+    missing = runner.invoke(app, [*base, "delay", "cancel", unique("nope")])
+    assert missing.exit_code == 1 and "MESSAGE_NOT_FOUND" in missing.output

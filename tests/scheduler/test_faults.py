@@ -143,3 +143,41 @@ def test_cancel_right_after_send_wins(cluster: DelayCluster) -> None:
     time.sleep(max(0.0, 3.5 - (time.monotonic() - began)))
     assert cluster.pull_all(topic) == []
     assert cluster.scheduled(topic)["pending"] == 0
+
+
+def test_retention_keeps_timers_the_scheduler_has_not_taken(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    retention = {"segment_bytes": str(256 * 1024), "file_reserved_hours": "0.0005",  # 1.8 s
+                 "retention_interval_s": "0.3"}
+    with run_delay_cluster(tmp_path, redis_server.url, levels=LEVELS, scheduler=SMALL_BUCKETS,
+                           **retention) as cluster:
+        broker = cluster.broker
+        filler = broker.create_topic(queues=1)
+        topic = broker.create_topic(queues=2)
+        big = "f" * 4000
+        for _ in range(4):  # a few segments of old data before the timers
+            broker.send(filler, *({"body": big} for _ in range(50)))
+        time.sleep(0.6)  # the scheduler reports it has nothing to keep (every 200 ms here)
+        cluster.scheduler.kill()
+        due = send_load(cluster, topic, timers=300, levels=30, start_ms=now_ms() + 2000,
+                        spread_ms=1000)
+        for _ in range(4):  # and after them
+            broker.send(filler, *({"body": big} for _ in range(50)))
+
+        def store_min() -> int:
+            text = broker.http.get("/metrics").text
+            line = next(x for x in text.splitlines()
+                        if x.startswith("tidemq_broker_store_commitlog_min_offset "))
+            return int(float(line.split()[1]))
+
+        wait_until(lambda: store_min() > 0, 15, "retention to delete the oldest segments")
+        time.sleep(2.5)  # the timers' segments are past the retention age now, and held
+        intake = broker.http.get("/v1/topics/TIDE_SYS_TIMER_INTAKE").json()["offsets"][0]
+        assert intake["min"] == 0 and intake["max"] == 300
+        cluster.scheduler.start()
+        cluster.wait_ready()
+        check_exactly_once(cluster, topic, due)
+        # taken in: the scheduler's floor moves on and the held segments may go
+        wait_until(lambda: broker.http.get("/v1/topics/TIDE_SYS_TIMER_INTAKE").json()
+                   ["offsets"][0]["min"] == 300 or store_min() > 1024 * 1024, 15,
+                   "retention to move past the timers once taken in")

@@ -17,9 +17,8 @@ CONFIG = TimerConfig(bucket_ms=BUCKET, preload_ms=2_000, tick_ms=100, segment_by
 
 
 def _timer(i: int, due: int) -> Timer:
-    record = {"topic": "T", "queue_id": 0, "body": b"x" * 20,
-              "properties": {"UNIQ_KEY": f"m{i}"}}
-    return Timer(due, i, f"m{i}", "T", msgpack.packb(record))
+    row = ["T", 0, b"x" * 20, {"UNIQ_KEY": f"m{i}"}, 0, 0, due - 1000, "127.0.0.1:1", 0, 0]
+    return Timer(due, i, f"m{i}", "T", msgpack.packb(row))
 
 
 def _open(root: Path, clock: Clock) -> TimerStore:

@@ -92,6 +92,8 @@ class ServiceProcess:
     def start(self, timeout: float = 20.0) -> ServiceProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        if self.name == "broker":  # gRPC off unless a test asks: brokers must not race for 8081
+            env.setdefault("TIDEMQ_BROKER_GRPC_PORT", "0")
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
                                          cwd=REPO, env=env, stdout=log, stderr=log)

@@ -61,7 +61,9 @@ class PendingBody(BaseModel):
 
 
 class DeliverDoc(BaseModel):
-    records: list[dict[str, Any]] = Field(description="delivery records (see scheduling.py)")
+    records: list[list[Any]] = Field(description="delivery rows: [topic, queue_id, body, "
+                                     "properties, flag, sys_flag, born_timestamp_ms, "
+                                     "born_host, reconsume_times, prepared_tx_offset]")
     strict: list[int] = Field(default_factory=list,
                               description="indexes to store only if not delivered already")
 
