@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 
-.PHONY: up test test-fast bench bench-quick lint typecheck clean redis
+.PHONY: up test bench bench-quick lint clean system-deps
 
 $(STAMP): pyproject.toml sdk/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -12,23 +12,24 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 	$(BIN)/pip install -q -e sdk -e ".[dev]"
 	@touch $(STAMP)
 
-# redis-server comes from Debian's package (needs root, or sudo) when it is not installed.
-redis:
-	@command -v redis-server >/dev/null 2>&1 || scripts/install-system-deps.sh
+# redis-server, Java (for Spark), promtool and docker-compose come from Debian's packages
+# (needs root, or sudo) when missing; the script installs only what is absent.
+system-deps:
+	@scripts/install-system-deps.sh
 
-up: $(STAMP) redis
+up: $(STAMP) system-deps
 	$(BIN)/tidemq up
 
-test: $(STAMP) redis
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # bench/install-peers.sh installs the peers measured beside tidemq (nats-server, nats-py);
 # it never fails the run: a missing peer is reported as skipped.
-bench: $(STAMP) redis
+bench: $(STAMP) system-deps
 	@bench/install-peers.sh $(VENV)
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
-bench-quick: $(STAMP) redis
+bench-quick: $(STAMP) system-deps
 	@bench/install-peers.sh $(VENV)
 	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
 
