@@ -304,17 +304,18 @@ def slope(points: list[tuple[int, float]]) -> float:
 async def phase_far(c: Cluster, http: httpx.AsyncClient, sizes: Sizes) -> dict[str, Any]:
     await c.restart_scheduler()  # a fresh process: memory from (a) and (b) does not count
     topic = await create_topic(http, c.url)
-    # warm-up at full batch sizes: the one-time cost of the pipeline (HTTP buffers, allocator
-    # arenas of the I/O threads) is paid before the first figure
-    n_warm = max(100_000, sizes.far // 20)
-    warm = array("q", (now_ms() + 2 * DAY_MS + i for i in range(n_warm)))
+    # warm-up at full batch sizes and with the same spread: the one-time costs (HTTP buffers,
+    # allocator arenas of the I/O threads, one open index file per hour bucket of the 30 days)
+    # are paid before the first figure
+    n_warm = max(250_000, sizes.far // 10)
+    lo, span = now_ms() + 3_600_000, 30 * DAY_MS - 3_600_000 - 60_000
+    warm = array("q", (lo + (i * 7_919_993 + 12_345) % span for i in range(n_warm)))
     await send_timers(http, c.url, topic, "w", warm, FAR_BATCH, "c: warm-up")
     base = await taken_in(c, http, n_warm, None, "")
     await asyncio.sleep(1.0)
     points = [(0, await steady_rss(c))]
     disk_before = dir_bytes(c.sched_dir)
     n = sizes.far
-    lo, span = now_ms() + 3_600_000, 30 * DAY_MS - 3_600_000 - 60_000
     dues = array("q", (lo + (i * 7_919_993) % span for i in range(n)))
     chunks = 4
     send_s = 0.0

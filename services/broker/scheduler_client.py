@@ -44,11 +44,11 @@ class SchedulerClient:
         except ValueError:
             body = None
         if resp.status_code >= 400:
-            code = body.get("code") if isinstance(body, dict) else None
+            code = str(body.get("code", "")) if isinstance(body, dict) else ""
             message = body.get("message") if isinstance(body, dict) else None
             try:
                 error = ErrorCode(code)
-            except ValueError:
+            except ValueError:  # not one of ours (e.g. a proxy's error page)
                 error = ErrorCode.UNAVAILABLE
             raise ProtocolError(error, str(message or f"scheduler answered {resp.status_code}"))
         if not isinstance(body, dict):

@@ -308,7 +308,17 @@ class ScheduleService:
                 hint["queue_offset"] = newest.queue_offset
             else:
                 hint["intake_offset"] = newest.queue_offset
-        await self._require_scheduler().cancel(message_id, hint)
+        try:
+            await self._require_scheduler().cancel(message_id, hint)
+        except ProtocolError as exc:
+            # delivered (and forgotten by the scheduler) since the copies were read above?
+            latest = _newest_that_matters(self.store.find_by_unique_key(message_id))
+            if exc.code is ErrorCode.MESSAGE_NOT_FOUND and latest is not None and \
+                    is_consumable(latest.topic):
+                raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
+                                    f"message {message_id!r} was already delivered to "
+                                    f"{latest.topic!r}: nothing to cancel") from None
+            raise
         await self._record_cancel(message_id, newest, hint)
         self.cancelled += 1
         log.info("cancelled delayed message %s (due %s)", message_id, hint.get("due_ms"))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from services.common.runner import serve
 from services.scheduler.app import create_scheduler_app
+from services.scheduler.memory import pin_mmap_threshold
 from services.scheduler.settings import SchedulerSettings
 
 
 def main() -> None:
+    pin_mmap_threshold()  # before any large buffer exists
     settings = SchedulerSettings()
     serve(create_scheduler_app(settings), settings.host, settings.port, settings.log_level)
 

@@ -8,6 +8,7 @@ MESSAGE_NOT_FOUND, or 503 UNAVAILABLE while a delivery of it is in flight and un
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -21,6 +22,8 @@ from services.scheduler.cancel import Outcome
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.service import Scheduler
 from services.scheduler.settings import SchedulerSettings
+
+GC_THRESHOLDS = (700, 10, 10)  # gen 0 / 1 / 2 collection thresholds: Python's defaults
 
 
 class CancelBody(BaseModel):
@@ -104,6 +107,11 @@ def create_scheduler_app(settings: SchedulerSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
+        # services.common.runner raises the collector's thresholds for request-heavy
+        # services. The scheduler's heap is small, and every httpx response it gets (up to
+        # ~1 MB of timers) sits in a reference cycle: with raised thresholds those bodies pile
+        # up by the hundred MB before a collection. Python's defaults free them at once.
+        gc.set_threshold(*GC_THRESHOLDS)
         scheduler = Scheduler(settings, metrics)
         await scheduler.start()
         app.state.scheduler = scheduler

@@ -65,7 +65,7 @@ def test_due_times_and_invalid_delays() -> None:
            {"deliver_at_ms": -3}, {"delay_level": 1, "delay_ms": 5}]
     for fields in bad:
         with pytest.raises(ProtocolError) as info:
-            d.due_for(NOW, **fields)  # type: ignore[arg-type]
+            d.due_for(NOW, **fields)
         assert info.value.code is ErrorCode.INVALID_DELAY, fields
     with pytest.raises(ProtocolError, match=str(30 * DAY)):
         d.due_for(NOW, deliver_at_ms=NOW + 31 * DAY)  # the message names the limit
