@@ -286,10 +286,8 @@ def test_up_stops_everything_when_a_child_dies(tmp_path: Path) -> None:
             up.proc.kill()
 
 
-# --- the client commands against a whole local cluster (once the broker can run) --------------
+# --- the client commands against a whole local cluster -----------------------------------------
 
-@pytest.mark.skipif(not module_available("services.broker"),
-                    reason="services.broker cannot run yet (no __main__)")
 def test_client_commands_against_tidemq_up(tmp_path: Path, runner: CliRunner) -> None:
     ns_port, broker_port = free_port(), free_port()
     out = tmp_path / "up.out"

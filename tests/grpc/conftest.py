@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 import pytest
 
-from services.cli.plan import module_available
 from tests.integration.test_broker_harness import TOKEN, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port, wait_port
 
@@ -91,14 +90,6 @@ class Cluster:
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30.0))
 
-    @property
-    def has_transactions(self) -> bool:
-        return "checker" in self.procs
-
-    @property
-    def has_delays(self) -> bool:
-        return "scheduler" in self.procs
-
     def topic(self, queues: int = 4) -> str:
         name = unique("G")
         resp = self.http.put(f"{self.broker_url}/v1/topics/{name}", json={"queues": queues})
@@ -148,7 +139,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
         procs["nameserver"] = ServiceProcess("nameserver", ns_port, {
             "TIDEMQ_NAMESRV_PORT": str(ns_port)}, work).start()
         ns_url = procs["nameserver"].url
-        sidecars = [n for n in ("checker", "scheduler") if module_available(f"services.{n}")]
+        sidecars = ["checker", "scheduler"]
         ports = {n: free_port() for n in sidecars}
         broker_env = {
             "TIDEMQ_BROKER_PORT": str(broker_port), "TIDEMQ_BROKER_GRPC_PORT": str(grpc_port),

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from tests.grpc.conftest import Cluster
 from tests.integration.test_broker_harness import unique
 
@@ -25,8 +23,6 @@ def state(cluster: Cluster, message_id: str) -> str:
 
 
 def test_committed_transaction_is_delivered_rolled_back_never(cluster: Cluster) -> None:
-    if not cluster.has_transactions:
-        pytest.skip("transactional messages need the checker service (services/checker)")
     topic = cluster.topic()
     [committed] = cluster.client("transaction", "--topic", topic, "--end", "commit",
                                  "--prefix", "commit")["sent"]
@@ -43,8 +39,6 @@ def test_committed_transaction_is_delivered_rolled_back_never(cluster: Cluster) 
 
 
 def test_orphaned_transaction_is_resolved_through_the_clients_checker(cluster: Cluster) -> None:
-    if not cluster.has_transactions:
-        pytest.skip("transaction checks need the checker service (services/checker)")
     topic = cluster.topic()
     # a producer sends a half message and goes away without ending it
     [orphan] = cluster.client("transaction", "--topic", topic, "--end", "none",
@@ -65,8 +59,6 @@ def test_orphaned_transaction_is_resolved_through_the_clients_checker(cluster: C
 
 
 def test_delayed_message_is_not_received_before_its_time(cluster: Cluster) -> None:
-    if not cluster.has_delays:
-        pytest.skip("delayed delivery needs the scheduler service (services/scheduler)")
     topic = cluster.topic()
     group = unique("g")
     [sent] = cluster.client("send", "--topic", topic, "--delay-ms", 4000,
@@ -83,8 +75,6 @@ def test_delayed_message_is_not_received_before_its_time(cluster: Cluster) -> No
 
 
 def test_delayed_message_recalled_before_its_time_is_never_delivered(cluster: Cluster) -> None:
-    if not cluster.has_delays:
-        pytest.skip("recalling a delayed message needs the scheduler (services/scheduler)")
     topic = cluster.topic()
     [sent] = cluster.client("send", "--topic", topic, "--delay-ms", 60_000, "--recall",
                             "--prefix", "recalled")["sent"]
