@@ -8,7 +8,7 @@ Every panel query is written once, here. The dashboard JSON uses it as is (with 
 query with those variables fixed (5m, 1h, every group), and ``dashboard-rules.test.yml`` checks
 each recorded query against sample series with ``promtool test rules`` — so every panel's PromQL
 is tested. Metric names: the metrics sidecar (services/metrics/exposition.py), the broker
-(services/broker/metrics.py) and the scheduler (services/scheduler/metrics.py and its
+(services/broker/observability.py) and the scheduler (services/scheduler/metrics.py and its
 scrape-time gauges: ``tidemq_scheduler_pending_timers``, ``…_pending_level_messages``).
 """
 

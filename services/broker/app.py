@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from services.broker.grpc import GrpcFrontDoor
-from services.broker.metrics import BrokerMetrics
+from services.broker.observability import BrokerMetrics
 from services.broker.routes import ROUTERS
 from services.broker.service import Broker
 from services.broker.settings import BrokerSettings

@@ -13,11 +13,11 @@ from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic, validate_topic_name
 
-from services.broker.convert import TAGS, UNIQ_KEY
-from services.broker.sending import SendService, new_message_id, now_ms
+from services.broker.messaging.convert import TAGS, UNIQ_KEY
+from services.broker.messaging.send import SendService, new_message_id, now_ms
+from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
-from services.broker.topics import TopicConfig, TopicManager
 
 MAX_RECORDS = 4096  # records per internal write
 

@@ -10,27 +10,27 @@ import asyncio
 import logging
 from typing import Any
 
-from services.broker.consumers import ConsumerService
-from services.broker.dedup import DedupCache
-from services.broker.delays import Delays, delay_view
-from services.broker.groups import GroupExpiryLoop, GroupRegistry, ProducerRegistry
+from services.broker.consumers.membership import GroupExpiryLoop, GroupRegistry, ProducerRegistry
+from services.broker.consumers.offsets import OffsetStore
+from services.broker.consumers.retry import RetryService
+from services.broker.consumers.service import ConsumerService
+from services.broker.consumers.simple import SimpleConsumerService
+from services.broker.delays.routing import Delays, delay_view
+from services.broker.delays.scheduler_api import SchedulerClient
+from services.broker.delays.service import ScheduleService
 from services.broker.internal import InternalService
-from services.broker.longpoll import PullHold
-from services.broker.metrics import BrokerMetrics
-from services.broker.offsets import OffsetStore
-from services.broker.pulling import PullService
-from services.broker.query import QueryService
+from services.broker.messaging.dedup import DedupCache
+from services.broker.messaging.longpoll import PullHold
+from services.broker.messaging.pull import PullService
+from services.broker.messaging.query import QueryService
+from services.broker.messaging.send import SendService, now_ms
+from services.broker.messaging.topics import TopicConfig, TopicManager
+from services.broker.observability import BrokerMetrics
 from services.broker.registrar import NameserverRegistrar
-from services.broker.retry import RetryService
-from services.broker.scheduler_client import SchedulerClient
-from services.broker.scheduling import ScheduleService
-from services.broker.sending import SendService, now_ms
 from services.broker.settings import BrokerSettings
-from services.broker.simple import SimpleConsumerService
 from services.broker.store.store import MessageStore
-from services.broker.topics import TopicConfig, TopicManager
-from services.broker.transactions import TransactionService
-from services.broker.tx_checking import TxChecking
+from services.broker.transactions.checker_api import TxChecking
+from services.broker.transactions.service import TransactionService
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from services.broker.offsets import connect_redis
+from services.broker.consumers.offsets import connect_redis
 from services.common.constants import checker_progress_key
 
 

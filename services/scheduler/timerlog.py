@@ -10,7 +10,7 @@ delivered or cancelled (``TimerStore`` decides). Entry layout (big-endian)::
     12  due_ms    i64   delivery time (epoch ms)
     20  bucket    i64   start (ms) of the time bucket the timer is indexed under
     28  intake    i64   offset of the timer's record in the broker's intake queue (-1: none)
-    36  payload         msgpack: the record to deliver (services.broker.scheduling)
+    36  payload         msgpack: the record to deliver (services.broker.delays.service)
 
 A batch is appended with one write and made durable with one fdatasync before anything else
 refers to it. Recovery validates entries forward from the last checkpoint and truncates a torn

@@ -56,7 +56,7 @@ class Timer:
 
 def payload_id(payload: bytes) -> tuple[str, str]:
     """(message id, real topic) of a timer-log payload (a delivery row: topic first,
-    properties fourth; services.broker.scheduling.delivery_row)."""
+    properties fourth; services.broker.delays.service.delivery_row)."""
     row = msgpack.unpackb(payload, raw=False)
     return row[3].get("UNIQ_KEY", ""), row[0]
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError
 
-from services.broker.convert import to_internal_wire, to_record, to_wire
-from services.broker.pulling import TagFilter
-from services.broker.retry import latest_copy, retry_delay_level
+from services.broker.consumers.retry import latest_copy, retry_delay_level
+from services.broker.messaging.convert import to_internal_wire, to_record, to_wire
+from services.broker.messaging.pull import TagFilter
+from services.broker.messaging.topics import Perm, TopicManager, check_queues, parse_perm
 from services.broker.settings import BrokerSettings
 from services.broker.store.types import StoredRecord, tag_code
-from services.broker.topics import Perm, TopicManager, check_queues, parse_perm
 
 
 def stored(topic: str = "T", body: bytes = b"hi", reconsume: int = 0,

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from tidemq.protocol import ErrorCode, Limits, OutgoingMessage, ProtocolError
 
-from services.broker.dedup import DedupCache, Placed
-from services.broker.metrics import BrokerMetrics
-from services.broker.sending import NoDelays, SendService, check_put, now_ms
+from services.broker.messaging.dedup import DedupCache, Placed
+from services.broker.messaging.send import NoDelays, SendService, check_put, now_ms
+from services.broker.messaging.topics import Perm, TopicManager
+from services.broker.observability import BrokerMetrics
 from services.broker.store.types import (
     Appended,
     MessageRecord,
@@ -20,7 +21,6 @@ from services.broker.store.types import (
     PutStatus,
     StoredRecord,
 )
-from services.broker.topics import Perm, TopicManager
 
 NOW = 1_700_000_000_000
 

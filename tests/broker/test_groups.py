@@ -8,7 +8,7 @@ import logging
 import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.groups import (
+from services.broker.consumers.membership import (
     GroupExpiryLoop,
     GroupRegistry,
     ProducerRegistry,
@@ -121,7 +121,7 @@ async def test_expiry_loop_drops_and_logs(clock: FakeClock, caplog: pytest.LogCa
     clock.now += 31
     reg.heartbeat("G", "c2", {}, "clustering")
     loop = GroupExpiryLoop(reg, interval_s=0.01)
-    with caplog.at_level(logging.INFO, logger="services.broker.groups"):
+    with caplog.at_level(logging.INFO, logger="services.broker.consumers.membership"):
         await loop.run_once()
     assert reg.members("G") == ["c2"]
     assert any("c1" in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.broker.longpoll import PullHold
+from services.broker.messaging.longpoll import PullHold
 
 
 async def test_notify_wakes_waiter_within_milliseconds() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.offsets import OffsetStore
+from services.broker.consumers.offsets import OffsetStore
 from tests.support.procs import RedisServer
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.longpoll import PullHold
-from services.broker.offsets import OffsetStore
-from services.broker.receipts import decode_receipt, encode_receipt
-from services.broker.simple import Received, SimpleConsumerService
+from services.broker.consumers.offsets import OffsetStore
+from services.broker.consumers.receipts import decode_receipt, encode_receipt
+from services.broker.consumers.simple import Received, SimpleConsumerService
+from services.broker.messaging.longpoll import PullHold
 from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
 from tests.support.procs import RedisServer
 

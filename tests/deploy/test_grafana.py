@@ -11,7 +11,7 @@ from types import ModuleType
 import yaml
 from prometheus_client import generate_latest
 
-from services.broker.metrics import BrokerMetrics
+from services.broker.observability import BrokerMetrics
 from services.metrics.events import parse_event
 from services.metrics.exposition import BatchInfo, render
 from services.metrics.rollup import python_rollup

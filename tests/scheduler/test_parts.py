@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError
 
-from services.broker.delays import (
+from services.broker.consumers.retry import latest_copy
+from services.broker.delays.routing import (
     DELAY,
     INTAKE_TOPIC,
     REAL_QID,
@@ -19,8 +20,7 @@ from services.broker.delays import (
     Delays,
     delay_view,
 )
-from services.broker.query import MessageState
-from services.broker.retry import latest_copy
+from services.broker.messaging.query import MessageState
 from services.broker.store.types import MessageRecord, StoredRecord
 from services.common.constants import TIMER_CANCELS_TOPIC
 from services.common.delaylevels import (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from services.broker.checks import CheckChannel, CheckTicket
-from services.broker.tx_table import KeyedLocks
+from services.broker.transactions.check_channel import CheckChannel, CheckTicket
+from services.broker.transactions.table import KeyedLocks
 
 
 class Clock:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from services.broker.store import MessageStore, StoreConfig
 from services.broker.store.types import MessageRecord
-from services.broker.tx_model import (
+from services.broker.transactions.model import (
     HALF_TOPIC,
     KEYS,
     EventKind,
@@ -20,7 +20,7 @@ from services.broker.tx_model import (
     half_copy,
     op_records,
 )
-from services.broker.tx_table import TxTable
+from services.broker.transactions.table import TxTable
 
 
 def half_record(txid: str, mid: str) -> MessageRecord:
@@ -108,7 +108,7 @@ def test_decode_op_ignores_junk() -> None:
 
 async def test_half_dedup_remembers_within_the_window_and_falls_back_to_the_index(
         store_dir: Path) -> None:
-    from services.broker.tx_table import HalfDedup
+    from services.broker.transactions.table import HalfDedup
 
     store = await MessageStore.open(StoreConfig(root=store_dir))
     try:

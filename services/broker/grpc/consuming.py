@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from tidemq.protocol import validate_group_name
 
+from services.broker.consumers.simple import MAX_RECEIVE, Received
 from services.broker.grpc.door import Door, client_id_of
 from services.broker.grpc.errors import RpcRefused, error_status
 from services.broker.grpc.messages import outbound
@@ -33,8 +34,7 @@ from services.broker.grpc.proto import (
     set_timestamp,
     status,
 )
-from services.broker.sending import now_ms
-from services.broker.simple import MAX_RECEIVE, Received
+from services.broker.messaging.send import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import grpc
 
-from services.broker.convert import born_host
 from services.broker.grpc.errors import RpcRefused
 from services.broker.grpc.proto import Code, pb
 from services.broker.grpc.sessions import ServerSide, Sessions
+from services.broker.messaging.convert import born_host
 from services.broker.service import Broker
 
 CLIENT_ID_HEADER = "x-mq-client-id"

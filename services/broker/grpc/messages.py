@@ -19,7 +19,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from services.broker.convert import KEYS, SHARDING_KEY, TAGS, UNIQ_KEY, user_properties
 from services.broker.grpc.errors import RpcRefused
 from services.broker.grpc.proto import (
     Code,
@@ -30,6 +29,7 @@ from services.broker.grpc.proto import (
     set_timestamp,
     timestamp_ms,
 )
+from services.broker.messaging.convert import KEYS, SHARDING_KEY, TAGS, UNIQ_KEY, user_properties
 from services.broker.store.types import KEY_SEPARATOR, StoredRecord, SysFlag
 
 #: A delivery timestamp whose ``seconds`` exceed this is read as milliseconds: the official

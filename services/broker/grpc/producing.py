@@ -28,7 +28,7 @@ from services.broker.grpc.proto import (
     ok,
     service_pb,
 )
-from services.broker.transactions import TransactionService, parse_end
+from services.broker.transactions.service import TransactionService, parse_end
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from tidemq.protocol import validate_group_name
 from services.broker.grpc.door import Door
 from services.broker.grpc.errors import error_status
 from services.broker.grpc.proto import MessageType, Permission, ok, pb, service_pb
-from services.broker.sending import NoDelays
-from services.broker.topics import Perm, TopicConfig
+from services.broker.messaging.send import NoDelays
+from services.broker.messaging.topics import Perm, TopicConfig
 
 log = logging.getLogger(__name__)
 

@@ -5,21 +5,21 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from services.broker.routes import (
+    delays,
     groups,
     internal,
     internal_bodies,
     messages,
     query,
-    scheduling,
     topics,
     transactions,
-    tx_internal,
+    transactions_internal,
 )
 
 ROUTERS: list[APIRouter] = [
     topics.router, messages.router, groups.router, query.router, internal.router,
     internal_bodies.router,
-    transactions.router, tx_internal.router, scheduling.router, scheduling.internal,
+    transactions.router, transactions_internal.router, delays.router, delays.internal,
 ]
 
 __all__ = ["ROUTERS"]

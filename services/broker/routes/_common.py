@@ -12,7 +12,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK, ErrorCode, ProtocolError, decode_payload
 
-from services.broker.convert import born_host
+from services.broker.messaging.convert import born_host
 from services.broker.service import Broker
 
 M = TypeVar("M", bound=BaseModel)

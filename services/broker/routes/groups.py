@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tidemq.protocol import validate_group_name
 
-from services.broker.convert import to_wire
+from services.broker.messaging.convert import to_wire
 from services.broker.routes._common import body_doc, broker_of, read_model, wants_msgpack
 from services.common.app import reply
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field, StrictInt
 
-from services.broker.convert import to_internal_wire
-from services.broker.pulling import MAX_PULL, TagFilter
+from services.broker.messaging.convert import to_internal_wire
+from services.broker.messaging.pull import MAX_PULL, TagFilter
 from services.broker.routes._common import (
     body_doc,
     broker_of,

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from services.broker.pulling import MAX_PULL, TagFilter
+from services.broker.messaging.pull import MAX_PULL, TagFilter
 from services.broker.routes._common import broker_of, wants_msgpack
 from services.common.app import reply, require_token
 

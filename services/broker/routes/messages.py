@@ -8,8 +8,8 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from tidemq.protocol import validate_group_name
 
-from services.broker.convert import to_wire
-from services.broker.pulling import MAX_PULL, TagFilter
+from services.broker.messaging.convert import to_wire
+from services.broker.messaging.pull import MAX_PULL, TagFilter
 from services.broker.routes._common import (
     body_doc,
     broker_of,

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.convert import to_wire
-from services.broker.query import DEFAULT_QUERY, MAX_QUERY
+from services.broker.messaging.convert import to_wire
+from services.broker.messaging.query import DEFAULT_QUERY, MAX_QUERY
 from services.broker.routes._common import broker_of, wants_msgpack
 from services.common.app import reply
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.broker.messaging.topics import check_queues, parse_perm
 from services.broker.routes._common import body_doc, broker_of, read_model
-from services.broker.topics import check_queues, parse_perm
 from services.common.app import reply
 
 router = APIRouter(tags=["topics"])

@@ -16,7 +16,7 @@ from services.broker.routes._common import (
     wants_msgpack,
 )
 from services.broker.routes.messages import MessageDoc
-from services.broker.transactions import parse_end, parse_ends, parse_group
+from services.broker.transactions.service import parse_end, parse_ends, parse_group
 from services.common.app import reply
 
 router = APIRouter(tags=["transactions"])

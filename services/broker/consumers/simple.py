@@ -33,10 +33,10 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.groups import parse_tags
-from services.broker.longpoll import PullHold
-from services.broker.offsets import OffsetStore, connect_redis, text, unavailable
-from services.broker.receipts import Receipt, decode_receipt, encode_receipt
+from services.broker.consumers.membership import parse_tags
+from services.broker.consumers.offsets import OffsetStore, connect_redis, text, unavailable
+from services.broker.consumers.receipts import Receipt, decode_receipt, encode_receipt
+from services.broker.messaging.longpoll import PullHold
 from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
 from services.common.constants import inflight_key, receive_cursor_key
 

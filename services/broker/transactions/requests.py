@@ -12,9 +12,9 @@ from typing import Any
 
 from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError, validate_group_name
 
-from services.broker.convert import KEYS, TAGS, UNIQ_KEY, to_record
+from services.broker.messaging.convert import KEYS, TAGS, UNIQ_KEY, to_record
 from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
-from services.broker.tx_model import (
+from services.broker.transactions.model import (
     BORN_MS,
     CHECK_IMMUNITY,
     DELAY_LEVEL,

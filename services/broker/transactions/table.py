@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord
-from services.broker.tx_model import (
+from services.broker.transactions.model import (
     DISCARD_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,

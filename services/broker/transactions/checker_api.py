@@ -24,12 +24,11 @@ from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic
 
-from services.broker.checks import CheckTicket
-from services.broker.query import MessageState
-from services.broker.sending import now_ms
+from services.broker.messaging.query import MessageState
+from services.broker.messaging.send import now_ms
 from services.broker.store.types import MessageRecord, StoredRecord
-from services.broker.transactions import TransactionService
-from services.broker.tx_model import (
+from services.broker.transactions.check_channel import CheckTicket
+from services.broker.transactions.model import (
     CHECK_IMMUNITY,
     HALF_TOPIC,
     OP_TOPIC,
@@ -52,6 +51,7 @@ from services.broker.tx_model import (
     is_commit_copy,
     op_records,
 )
+from services.broker.transactions.service import TransactionService
 from services.common.constants import CHECKER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ import msgpack
 import orjson
 from tidemq.protocol import SystemTopic
 
-from services.broker.convert import KEYS, TAGS, UNIQ_KEY
+from services.broker.messaging.convert import KEYS, TAGS, UNIQ_KEY
 from services.broker.store.types import (
     KEY_SEPARATOR,
     MessageRecord,

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 
-from services.broker.groups import parse_tags
-from services.broker.longpoll import PullHold
-from services.broker.metrics import BrokerMetrics
+from services.broker.consumers.membership import parse_tags
+from services.broker.messaging.longpoll import PullHold
+from services.broker.messaging.topics import TopicConfig, TopicManager
+from services.broker.observability import BrokerMetrics
 from services.broker.store.store import MessageStore
 from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
-from services.broker.topics import TopicConfig, TopicManager
 
 MAX_PULL = 1024  # messages per pull
 WAIT_SLICE_S = 5.0  # a held pull re-reads its queue at least this often (belt and braces)

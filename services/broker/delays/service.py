@@ -1,4 +1,4 @@
-"""What the broker does for delayed messages beyond routing them (services.broker.delays).
+"""What the broker does for delayed messages beyond routing them (services.broker.delays.routing).
 
 For the scheduler (``/internal/v1/schedule/*``, token required):
 
@@ -24,8 +24,7 @@ from typing import Any
 import msgpack
 from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic, validate_topic_name
 
-from services.broker.convert import TAGS, UNIQ_KEY
-from services.broker.delays import (
+from services.broker.delays.routing import (
     DELAY,
     INTAKE_TOPIC,
     REAL_QID,
@@ -38,12 +37,13 @@ from services.broker.delays import (
     is_consumable,
     is_waiting,
 )
-from services.broker.pulling import PullService, TagFilter
-from services.broker.scheduler_client import SchedulerClient
-from services.broker.sending import SendService, check_put, now_ms
+from services.broker.delays.scheduler_api import SchedulerClient
+from services.broker.messaging.convert import TAGS, UNIQ_KEY
+from services.broker.messaging.pull import PullService, TagFilter
+from services.broker.messaging.send import SendService, check_put, now_ms
+from services.broker.messaging.topics import TopicManager
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
-from services.broker.topics import TopicManager
 from services.common.constants import SCHEDULER_FLOOR_OWNER, TIMER_CANCELS_TOPIC
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
-from services.broker.query import MessageState
+from services.broker.messaging.query import MessageState
 from services.broker.store.types import MessageRecord, StoredRecord
 from services.common.constants import TIMER_CANCELS_TOPIC
 
@@ -45,7 +45,7 @@ WAITING_PROPERTIES = (REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS)
 
 
 class Delays:
-    """The broker's ``DelayRouter`` (services.broker.sending): levels and arbitrary delays."""
+    """The broker's ``DelayRouter`` (see messaging.send): delay levels and arbitrary delays."""
 
     def __init__(self, levels_ms: tuple[int, ...], max_delay_ms: int,
                  on_first_delay: Callable[[], None] | None = None) -> None:

@@ -20,13 +20,13 @@ from tidemq.protocol import (
     validate_group_name,
 )
 
-from services.broker.convert import MAX_RECONSUME_TIMES, RETRY_TOPIC, TAGS
-from services.broker.delays import REAL_TOPIC, WAITING_PROPERTIES, Delays, is_waiting
-from services.broker.metrics import BrokerMetrics
-from services.broker.sending import check_put, now_ms
+from services.broker.delays.routing import REAL_TOPIC, WAITING_PROPERTIES, Delays, is_waiting
+from services.broker.messaging.convert import MAX_RECONSUME_TIMES, RETRY_TOPIC, TAGS
+from services.broker.messaging.send import check_put, now_ms
+from services.broker.messaging.topics import TopicManager
+from services.broker.observability import BrokerMetrics
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
-from services.broker.topics import TopicManager
 
 log = logging.getLogger(__name__)
 

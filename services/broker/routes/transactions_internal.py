@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from services.broker.routes._common import body_doc, broker_of, read_payload
-from services.broker.tx_checking import MAX_PAGE
+from services.broker.transactions.checker_api import MAX_PAGE
 from services.common.app import reply, require_token
 
 

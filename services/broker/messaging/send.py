@@ -25,12 +25,12 @@ from tidemq.protocol import (
     validate_topic_name,
 )
 
-from services.broker.convert import UNIQ_KEY, to_record
-from services.broker.dedup import DedupCache, DedupKey, Placed
-from services.broker.metrics import BrokerMetrics
+from services.broker.messaging.convert import UNIQ_KEY, to_record
+from services.broker.messaging.dedup import DedupCache, DedupKey, Placed
+from services.broker.messaging.topics import Perm, TopicConfig, TopicManager
+from services.broker.observability import BrokerMetrics
 from services.broker.store.store import MessageStore
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
-from services.broker.topics import Perm, TopicConfig, TopicManager
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError
 
+from services.broker.delays.service import MAX_DUE_PER_LEVEL, MAX_INTAKE
 from services.broker.routes._common import body_doc, broker_of, read_model, read_payload
-from services.broker.scheduling import MAX_DUE_PER_LEVEL, MAX_INTAKE
 from services.common.app import reply, require_token
 
 router = APIRouter(tags=["delayed messages"])

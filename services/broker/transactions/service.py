@@ -31,11 +31,11 @@ from tidemq.protocol import (
     parse_messages,
 )
 
-from services.broker.checks import CheckChannel
-from services.broker.convert import TAGS, to_wire
-from services.broker.groups import ProducerRegistry
-from services.broker.metrics import BrokerMetrics
-from services.broker.sending import SendService, check_put, new_message_id, now_ms
+from services.broker.consumers.membership import ProducerRegistry
+from services.broker.messaging.convert import TAGS, to_wire
+from services.broker.messaging.send import SendService, check_put, new_message_id, now_ms
+from services.broker.messaging.topics import TopicManager
+from services.broker.observability import BrokerMetrics
 from services.broker.store.store import MessageStore
 from services.broker.store.types import (
     Appended,
@@ -43,8 +43,8 @@ from services.broker.store.types import (
     StoredRecord,
     tag_code,
 )
-from services.broker.topics import TopicManager
-from services.broker.tx_model import (
+from services.broker.transactions.check_channel import CheckChannel
+from services.broker.transactions.model import (
     DISCARD_TOPIC,
     EVENTS_TOPIC,
     HALF_TOPIC,
@@ -62,7 +62,7 @@ from services.broker.tx_model import (
     op_records,
     user_keys,
 )
-from services.broker.tx_requests import (
+from services.broker.transactions.requests import (
     MAX_ENDS,
     EndRequest,
     delayed_message,
@@ -71,7 +71,7 @@ from services.broker.tx_requests import (
     parse_ends,
     parse_group,
 )
-from services.broker.tx_table import HalfCache, HalfDedup, KeyedLocks, TxTable
+from services.broker.transactions.table import HalfCache, HalfDedup, KeyedLocks, TxTable
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name
 
-from services.broker.groups import GroupRegistry
-from services.broker.offsets import OffsetStore
-from services.broker.pulling import PullService
-from services.broker.simple import Received, SimpleConsumerService
+from services.broker.consumers.membership import GroupRegistry
+from services.broker.consumers.offsets import OffsetStore
+from services.broker.consumers.simple import Received, SimpleConsumerService
+from services.broker.messaging.pull import PullService
+from services.broker.messaging.topics import TopicManager
 from services.broker.store.store import MessageStore
-from services.broker.topics import TopicManager
 
 MAX_OFFSETS_PER_COMMIT = 65_536  # entries in one PUT /offsets
 

@@ -11,9 +11,9 @@ from enum import StrEnum
 
 from tidemq.protocol import ErrorCode, ProtocolError
 
+from services.broker.messaging.topics import TopicManager
 from services.broker.store.store import MessageStore
 from services.broker.store.types import StoredRecord
-from services.broker.topics import TopicManager
 
 MAX_QUERY = 1024  # messages per key or time query
 DEFAULT_QUERY = 64

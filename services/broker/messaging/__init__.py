@@ -1,0 +1,1 @@
+"""Messaging: topics, send (validation, dedup, queue choice), pull with long polling, query."""
