@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 
-.PHONY: up test bench bench-quick lint clean system-deps
+.PHONY: up test test-unit bench bench-quick lint clean system-deps
 
 $(STAMP): pyproject.toml sdk/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,11 +17,16 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 system-deps:
 	@scripts/install-system-deps.sh
 
+# UP_ARGS passes options through to `tidemq up`, e.g. make up UP_ARGS='--grpc-port 18081'
 up: $(STAMP) system-deps
-	$(BIN)/tidemq up
+	$(BIN)/tidemq up $(UP_ARGS)
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The tests that start no real process (no redis-server, service, Spark or docker-compose).
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration" $(PYTEST_ARGS)
 
 # bench/install-peers.sh installs the peers measured beside tidemq (nats-server, nats-py);
 # it never fails the run: a missing peer is reported as skipped.

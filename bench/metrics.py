@@ -40,10 +40,10 @@ from typing import Any
 import httpx
 import msgpack
 import orjson
+from tidemq.protocol import make_event
 
 from bench._common import Row, err, print_json, print_table
 from services.common.constants import TOKEN_HEADER
-from services.metrics.events import make_event
 from services.metrics.rollup import Rollup, python_rollup
 
 TOKEN = "bench-token"
@@ -152,8 +152,8 @@ def run_job(spark: Any, url: str, tmp: Path, name: str, topic: str = TOPIC) -> f
 
 
 def bench_ingest(spark: Any, url: str, n: int, tmp: Path) -> dict[str, float]:
-    from services.metrics.broker_client import BrokerClient
     from services.metrics.planning import QueueRange
+    from services.metrics.reader import TopicReader
     from services.metrics.source import to_arrow
 
     err.print(f"ingest: writing {n:,} events to the broker …")
@@ -165,7 +165,7 @@ def bench_ingest(spark: Any, url: str, n: int, tmp: Path) -> dict[str, float]:
     del bodies
     began = time.perf_counter()
     read = 0
-    with BrokerClient(url, TOKEN, TOPIC) as client:
+    with TopicReader(url, TOKEN, TOPIC) as client:
         for offsets, chunk in client.read_range(QueueRange(0, 0, n)):
             read += to_arrow(0, offsets, chunk).num_rows
     loop_rate = read / (time.perf_counter() - began)

@@ -7,6 +7,8 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)  # PySpark metrics job
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)  # promtool: exposition and rule tests
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)  # offline compose validation
+command -v curl >/dev/null 2>&1 || need+=(curl)  # the README's examples (and their test)
+command -v jq >/dev/null 2>&1 || need+=(jq)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"

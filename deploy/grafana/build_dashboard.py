@@ -113,9 +113,16 @@ ROWS: list[tuple[str, list[Panel]]] = [
                    "sum by (reason) "
                    "(rate(tidemq_metrics_malformed_events_total[$__rate_interval]))",
                    "malformed: {{reason}}"),
-            Target("exposition_age", "max(tidemq_metrics_exposition_age_seconds)",
-                   "seconds since the last batch"),
-        ), "The PySpark job: up, malformed events per second, age of its last export."),
+        ), "The PySpark job: up, malformed events per second."),
+        Panel("Metrics job liveness", "timeseries", "s", (
+            Target("job_liveness_age", "max(tidemq_metrics_last_batch_completed_age_seconds)",
+                   "since the last completed batch or poll"),
+            Target("newest_event_age", "max(tidemq_metrics_newest_event_age_seconds)",
+                   "since the newest event was read"),
+        ), "Liveness: seconds since the job last completed a micro-batch or an empty poll of the"
+           " broker; it stays within a few trigger intervals (5 s) while the job runs, and only"
+           " grows when the job stopped (alert TidemqMetricsJobStalled). The age of the newest"
+           " event grows whenever no transactions happen: quiet, not broken."),
     ]),
     ("Brokers", [
         Panel("Messages sent per second", "timeseries", "ops", (

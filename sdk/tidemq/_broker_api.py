@@ -1,4 +1,5 @@
-"""Typed calls to the broker's consumer endpoints (API.md, "Broker"): one place spells each path.
+"""Typed calls to the broker's consumer endpoints (docs/api.md, "Broker"): one place spells each
+path.
 
 Message endpoints (pull, receive) speak msgpack; the rest JSON. Long polls get a timeout of
 their wait plus the client's normal request timeout.
@@ -63,8 +64,8 @@ class BrokerApi:
         answer = await self.http.call("GET", target, params=params, binary=True,
                                       timeout_s=self._long_poll_timeout(wait_ms), retry=retry)
         messages = _messages(answer, str(queue))
-        # A retry/DLQ copy names the topic it was first sent to ("origin_topic", not yet a
-        # field of ReceivedMessage): kept aside so the push consumer can show that topic.
+        # A retry/DLQ copy names the topic it was first sent to ("origin_topic", not a field
+        # of ReceivedMessage): kept aside so the push consumer can show that topic.
         origins = {m.queue_offset: str(raw["origin_topic"])
                    for m, raw in zip(messages, answer.get("messages") or [], strict=True)
                    if raw.get("origin_topic")}

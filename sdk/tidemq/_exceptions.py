@@ -2,6 +2,7 @@
 
     TidemqError                       root: catch this to catch everything from tidemq
     ├── ConfigurationError            bad arguments to a client (also a ValueError)
+    ├── LocalTransactionError         TransactionProducer.send: the local transaction raised
     ├── ClientClosedError             the client was used after close()
     ├── UnexpectedResponseError       the server answered something the protocol does not allow
     ├── TransportError                no answer: connect, read or write failed (retriable)
@@ -19,9 +20,12 @@
         ├── TopicNotFoundError            404 TOPIC_NOT_FOUND
         ├── MessageNotFoundError          404 MESSAGE_NOT_FOUND
         ├── TransactionNotFoundError      404 TRANSACTION_NOT_FOUND
+        ├── BrokerNotFoundError           404 BROKER_NOT_FOUND
         ├── TransactionAlreadyEndedError  409 TRANSACTION_ALREADY_ENDED
         ├── AlreadyDeliveredError         409 ALREADY_DELIVERED
+        ├── QueuesNotEmptyError           409 QUEUES_NOT_EMPTY
         ├── MessageTooLargeError          413 MESSAGE_TOO_LARGE
+        ├── UnsupportedMediaTypeError     415 UNSUPPORTED_MEDIA_TYPE
         ├── InternalServerError           500 INTERNAL_ERROR (retriable)
         ├── BrokerBusyError               503 BROKER_BUSY (retriable, honours Retry-After)
         ├── DiskFullError                 503 DISK_FULL
@@ -38,9 +42,12 @@ Foreign exceptions (httpx, msgpack, orjson) never escape: they are translated at
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from tidemq.protocol import ErrorCode
+
+if TYPE_CHECKING:
+    from tidemq._transaction import TransactionSendResult
 
 _RETRIABLE_STATUSES = frozenset({502, 503, 504})
 
@@ -59,8 +66,30 @@ class ClientClosedError(TidemqError):
     """The client was used after ``close()``."""
 
 
+class LocalTransactionError(TidemqError):
+    """``TransactionProducer.send``: ``execute_local_transaction`` raised, and the transaction
+    was ended because of it — with ROLLBACK when the listener raised ``LocalTransactionFailed``
+    (the message is never delivered), with UNKNOWN for any other exception (the broker checks
+    the group later, and the answer decides).
+
+    ``__cause__`` is the exception the local transaction raised; ``result`` is the send's
+    ``TransactionSendResult`` (``local_state`` says how the transaction was ended,
+    ``end_error`` whether that end reached the broker).
+    """
+
+    def __init__(self, result: TransactionSendResult) -> None:
+        cause = result.error
+        outcome = ("rolled back: the message will never be delivered"
+                   if result.local_state.value == "rollback"
+                   else "ended as UNKNOWN: the broker will check it")
+        super().__init__(f"local transaction of message {result.message_id} failed "
+                         f"({type(cause).__name__}: {cause}); transaction "
+                         f"{result.transaction_id} {outcome}")
+        self.result = result
+
+
 class UnexpectedResponseError(TidemqError):
-    """The server's answer does not follow API.md (e.g. a missing field): a server bug."""
+    """The server's answer does not follow docs/api.md (e.g. a missing field): a server bug."""
 
 
 class TransportError(TidemqError):
@@ -153,6 +182,10 @@ class TransactionNotFoundError(ServerError):
     error_code = ErrorCode.TRANSACTION_NOT_FOUND
 
 
+class BrokerNotFoundError(ServerError):
+    error_code = ErrorCode.BROKER_NOT_FOUND
+
+
 class TransactionAlreadyEndedError(ServerError):
     error_code = ErrorCode.TRANSACTION_ALREADY_ENDED
 
@@ -161,8 +194,16 @@ class AlreadyDeliveredError(ServerError):
     error_code = ErrorCode.ALREADY_DELIVERED
 
 
+class QueuesNotEmptyError(ServerError):
+    error_code = ErrorCode.QUEUES_NOT_EMPTY
+
+
 class MessageTooLargeError(ServerError):
     error_code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class UnsupportedMediaTypeError(ServerError):
+    error_code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
 
 
 class InternalServerError(ServerError):

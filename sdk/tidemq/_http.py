@@ -1,4 +1,4 @@
-"""The SDK's only I/O seam: an ``httpx.AsyncClient`` wrapper speaking API.md.
+"""The SDK's only I/O seam: an ``httpx.AsyncClient`` wrapper speaking docs/api.md.
 
 - Bodies are msgpack (``application/msgpack``, bytes stay bytes) on the message hot paths and
   JSON elsewhere; answers are decoded by their content type.

@@ -45,12 +45,26 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """Where the broker stored a message: its id, topic, queue and offset within the queue."""
+    """Where the broker stored a message: its id, topic, queue and offset within the queue.
+
+    A delayed message has no offset until it is delivered: ``queue_offset`` is None,
+    ``queue_id`` is the queue it will be delivered to, ``state`` is ``"scheduled"`` and
+    ``deliver_at_ms`` its due time (epoch ms). Sending a delayed message id again answers its
+    first result, with ``state`` ``"cancelled"`` once it was cancelled (nothing is scheduled
+    again) or ``"stored"`` with its position once it was delivered.
+    """
 
     message_id: str
     topic: str
     queue_id: int
-    queue_offset: int
+    queue_offset: int | None
+    state: str = "stored"
+    deliver_at_ms: int | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        """True while the message waits for its delivery time (no queue offset yet)."""
+        return self.state == "scheduled"
 
 
 def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
@@ -107,5 +121,5 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
 
 
 def wire_size(message: OutgoingMessage) -> int:
-    """What ``message`` adds to a batch's byte bound (API.md counts body + properties)."""
+    """What ``message`` adds to a batch's byte bound (docs/api.md counts body + properties)."""
     return len(message.body) + message.properties_size()

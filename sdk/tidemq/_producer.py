@@ -260,10 +260,18 @@ class Producer:
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise
         try:
-            return [SendResult(str(r["message_id"]), topic, int(r["queue_id"]),
-                               int(r["queue_offset"])) for r in answer["results"]]
+            return [_send_result(r, topic) for r in answer["results"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
+
+
+def _send_result(r: dict[str, Any], topic: str) -> SendResult:
+    """One result of a send answer (docs/api.md); a delayed message's has no queue offset."""
+    offset = r["queue_offset"]
+    due = r.get("deliver_at_ms")
+    return SendResult(str(r["message_id"]), topic, int(r["queue_id"]),
+                      None if offset is None else int(offset), str(r.get("state") or "stored"),
+                      None if due is None else int(due))
 
 
 def _log_oneway_failure(future: asyncio.Future[SendResult]) -> None:

@@ -22,6 +22,7 @@ from tidemq._exceptions import (
     ConfigurationError,
     TidemqError,
     TopicNotFoundError,
+    TransportError,
     UnexpectedResponseError,
 )
 from tidemq._http import NO_RETRY, HttpClient, normalize_address, url
@@ -213,7 +214,11 @@ class RouteTable:
         return await self._ask_nameservers(topic)
 
     async def _ask_nameservers(self, topic: str) -> TopicRoute:
-        """Try nameservers in turn (each once per round), a few rounds with back-off."""
+        """Try nameservers in turn (each once per round), a few rounds with back-off.
+
+        When none answers at all, one ``TransportError`` names every address tried and the
+        last cause, with a hint; the failed attempts themselves are only logged at debug level.
+        """
         policy = self._http.retry
         last: TidemqError | None = None
         for attempt in range(1, policy.max_attempts + 1):
@@ -229,7 +234,8 @@ class RouteTable:
                 except TidemqError as exc:
                     if not exc.retriable:
                         raise
-                    log.warning("nameserver %s: route lookup for %r failed: %s", ns, topic, exc)
+                    log.debug("nameserver %s: route lookup for %r failed (round %d/%d): %s",
+                              ns, topic, attempt, policy.max_attempts, exc)
                     last = exc
                 self._next_ns += 1
             if not_found is not None:
@@ -237,6 +243,9 @@ class RouteTable:
             if attempt < policy.max_attempts:
                 await asyncio.sleep(policy.backoff_s(attempt))
         assert last is not None
+        if isinstance(last, TransportError):
+            raise type(last)(unreachable_message(self._nameservers, topic, policy.max_attempts,
+                                                 last)) from last
         raise last
 
     async def _refresh_loop(self) -> None:
@@ -256,3 +265,14 @@ class RouteTable:
                     if old is not None and old.route != route:
                         log.info("route of %r changed: %s", topic, route.brokers)
                     self._cache[topic] = _Cached(route, time.monotonic())
+
+
+def unreachable_message(nameservers: Sequence[str], topic: str, rounds: int,
+                        last: TidemqError) -> str:
+    """One line for "no nameserver answered": where, how often, why, and what to check."""
+    cause = last.__cause__
+    why = f"{type(cause).__name__}: {cause}" if cause is not None else str(last)
+    where = ", ".join(nameservers)
+    return (f"cannot reach a nameserver to look up topic {topic!r}: tried {where}, "
+            f"{rounds} time(s) each (last error: {why}). Is the nameserver running? "
+            "`make up` starts one; otherwise check the nameservers=[...] address")

@@ -8,13 +8,17 @@
             return TransactionState.COMMIT if await exists(message.message_id) \\
                 else TransactionState.ROLLBACK
 
-    async with TransactionProducer("orders-tx", Orders(), broker_url="http://127.0.0.1:10911") as p:
+    async with TransactionProducer("orders-tx", Orders(),
+                                   nameservers=["http://127.0.0.1:9876"]) as p:
         result = await p.send(Message(b"order 42 created", topic="orders"), arg=order)
 
 ``send`` stores a half message (invisible), runs ``execute_local_transaction``, then ends the
-transaction with its answer. An exception there counts as ``UNKNOWN``: the message is neither
-delivered nor lost — the broker's checker asks the group later (any live instance) through
-``check_local_transaction``. Concurrent sends share batch requests (``POST /v1/transactions``
+transaction with its answer. When ``execute_local_transaction`` raises, the transaction is still
+ended first — ROLLBACK for ``LocalTransactionFailed`` (the local transaction is known to be rolled
+back), UNKNOWN for any other exception (the message is neither delivered nor lost: the broker's
+checker asks the group later, any live instance, through ``check_local_transaction``) — and then
+``send`` raises ``LocalTransactionError`` from that exception, so a failed local transaction can
+never pass for a sent message. Concurrent sends share batch requests (``POST /v1/transactions``
 with ``messages``, and the ends waiting meanwhile, or ``POST /v1/transactions/end``), and while
 started the producer heartbeats and answers checks in batches (``_transaction_checks.py``).
 
@@ -42,6 +46,7 @@ from tidemq._constants import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S, ROUTE_REFRESH_
 from tidemq._exceptions import (
     ClientClosedError,
     ConfigurationError,
+    LocalTransactionError,
     TidemqError,
     TopicNotFoundError,
     TransportError,
@@ -73,8 +78,9 @@ class TransactionState(StrEnum):
 
 class LocalTransactionFailed(Exception):
     """Raise from ``execute_local_transaction`` when the local transaction failed *and is known
-    to be rolled back*: the producer ends it with ROLLBACK at once and reports the cause in
-    ``TransactionSendResult.error``. Any other exception means UNKNOWN (the broker checks)."""
+    to be rolled back* (chain the cause: ``raise LocalTransactionFailed(...) from exc``): the
+    producer ends it with ROLLBACK at once, then ``send`` raises ``LocalTransactionError`` from
+    the cause. Any other exception means UNKNOWN (the broker checks)."""
 
 
 class TransactionListener(Protocol):
@@ -93,7 +99,9 @@ class TransactionSendResult:
     topic: str
     local_state: TransactionState  # what execute_local_transaction answered
     broker: str  # the broker holding the transaction
-    error: BaseException | None = None  # raised by execute_local_transaction (→ UNKNOWN)
+    # what execute_local_transaction raised; set only on the result a LocalTransactionError
+    # carries (a returned result never has one)
+    error: BaseException | None = None
     end_error: TidemqError | None = None  # the end did not reach the broker (a check will)
 
 
@@ -200,9 +208,13 @@ class TransactionProducer:
         message_id: str | None = None,
         check_immunity_s: float | None = None,
     ) -> TransactionSendResult:
-        """Half message → ``execute_local_transaction(message, arg)`` → end. Raises only when
-        the half message could not be stored (then nothing happened); afterwards every outcome
-        is in the result."""
+        """Half message → ``execute_local_transaction(message, arg)`` → end.
+
+        Raises a ``TidemqError`` when the half message could not be stored (then nothing
+        happened), and ``LocalTransactionError`` (from the original exception) when
+        ``execute_local_transaction`` raised — after ending the transaction with ROLLBACK or
+        UNKNOWN (see the module docstring). Otherwise the result says how it was ended; a
+        failed end is reported in ``end_error`` (a check resolves it)."""
         if self._closed:
             raise ClientClosedError("the transaction producer is closed")
         overrides: dict[str, Any] = dict(topic=topic, tag=tag, keys=keys, properties=properties,
@@ -245,8 +257,11 @@ class TransactionProducer:
                 log.warning("transaction %s: ending with %s failed: %s (the broker will check "
                             "it)", txid, state.value, exc)
         assert out.message_id is not None
-        return TransactionSendResult(out.message_id, txid, msg.topic, state, queue.address,
-                                     error, end_error)
+        result = TransactionSendResult(out.message_id, txid, msg.topic, state, queue.address,
+                                       error, end_error)
+        if error is not None:
+            raise LocalTransactionError(result) from error
+        return result
 
     async def _execute(self, message: Message, arg: Any, txid: str
                        ) -> tuple[TransactionState, BaseException | None]:

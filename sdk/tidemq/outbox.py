@@ -6,7 +6,8 @@
     async def create_order(conn: AsyncConnection, message: Message) -> None:
         await conn.execute(orders.insert().values(id=42, status="created"))
 
-    async with TransactionProducer("orders-tx", outbox, broker_url=...) as producer:
+    async with TransactionProducer("orders-tx", outbox,
+                                   nameservers=["http://127.0.0.1:9876"]) as producer:
         await producer.send(Message(b"order 42 created", topic="orders"), arg=create_order)
 
 ``execute_local_transaction`` runs the business function and inserts a row for the message into
@@ -14,6 +15,8 @@ the outbox table *in the same local database transaction*, then commits: either 
 change and the row are there, or neither. It answers COMMIT once that commit succeeded. A business
 function that raises rolls the local transaction back, and the message is rolled back at once
 (``LocalTransactionFailed``); a failure of the commit itself is UNKNOWN — the broker checks later.
+Either way ``TransactionProducer.send`` then raises ``tidemq.LocalTransactionError`` whose
+``__cause__`` is the original exception.
 
 ``check_local_transaction`` answers from the table: a row → COMMIT; no row while this process is
 still running the local transaction → UNKNOWN; no row for a message born more than

@@ -57,7 +57,11 @@ def create_broker_app(settings: BrokerSettings | None = None, *,
             await front.close()
             await broker.stop()
 
-    app = create_app("tidemq broker", metrics.registry, lifespan)
+    def health() -> str | None:
+        broker: Broker | None = getattr(app.state, "broker", None)
+        return broker.health() if broker is not None else None
+
+    app = create_app("tidemq broker", metrics.registry, lifespan, health=health)
     for router in ROUTERS:
         app.include_router(router)
     return app

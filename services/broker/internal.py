@@ -2,7 +2,7 @@
 
 Write records as they are (system topics included, explicit sys_flag and raw properties), read
 them back with raw properties and physical offsets, and hold retention back to their progress.
-The request shapes live here, so the later issues extend one place.
+The request shapes live here, in one place for every internal caller.
 """
 
 from __future__ import annotations
@@ -11,25 +11,53 @@ import base64
 import binascii
 from typing import Any
 
-from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic, validate_topic_name
+from tidemq.protocol import (
+    TAGS,
+    UNIQ_KEY,
+    ErrorCode,
+    ProtocolError,
+    is_system_topic,
+    validate_topic_name,
+)
+from tidemq.protocol.message import reject_unknown
+from tidemq.protocol.numbers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, integer
 
-from services.broker.messaging.convert import TAGS, UNIQ_KEY
 from services.broker.messaging.send import SendService, new_message_id, now_ms
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
 
 MAX_RECORDS = 4096  # records per internal write
+MAX_PORT = 65_535  # the port of a born_host
+DEFAULT_BORN_HOST = "127.0.0.1:0"
+#: The fields of a record written as it is, and of the request; any other is refused.
+RECORD_FIELDS = frozenset({
+    "topic", "queue_id", "body", "body_encoding", "properties", "tag_code", "flag", "sys_flag",
+    "born_timestamp_ms", "born_host", "reconsume_times", "prepared_tx_offset",
+})
+PUT_FIELDS = frozenset({"records", "dedup"})
 
 
 def _field(obj: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     value = obj.get(name, default)
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"{name} must be an integer, got {value!r}")
-    if kind is not int and not isinstance(value, kind):
+    if not isinstance(value, kind):
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"{name} must be {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+def _int(obj: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    """An integer field within the range of its slot in the record (400 naming it if not)."""
+    return integer(obj.get(name, default), name, low, high)
+
+
+def _host(obj: dict[str, Any]) -> str:
+    host: str = _field(obj, "born_host", str, DEFAULT_BORN_HOST)
+    port = host.rpartition(":")[2]
+    if port.isdigit() and int(port) > MAX_PORT:
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"born_host: the port must be 0-{MAX_PORT}, got {port}")
+    return host
 
 
 def _body(obj: dict[str, Any]) -> bytes:
@@ -63,6 +91,7 @@ class InternalService:
     def parse_record(self, obj: Any, default_topic: str, now: int) -> MessageRecord:
         if not isinstance(obj, dict):
             raise ProtocolError(ErrorCode.BAD_REQUEST, "each record must be an object")
+        reject_unknown(obj, RECORD_FIELDS, "a record")
         props = _field(obj, "properties", dict, {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
             raise ProtocolError(ErrorCode.BAD_REQUEST, "properties must map strings to strings")
@@ -71,17 +100,17 @@ class InternalService:
         code = obj.get("tag_code")
         return MessageRecord(
             topic=_field(obj, "topic", str, default_topic),
-            queue_id=_field(obj, "queue_id", int, 0),
+            queue_id=_int(obj, "queue_id", 0, 0, INT32_MAX),
             body=_body(obj),
             properties=props,
-            tag_code=tag_code(props.get(TAGS)) if code is None else _field(obj, "tag_code", int,
-                                                                            0),
-            flag=_field(obj, "flag", int, 0),
-            sys_flag=_field(obj, "sys_flag", int, 0),
-            born_timestamp=_field(obj, "born_timestamp_ms", int, now),
-            born_host=_field(obj, "born_host", str, "127.0.0.1:0"),
-            reconsume_times=_field(obj, "reconsume_times", int, 0),
-            prepared_tx_offset=_field(obj, "prepared_tx_offset", int, 0),
+            tag_code=tag_code(props.get(TAGS)) if code is None else _int(
+                obj, "tag_code", 0, INT64_MIN, INT64_MAX),
+            flag=_int(obj, "flag", 0, INT32_MIN, INT32_MAX),
+            sys_flag=_int(obj, "sys_flag", 0, 0, INT32_MAX),
+            born_timestamp=_int(obj, "born_timestamp_ms", now, 0, INT64_MAX),
+            born_host=_host(obj),
+            reconsume_times=_int(obj, "reconsume_times", 0, 0, INT32_MAX),
+            prepared_tx_offset=_int(obj, "prepared_tx_offset", 0, 0, INT64_MAX),
         )
 
     async def put(self, default_topic: str, payload: Any) -> list[dict[str, Any]]:
@@ -92,12 +121,18 @@ class InternalService:
         """
         if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
             raise ProtocolError(ErrorCode.BAD_REQUEST, 'the body must be {"records": [...]}')
+        reject_unknown(payload, PUT_FIELDS, "an internal write")
         items = payload["records"]
         if not 1 <= len(items) <= MAX_RECORDS:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"send 1-{MAX_RECORDS} records")
         dedup = bool(payload.get("dedup", False))
         now = now_ms()
-        records = [self.parse_record(item, default_topic, now) for item in items]
+        records = []
+        for i, item in enumerate(items):
+            try:
+                records.append(self.parse_record(item, default_topic, now))
+            except ProtocolError as exc:
+                raise ProtocolError(exc.code, f"records[{i}].{exc.message}") from None
         for record in records:
             cfg = await self._topic(record.topic)
             if not 0 <= record.queue_id < cfg.queues:

@@ -5,7 +5,8 @@ nameserver concurrently. A nameserver that is down is logged, never raised: the 
 serving routes, and the next heartbeat catches the lagging one up.
 
 Heartbeats to one nameserver are serialised and take their topic snapshot only once it is their
-turn, so an older topic set can never overwrite a newer one there.
+turn, so an older topic set can never overwrite a newer one there. Heartbeats and the goodbye
+carry the cluster token (``X-Tidemq-Token``): a nameserver refuses registrations without it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from services.common.constants import BROKER_HEARTBEAT_INTERVAL_S
+from services.common.constants import BROKER_HEARTBEAT_INTERVAL_S, TOKEN_HEADER
 from services.common.loop import BackgroundLoop
 
 log = logging.getLogger(__name__)
@@ -48,14 +49,15 @@ class NameserverRegistrar:
                  topics_provider: TopicsProvider,
                  interval_s: float = BROKER_HEARTBEAT_INTERVAL_S,
                  timeout_s: float = REQUEST_TIMEOUT_S,
-                 unregister_on_stop: bool = True) -> None:
+                 unregister_on_stop: bool = True, token: str = "") -> None:
         self.nameserver_urls = [u.strip().rstrip("/") for u in nameserver_urls if u.strip()]
         self.cluster = cluster
         self.broker_name = broker_name
         self.address = address.rstrip("/")
         self.topics_provider = topics_provider
         self.unregister_on_stop = unregister_on_stop
-        self._client = httpx.AsyncClient(timeout=timeout_s)
+        headers = {TOKEN_HEADER: token} if token else {}
+        self._client = httpx.AsyncClient(timeout=timeout_s, headers=headers)
         self._loop = _HeartbeatLoop(self, interval_s)
         self._locks = {url: asyncio.Lock() for url in self.nameserver_urls}
         self._reachable: dict[str, bool | None] = dict.fromkeys(self.nameserver_urls)
@@ -100,7 +102,9 @@ class NameserverRegistrar:
                 self._mark(url, False, f"{type(exc).__name__}: {exc}".rstrip(": "))
                 return False
             if resp.status_code != 200:
-                self._mark(url, False, f"HTTP {resp.status_code}: {resp.text[:300]}")
+                hint = ("; give the broker the nameserver's cluster token (TIDEMQ_BROKER_TOKEN "
+                        "= TIDEMQ_NAMESRV_TOKEN)" if resp.status_code == 401 else "")
+                self._mark(url, False, f"HTTP {resp.status_code}: {resp.text[:300]}{hint}")
                 return False
             self._mark(url, True, f"{len(body['topics'])} topic(s)")
             return True
@@ -123,3 +127,6 @@ class NameserverRegistrar:
                                              params={"address": self.address}, timeout=1.0)
             if resp.status_code == 200:
                 log.info("unregistered from nameserver %s", url)
+            elif resp.status_code != 404:  # 404: already gone (expired, or never registered)
+                log.warning("unregistering from nameserver %s failed: HTTP %d: %s", url,
+                            resp.status_code, resp.text[:300])

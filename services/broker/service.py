@@ -109,7 +109,7 @@ class Broker:
             loop.start()
         self.registrar = NameserverRegistrar(s.nameserver_urls, s.cluster, s.broker_name,
                                              s.address, self.topics.route_table,
-                                             s.register_interval_s)
+                                             s.register_interval_s, token=s.token)
         self.topics.add_listener(self._topic_changed)
         self.registrar.start()
         self.metrics.add_stats("tidemq_broker_store_", self.store.stats, "store")
@@ -159,6 +159,16 @@ class Broker:
 
     def _topic_changed(self, cfg: TopicConfig) -> None:
         self.registrar.request_heartbeat()
+
+    def health(self) -> str | None:
+        """Why this broker cannot take writes until it is restarted (its /healthz fails), or
+        None. Refusals that pass by themselves (busy, disk full) are not failures."""
+        if not self.started:
+            return None
+        failure = self.store.failure
+        if not failure:
+            return None
+        return f"store writer stopped, every write is refused until a restart: {failure}"
 
     def stats(self) -> dict[str, float]:
         return {

@@ -13,22 +13,40 @@ import logging
 import resource
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import BaseModel, Field
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.checker.client import BrokerClient, BrokerUnavailable
 from services.checker.progress import ProgressStore, ProgressUnavailable
 from services.checker.scanner import CheckScanner, ScanConfig, ScanReport
 from services.checker.settings import CheckerSettings
-from services.common.app import create_app, require_token
+from services.common.app import create_app, reply, token_guard
+from services.common.broker_client import BrokerClient, BrokerError
 from services.common.loop import BackgroundLoop
+from services.common.openapi import errors
 
 log = logging.getLogger(__name__)
 
 SCAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ScanAnswer(BaseModel):
+    """``POST /internal/v1/scan``: the report of the scan (documentation of ScanReport)."""
+
+    examined: int = Field(description="half messages looked at")
+    ended: int = Field(description="skipped: their op record was seen")
+    checked: int
+    deferred: int
+    discarded: int
+    stale: int = Field(description="the broker answered ended, superseded or not found")
+    no_producer: int = Field(description="checks counted while no producer was alive")
+    stopped_early: bool
+    half_offset: int
+    half_end: int
+    seconds: float
+    outcomes: dict[str, int]
 
 
 class CheckerMetrics:
@@ -78,7 +96,8 @@ class Checker:
 
     def __init__(self, settings: CheckerSettings) -> None:
         self.settings = settings
-        self.client = BrokerClient(settings.broker_url, settings.token, settings.request_timeout_s)
+        self.client = BrokerClient(settings.broker_url, settings.token, settings.request_timeout_s,
+                                   user_agent="tidemq-checker")
         self.progress = ProgressStore(settings.redis_url, settings.cluster)
         self.scanner = CheckScanner(self.client, self.progress, ScanConfig(
             immunity_ms=settings.transaction_timeout_ms, check_max=settings.check_max,
@@ -93,7 +112,7 @@ class Checker:
     async def scan_now(self) -> ScanReport:
         async with self._lock:
             if not self.bound:
-                info = await self.client.info()
+                info = await self.client.transactions_info()
                 self.progress.bind(str(info["broker_name"]))
                 self.bound = True
                 log.info("checking transactions of broker %s at %s", info["broker_name"],
@@ -130,7 +149,7 @@ class CheckLoop(BackgroundLoop):
     async def run_once(self) -> None:
         try:
             await self.checker.scan_now()
-        except (BrokerUnavailable, ProgressUnavailable) as exc:
+        except (BrokerError, ProgressUnavailable) as exc:
             log.warning("scan stopped: %s; retrying in %.1fs", exc, self.interval_s)
 
 
@@ -154,16 +173,16 @@ def create_checker_app(settings: CheckerSettings | None = None) -> FastAPI:
 
     app = create_app("tidemq checker", checker.metrics.registry, lifespan)
 
-    def token(request: Request) -> None:
-        require_token(request, settings.token)
+    token = token_guard(lambda _: settings.token)
 
     @app.post("/internal/v1/scan", tags=["internal"], dependencies=[Depends(token)],
-              summary="Run one scan now; answers its report")
-    async def scan() -> dict[str, Any]:
+              summary="Run one scan now; answers its report", response_model=ScanAnswer,
+              responses=errors(ErrorCode.UNAVAILABLE))
+    async def scan(request: Request) -> Response:
         try:
             report = await checker.scan_now()
-        except (BrokerUnavailable, ProgressUnavailable) as exc:
+        except (BrokerError, ProgressUnavailable) as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from exc
-        return report.to_wire()
+        return reply(request, report.to_wire())
 
     return app

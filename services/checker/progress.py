@@ -9,8 +9,8 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from services.broker.consumers.offsets import connect_redis
 from services.common.constants import checker_progress_key
+from services.common.redis import connect_redis
 
 
 class ProgressUnavailable(Exception):

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from services.common.constants import CHECKER_FLOOR_OWNER
+
 log = logging.getLogger(__name__)
 
 OP_PAGE = 2048
@@ -54,7 +56,7 @@ class Broker(Protocol):
     async def halves(self, offset: int, max_count: int) -> dict[str, Any]: ...
     async def ops(self, offset: int, max_count: int) -> dict[str, Any]: ...
     async def act(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
-    async def retention_floor(self, physical_offset: int) -> None: ...
+    async def retention_floor(self, owner: str, physical_offset: int) -> None: ...
 
 
 class Progress(Protocol):
@@ -148,7 +150,7 @@ class CheckScanner:
             stop, floor = await self._page(page, end, report)
             self.floor = min(floor, op_floor)
             await self.progress.save(self.half_offset, self.op_offset)
-            await self.broker.retention_floor(self.floor)
+            await self.broker.retention_floor(CHECKER_FLOOR_OWNER, self.floor)
             if stop or self.half_offset >= end or not page["entries"]:
                 report.stopped_early = stop
                 break

@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 import time
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from tidemq.protocol import Perm
 
 from services.cli.rest import (
     CliError,
@@ -25,16 +25,10 @@ from services.cli.rest import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-topic_app = typer.Typer(help="Create, list and inspect topics on the broker.",
+topic_app = typer.Typer(help="Create, list, inspect and delete topics on the broker.",
                         no_args_is_help=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
-
-
-class Perm(StrEnum):
-    R = "r"  # read only: consumers may pull, producers may not send
-    W = "w"  # write only
-    RW = "rw"  # read and write
 
 
 @topic_app.command("create")
@@ -43,7 +37,7 @@ def topic_create(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Topic name: letters, digits, _ % | - (≤ 127).")],
     queues: Annotated[int, typer.Option(min=1, help="Number of queues.")] = 8,
-    perm: Annotated[Perm, typer.Option(help="Permission: r, w or rw.")] = Perm.RW,
+    perm: Annotated[Perm, typer.Option(help="Permission: r, w or rw.")] = Perm.READ_WRITE,
     json_out: JsonOption = False,
 ) -> None:
     """Create a topic, or update its queue count and permission."""
@@ -100,6 +94,28 @@ def topic_show(
         low, high = int(q.get("min", 0)), int(q.get("max", 0))
         table.add_row(str(q.get("queue_id")), str(low), str(high), str(high - low))
     console.print(table)
+
+
+@topic_app.command("delete")
+@reports_errors
+def topic_delete(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")
+                   ] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Delete a topic: it leaves the routes at once; its stored messages stay until retention
+    removes them, unreadable unless the topic is created again."""
+    ep = endpoints(ctx)
+    if not yes and not typer.confirm(f"delete topic {name} on {ep.broker}?"):
+        raise CliError("not deleted", 1)
+    with ep.client() as client:
+        answer = call(client, "DELETE", f"{ep.broker}/v1/topics/{segment(name)}")
+    if json_out:
+        print_json(answer)
+        return
+    console.print(f"topic [bold]{answer.get('deleted', name)}[/] deleted")
 
 
 @reports_errors

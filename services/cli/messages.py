@@ -38,11 +38,13 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (one docume
 def build_message(body: str, tag: str | None = None, keys: list[str] | None = None,
                   properties: dict[str, str] | None = None, queue_id: int | None = None,
                   sharding_key: str | None = None, delay_level: int | None = None,
-                  delay_ms: int | None = None) -> dict[str, Any]:
+                  delay_ms: int | None = None, deliver_at_ms: int | None = None
+                  ) -> dict[str, Any]:
     """A message in wire form with only the fields that were given."""
     fields: dict[str, Any] = {"tag": tag, "keys": keys or None, "properties": properties or None,
                               "queue_id": queue_id, "sharding_key": sharding_key,
-                              "delay_level": delay_level, "delay_ms": delay_ms}
+                              "delay_level": delay_level, "delay_ms": delay_ms,
+                              "deliver_at_ms": deliver_at_ms}
     return {"body": body, **{k: v for k, v in fields.items() if v is not None}}
 
 
@@ -72,6 +74,9 @@ def send(
     delay_level: Annotated[int | None, typer.Option(min=1, max=18, help="Delay level.")] = None,
     delay_ms: Annotated[int | None, typer.Option(min=0, help="Deliver after this many ms.")
                         ] = None,
+    deliver_at_ms: Annotated[int | None, typer.Option(
+        min=0, help="Deliver at this time (epoch ms; one in the past delivers at once).")
+                             ] = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="Send N messages.")] = 1,
     batch: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Messages per request.")
                      ] = 64,
@@ -80,7 +85,12 @@ def send(
     """Send one message, or --count N of them in batches with a progress bar."""
     ep = endpoints(ctx)
     props = parse_properties(prop or [])
-    template = build_message(body, tag, key, props, queue, sharding_key, delay_level, delay_ms)
+    delays = [d for d in (delay_level, delay_ms, deliver_at_ms) if d is not None]
+    if len(delays) > 1:
+        raise CliError("BAD_REQUEST: give at most one of --delay-level, --delay-ms, "
+                       "--deliver-at-ms", 2)
+    template = build_message(body, tag, key, props, queue, sharding_key, delay_level, delay_ms,
+                             deliver_at_ms)
     url = f"{ep.broker}/v1/topics/{segment(topic)}/messages"
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -105,10 +115,21 @@ def send(
     elif count == 1 and results:
         r = results[0]
         console.print(f"sent [bold]{escape(str(r.get('message_id')))}[/] to {escape(topic)} "
-                      f"queue {r.get('queue_id')} offset {r.get('queue_offset')}")
+                      + _placement(r))
     else:
         console.print(f"sent {len(results)} message(s) to {escape(topic)} in {elapsed:.2f} s "
                       f"({len(results) / max(elapsed, 1e-9):,.0f} msg/s)")
+
+
+def _placement(result: dict[str, Any]) -> str:
+    """Where a sent message is: its queue and offset, or (delayed) its queue and due time."""
+    queue, state = result.get("queue_id"), result.get("state")
+    when = _when(result.get("deliver_at_ms")) or "an unknown time"
+    if state == "scheduled":
+        return f"queue {queue}: scheduled for {when} (no queue offset until it is delivered)"
+    if state == "cancelled":
+        return f"queue {queue}: cancelled before its delivery at {when}; nothing is scheduled"
+    return f"queue {queue} offset {result.get('queue_offset')}"
 
 
 # --- consume ----------------------------------------------------------------------------------
@@ -293,8 +314,13 @@ def query(
                   title=f"{len(found)} message(s)")
     for m in found:
         body = str(m.get("body", ""))
+        offset = m.get("queue_offset")
+        state = str(m.get("state", ""))
+        if m.get("deliver_at_ms") is not None:  # waiting: no offset yet, a due time instead
+            state += f" (due {_when(m['deliver_at_ms'])})"
         table.add_row(str(m.get("message_id")), str(m.get("topic", "")),
-                      f"{m.get('queue_id', '')}:{m.get('queue_offset', '')}", m.get("tag") or "",
-                      ",".join(m.get("keys") or []), _when(m.get("store_timestamp_ms")),
-                      str(m.get("state", "")), escape(body[:80] + ("…" if len(body) > 80 else "")))
+                      f"{m.get('queue_id', '')}:{'-' if offset is None else offset}",
+                      m.get("tag") or "", ",".join(m.get("keys") or []),
+                      _when(m.get("store_timestamp_ms")), state,
+                      escape(body[:80] + ("…" if len(body) > 80 else "")))
     console.print(table)

@@ -100,9 +100,13 @@ def module_available(module: str) -> bool:
     return any((Path(loc) / "__main__.py").is_file() for loc in spec.submodule_search_locations)
 
 
-def resolve_token(env: Mapping[str, str]) -> str:
-    """The cluster's shared token: TIDEMQ_TOKEN when set, else a fresh random one."""
-    return env.get("TIDEMQ_TOKEN") or secrets.token_hex(16)
+TOKEN_FILE = "token"  # under the data dir: the cluster token kept across runs (mode 0600)
+
+
+def resolve_token(env: Mapping[str, str], stored: str | None = None) -> str:
+    """The cluster's shared token: TIDEMQ_TOKEN when set, else the one kept in the data dir
+    (``stored``), else a fresh random one."""
+    return env.get("TIDEMQ_TOKEN") or stored or secrets.token_hex(16)
 
 
 def needs_managed_redis(env: Mapping[str, str]) -> bool:
@@ -135,7 +139,7 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                 "CLUSTER": opts.cluster}
 
     specific: dict[str, dict[str, str]] = {
-        "nameserver": {},
+        "nameserver": {"TOKEN": token},  # brokers register with it
         "broker": {
             "NAMESERVERS": url["nameserver"],
             "REDIS_URL": redis_url,
@@ -148,8 +152,8 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
         specific[sidecar] = {"BROKER_URL": url["broker"], "REDIS_URL": redis_url, "TOKEN": token}
     specific["scheduler"]["DATA_DIR"] = str(data_dir / "scheduler")
     specific["metrics"]["DATA_DIR"] = str(data_dir / "metrics")
-    if opts.broker_grpc_port != BROKER_GRPC_PORT:  # the broker's default otherwise
-        specific["broker"]["GRPC_PORT"] = str(opts.broker_grpc_port)
+    # Always explicit, so the port printed is the one the broker binds (never an inherited one).
+    specific["broker"]["GRPC_PORT"] = str(opts.broker_grpc_port)
     if "scheduler" in names:  # the broker answers cancel and /v1/scheduled by asking it
         specific["broker"]["SCHEDULER_URL"] = url["scheduler"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -24,6 +25,10 @@ err_console = Console(stderr=True)
 
 DEFAULT_BROKER_URL = f"http://127.0.0.1:{BROKER_PORT}"
 DEFAULT_NAMESERVER_URL = f"http://127.0.0.1:{NAMESERVER_PORT}"
+
+# The services' TOPIC_NOT_FOUND messages end with the REST call that creates the topic; on the
+# command line the hint names the command instead.
+_CREATE_CALL = re.compile(r"PUT /v1/topics/([^\s)]+)")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -83,6 +88,8 @@ def answer(resp: httpx.Response) -> Any:
         code, message = body["code"], body["message"]
     except (ValueError, KeyError, TypeError):
         code, message = f"HTTP_{resp.status_code}", resp.text.strip()[:500] or resp.reason_phrase
+    if code == "TOPIC_NOT_FOUND":
+        message = _CREATE_CALL.sub(r"`tidemq topic create \1`", str(message))
     raise CliError(f"{code}: {message}")
 
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from services.cli import admin, delays, messages, tx, up
+from services.cli import admin, delays, dlq, groups, messages, tx, up
 from services.cli.rest import DEFAULT_BROKER_URL, DEFAULT_NAMESERVER_URL, Endpoints
 
 app = typer.Typer(
@@ -35,6 +35,8 @@ app.command("up")(up.up)
 app.add_typer(admin.topic_app, name="topic")
 app.add_typer(delays.delay_app, name="delay")
 app.add_typer(tx.tx_app, name="tx")
+app.add_typer(groups.group_app, name="group")
+app.add_typer(dlq.dlq_app, name="dlq")
 app.command("send")(messages.send)
 app.command("consume")(messages.consume)
 app.command("query")(messages.query)

@@ -1,16 +1,24 @@
-"""`tidemq tx`: transactions in flight on the broker (``GET /v1/transactions``)."""
+"""`tidemq tx`: transactions in flight on the broker (``GET /v1/transactions``), and ending one
+by hand (``POST /v1/transactions/{id}/end``) when its producer cannot answer checks."""
 
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from services.cli.rest import call, console, endpoints, print_json, reports_errors
+from services.cli.rest import call, console, endpoints, print_json, reports_errors, segment
 
-tx_app = typer.Typer(help="Transactional messages: what is still pending.", no_args_is_help=True)
+tx_app = typer.Typer(help="Transactional messages: what is still pending, ending one.",
+                     no_args_is_help=True)
+
+
+class EndAction(StrEnum):
+    COMMIT = "commit"  # deliver the message
+    ROLLBACK = "rollback"  # drop it: it is never delivered
 
 
 @tx_app.command("list")
@@ -43,3 +51,26 @@ def tx_list(
                       str(tx.get("producer_group", "")), str(tx.get("topic")),
                       str(tx.get("check_times", 0)), f"{age_s:.1f}s")
     console.print(table)
+
+
+@tx_app.command("end")
+@reports_errors
+def tx_end(
+    ctx: typer.Context,
+    transaction_id: Annotated[str, typer.Argument(help="Transaction id (see `tidemq tx list`).")],
+    action: Annotated[EndAction, typer.Option(help="commit or rollback.")],
+    producer_group: Annotated[str, typer.Option("--producer-group", "-g",
+                                                help="The transaction's producer group.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")] = False,
+) -> None:
+    """Commit or roll back a pending transaction (as its producer would)."""
+    ep = endpoints(ctx)
+    with ep.client() as client:
+        answer = call(client, "POST",
+                      f"{ep.broker}/v1/transactions/{segment(transaction_id)}/end",
+                      json={"producer_group": producer_group, "action": action.value})
+    if json_out:
+        print_json(answer)
+        return
+    console.print(f"transaction {transaction_id}: {answer.get('state')}", markup=False,
+                  highlight=False)

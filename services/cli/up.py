@@ -4,6 +4,13 @@ Redis (managed unless REDIS_URL is set) starts first, then the services in plan 
 awaited on its /healthz. On a signal the children stop in reverse order (SIGTERM, then SIGKILL
 after a timeout) and the command exits 0. If a child dies, its last log lines are printed and
 everything stops with exit status 1. Each child's output goes to ``<data-dir>/logs/<name>.log``.
+
+One stop request gives every child its whole graceful timeout, however many signals carry it:
+``make up`` forwards the SIGTERM its process group already got, so a second signal often arrives
+at once. Only a Ctrl-C pressed again ``DUPLICATE_SIGNAL_S`` or more after the first skips the wait.
+
+The cluster token is ``TIDEMQ_TOKEN`` when set, else the one kept in ``<data-dir>/token`` (mode
+0600, created on the first run), so clients keep working across restarts.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from rich.table import Table
 
 from services.cli.plan import (
     SERVICE_ORDER,
+    TOKEN_FILE,
     ServiceSpec,
     UpOptions,
     child_env,
@@ -38,6 +46,7 @@ from services.cli.plan import (
 )
 from services.cli.rest import CliError, console, err_console, reports_errors
 from services.common.constants import (
+    BROKER_GRPC_PORT,
     BROKER_PORT,
     CHECKER_PORT,
     METRICS_PORT,
@@ -47,6 +56,7 @@ from services.common.constants import (
 
 POLL_S = 0.1
 LOG_TAIL_LINES = 30
+DUPLICATE_SIGNAL_S = 2.0  # signals this soon after the first one are the same stop request
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -111,6 +121,7 @@ class Supervisor:
         self.children: list[Child] = []
         self.stop_requested = False
         self.force = False
+        self._first_signal_at: float | None = None  # time.monotonic() of the first stop signal
         self._previous: dict[int, Any] = {}
 
     # --- signals ------------------------------------------------------------------------------
@@ -124,8 +135,14 @@ class Supervisor:
             signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, _: FrameType | None) -> None:
-        if self.stop_requested:
-            self.force = True  # a second Ctrl-C: stop waiting for children, kill them
+        now = time.monotonic()
+        if self._first_signal_at is None:
+            self._first_signal_at = now
+        elif (signum == signal.SIGINT
+              and now - self._first_signal_at >= DUPLICATE_SIGNAL_S):
+            self.force = True  # Ctrl-C pressed again later: stop waiting for children, kill them
+        # Any other repeat (make forwarding the group's SIGTERM, a second SIGTERM from a
+        # supervisor) is the same request: the children keep their graceful timeout.
         self.stop_requested = True
 
     # --- starting -----------------------------------------------------------------------------
@@ -167,6 +184,10 @@ class Supervisor:
             raise CliError(f"port {spec.port} on {spec.host} is in use, so {spec.name} cannot "
                            f"start: is another tidemq running? Choose another with "
                            f"--{spec.name}-port")
+        if spec.grpc_port and port_in_use(spec.host, spec.grpc_port):
+            raise CliError(f"gRPC port {spec.grpc_port} on {spec.host} is in use, so "
+                           f"{spec.name} cannot start: choose another with --grpc-port "
+                           "(0 turns the gRPC door off)")
         child = self._spawn(spec.name, spec.command(sys.executable), child_env(spec),
                             spec.shown_url, spec.docs_url)
         with httpx.Client(timeout=0.5) as client:
@@ -257,9 +278,39 @@ def _port_option(what: str) -> Any:
     return typer.Option(min=1, max=65535, help=f"Port of the {what}.")
 
 
+def stored_token(data_dir: Path) -> tuple[str, Path]:
+    """The token kept in ``<data-dir>/token``, created (random, mode 0600) when absent or empty.
+
+    ``TIDEMQ_TOKEN`` still wins (``resolve_token``); the file only makes the generated token
+    stable across runs, so clients and scripts holding it keep working after a restart.
+    """
+    path = data_dir / TOKEN_FILE
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        token = ""
+    except OSError as exc:
+        raise CliError(f"cannot read the cluster token in {path}: {exc}") from None
+    if token:
+        if path.stat().st_mode & 0o077:  # readable by others: the token guards the cluster
+            path.chmod(0o600)
+        return token, path
+    token = resolve_token({})
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(token + "\n")
+    path.chmod(0o600)  # O_CREAT's mode does not apply to a file that already existed
+    return token, path
+
+
 @reports_errors
 def up(
     broker_port: Annotated[int, _port_option("broker")] = BROKER_PORT,
+    grpc_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, show_default=False,
+        help="Port of the broker's gRPC door (RocketMQ 5 clients); 0 = off. Default "
+             f"{BROKER_GRPC_PORT}, or off when that port is busy.")] = None,
     nameserver_port: Annotated[int, _port_option("nameserver")
                                ] = NAMESERVER_PORT,
     checker_port: Annotated[int, _port_option("checker")] = CHECKER_PORT,
@@ -284,12 +335,22 @@ def up(
     if unknown:
         raise CliError(f"BAD_REQUEST: unknown service(s) {unknown} in --skip; "
                        f"choose from {', '.join(SERVICE_ORDER)}", 2)
+    grpc = BROKER_GRPC_PORT if grpc_port is None else grpc_port
+    if grpc_port is None and "broker" not in (skip or []) and port_in_use(host, grpc):
+        err_console.print(f"port {grpc} is in use: the broker starts without its gRPC door "
+                          "(choose a free port with --grpc-port)")
+        grpc = 0
     opts = UpOptions(data_dir=data_dir, host=host, cluster=cluster,
                      nameserver_port=nameserver_port, broker_port=broker_port,
+                     broker_grpc_port=grpc,
                      checker_port=checker_port, scheduler_port=scheduler_port,
                      metrics_port=metrics_port, flush=flush.value, metrics=metrics,
                      skip=frozenset(skip or []))
-    token = resolve_token(os.environ)
+    if os.environ.get("TIDEMQ_TOKEN"):
+        token, token_origin = resolve_token(os.environ), "from TIDEMQ_TOKEN"
+    else:
+        token, token_path = stored_token(data_dir)
+        token_origin = f"kept in {token_path}; TIDEMQ_TOKEN overrides it"
     sup = Supervisor(data_dir, start_timeout, stop_timeout)
     sup.install_signal_handlers()
     dead: Child | None = None
@@ -302,7 +363,7 @@ def up(
         for spec in specs:
             sup.start_service(spec)
         console.print(sup.endpoints_table())
-        console.print(f"cluster token [bold]{token}[/] (set TIDEMQ_TOKEN to choose it) · "
+        console.print(f"cluster token [bold]{token}[/] ({token_origin}) · "
                       "Ctrl-C stops everything")
         dead = sup.watch()
         if dead is not None:
@@ -310,7 +371,8 @@ def up(
     except Interrupted:
         err_console.print("stop requested while starting")
     finally:
-        err_console.print("stopping …")
+        err_console.print(f"stopping … (a Ctrl-C {DUPLICATE_SIGNAL_S:.0f} s or more from now "
+                          "kills whatever is still running)")
         sup.stop_all()
         sup.restore_signal_handlers()
     if dead is not None:

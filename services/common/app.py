@@ -1,39 +1,61 @@
-"""FastAPI app factory shared by every service: error shape, /healthz, /metrics, token guard.
+"""FastAPI app factory shared by every service: error shape, /healthz, /metrics, token guard,
+offline /docs and the completed OpenAPI document (services.common.openapi).
 
 Errors always leave as ``{"code", "message"}`` with the status of the code (tidemq.protocol).
 """
 
 from __future__ import annotations
 
+import base64
 import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse as FastAPIJSONResponse
+from fastapi.responses import PlainTextResponse, Response
+from fastapi.security import APIKeyHeader
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.codec import encode_payload, is_msgpack
 
+from services.common.bodies import describe
 from services.common.constants import TOKEN_HEADER
+from services.common.docs import install_docs
+from services.common.openapi import Health, errors, finish_openapi
 
 log = logging.getLogger(__name__)
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+#: A service's health hook: why it cannot do its work (e.g. "store writer stopped: ..."), or None
+#: when healthy. /healthz answers 503 UNAVAILABLE with that reason while it is not None.
+HealthCheck = Callable[[], str | None]
 
 
-class JSONResponse(Response):
-    """JSON rendered with orjson (fast, and handles bytes-free payloads of any size)."""
+def _json_default(obj: Any) -> Any:
+    """What orjson does not write by itself: bytes travel as base64 text (msgpack keeps them
+    raw); named tuples (the schedule rows of tidemq.protocol) are arrays, as in msgpack."""
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return base64.b64encode(obj).decode("ascii")
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
-    media_type = "application/json"
+
+class JSONResponse(FastAPIJSONResponse):
+    """JSON rendered with orjson. Bytes become base64 text; a dict with non-string keys (e.g.
+    queue ids) is written with string keys, as JSON requires (msgpack answers keep ints)."""
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+        try:
+            return orjson.dumps(content, default=_json_default)
+        except orjson.JSONEncodeError:  # rare: non-string keys; the option costs on every call
+            return orjson.dumps(content, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
 
 
 def error_response(code: ErrorCode, message: str, headers: dict[str, str] | None = None,
@@ -61,10 +83,29 @@ def require_token(request: Request, token: str) -> None:
                             f"internal endpoint: send the cluster token in {TOKEN_HEADER}")
 
 
+#: The cluster token as the OpenAPI security scheme of internal endpoints (checked by
+#: ``require_token``, so a missing header answers 401 in the API's error shape).
+TOKEN_SCHEME = APIKeyHeader(name=TOKEN_HEADER, scheme_name="ClusterToken", auto_error=False,
+                            description="the cluster's shared token (`tidemq up` generates "
+                                        "one); internal endpoints answer 401 without it")
+
+
+def token_guard(token_of: Callable[[Request], str]) -> Callable[..., None]:
+    """A dependency requiring the token ``token_of(request)`` (declared as ClusterToken)."""
+
+    def guard(request: Request,
+              _given: Annotated[str | None, Security(TOKEN_SCHEME)] = None) -> None:
+        require_token(request, token_of(request))
+
+    return guard
+
+
 def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | None = None,
-               version: str = "0.1.0") -> FastAPI:
+               version: str = "0.1.0", health: HealthCheck | None = None) -> FastAPI:
     app = FastAPI(title=title, version=version, lifespan=lifespan,
-                  default_response_class=JSONResponse)
+                  default_response_class=JSONResponse, docs_url=None, redoc_url=None)
+    install_docs(app)
+    finish_openapi(app)
 
     @app.exception_handler(ProtocolError)
     async def _protocol_error(_: Request, exc: ProtocolError) -> Response:
@@ -73,11 +114,8 @@ def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | Non
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
-        parts = []
-        for err in exc.errors()[:5]:
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            parts.append(f"{where or 'body'}: {err.get('msg')}")
-        return error_response(ErrorCode.BAD_REQUEST, "; ".join(parts) or "invalid request")
+        message = describe(exc, skip=("body",))
+        return error_response(ErrorCode.BAD_REQUEST, message or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
@@ -94,11 +132,18 @@ def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | Non
         log.exception("unhandled error: %s", exc)
         return error_response(ErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
 
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", tags=["ops"], response_model=Health, summary="Liveness",
+             responses=errors(ErrorCode.UNAVAILABLE))
+    async def healthz(request: Request) -> Response:
+        """``{"status": "ok"}``, or 503 UNAVAILABLE saying why the service cannot do its work
+        (e.g. the broker's store writer stopped on an error)."""
+        problem = health() if health is not None else None
+        if problem:
+            return error_response(ErrorCode.UNAVAILABLE, problem)
+        return reply(request, {"status": "ok"})
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse,
+             summary="Prometheus metrics (text format)")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 

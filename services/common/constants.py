@@ -24,6 +24,13 @@ OFFSET_COMMIT_INTERVAL_S = 5.0  # SDK push consumer commits offsets this often
 
 TOKEN_HEADER = "X-Tidemq-Token"
 
+# --- HTTP keep-alive --------------------------------------------------------------------------
+HTTP_SERVER_KEEP_ALIVE_S = 5  # every service closes a connection idle this long (uvicorn, s)
+# Clients drop a pooled connection idle this long (s). It must stay below the server's keep-alive:
+# at equal values a request sent just as the server closes the idle connection gets no answer
+# (httpx: RemoteProtocolError "Server disconnected without sending a response").
+HTTP_CLIENT_KEEP_ALIVE_S = 2.0
+
 
 def _ns(cluster: str) -> str:
     return f"tidemq:{cluster}"
@@ -37,6 +44,13 @@ def consumer_offsets_key(cluster: str, group: str, topic: str) -> str:
 def consumer_offsets_index_key(cluster: str, group: str) -> str:
     """Set: topics with committed offsets for a group."""
     return f"{_ns(cluster)}:offset-topics:{group}"
+
+
+def consumer_offsets_index_pattern(cluster: str) -> str:
+    """SCAN pattern matching every group's ``consumer_offsets_index_key`` (glob chars of the
+    cluster name escaped); a key minus ``consumer_offsets_index_key(cluster, "")`` is its group."""
+    escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in _ns(cluster))
+    return f"{escaped}:offset-topics:*"
 
 
 def inflight_key(cluster: str, group: str, topic: str) -> str:
@@ -63,7 +77,6 @@ METRICS_EXPOSITION_FILE = "metrics.prom"  # exposition written by each batch, un
 
 # --- delayed messages (broker ↔ scheduler) ----------------------------------------------------
 SCHEDULER_FLOOR_OWNER = "scheduler"  # retention floor owner on the broker (intake + level queues)
-TIMER_CANCELS_TOPIC = "TIDE_SYS_TIMER_CANCELS"  # broker's durable record of cancelled timers
 
 
 def scheduler_progress_key(cluster: str, broker_name: str) -> str:

@@ -9,6 +9,8 @@ import sys
 import uvicorn
 from fastapi import FastAPI
 
+from services.common.constants import HTTP_SERVER_KEEP_ALIVE_S
+
 LOG_FORMAT = "%(asctime)s %(levelname)-5s %(name)s: %(message)s"
 
 
@@ -27,5 +29,6 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
     config = uvicorn.Config(
         app, host=host, port=port, loop="uvloop", http="httptools", log_level=log_level,
         access_log=False, log_config=None, timeout_graceful_shutdown=5, backlog=2048,
+        timeout_keep_alive=HTTP_SERVER_KEEP_ALIVE_S,
     )
     uvicorn.Server(config).run()

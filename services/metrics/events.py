@@ -1,10 +1,4 @@
-"""The transaction event of ``TIDE_SYS_TRANS_EVENTS`` (DESIGN §4.7) and its validation.
-
-**fixed** body (JSON)::
-
-    {"event": "half"|"commit"|"rollback"|"unknown"|"check"|"discard",
-     "source": "producer"|"check", "producer_group", "topic", "transaction_id", "message_id",
-     "check_times", "born_ms", "ts_ms"}
+"""Validation of the transaction events the job reads (schema: ``tidemq.protocol.events``).
 
 ``parse_event`` turns one record body into the row the data source emits: the event's fields,
 or, for a body that breaks the schema, empty fields and a ``MalformedReason`` — such a row is
@@ -18,20 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 import orjson
-
-
-class EventKind(StrEnum):
-    HALF = "half"  # a half message was stored (invisible until it ends)
-    COMMIT = "commit"  # committed: delivered into its topic
-    ROLLBACK = "rollback"  # rolled back: never delivered
-    UNKNOWN = "unknown"  # the producer could not tell yet: a check follows
-    CHECK = "check"  # the checker asked a producer of the group for the state
-    DISCARD = "discard"  # too many checks (or too old): moved to TRANS_CHECK_MAX_TIME_TOPIC
-
-
-class EventSource(StrEnum):
-    PRODUCER = "producer"  # sent by the producer on its own (end-transaction)
-    CHECK = "check"  # an answer to a check, or the checker itself
+from tidemq.protocol.events import EVENT_FIELDS, INT_FIELDS, STRING_FIELDS, EventKind, EventSource
 
 
 class MalformedReason(StrEnum):
@@ -47,28 +28,23 @@ SOURCES = frozenset(s.value for s in EventSource)
 RESOLUTIONS = (EventKind.COMMIT.value, EventKind.ROLLBACK.value, EventKind.DISCARD.value)
 """Events that end a transaction: the half-to-resolution time is ``ts_ms - born_ms``."""
 
-STRING_FIELDS = ("producer_group", "topic", "transaction_id", "message_id")
-INT_FIELDS = ("check_times", "born_ms", "ts_ms")
 INT_BOUNDS = (2**31, 2**62, 2**62)  # exclusive upper bounds (check_times is a 32-bit column)
 MAX_FIELD_CHARS = 255  # longer names are rejected: they would only bloat label sets
 
-# The rows the data source emits, in column order (Spark DDL and Arrow share this list).
+#: Spark type of each body field (check_times is a 32-bit column: see INT_BOUNDS).
+_FIELD_TYPES = {"event": "string", "source": "string", "producer_group": "string",
+                "topic": "string", "transaction_id": "string", "message_id": "string",
+                "check_times": "int", "born_ms": "bigint", "ts_ms": "bigint"}
+
+# The rows the data source emits, in column order (Spark DDL and Arrow share this list): the
+# event's position, the body's fields, and why it is malformed (None for a valid event).
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("queue_id", "int"),
     ("queue_offset", "bigint"),
-    ("event", "string"),
-    ("source", "string"),
-    ("producer_group", "string"),
-    ("topic", "string"),
-    ("transaction_id", "string"),
-    ("message_id", "string"),
-    ("check_times", "int"),
-    ("born_ms", "bigint"),
-    ("ts_ms", "bigint"),
-    ("malformed", "string"),  # None for a valid event, else a MalformedReason
+    *((name, _FIELD_TYPES[name]) for name in EVENT_FIELDS),
+    ("malformed", "string"),
 )
 SCHEMA_DDL = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
-EVENT_FIELDS = tuple(name for name, _ in COLUMNS[2:-1])  # the body's fields, in column order
 
 EventRow = tuple[Any, ...]  # the EVENT_FIELDS values followed by the malformed reason
 
@@ -112,11 +88,3 @@ def validate_event(obj: dict[str, Any]) -> EventRow:
             return _malformed(MalformedReason.BAD_TYPE)
     return (event, source, *strings, *ints, None)
 
-
-def make_event(event: str, *, producer_group: str, topic: str, transaction_id: str,
-               message_id: str = "", source: str = EventSource.PRODUCER.value,
-               check_times: int = 0, born_ms: int, ts_ms: int) -> dict[str, Any]:
-    """An event body in the fixed schema (tests, benchmarks and the docs use it)."""
-    return {"event": event, "source": source, "producer_group": producer_group, "topic": topic,
-            "transaction_id": transaction_id, "message_id": message_id,
-            "check_times": check_times, "born_ms": born_ms, "ts_ms": ts_ms}

@@ -25,12 +25,12 @@ tidemq_metrics_batch_id / _batch_timestamp_seconds    gauge       the last batch
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from services.metrics.events import EventKind, EventSource, MalformedReason
+from tidemq.protocol import EventKind, EventSource
+
+from services.metrics.events import MalformedReason
 from services.metrics.rollup import CHECK_BUCKETS, LATENCY_BUCKETS_S, QUANTILES, Rollup
 
 PREFIX = "tidemq_transaction_"
@@ -172,14 +172,3 @@ def render(rollups: Iterable[Rollup], info: BatchInfo) -> str:
     for family in job:
         lines.extend(family.render())
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a reader sees the old file or the new one whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

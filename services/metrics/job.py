@@ -29,15 +29,23 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make `services` 
 
 from pyspark import SparkConf
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+)
 
 from services.common.constants import (
     METRICS_MAX_EVENTS_PER_BATCH,
     METRICS_SPARK_MASTER,
     METRICS_TRIGGER_INTERVAL_S,
 )
+from services.common.files import write_atomic
 from services.metrics.aggregate import aggregate, to_rollup
-from services.metrics.exposition import BatchInfo, render, write_atomic
+from services.metrics.exposition import BatchInfo, render
+from services.metrics.liveness import Liveness, liveness_path
 from services.metrics.source import FORMAT, TransactionEventSource
 
 log = logging.getLogger(__name__)
@@ -92,6 +100,9 @@ def build_session(cfg: SessionConfig) -> SparkSession:
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.adaptive.enabled": "false",  # not used by stateful streaming anyway
         "spark.sql.debug.maxToStringFields": "200",  # the rollup plan is wide: no warning
+        # an idle event after every trigger that found no new events (not one per 10 s): the
+        # liveness file advances on each poll of the broker, empty ones included
+        "spark.sql.streaming.noDataProgressEventInterval": "0",
         **cfg.extra,
     }
     for key, value in conf.items():
@@ -116,6 +127,51 @@ def register(spark: SparkSession) -> None:
         _registered.add(id(spark))
 
 
+class ProgressListener(StreamingQueryListener):
+    """One per session: hands every completed trigger of a tracked query run (by run id) to its
+    ``Liveness`` — a micro-batch with the rows it read, or an idle trigger (an empty poll).
+    ``expect`` names a query about to start: its start event, which Spark posts before any
+    progress, binds the run."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Liveness] = {}
+        self._starting: dict[str, Liveness] = {}  # query name → its liveness, until it starts
+
+    def expect(self, name: str, liveness: Liveness) -> None:
+        self._starting[name] = liveness
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:
+        liveness = self._starting.pop(event.name or "", None)
+        if liveness is not None:
+            self.runs[str(event.runId)] = liveness
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:
+        progress = event.progress
+        liveness = self.runs.get(str(progress.runId))
+        if liveness is not None:
+            liveness.completed(int(progress.numInputRows))
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:
+        liveness = self.runs.get(str(event.runId))
+        if liveness is not None:
+            liveness.completed(0)
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
+        self.runs.pop(str(event.runId), None)
+
+
+_listeners: dict[int, ProgressListener] = {}  # session id → its listener
+
+
+def progress_listener(spark: SparkSession) -> ProgressListener:
+    """The session's ``ProgressListener`` (added to it on first use)."""
+    listener = _listeners.get(id(spark))
+    if listener is None:
+        listener = _listeners[id(spark)] = ProgressListener()
+        spark.streams.addListener(listener)
+    return listener
+
+
 def event_stream(spark: SparkSession, cfg: JobConfig) -> DataFrame:
     return spark.readStream.format(FORMAT).options(**cfg.source_options()).load()
 
@@ -128,6 +184,7 @@ class ExpositionWriter:
         self.batches = 0
         self.last_batch_id = -1
         self.last_write_s = 0.0
+        self.liveness = Liveness(liveness_path(output))  # fed by the session's listener
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         began = time.monotonic()
@@ -156,6 +213,7 @@ def start_query(spark: SparkSession, cfg: JobConfig,
         stream = stream.trigger(availableNow=True)
     else:
         stream = stream.trigger(processingTime=f"{cfg.trigger_interval_s} seconds")
+    progress_listener(spark).expect(QUERY_NAME, writer.liveness)  # each trigger → liveness
     query = stream.start()
     log.info("query %s started (%s), checkpoint %s, output %s", QUERY_NAME,
              "available-now" if cfg.once else f"every {cfg.trigger_interval_s}s",

@@ -3,8 +3,8 @@
     python -m services.metrics.package dist/tidemq-metrics.zip
 
 It holds what the job's driver and its Python workers import: ``services/metrics`` (the job,
-the data source and its helpers), ``services/common/constants.py`` and the SDK package
-``tidemq`` (system topic names, the wire protocol). Third-party modules (pyarrow, httpx,
+the data source and its helpers), the ``services/common`` modules they use (``COMMON``) and the
+SDK package ``tidemq`` (system topic names, the wire protocol). Third-party modules (pyarrow, httpx,
 msgpack, orjson) must be installed on every worker, as for any PySpark job.
 """
 
@@ -19,13 +19,13 @@ import tidemq
 SERVICES = Path(__file__).resolve().parents[1]  # .../services
 SDK = Path(tidemq.__file__).resolve().parent  # .../tidemq
 SKIP_MODULES = {"__main__.py", "sidecar.py", "settings.py", "package.py"}  # the web sidecar
+COMMON = ("__init__.py", "constants.py", "files.py", "broker_client.py")  # of services/common
 
 
 def members() -> list[tuple[Path, str]]:
     """(file, name in the zip) pairs, sorted."""
-    out = [(SERVICES / "__init__.py", "services/__init__.py"),
-           (SERVICES / "common" / "__init__.py", "services/common/__init__.py"),
-           (SERVICES / "common" / "constants.py", "services/common/constants.py")]
+    out = [(SERVICES / "__init__.py", "services/__init__.py")]
+    out += [(SERVICES / "common" / name, f"services/common/{name}") for name in COMMON]
     for path in sorted((SERVICES / "metrics").glob("*.py")):
         if path.name not in SKIP_MODULES:
             out.append((path, f"services/metrics/{path.name}"))

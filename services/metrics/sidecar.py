@@ -2,9 +2,15 @@
 
 Spark's driver calls block (py4j), so the job lives in one daemon thread (``JobRunner``) and the
 event loop only ever reads a small file: ``/metrics`` serves the exposition the last batch
-wrote, followed by a few live gauges about the job itself. ``/healthz`` answers as soon as the
-process serves (Spark takes seconds to start); ``/v1/status`` tells how the job is doing. A
-failed query is restarted from its checkpoint after ``restart_delay_s``.
+wrote and the job's liveness file (``liveness``), followed by a few live gauges about the job
+itself. ``/healthz`` answers as soon as the process serves (Spark takes seconds to start);
+``/v1/status`` tells how the job is doing. A failed query is restarted from its checkpoint after
+``restart_delay_s``.
+
+Staleness means "the job stopped", not "nothing happened": a micro-batch runs only when events
+arrive, so ``tidemq_metrics_last_batch_completed_age_seconds`` — which every trigger resets,
+empty polls of the broker included — is the figure to alert on, while
+``tidemq_metrics_newest_event_age_seconds`` only tells how long the system has been quiet.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, Field
 
-from services.common.app import create_app
+from services.common.app import create_app, reply
 from services.metrics.exposition import Family
+from services.metrics.liveness import liveness_path, read_liveness
 from services.metrics.settings import MetricsSettings
 
 log = logging.getLogger(__name__)
@@ -41,6 +49,22 @@ class JobState(StrEnum):
     RESTARTING = "restarting"  # the query failed; it restarts after a delay
     DONE = "done"  # mode=once: the available-now run finished
     STOPPED = "stopped"  # stopped on shutdown
+
+
+class JobStatus(BaseModel):
+    """``GET /v1/status`` (documentation of ``JobRunner.status``); ages in seconds, null until
+    there is one."""
+
+    state: JobState
+    mode: str = Field(description='"continuous" or "once"')
+    master: str = Field(description="the Spark master URL")
+    restarts: int
+    last_error: str
+    batches_written: int
+    last_batch_id: int | None
+    last_batch_completed_age_s: float | None
+    newest_event_age_s: float | None
+    exposition_age_s: float | None
 
 
 class JobRunner:
@@ -118,17 +142,25 @@ class JobRunner:
             self._spark = None
 
     def status(self, exposition: Path) -> dict[str, Any]:
+        now = time.time()
         try:
-            age: float | None = max(0.0, time.time() - exposition.stat().st_mtime)
+            age: float | None = max(0.0, now - exposition.stat().st_mtime)
         except OSError:
             age = None
+        completed_age, event_age = read_liveness(liveness_path(exposition)).ages(now)
         writer = self._writer
         return {"state": self.state.value, "mode": self.settings.mode,
                 "master": self.settings.master, "restarts": self.restarts,
                 "last_error": self.last_error,
                 "batches_written": writer.batches if writer else 0,
                 "last_batch_id": writer.last_batch_id if writer else None,
-                "exposition_age_s": None if age is None else round(age, 3)}
+                "last_batch_completed_age_s": _rounded(completed_age),
+                "newest_event_age_s": _rounded(event_age),
+                "exposition_age_s": _rounded(age)}
+
+
+def _rounded(age: float | None) -> float | None:
+    return None if age is None else round(age, 3)
 
 
 def health_lines(runner: JobRunner, status: dict[str, Any]) -> str:
@@ -139,12 +171,18 @@ def health_lines(runner: JobRunner, status: dict[str, Any]) -> str:
     restarts = Family("tidemq_metrics_job_restarts_total", "counter",
                       "Times the Spark query failed and was restarted")
     restarts.add([], runner.restarts)
-    age = Family("tidemq_metrics_exposition_age_seconds", "gauge",
-                 "Seconds since a batch last wrote the exposition (batches run when events "
-                 "arrive; -1: none yet)")
-    value = status["exposition_age_s"]
-    age.add([], -1 if value is None else value)
-    return "\n".join([*up.render(), *restarts.render(), *age.render()]) + "\n"
+    liveness = Family("tidemq_metrics_last_batch_completed_age_seconds", "gauge",
+                      "Seconds since the job last completed a micro-batch or a poll of the broker "
+                      "that found no new events: stays within a few trigger intervals while the "
+                      "job runs, quiet or not (-1: none yet)")
+    newest = Family("tidemq_metrics_newest_event_age_seconds", "gauge",
+                    "Seconds since the job last read a transaction event: grows while nothing "
+                    "happens, so it is no sign of a stopped job (-1: none read yet)")
+    for family, key in ((liveness, "last_batch_completed_age_s"), (newest, "newest_event_age_s")):
+        value = status[key]
+        family.add([], -1 if value is None else value)
+    return "\n".join([*up.render(), *restarts.render(), *liveness.render(),
+                      *newest.render()]) + "\n"
 
 
 def create_sidecar_app(settings: MetricsSettings) -> FastAPI:
@@ -169,19 +207,25 @@ def create_sidecar_app(settings: MetricsSettings) -> FastAPI:
                          if not (isinstance(r, APIRoute) and r.path == "/metrics")]
 
     def read_exposition() -> str:
-        try:
-            return path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return ""
+        """The last batch's exposition, then the job's liveness file ("" for a missing one)."""
+        texts = []
+        for file in (path, liveness_path(path)):
+            try:
+                texts.append(file.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                continue
+        return "".join(texts)
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse,
+             summary="The last batch's exposition and the job's own gauges (text format)")
     async def metrics() -> Response:
         text = await asyncio.to_thread(read_exposition)
         status = runner.status(path)
         return Response(text + health_lines(runner, status), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/status", tags=["ops"], summary="State of the Spark job")
-    async def status() -> dict[str, Any]:
-        return runner.status(path)
+    @app.get("/v1/status", tags=["ops"], summary="State of the Spark job",
+             response_model=JobStatus)
+    async def status(request: Request) -> Response:
+        return reply(request, runner.status(path))
 
     return app

@@ -51,7 +51,6 @@ from tidemq.protocol import SystemTopic
 
 from services.common.constants import METRICS_MAX_EVENTS_PER_BATCH
 from services.metrics import planning
-from services.metrics.broker_client import MAX_PULL, BrokerClient
 from services.metrics.events import (
     COLUMNS,
     EVENTS,
@@ -61,6 +60,7 @@ from services.metrics.events import (
     SOURCES,
     parse_event,
 )
+from services.metrics.reader import MAX_PULL, TopicReader
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,8 @@ class SourceOptions:
             pull_max=pull_max, timeout_s=float(get("timeout_s") or 10.0),
         )
 
-    def client(self) -> BrokerClient:
-        return BrokerClient(self.broker_url, self.token, self.topic, self.timeout_s)
+    def client(self) -> TopicReader:
+        return TopicReader(self.broker_url, self.token, self.topic, self.timeout_s)
 
 
 class RangePartition(InputPartition):
@@ -184,7 +184,7 @@ class TransactionEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._client: BrokerClient | None = None
+        self._client: TopicReader | None = None
         self._target: planning.QueueOffsets | None = None  # Trigger.AvailableNow's end
         self._latest: planning.QueueOffsets = {}
 
@@ -194,7 +194,7 @@ class TransactionEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return state
 
     @property
-    def client(self) -> BrokerClient:
+    def client(self) -> TopicReader:
         if self._client is None:
             self._client = self.options.client()
         return self._client

@@ -1,6 +1,8 @@
-"""The nameserver's HTTP API (API.md, "Nameserver"): broker heartbeats in, topic routes out.
+"""The nameserver's HTTP API (docs/api.md, "Nameserver"): broker heartbeats in, topic routes out.
 
 Thin routes over ``BrokerRegistry``; an ``ExpiryLoop`` sweeps silent brokers in the background.
+Registering and deregistering a broker rewrites every client's routes, so both take the cluster
+token (``X-Tidemq-Token``, 401 UNAUTHORIZED without it); reading routes stays open.
 """
 
 from __future__ import annotations
@@ -9,15 +11,18 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from fastapi import FastAPI, Query
+from fastapi import Depends, FastAPI, Query, Request, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 
-from services.common.app import create_app
+from services.common.app import create_app, reply, token_guard
+from services.common.bodies import body_doc, read_model
 from services.common.loop import BackgroundLoop
+from services.common.openapi import TOPIC_RULE, Empty, TopicName, errors
+from services.nameserver.answers import Cluster, Routes
 from services.nameserver.registry import BrokerRegistry, TopicInfo
 from services.nameserver.settings import NameserverSettings
 
@@ -28,7 +33,7 @@ ADDRESS_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 
 
 class TopicBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     queues: StrictInt = Field(ge=1, le=MAX_QUEUES)
     perm: Literal["r", "w", "rw"]
@@ -37,13 +42,13 @@ class TopicBody(BaseModel):
 class HeartbeatBody(BaseModel):
     """``POST /v1/brokers/heartbeat``: the broker's full current state (replaces the last one)."""
 
-    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     cluster: str = Field(min_length=1, max_length=255)
     broker_name: str = Field(min_length=1, max_length=255)
     address: str = Field(max_length=1024,
                          description="base URL clients use, e.g. http://127.0.0.1:10911")
-    topics: dict[str, TopicBody]
+    topics: dict[str, TopicBody] = Field(json_schema_extra={"propertyNames": TOPIC_RULE})
 
     @field_validator("address")
     @classmethod
@@ -107,6 +112,9 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not settings.token:
+            log.warning("no cluster token set (TIDEMQ_NAMESRV_TOKEN): any local process can "
+                        "register or remove brokers")
         expiry.start()
         log.info("nameserver ready on %s:%d (broker expiry %.1f s, swept every %.1f s)",
                  settings.host, settings.port, settings.broker_expiry_s,
@@ -120,25 +128,40 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
     app = create_app("tidemq nameserver", metrics.registry, lifespan)
     app.state.brokers = brokers
 
-    @app.post("/v1/brokers/heartbeat", tags=["brokers"])
-    async def heartbeat(body: HeartbeatBody) -> dict[str, Any]:
-        """Register a broker or refresh it; its topic set becomes exactly ``topics``."""
+    # checked before the body is read: no token, no registration (401 UNAUTHORIZED)
+    cluster_token = token_guard(lambda _: settings.token)
+
+    @app.post("/v1/brokers/heartbeat", tags=["brokers"], dependencies=[Depends(cluster_token)],
+              openapi_extra=body_doc(HeartbeatBody), response_model=Empty)
+    async def heartbeat(request: Request) -> Response:
+        """Register a broker or refresh it; its topic set becomes exactly ``topics``.
+        Needs the cluster token."""
+        body = await read_model(request, HeartbeatBody)
         topics = {name: TopicInfo(queues=t.queues, perm=t.perm) for name, t in body.topics.items()}
         brokers.heartbeat(body.cluster, body.broker_name, body.address, topics)
         metrics.heartbeats.inc()
-        return {}
+        return reply(request, {})
 
-    @app.delete("/v1/brokers/{broker_name}", tags=["brokers"])
+    @app.delete("/v1/brokers/{broker_name}", tags=["brokers"],
+                dependencies=[Depends(cluster_token)], response_model=Empty,
+                responses=errors(ErrorCode.BROKER_NOT_FOUND))
     async def unregister(
+        request: Request,
         broker_name: str,
         address: Annotated[str | None, Query(description="only if still at this address")] = None,
-    ) -> dict[str, Any]:
-        """A broker shutting down cleanly leaves the routes at once (idempotent)."""
-        brokers.unregister(broker_name, address)
-        return {}
+    ) -> Response:
+        """A broker shutting down cleanly leaves the routes at once. Needs the cluster token;
+        404 BROKER_NOT_FOUND when no such broker is registered (at ``address``, if given)."""
+        if not brokers.unregister(broker_name, address):
+            where = f" at {address}" if address else ""
+            raise ProtocolError(ErrorCode.BROKER_NOT_FOUND,
+                                f"no broker {broker_name!r} is registered{where}: it already "
+                                "left, expired, or re-registered from another address")
+        return reply(request, {})
 
-    @app.get("/v1/routes/{topic}", tags=["routes"])
-    async def routes(topic: str) -> dict[str, Any]:
+    @app.get("/v1/routes/{topic}", tags=["routes"], response_model=Routes,
+             responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TOPIC_NOT_FOUND))
+    async def routes(request: Request, topic: TopicName) -> Response:
         """Every live broker serving ``topic``, with its queue count and permission."""
         validate_topic_name(topic)
         queues = brokers.routes(topic)
@@ -148,11 +171,11 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
                                 f"no live broker serves topic {topic!r}: create it on a broker "
                                 f"(PUT /v1/topics/{topic}) and retry")
         metrics.route_lookups.labels("found").inc()
-        return {"topic": topic, "queues": [q.to_wire() for q in queues]}
+        return reply(request, {"topic": topic, "queues": [q.to_wire() for q in queues]})
 
-    @app.get("/v1/cluster", tags=["routes"])
-    async def cluster() -> dict[str, Any]:
+    @app.get("/v1/cluster", tags=["routes"], response_model=Cluster)
+    async def cluster(request: Request) -> Response:
         """Every live broker with its last heartbeat and topics."""
-        return {"brokers": [b.to_wire() for b in brokers.brokers()]}
+        return reply(request, {"brokers": [b.to_wire() for b in brokers.brokers()]})
 
     return app

@@ -10,6 +10,8 @@ from services.common.settings import ServiceSettings
 
 
 class NameserverSettings(ServiceSettings):
+    """``token`` (TIDEMQ_NAMESRV_TOKEN), when set, is required to register or remove a broker."""
+
     model_config = SettingsConfigDict(env_prefix="TIDEMQ_NAMESRV_", extra="ignore")
 
     port: int = NAMESERVER_PORT  # listen port

@@ -11,33 +11,87 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from pydantic import BaseModel, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError
+from tidemq.protocol.numbers import INT32_MAX, INT64_MAX
 
-from services.common.app import create_app, require_token
+from services.common.app import create_app, error_response, reply, token_guard
+from services.common.bodies import StrictBody, body_doc, read_model
+from services.common.broker_client import BrokerDown, BrokerRefused
+from services.common.openapi import errors
 from services.scheduler.cancel import Outcome
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.service import Scheduler
 from services.scheduler.settings import SchedulerSettings
 
 GC_THRESHOLDS = (700, 10, 10)  # gen 0 / 1 / 2 collection thresholds: Python's defaults
+MAX_CLOCK_ADVANCE_MS = 10 * 366 * 24 * 3600 * 1000  # one clock move at most (ms): ten years
 
 
-class CancelBody(BaseModel):
+class CancelBody(StrictBody):
     message_id: str = Field(min_length=1, max_length=255)
-    due_ms: StrictInt | None = Field(None, description="due time, when the broker knows it")
+    due_ms: StrictInt | None = Field(None, ge=0, le=INT64_MAX,
+                                     description="due time, when the broker knows it")
     topic: str | None = None
-    level: StrictInt | None = Field(None, ge=1, description="a delay-level message: its level")
-    queue_offset: StrictInt | None = Field(None, ge=0, description="... and its queue offset")
-    intake_offset: StrictInt | None = Field(None, ge=0,
+    level: StrictInt | None = Field(None, ge=1, le=INT32_MAX,
+                                    description="a delay-level message: its level")
+    queue_offset: StrictInt | None = Field(None, ge=0, le=INT64_MAX,
+                                           description="... and its queue offset")
+    intake_offset: StrictInt | None = Field(None, ge=0, le=INT64_MAX,
                                             description="a timer: its intake queue offset")
 
 
-class ClockBody(BaseModel):
-    advance_ms: StrictInt = Field(ge=0)
+class ClockBody(StrictBody):
+    advance_ms: StrictInt = Field(ge=0, le=MAX_CLOCK_ADVANCE_MS)
+
+
+class CancelAnswer(BaseModel):
+    message_id: str
+    state: str = Field(description='"cancelled" (also when it was cancelled before)')
+
+
+class ScheduledAnswer(BaseModel):
+    pending: int
+    next_due_ms: int | None
+    by_level: dict[str, int] = Field(description="delay level → waiting messages")
+    timers: int = Field(description="messages with delay_ms or deliver_at_ms")
+
+
+class StatusAnswer(BaseModel):
+    ready: bool
+    now_ms: int = Field(description="the scheduler's clock")
+    clock_offset_ms: int
+    ingested_next: int
+    pending_timers: int
+    near_timers: int
+    loaded_buckets: list[int]
+    level_offsets: dict[str, int] = Field(description="level queue id → next offset")
+    gauges: dict[str, float]
+
+
+class ClockAnswer(BaseModel):
+    now_ms: int
+    clock_offset_ms: int
+
+
+def refusal_error(exc: BrokerRefused) -> ProtocolError:
+    """What the scheduler answers its own caller when the broker refused a request made for it.
+
+    A 4xx about the request's content (the caller's input, passed on) keeps its code; a refusal
+    of the scheduler itself (its token: 401/403) or any other status is the scheduler's problem
+    and answers 503 UNAVAILABLE. The broker's words are kept either way.
+    """
+    text = f"the broker refused ({exc.status} {exc.code}): {exc.message}"
+    try:
+        code = ErrorCode(exc.code)
+    except ValueError:
+        code = ErrorCode.BAD_REQUEST if exc.status in (400, 422) else ErrorCode.UNAVAILABLE
+    if not 400 <= exc.status < 500 or exc.status in (401, 403) or code.http_status >= 500:
+        code = ErrorCode.UNAVAILABLE
+    return ProtocolError(code, text)
 
 
 def scheduler_of(request: Request) -> Scheduler:
@@ -45,22 +99,32 @@ def scheduler_of(request: Request) -> Scheduler:
     return scheduler
 
 
-def _token(request: Request) -> None:
-    require_token(request, scheduler_of(request).settings.token)
+def _token_of(request: Request) -> str:
+    return scheduler_of(request).settings.token
 
 
-router = APIRouter(prefix="/internal/v1", tags=["internal"], dependencies=[Depends(_token)])
+router = APIRouter(prefix="/internal/v1", tags=["internal"],
+                   dependencies=[Depends(token_guard(_token_of))])
 
 
-@router.post("/timers/cancel", summary="Cancel a delayed message not delivered yet")
-async def cancel(body: CancelBody, request: Request) -> dict[str, Any]:
+@router.post("/timers/cancel", summary="Cancel a delayed message not delivered yet",
+             openapi_extra=body_doc(CancelBody), response_model=CancelAnswer,
+             responses=errors(ErrorCode.MESSAGE_NOT_FOUND, ErrorCode.ALREADY_DELIVERED,
+                              ErrorCode.UNAVAILABLE))
+async def cancel(request: Request) -> Response:
+    body = await read_model(request, CancelBody)
     scheduler = scheduler_of(request)
     scheduler.require_ready()
+    levels = len(scheduler.levels_ms)
+    if body.level is not None and body.level > levels:
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"level: must be 1-{levels} (the broker's delay levels), got "
+                            f"{body.level}")
     outcome = await scheduler.canceller.cancel(
         body.message_id, due_ms=body.due_ms, level=body.level, queue_offset=body.queue_offset,
         intake_offset=body.intake_offset)
     if outcome in (Outcome.CANCELLED, Outcome.ALREADY_CANCELLED):
-        return {"message_id": body.message_id, "state": "cancelled"}
+        return reply(request, {"message_id": body.message_id, "state": "cancelled"})
     if outcome is Outcome.DELIVERED:
         raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
                             f"message {body.message_id!r} was already delivered: too late to "
@@ -73,31 +137,35 @@ async def cancel(body: CancelBody, request: Request) -> dict[str, Any]:
                         f"no pending delayed message {body.message_id!r} on this scheduler")
 
 
-@router.get("/scheduled", summary="Pending delayed messages: count, next due time, by level")
+@router.get("/scheduled", summary="Pending delayed messages: count, next due time, by level",
+            response_model=ScheduledAnswer, responses=errors(ErrorCode.UNAVAILABLE))
 async def scheduled(request: Request,
-                    topic: Annotated[str | None, Query()] = None) -> dict[str, Any]:
-    return await scheduler_of(request).scheduled(topic)
+                    topic: Annotated[str | None, Query()] = None) -> Response:
+    return reply(request, await scheduler_of(request).scheduled(topic))
 
 
-@router.get("/status", summary="Clock, progress and memory (for operators and tests)")
-async def status(request: Request) -> dict[str, Any]:
+@router.get("/status", summary="Clock, progress and memory (for operators and tests)",
+            response_model=StatusAnswer)
+async def status(request: Request) -> Response:
     s = scheduler_of(request)
-    return {"ready": s.ready, "now_ms": s.clock.now_ms(), "clock_offset_ms": s.clock.offset_ms,
-            "ingested_next": s.store.ingested_next, "pending_timers": s.store.pending,
-            "near_timers": s.store.wheel.count, "loaded_buckets": sorted(s.store.loaded),
-            "level_offsets": s.levels.offsets if s.ready else {},
-            "gauges": s.gauges()}
+    return reply(request, {
+        "ready": s.ready, "now_ms": s.clock.now_ms(), "clock_offset_ms": s.clock.offset_ms,
+        "ingested_next": s.store.ingested_next, "pending_timers": s.store.pending,
+        "near_timers": s.store.wheel.count, "loaded_buckets": sorted(s.store.loaded),
+        "level_offsets": s.levels.offsets if s.ready else {}, "gauges": s.gauges()})
 
 
-@router.post("/clock", summary="Move the scheduler's clock forward (test_clock only)")
-async def advance_clock(body: ClockBody, request: Request) -> dict[str, Any]:
+@router.post("/clock", summary="Move the scheduler's clock forward (test_clock only)",
+             openapi_extra=body_doc(ClockBody), response_model=ClockAnswer)
+async def advance_clock(request: Request) -> Response:
+    body = await read_model(request, ClockBody)
     s = scheduler_of(request)
     if not s.settings.test_clock:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             "the clock can be moved only with TIDEMQ_SCHEDULER_TEST_CLOCK=true")
     s.clock.advance(body.advance_ms)
     s.deliverer.wakeup()
-    return {"now_ms": s.clock.now_ms(), "clock_offset_ms": s.clock.offset_ms}
+    return reply(request, {"now_ms": s.clock.now_ms(), "clock_offset_ms": s.clock.offset_ms})
 
 
 def create_scheduler_app(settings: SchedulerSettings | None = None) -> FastAPI:
@@ -122,4 +190,14 @@ def create_scheduler_app(settings: SchedulerSettings | None = None) -> FastAPI:
 
     app = create_app("tidemq scheduler", metrics.registry, lifespan)
     app.include_router(router)
+
+    @app.exception_handler(BrokerRefused)
+    async def _broker_refused(_: Request, exc: BrokerRefused) -> Response:
+        err = refusal_error(exc)
+        return error_response(err.code, err.message)
+
+    @app.exception_handler(BrokerDown)
+    async def _broker_down(_: Request, exc: BrokerDown) -> Response:
+        return error_response(ErrorCode.UNAVAILABLE, f"the broker cannot be reached: {exc}")
+
     return app

@@ -26,9 +26,10 @@ import os
 import resource
 import struct
 import zlib
-from collections import OrderedDict
 from enum import IntEnum
 from pathlib import Path
+
+from services.common.files import FdPool
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +69,20 @@ class BucketFiles:
         self.dir = directory
         self.width_ms = width_ms
         self.sizes: dict[int, int] = {}  # bucket start → index file size (bytes)
-        self._fds: OrderedDict[int, int] = OrderedDict()  # open index files, LRU
         self._dirty: set[int] = set()  # buckets written since the last sync
         self._closed_dirty: set[int] = set()  # ... whose file was closed since (LRU)
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        self.max_open = max(16, min(MAX_OPEN, soft // 4))
+        self._fds = FdPool(self._index_path, max_open=max(16, min(MAX_OPEN, soft // 4)),
+                           on_evict=self._evicted)  # open index files, LRU
 
     def bucket_of(self, ms: int) -> int:
         return ms - ms % self.width_ms
 
     def _path(self, bucket: int, suffix: str) -> Path:
         return self.dir / f"{bucket:020d}.{suffix}"
+
+    def _index_path(self, bucket: int) -> Path:
+        return self._path(bucket, "idx")
 
     # --- opening and recovery -------------------------------------------------------------
     def open(self, checkpointed: dict[int, int]) -> None:
@@ -106,25 +110,15 @@ class BucketFiles:
         return sorted(found)
 
     # --- index --------------------------------------------------------------------------------
-    def _fd(self, bucket: int) -> int:
-        fd = self._fds.get(bucket)
-        if fd is not None:
-            self._fds.move_to_end(bucket)
-            return fd
-        if len(self._fds) >= self.max_open:
-            old, old_fd = self._fds.popitem(last=False)
-            if old in self._dirty:  # synced by the next checkpoint, through a new fd
-                self._dirty.discard(old)
-                self._closed_dirty.add(old)
-            os.close(old_fd)
-        fd = os.open(self._path(bucket, "idx"), os.O_RDWR | os.O_CREAT, 0o644)
-        self._fds[bucket] = fd
-        return fd
+    def _evicted(self, bucket: int) -> None:
+        if bucket in self._dirty:  # synced by the next checkpoint, through a new fd
+            self._dirty.discard(bucket)
+            self._closed_dirty.add(bucket)
 
     def append(self, bucket: int, entries: bytes) -> None:
         """Add index entries (not synced: see ``sync``)."""
         at = self.sizes.get(bucket, 0)
-        os.pwrite(self._fd(bucket), entries, at)
+        os.pwrite(self._fds.open(bucket), entries, at)
         self.sizes[bucket] = at + len(entries)
         self._dirty.add(bucket)
 
@@ -189,9 +183,7 @@ class BucketFiles:
     # --- retirement ---------------------------------------------------------------------------
     def retire(self, bucket: int) -> None:
         """Delete a finished bucket's files."""
-        fd = self._fds.pop(bucket, None)
-        if fd is not None:
-            os.close(fd)
+        self._fds.close(bucket)
         self._dirty.discard(bucket)
         self._closed_dirty.discard(bucket)
         self.sizes.pop(bucket, None)
@@ -202,9 +194,4 @@ class BucketFiles:
         return sum(p.stat().st_size for p in self.dir.iterdir() if p.is_file())
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._fds.clear()
+        self._fds.close_all()

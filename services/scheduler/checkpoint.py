@@ -9,11 +9,12 @@ each index back to its size and re-derives entries from ``indexed_end`` on.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+
+from services.common.files import write_atomic
 
 VERSION = 1
 
@@ -40,21 +41,11 @@ class Checkpoint:
                    segments={int(k): int(v) for k, v in data["segments"].items()})
 
     def save(self, path: Path) -> None:
-        """temp file, fsync, rename, fsync the directory: the old or the new one, never torn."""
+        """Atomically (``write_atomic``): the old or the new one, never torn."""
         data = orjson.dumps({
             "version": VERSION, "indexed_end": self.indexed_end,
             "ingested_next": self.ingested_next,
             "buckets": {str(k): v for k, v in self.buckets.items()},
             "segments": {str(k): v for k, v in self.segments.items()},
         })
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(path, data)

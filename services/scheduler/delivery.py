@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from services.scheduler.broker_api import BrokerApi, BrokerDown, BrokerRefused, deliver_body
+from services.common.broker_client import BrokerClient, BrokerDown, BrokerError, deliver_body
 from services.scheduler.buckets import Mark
 from services.scheduler.clock import Clock
 from services.scheduler.metrics import SchedulerMetrics
@@ -50,7 +50,7 @@ class Batch:
 
 
 class Deliverer:
-    def __init__(self, store: TimerStore, broker: BrokerApi, clock: Clock,
+    def __init__(self, store: TimerStore, broker: BrokerClient, clock: Clock,
                  metrics: SchedulerMetrics, batch_size: int, parallelism: int) -> None:
         self.store = store
         self.broker = broker
@@ -209,7 +209,7 @@ class Deliverer:
                 if answer.get("duplicates"):
                     self.metrics.duplicates.inc(answer["duplicates"])
                 return
-            except (BrokerDown, BrokerRefused) as exc:
+            except BrokerError as exc:
                 level = logging.WARNING if isinstance(exc, BrokerDown) else logging.ERROR
                 log.log(level, "delivering %d timer(s) failed (%s); retrying in %.2fs",
                         len(payloads), exc, delay)

@@ -13,7 +13,9 @@ import contextlib
 import logging
 from typing import Any
 
-from services.scheduler.broker_api import BrokerApi, BrokerDown, BrokerRefused
+from tidemq.protocol import IntakeRow
+
+from services.common.broker_client import BrokerClient, BrokerError
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.progress import Progress
 from services.scheduler.timers import Timer, TimerStore
@@ -24,7 +26,7 @@ RETRY_S = 1.0
 
 
 class IntakeLoop:
-    def __init__(self, store: TimerStore, broker: BrokerApi, progress: Progress,
+    def __init__(self, store: TimerStore, broker: BrokerClient, progress: Progress,
                  metrics: SchedulerMetrics, batch: int, wait_ms: int,
                  on_ingested: Any = None) -> None:
         self.store = store
@@ -60,7 +62,7 @@ class IntakeLoop:
                     pending = asyncio.create_task(self._pull(self.offset))
                 try:
                     answer = await pending
-                except (BrokerDown, BrokerRefused) as exc:
+                except BrokerError as exc:
                     pending = None
                     log.warning("intake: pulling from offset %d failed (%s); retrying in %.0fs",
                                 self.offset, exc, RETRY_S)
@@ -81,12 +83,13 @@ class IntakeLoop:
                     await pending
 
     async def take(self, rows: list[list[Any]], next_offset: int) -> None:
-        """File ``[offset, due, message id, topic, record]`` rows; then save the progress."""
+        """File ``IntakeRow``s; then save the progress."""
         timers = []
         for row in rows:
             try:
-                offset, due, mid, topic, payload = row
-                timers.append(Timer(int(due), int(offset), str(mid), str(topic), bytes(payload)))
+                t = IntakeRow._make(row)
+                timers.append(Timer(int(t.due_ms), int(t.queue_offset), str(t.message_id),
+                                    str(t.topic), bytes(t.record)))
             except (ValueError, TypeError) as exc:
                 log.error("intake: a row is not a timer (%r): skipped", exc)
         n = await self.store.ingest(timers, next_offset)

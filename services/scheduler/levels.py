@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from services.scheduler.broker_api import BrokerApi, BrokerDown, BrokerRefused, deliver_body
+from services.common.broker_client import BrokerClient, BrokerDown, BrokerError, deliver_body
 from services.scheduler.clock import Clock
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.progress import Progress
@@ -34,7 +34,7 @@ RETRY_S = 0.5
 
 
 class LevelWalker:
-    def __init__(self, broker: BrokerApi, progress: Progress, clock: Clock,
+    def __init__(self, broker: BrokerClient, progress: Progress, clock: Clock,
                  metrics: SchedulerMetrics, levels_ms: list[int], poll_ms: int) -> None:
         self.broker = broker
         self.progress = progress
@@ -72,7 +72,7 @@ class LevelWalker:
                 wait_ms = await self.run_once()
             except asyncio.CancelledError:
                 raise
-            except (BrokerDown, BrokerRefused) as exc:
+            except BrokerError as exc:
                 log.warning("levels: %s; retrying in %.1fs", exc, RETRY_S)
                 wait_ms = int(RETRY_S * 1000)
             except Exception:
@@ -135,7 +135,7 @@ class LevelWalker:
                 await self.broker.deliver(deliver_body(
                     payloads, list(range(len(payloads))) if strict else []))
                 return
-            except (BrokerDown, BrokerRefused) as exc:
+            except BrokerError as exc:
                 log.warning("levels: delivering %d message(s) failed (%s); retrying",
                             len(payloads), exc)
                 self.metrics.delivery_failures.inc()

@@ -17,7 +17,7 @@ import sys
 log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-MMAP_THRESHOLD = 128 * 1024  # bytes; glibc's initial value, no longer adjusted
+MMAP_THRESHOLD = 128 * 1024  # bytes; glibc's initial value, pinned so glibc never raises it
 
 
 def pin_mmap_threshold() -> bool:

@@ -16,6 +16,8 @@ import os
 import struct
 from pathlib import Path
 
+from services.common.files import write_atomic
+
 HEAD = struct.Struct(">qH")
 
 
@@ -71,9 +73,4 @@ class Precancels:
         if not self._stale:
             return
         self._stale = False
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(b"".join(self._encode(m, o) for m, o in keep.items()))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, b"".join(self._encode(m, o) for m, o in keep.items()))

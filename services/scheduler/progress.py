@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from services.broker.consumers.offsets import connect_redis, text
 from services.common.constants import scheduler_level_cancels_key, scheduler_progress_key
+from services.common.redis import connect_redis, text
 
 
 class Progress:

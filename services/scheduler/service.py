@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 from tidemq.protocol import ErrorCode, ProtocolError, SystemTopic
 
+from services.common.broker_client import BrokerClient
 from services.common.constants import SCHEDULER_FLOOR_OWNER
-from services.scheduler.broker_api import BrokerApi
 from services.scheduler.cancel import Canceller
 from services.scheduler.clock import Clock
 from services.scheduler.delivery import Deliverer
@@ -48,7 +48,8 @@ class Scheduler:
         self.clock = Clock(s.clock_offset_ms)
         self.store = TimerStore(s.data_dir, TimerConfig(s.bucket_ms, s.preload_ms, s.tick_ms,
                                                         s.segment_bytes), self.clock)
-        self.broker = BrokerApi(s.broker_url, s.token, s.broker_timeout_s)
+        self.broker = BrokerClient(s.broker_url, s.token, s.broker_timeout_s,
+                                   user_agent="tidemq-scheduler")
         self.deliverer = Deliverer(self.store, self.broker, self.clock, self.metrics,
                                    s.deliver_batch, s.deliver_parallelism)
         self.broker_name = ""
@@ -69,7 +70,7 @@ class Scheduler:
         warned = False
         while True:
             try:
-                info = await self.broker.info()
+                info = await self.broker.schedule_info()
                 self.broker_name = str(info["broker_name"])
                 self.levels_ms = [int(x) for x in info["delay_levels_ms"]]
                 self.progress = Progress(s.redis_url, s.cluster, self.broker_name)
@@ -113,7 +114,7 @@ class Scheduler:
             positions += [(SystemTopic.SCHEDULE.value, q, self.levels.offsets.get(q, 0))
                           for q in range(len(self.levels_ms))]
             try:
-                await self.broker.progress(SCHEDULER_FLOOR_OWNER, positions)
+                await self.broker.schedule_progress(SCHEDULER_FLOOR_OWNER, positions)
             except Exception as exc:
                 log.warning("reporting progress to the broker failed: %s", exc)
             await asyncio.sleep(interval)
@@ -151,7 +152,7 @@ class Scheduler:
                                 "retry shortly")
 
     async def scheduled(self, topic: str | None) -> dict[str, Any]:
-        """``{pending, next_due_ms, by_level, timers}`` (API.md ``GET /v1/scheduled``): level
+        """``{pending, next_due_ms, by_level, timers}`` (docs/api.md ``GET /v1/scheduled``): level
         messages and timers not taken in yet are counted by the broker from its queues, the
         timers taken in by the timer store."""
         self.require_ready()

@@ -10,7 +10,7 @@ delivered or cancelled (``TimerStore`` decides). Entry layout (big-endian)::
     12  due_ms    i64   delivery time (epoch ms)
     20  bucket    i64   start (ms) of the time bucket the timer is indexed under
     28  intake    i64   offset of the timer's record in the broker's intake queue (-1: none)
-    36  payload         msgpack: the record to deliver (services.broker.delays.service)
+    36  payload         msgpack: the record to deliver (tidemq.protocol.DeliveryRow)
 
 A batch is appended with one write and made durable with one fdatasync before anything else
 refers to it. Recovery validates entries forward from the last checkpoint and truncates a torn
@@ -27,6 +27,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from services.common.files import FdPool, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,11 @@ class TimerLog:
         self.dir = directory
         self.segment_bytes = segment_bytes
         self.starts: list[int] = []  # segment starts, ascending
-        self._fds: dict[int, int] = {}
+        self._fds = FdPool(self._path)  # segment start → fd (every segment stays open)
         self.write_offset = 0
+
+    def _path(self, start: int) -> Path:
+        return self.dir / f"{start:020d}"
 
     # --- opening and recovery -------------------------------------------------------------
     def open(self) -> None:
@@ -85,7 +90,7 @@ class TimerLog:
         self.starts = sorted(int(p.name) for p in self.dir.iterdir()
                              if p.name.isdigit() and len(p.name) == 20)
         for start in self.starts:
-            self._fds[start] = os.open(self.dir / f"{start:020d}", os.O_RDWR)
+            self._fds.open(start, os.O_RDWR)
         if self.starts:
             last = self.starts[-1]
             self.write_offset = last + os.fstat(self._fds[last]).st_size
@@ -131,8 +136,7 @@ class TimerLog:
         i = self._segment(pos)
         assert i is not None
         for seg in self.starts[i + 1:]:
-            os.close(self._fds.pop(seg))
-            (self.dir / f"{seg:020d}").unlink(missing_ok=True)
+            self._fds.remove(seg)
         self.starts = self.starts[: i + 1]
         seg = self.starts[i]
         os.ftruncate(self._fds[seg], pos - seg)
@@ -174,14 +178,9 @@ class TimerLog:
 
     def _roll(self) -> None:
         start = self.write_offset
-        fd = os.open(self.dir / f"{start:020d}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        self._fds[start] = fd
+        self._fds.open(start, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         self.starts.append(start)
-        dir_fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self.dir)
 
     def _write(self, chunk: list[bytes]) -> int:
         fd = self._fds[self.starts[-1]]
@@ -239,8 +238,7 @@ class TimerLog:
         if start == self.starts[-1]:
             return
         self.starts.remove(start)
-        os.close(self._fds.pop(start))
-        (self.dir / f"{start:020d}").unlink(missing_ok=True)
+        self._fds.remove(start)
         log.info("timer log: deleted segment %020d (every timer in it is done)", start)
 
     def segment_end(self, start: int) -> int:
@@ -248,12 +246,7 @@ class TimerLog:
         return self.starts[i + 1] if i + 1 < len(self.starts) else self.write_offset
 
     def disk_bytes(self) -> int:
-        return sum(os.fstat(fd).st_size for fd in self._fds.values())
+        return sum(os.fstat(fd).st_size for fd in self._fds.fds())
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._fds.clear()
+        self._fds.close_all()

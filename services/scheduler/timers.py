@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
+from tidemq.protocol import UNIQ_KEY, DeliveryRow
 
 from services.scheduler.buckets import ENTRY, ENTRY_SIZE, FINAL, MARK, BucketFiles, Mark, text_hash
 from services.scheduler.checkpoint import Checkpoint
@@ -55,10 +56,9 @@ class Timer:
 
 
 def payload_id(payload: bytes) -> tuple[str, str]:
-    """(message id, real topic) of a timer-log payload (a delivery row: topic first,
-    properties fourth; services.broker.delays.service.delivery_row)."""
-    row = msgpack.unpackb(payload, raw=False)
-    return row[3].get("UNIQ_KEY", ""), row[0]
+    """(message id, real topic) of a timer-log payload (a msgpack ``DeliveryRow``)."""
+    row = DeliveryRow._make(msgpack.unpackb(payload, raw=False))
+    return row.properties.get(UNIQ_KEY, ""), row.topic
 
 
 class TimerStore:

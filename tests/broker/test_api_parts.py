@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
-from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError
+from tidemq.protocol import ErrorCode, OutgoingMessage, Perm, ProtocolError, parse_perm
 
 from services.broker.consumers.retry import latest_copy, retry_delay_level
 from services.broker.messaging.convert import to_internal_wire, to_record, to_wire
 from services.broker.messaging.pull import TagFilter
-from services.broker.messaging.topics import Perm, TopicManager, check_queues, parse_perm
+from services.broker.messaging.topics import TopicManager, check_queues
 from services.broker.settings import BrokerSettings
 from services.broker.store.types import StoredRecord, tag_code
 

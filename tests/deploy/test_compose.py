@@ -5,17 +5,19 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+import pytest
 import yaml
 
 from services.cli.plan import ENV_PREFIX, SERVICE_ORDER
 from tests.deploy.topology import COMPOSE, env_of, load_compose
-from tests.metrics.helpers import promtool
+from tests.support.metrics import promtool
 from tests.support.procs import REPO
 
 DEPLOY = REPO / "deploy"
 TIDEMQ = set(SERVICE_ORDER)  # nameserver, broker, checker, scheduler, metrics
 
 
+@pytest.mark.integration
 def test_docker_compose_accepts_the_file() -> None:
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose is not installed: run scripts/install-system-deps.sh"
@@ -56,7 +58,7 @@ def test_one_shared_token() -> None:
     assert tokens == {"${TIDEMQ_TOKEN:-change-me-tidemq-token}"}
     with_token = {n for n, svc in raw.items()
                   if any(k.endswith("_TOKEN") for k in svc.get("environment", {}))}
-    assert with_token == {"broker", "checker", "scheduler", "metrics"}
+    assert with_token == {"nameserver", "broker", "checker", "scheduler", "metrics"}
 
 
 def test_prometheus_scrapes_every_tidemq_service() -> None:

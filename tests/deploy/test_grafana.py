@@ -19,7 +19,7 @@ from services.metrics.settings import MetricsSettings
 from services.metrics.sidecar import JobRunner, health_lines
 from services.scheduler.metrics import SchedulerMetrics
 from tests.deploy.topology import load_compose
-from tests.metrics.helpers import encode, promtool, scenario
+from tests.support.metrics import encode, promtool, scenario
 from tests.support.procs import REPO
 
 GRAFANA = REPO / "deploy" / "grafana"
@@ -79,8 +79,8 @@ def test_every_panel_query_is_a_tested_rule() -> None:
 def test_panels_use_names_the_services_export() -> None:
     rollups = python_rollup(parse_event(encode(b)) for b in scenario())
     runner = JobRunner(MetricsSettings(run_job=False))
-    sidecar = render(rollups, BatchInfo(1, 1.0)) + health_lines(runner,
-                                                                {"exposition_age_s": 1.0})
+    status = {"last_batch_completed_age_s": 1.0, "newest_event_age_s": 9.0}
+    sidecar = render(rollups, BatchInfo(1, 1.0)) + health_lines(runner, status)
     exported = set(NAME_RE.findall(sidecar))
     broker = BrokerMetrics()
     broker.observe_pull("T", 1)

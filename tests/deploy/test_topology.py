@@ -19,7 +19,9 @@ import pytest
 
 from services.cli.plan import module_available
 from tests.deploy.topology import Topology, load_compose
-from tests.metrics.helpers import parse_exposition, promtool
+from tests.support.metrics import parse_exposition, promtool
+
+pytestmark = pytest.mark.integration
 
 ORDER = ("redis", "nameserver", "broker", "checker", "scheduler", "metrics")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_broker_harness import TOKEN, BrokerHandle, run_broker
+from tests.support.broker import TOKEN, BrokerHandle, run_broker
 from tests.support.procs import RedisServer
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 
 import msgpack
+import pytest
 
 from services.common.constants import TOKEN_HEADER
-from tests.integration.test_broker_harness import BrokerHandle, unique
-from tests.metrics.helpers import put_events
+from tests.support.broker import BrokerHandle, unique
+from tests.support.metrics import put_events
+
+pytestmark = pytest.mark.integration
 
 
 def test_bodies_in_msgpack_and_json(events_broker: BrokerHandle, token: str) -> None:

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from tidemq.protocol import EVENT_FIELDS, EventKind, make_event
 
-from services.metrics.events import (
-    COLUMNS,
-    EVENT_FIELDS,
-    EventKind,
-    MalformedReason,
-    make_event,
-    parse_event,
-)
-from tests.metrics.helpers import MALFORMED, MALFORMED_BY_REASON, encode
+from services.metrics.events import COLUMNS, MalformedReason, parse_event
+from tests.support.metrics import MALFORMED, MALFORMED_BY_REASON, encode
 
 
 def _valid(**overrides: object) -> bytes:

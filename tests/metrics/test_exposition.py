@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from services.metrics.events import parse_event
-from services.metrics.exposition import BatchInfo, escape, render, write_atomic
+from services.metrics.exposition import BatchInfo, escape, render
 from services.metrics.rollup import exact_quantile, python_rollup
-from tests.metrics.helpers import encode, parse_exposition, promtool, sample, scenario
+from tests.support.metrics import encode, parse_exposition, promtool, sample, scenario
 
 
 def scripted() -> list[bytes]:
@@ -71,10 +69,3 @@ def test_latency_histogram_summary_and_check_histogram() -> None:
 def test_label_escaping() -> None:
     assert escape('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
 
-
-def test_write_is_atomic_replace(tmp_path: Path) -> None:
-    target = tmp_path / "sub" / "metrics.prom"
-    write_atomic(target, "one\n")
-    write_atomic(target, "two\n")
-    assert target.read_text() == "two\n"
-    assert [p.name for p in target.parent.iterdir()] == ["metrics.prom"]

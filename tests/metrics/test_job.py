@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from services.metrics.events import parse_event
 from services.metrics.exposition import BatchInfo, render
 from services.metrics.job import JobConfig, start_query
 from services.metrics.rollup import python_rollup
-from tests.integration.test_broker_harness import BrokerHandle, unique
-from tests.metrics.helpers import (
+from tests.support.broker import BrokerHandle, unique
+from tests.support.metrics import (
     MALFORMED_BY_REASON,
     Body,
     Samples,
@@ -28,6 +30,8 @@ from tests.metrics.helpers import (
     sample,
     scenario,
 )
+
+pytestmark = pytest.mark.integration
 
 BATCH_LABELS = ("tidemq_metrics_batch_id", "tidemq_metrics_batch_timestamp_seconds")
 

@@ -20,12 +20,14 @@ import pytest
 from tidemq import TransactionProducer, TransactionState
 
 from services.common.constants import TOKEN_HEADER
-from services.metrics.broker_client import BrokerClient
 from services.metrics.planning import QueueRange
-from tests.integration.test_broker_harness import BrokerHandle, unique
-from tests.metrics.helpers import sample
+from services.metrics.reader import TopicReader
 from tests.metrics.test_job import expected, run_once, without_batch
+from tests.support.broker import BrokerHandle, unique
+from tests.support.metrics import sample
 from tests.support.procs import RedisServer, ServiceProcess, free_port
+
+pytestmark = pytest.mark.integration
 
 EVENTS = "TIDE_SYS_TRANS_EVENTS"
 CHECK_MAX = 3
@@ -96,7 +98,7 @@ def broker_events(broker: BrokerHandle, token: str, group: str) -> list[bytes]:
     with httpx.Client(base_url=broker.url) as http:
         end = http.get(f"/v1/topics/{EVENTS}").json()["offsets"][0]["max"]
     bodies: list[bytes] = []
-    with BrokerClient(broker.url, token, EVENTS) as client:
+    with TopicReader(broker.url, token, EVENTS) as client:
         for _, pulled in client.read_range(QueueRange(0, 0, end)):
             bodies.extend(b for b in pulled if f'"{group}"'.encode() in b)
     return bodies

@@ -7,12 +7,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.common.files import write_atomic
 from services.metrics.events import parse_event
-from services.metrics.exposition import BatchInfo, render, write_atomic
+from services.metrics.exposition import BatchInfo, render
+from services.metrics.liveness import Liveness, liveness_path
 from services.metrics.rollup import python_rollup
 from services.metrics.settings import MetricsSettings
 from services.metrics.sidecar import create_sidecar_app
-from tests.metrics.helpers import Script, encode, parse_exposition, promtool, sample
+from tests.support.metrics import Script, encode, parse_exposition, promtool, sample
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch,
@@ -42,17 +44,21 @@ async def test_metrics_serves_the_file_and_job_gauges(tmp_path: Path) -> None:
         assert before.headers["content-type"].startswith("text/plain; version=0.0.4")
         samples = parse_exposition(before.text)
         assert sample(samples, "tidemq_metrics_job_up") == 0
-        assert sample(samples, "tidemq_metrics_exposition_age_seconds") == -1
+        assert sample(samples, "tidemq_metrics_last_batch_completed_age_seconds") == -1
+        assert sample(samples, "tidemq_metrics_newest_event_age_seconds") == -1
 
         script = Script("g", "Orders")
         script.ended("commit", 1500)
         rollups = python_rollup(parse_event(encode(b)) for b in script.bodies)
         write_atomic(settings.exposition_path, render(rollups, BatchInfo(3, 1.0)))
+        Liveness(liveness_path(settings.exposition_path)).completed(2)  # the job's listener
         text = (await client.get("/metrics")).text
         promtool("check", "metrics", stdin=text)
         samples = parse_exposition(text)
         assert sample(samples, "tidemq_transaction_commits_total", producer_group="g",
                       topic="Orders", source="producer") == 1
-        assert 0 <= sample(samples, "tidemq_metrics_exposition_age_seconds") < 60
+        assert 0 <= sample(samples, "tidemq_metrics_last_batch_completed_age_seconds") < 60
+        assert 0 <= sample(samples, "tidemq_metrics_newest_event_age_seconds") < 60
+        assert sample(samples, "tidemq_metrics_last_batch_completed_timestamp_seconds") > 0
         status = (await client.get("/v1/status")).json()
         assert status["state"] == "idle" and status["restarts"] == 0

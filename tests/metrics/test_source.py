@@ -7,8 +7,10 @@ import pickle
 import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from tidemq.protocol import make_event
 
-from services.metrics.events import COLUMNS, make_event, parse_event
+from services.common.broker_client import BrokerRefused
+from services.metrics.events import COLUMNS, parse_event
 from services.metrics.source import (
     ARROW_SCHEMA,
     RangePartition,
@@ -18,8 +20,10 @@ from services.metrics.source import (
     _parse_vectorized,
     to_arrow,
 )
-from tests.integration.test_broker_harness import BrokerHandle, unique
-from tests.metrics.helpers import MALFORMED, Body, Script, encode, put_events, scenario
+from tests.support.broker import BrokerHandle, unique
+from tests.support.metrics import MALFORMED, Body, Script, encode, put_events, scenario
+
+pytestmark = pytest.mark.integration
 
 
 def reader(broker: BrokerHandle, token: str, topic: str, **options: str,
@@ -108,7 +112,7 @@ def test_a_wrong_token_fails_the_read(events_broker: BrokerHandle) -> None:
     put_events(events_broker.url, "test-token", topic, ["{}"])
     r = reader(events_broker, "wrong", topic)
     start, end = r.initialOffset(), r.latestOffset({"queues": {}}, ReadAllAvailable())
-    with pytest.raises(RuntimeError, match="401"):
+    with pytest.raises(BrokerRefused, match="401"):
         read_all(r, start, end)
 
 

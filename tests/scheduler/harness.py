@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tests.integration.test_broker_harness import TOKEN, BrokerHandle, run_broker, unique
+from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import ServiceProcess, free_port
 
 AUTH = {"X-Tidemq-Token": TOKEN}

@@ -14,6 +14,8 @@ import pytest
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique, wait_until
 from tests.support.procs import RedisServer
 
+pytestmark = pytest.mark.integration
+
 STEP_MS = 200
 LEVELS = " ".join(f"{STEP_MS * n}ms" for n in range(1, 19))  # 200 ms ... 3.6 s
 PRECISION_MS = 1000  # DESIGN.md §5: precision ≤ 1 s
@@ -113,7 +115,7 @@ def test_ninety_seconds_on_a_clock_moved_forward(clock_cluster: DelayCluster) ->
     offset = cluster.status()["clock_offset_ms"]
     late = m["store_timestamp_ms"] + offset - due  # judged by the scheduler's clock
     assert 0 <= late < PRECISION_MS, late
-    assert sent["queue_offset"] >= 0 and m["message_id"] == mid
+    assert sent["queue_offset"] is None and m["message_id"] == mid  # no position until due
 
 
 def test_thirty_days_on_disk_inspectable_and_cancellable(cluster: DelayCluster) -> None:
@@ -175,7 +177,10 @@ def test_retry_backs_off_by_delay_level(cluster: DelayCluster) -> None:
     began = now_ms()
     assert cluster.http.post(path, json={"message_id": mid}).json() == {
         "destination": f"%RETRY%{group}"}
-    assert cluster.state(mid) == "scheduled"  # waiting at level 3 (600 ms here)
+    shown = cluster.http.get(f"/v1/messages/{mid}").json()  # the original, with its history
+    assert shown["state"] == "stored" and shown["topic"] == topic
+    [copy] = shown["retries"][0]["copies"]
+    assert copy["state"] == "scheduled"  # waiting at level 3 (600 ms here)
     (m,) = wait_until(lambda: cluster.pull_all(f"%RETRY%{group}"), 5, "the retry")
     assert m["reconsume_times"] == 1 and m["origin_topic"] == topic and m["tag"] == "T"
     assert m["store_timestamp_ms"] - began >= 3 * STEP_MS

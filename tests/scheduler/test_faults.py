@@ -19,6 +19,8 @@ import pytest
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique, wait_until
 from tests.support.procs import RedisServer
 
+pytestmark = pytest.mark.integration
+
 LEVELS = "1s 2s 3s"
 SMALL_BUCKETS = {"bucket_ms": "5000", "preload_ms": "1000"}
 

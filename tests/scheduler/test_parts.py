@@ -7,22 +7,21 @@ import os
 from pathlib import Path
 
 import pytest
-from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError
-
-from services.broker.consumers.retry import latest_copy
-from services.broker.delays.routing import (
+from tidemq.protocol import (
     DELAY,
-    INTAKE_TOPIC,
     REAL_QID,
     REAL_TOPIC,
-    SCHEDULE_TOPIC,
     TIMER_DELIVER_MS,
-    Delays,
-    delay_view,
+    ErrorCode,
+    OutgoingMessage,
+    ProtocolError,
+    SystemTopic,
 )
+
+from services.broker.consumers.retry import latest_copy
+from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, Delays, delay_view
 from services.broker.messaging.query import MessageState
 from services.broker.store.types import MessageRecord, StoredRecord
-from services.common.constants import TIMER_CANCELS_TOPIC
 from services.common.delaylevels import (
     DEFAULT_DELAY_LEVELS,
     format_duration,
@@ -109,7 +108,7 @@ def test_message_state_of_a_delayed_message() -> None:
     shown, state = delay_view([waiting]) or (None, None)
     assert state is MessageState.SCHEDULED and shown is not None
     assert (shown.topic, shown.queue_id) == ("Orders", 2)
-    cancel = _stored(TIMER_CANCELS_TOPIC, {}, 2)
+    cancel = _stored(SystemTopic.TIMER_CANCELS, {}, 2)
     assert delay_view([waiting, cancel])[1] is MessageState.CANCELLED  # type: ignore[index]
     delivered = _stored("Orders", {}, 3)
     assert delay_view([waiting, delivered]) is None  # stored: the default view

@@ -1,6 +1,6 @@
 """An in-memory broker and nameserver behind ``httpx.MockTransport``, for SDK unit tests.
 
-Just enough of API.md for the SDK: topics, send (with dedup by message id), pull (with a short
+Just enough of docs/api.md for the SDK: topics, send (with dedup by message id), pull (with a short
 long-poll), group heartbeat / leave / offsets / retry, simple-consumer receive / ack /
 invisibility, and nameserver routes. Every request is recorded; ``fail_next`` queues canned error
 answers for a path prefix.

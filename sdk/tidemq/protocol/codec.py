@@ -13,8 +13,28 @@ CONTENT_JSON = "application/json"
 CONTENT_MSGPACK = "application/msgpack"
 
 
+#: Media types a request body may have; a body without a content type is read as JSON.
+JSON_TYPES = frozenset({CONTENT_JSON})
+MSGPACK_TYPES = frozenset({CONTENT_MSGPACK, "application/x-msgpack"})
+
+
 def is_msgpack(content_type: str | None) -> bool:
     return bool(content_type) and "msgpack" in content_type  # type: ignore[operator]
+
+
+def request_is_msgpack(content_type: str | None) -> bool:
+    """Whether a request body is msgpack (else JSON); 415 UNSUPPORTED_MEDIA_TYPE for a body
+    of any other media type (parameters such as ``charset`` are ignored)."""
+    if not content_type:
+        return False
+    media = content_type.partition(";")[0].strip().lower()
+    if media in JSON_TYPES:
+        return False
+    if media in MSGPACK_TYPES:
+        return True
+    raise ProtocolError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                        f"content type {media!r} is not supported: send the body as "
+                        f"{CONTENT_JSON} or {CONTENT_MSGPACK}")
 
 
 def decode_payload(raw: bytes, content_type: str | None) -> Any:

@@ -1,4 +1,5 @@
-"""Error codes of the public API (API.md), each with its HTTP status and whether a retry may help.
+"""Error codes of the public API (docs/api.md), each with its HTTP status and whether a retry may
+help.
 
 One table maps code → status; services answer ``{"code", "message"}`` with that status and the
 SDK maps the code back to an exception class.
@@ -22,9 +23,12 @@ class ErrorCode(StrEnum):
     TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
     MESSAGE_NOT_FOUND = "MESSAGE_NOT_FOUND"
     TRANSACTION_NOT_FOUND = "TRANSACTION_NOT_FOUND"
+    BROKER_NOT_FOUND = "BROKER_NOT_FOUND"  # nameserver: no such broker registered
     TRANSACTION_ALREADY_ENDED = "TRANSACTION_ALREADY_ENDED"  # conflicting end action
     ALREADY_DELIVERED = "ALREADY_DELIVERED"  # cancel after delivery
+    QUEUES_NOT_EMPTY = "QUEUES_NOT_EMPTY"  # shrinking a topic would hide stored messages
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"  # body, properties or batch over its limit
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"  # body neither JSON nor msgpack
     BROKER_BUSY = "BROKER_BUSY"  # flow control; retry after Retry-After
     DISK_FULL = "DISK_FULL"  # store refuses writes; nothing deletable
     UNAVAILABLE = "UNAVAILABLE"  # dependency down or service shutting down
@@ -52,9 +56,12 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.TOPIC_NOT_FOUND: 404,
     ErrorCode.MESSAGE_NOT_FOUND: 404,
     ErrorCode.TRANSACTION_NOT_FOUND: 404,
+    ErrorCode.BROKER_NOT_FOUND: 404,
     ErrorCode.TRANSACTION_ALREADY_ENDED: 409,
     ErrorCode.ALREADY_DELIVERED: 409,
+    ErrorCode.QUEUES_NOT_EMPTY: 409,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.BROKER_BUSY: 503,
     ErrorCode.DISK_FULL: 503,
     ErrorCode.UNAVAILABLE: 503,

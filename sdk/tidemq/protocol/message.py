@@ -1,4 +1,4 @@
-"""The Message of API.md: limits, parsing and validation (server side), and received messages.
+"""The Message of docs/api.md: limits, parsing and validation (server side), and received messages.
 
 Parsing is hand-written rather than a pydantic model because it runs once per message on the
 send hot path; it raises ``ProtocolError`` naming the field and the limit that failed.
@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemq.protocol.codes import ErrorCode, ProtocolError
+from tidemq.protocol.numbers import INT32_MAX, INT64_MAX, integer
+from tidemq.protocol.properties import RESERVED_PROPERTIES
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -30,16 +32,14 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
-#: Property names the system uses inside stored records; user properties may not reuse them.
-RESERVED_PROPERTIES = frozenset(
-    {
-        "UNIQ_KEY", "TAGS", "KEYS", "DELAY", "TIMER_DELIVER_MS", "REAL_TOPIC", "REAL_QID",
-        "TRAN_MSG", "PGROUP", "TRANSACTION_ID", "TRANSACTION_CHECK_TIMES",
-        "CHECK_IMMUNITY_TIME_IN_SECONDS", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "SHARDING_KEY",
-        "BORN_MS", "DELAY_MS", "RECONSUME_TIME", "MAX_RECONSUME_TIMES",
-    }
-)
 _FORBIDDEN_CHARS = ("\x00", "\x01", "\x02", "\x1f")
+
+#: The fields of a Message (docs/api.md); a message with any other field is refused, naming it.
+MESSAGE_FIELDS = frozenset({
+    "message_id", "body", "body_encoding", "tag", "keys", "properties", "queue_id",
+    "sharding_key", "delay_level", "delay_ms", "deliver_at_ms",
+})
+SEND_FIELDS = frozenset({"messages"})  # of a send request
 
 
 @dataclass(slots=True)
@@ -109,13 +109,13 @@ def _text(obj: dict[str, Any], name: str, limit: int = 1024) -> str | None:
     return value
 
 
-def _int(obj: dict[str, Any], name: str) -> int | None:
+def _int(obj: dict[str, Any], name: str, low: int, high: int,
+         code: ErrorCode = ErrorCode.BAD_REQUEST, rule: str | None = None) -> int | None:
+    """The integer field ``name`` (None when absent), in ``[low, high]`` (see numbers.integer)."""
     value = obj.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(name, f"must be an integer, got {type(value).__name__}")
-    return value
+    return integer(value, name, low, high, code, rule)
 
 
 def _body(obj: dict[str, Any], limits: Limits) -> bytes:
@@ -172,24 +172,30 @@ def _properties(obj: dict[str, Any], limits: Limits) -> dict[str, str]:
 
 
 def _delays(obj: dict[str, Any], msg: OutgoingMessage, limits: Limits) -> None:
-    level = _int(obj, "delay_level") or 0
-    delay_ms = _int(obj, "delay_ms")
-    deliver_at = _int(obj, "deliver_at_ms")
+    invalid = ErrorCode.INVALID_DELAY
+    level = _int(obj, "delay_level", 0, limits.max_delay_level, invalid,
+                 f"1-{limits.max_delay_level} (or 0 for none)") or 0
+    delay_ms = _int(obj, "delay_ms", 0, limits.max_delay_ms, invalid,
+                    f"0-{limits.max_delay_ms} ms (the maximum delay)")
+    # the broker, which knows the time, holds it to now + the maximum delay
+    deliver_at = _int(obj, "deliver_at_ms", 0, INT64_MAX, invalid,
+                      f"epoch milliseconds at most {limits.max_delay_ms} ms (the maximum "
+                      "delay) from now")
     given = [n for n, v in (("delay_level", level or None), ("delay_ms", delay_ms),
                             ("deliver_at_ms", deliver_at)) if v is not None]
     if len(given) > 1:
         raise _bad("delay", f"give at most one of delay_level, delay_ms, deliver_at_ms; got "
                    f"{', '.join(given)}", ErrorCode.INVALID_DELAY)
-    if not 0 <= level <= limits.max_delay_level:
-        raise _bad("delay_level", f"must be 1-{limits.max_delay_level} (or 0 for none), got "
-                   f"{level}", ErrorCode.INVALID_DELAY)
-    if delay_ms is not None and not 0 <= delay_ms <= limits.max_delay_ms:
-        raise _bad("delay_ms", f"must be 0-{limits.max_delay_ms} ms, got {delay_ms}",
-                   ErrorCode.INVALID_DELAY)
-    if deliver_at is not None and deliver_at < 0:
-        raise _bad("deliver_at_ms", f"must be epoch milliseconds, got {deliver_at}",
-                   ErrorCode.INVALID_DELAY)
     msg.delay_level, msg.delay_ms, msg.deliver_at_ms = level, delay_ms, deliver_at
+
+
+def reject_unknown(obj: dict[Any, Any], known: frozenset[str], what: str) -> None:
+    """400 BAD_REQUEST naming a field of ``obj`` that is not in ``known`` (a misspelt field
+    would otherwise be ignored silently). One subset test on the keys when all are known."""
+    if obj.keys() <= known:
+        return
+    name = sorted(str(k) for k in obj.keys() - known)[0]
+    raise _bad(name, f"unknown field: {what} has only {', '.join(sorted(known))}")
 
 
 def parse_message(obj: Any, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
@@ -199,6 +205,7 @@ def parse_message(obj: Any, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
     """
     if not isinstance(obj, dict):
         raise _bad("message", "must be an object")
+    reject_unknown(obj, MESSAGE_FIELDS, "a message")
     message_id = _text(obj, "message_id", limits.max_message_id_chars)
     if message_id == "":
         raise _bad("message_id", "must not be empty")
@@ -209,9 +216,7 @@ def parse_message(obj: Any, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
         raise _bad("keys", "must be a list of non-empty strings")
     for k in keys:
         _text({"keys": k}, "keys")
-    queue_id = _int(obj, "queue_id")
-    if queue_id is not None and queue_id < 0:
-        raise _bad("queue_id", f"must be >= 0, got {queue_id}")
+    queue_id = _int(obj, "queue_id", 0, INT32_MAX)
     msg = OutgoingMessage(
         body=_body(obj, limits),
         message_id=message_id,
@@ -229,6 +234,7 @@ def parse_messages(payload: Any, limits: Limits = DEFAULT_LIMITS) -> list[Outgoi
     """Validate a send request ``{messages: [...]}`` as a whole."""
     if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
         raise _bad("messages", "the body must be {\"messages\": [Message, ...]}")
+    reject_unknown(payload, SEND_FIELDS, "a send request")
     items = payload["messages"]
     if not items:
         raise _bad("messages", "must hold at least one message")

@@ -1,4 +1,5 @@
-"""Topic and group names: the name rule and every system topic (the one place they are named)."""
+"""Topics and groups: the name rule, every system topic (the one place they are named) and the
+topic permission."""
 
 from __future__ import annotations
 
@@ -21,6 +22,23 @@ class SystemTopic(StrEnum):
     TRANS_EVENTS = "TIDE_SYS_TRANS_EVENTS"  # transaction state events (metrics input)
     SCHEDULE = "SCHEDULE_TOPIC_XXXX"  # delay-level messages, queue = level - 1
     TIMER_INTAKE = "TIDE_SYS_TIMER_INTAKE"  # arbitrary-delay messages for the scheduler
+    TIMER_CANCELS = "TIDE_SYS_TIMER_CANCELS"  # the broker's durable record of cancelled timers
+
+
+class Perm(StrEnum):
+    """A topic's permission (the ``perm`` field of docs/api.md's topic)."""
+
+    READ_WRITE = "rw"  # producers send, consumers pull
+    READ = "r"  # pull only (e.g. a topic being drained)
+    WRITE = "w"  # send only
+
+    @property
+    def readable(self) -> bool:
+        return self is not Perm.WRITE
+
+    @property
+    def writable(self) -> bool:
+        return self is not Perm.READ
 
 
 _SYSTEM_PREFIXES = ("RMQ_SYS_", "rmq_sys_", "TIDE_SYS_", RETRY_PREFIX, DLQ_PREFIX)
@@ -38,6 +56,14 @@ def retry_topic(group: str) -> str:
 
 def dlq_topic(group: str) -> str:
     return DLQ_PREFIX + group
+
+
+def parse_perm(value: str) -> Perm:
+    try:
+        return Perm(value)
+    except ValueError:
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"perm must be 'rw', 'r' or 'w', got {value!r}") from None
 
 
 def validate_topic_name(topic: str) -> str:

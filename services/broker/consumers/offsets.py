@@ -20,47 +20,30 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.common.constants import consumer_offsets_index_key, consumer_offsets_key
+from services.common.constants import (
+    consumer_offsets_index_key,
+    consumer_offsets_index_pattern,
+    consumer_offsets_key,
+)
+from services.common.redis import REDIS_TIMEOUT_S, connect_redis, text
 
 log = logging.getLogger(__name__)
 
-REDIS_TIMEOUT_S = 2.0  # socket connect/read timeout: a dead Redis is reported within this
 MAX_BATCH = 1024  # commits sent in one pipeline at most
-
-
-def connect_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> Redis:
-    """A client that fails fast when Redis is down and reconnects by itself when it is back.
-
-    One immediate retry on a connection error covers a pooled connection that died with a Redis
-    restart; timeouts are not retried, so a hung Redis costs one ``timeout_s``.
-    """
-    return Redis.from_url(
-        url, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        health_check_interval=30,
-    )
+SCAN_COUNT = 500  # keys Redis looks at per SCAN step when listing groups
 
 
 def unavailable(what: str, exc: BaseException) -> ProtocolError:
     """The error a request gets when Redis cannot be reached (or answers with an error)."""
     return ProtocolError(ErrorCode.UNAVAILABLE,
                          f"{what}: Redis unreachable ({type(exc).__name__}: {exc}); retry later")
-
-
-def text(value: Any) -> str:
-    """A Redis reply as str, whichever ``decode_responses`` the client was made with."""
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 PipelineOp = Callable[[Pipeline], None]
@@ -173,6 +156,23 @@ class OffsetStore:
         except (RedisError, OSError) as exc:
             raise unavailable(f"reading topics of group {group}", exc) from exc
         return sorted(text(t) for t in raw)
+
+    async def groups(self) -> dict[str, list[str]]:
+        """Every group with committed offsets → its topics, sorted (a SCAN of the index keys,
+        then one pipelined read: an admin listing, not a hot path)."""
+        prefix = consumer_offsets_index_key(self.cluster, "")
+        try:
+            keys = [text(k) async for k in self._redis.scan_iter(
+                match=consumer_offsets_index_pattern(self.cluster), count=SCAN_COUNT)]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.smembers(key)
+                members = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise unavailable("listing consumer groups", exc) from exc
+        found = {key[len(prefix):]: sorted(text(t) for t in topics)
+                 for key, topics in zip(keys, members, strict=True)}
+        return {group: found[group] for group in sorted(found) if found[group]}
 
     # --- the writer --------------------------------------------------------------------------
 

@@ -12,6 +12,10 @@ from __future__ import annotations
 import logging
 
 from tidemq.protocol import (
+    MAX_RECONSUME_TIMES,
+    REAL_TOPIC,
+    RETRY_TOPIC,
+    TAGS,
     ErrorCode,
     ProtocolError,
     dlq_topic,
@@ -20,8 +24,7 @@ from tidemq.protocol import (
     validate_group_name,
 )
 
-from services.broker.delays.routing import REAL_TOPIC, WAITING_PROPERTIES, Delays, is_waiting
-from services.broker.messaging.convert import MAX_RECONSUME_TIMES, RETRY_TOPIC, TAGS
+from services.broker.delays.routing import WAITING_PROPERTIES, Delays, is_waiting
 from services.broker.messaging.send import check_put, now_ms
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics

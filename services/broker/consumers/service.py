@@ -82,6 +82,23 @@ class ConsumerService:
                             "max_offset": high, "lag": max(0, high - offset)})
         return out
 
+    async def known_groups(self) -> list[dict[str, Any]]:
+        """Consumer groups this broker knows: those with live members (in memory) and those
+        with committed offsets (Redis), each with its members, mode, subscriptions and the
+        topics it subscribes to or has offsets for; sorted by group."""
+        committed = await self.offsets.groups()
+        out: list[dict[str, Any]] = []
+        for group in sorted(set(self.groups.groups()) | set(committed)):
+            subscriptions = self.groups.subscriptions(group)
+            out.append({
+                "group": group,
+                "members": self.groups.members(group),
+                "mode": self.groups.mode(group),
+                "subscriptions": subscriptions,
+                "topics": sorted(set(subscriptions) | set(committed.get(group, []))),
+            })
+        return out
+
     # --- simple consumer -------------------------------------------------------------------------
 
     async def receive(self, group: str, topic: str, tags: str, max_count: int,

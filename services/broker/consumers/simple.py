@@ -34,11 +34,12 @@ from redis.typing import EncodableT, FieldT
 from tidemq.protocol import ErrorCode, ProtocolError
 
 from services.broker.consumers.membership import parse_tags
-from services.broker.consumers.offsets import OffsetStore, connect_redis, text, unavailable
+from services.broker.consumers.offsets import OffsetStore, unavailable
 from services.broker.consumers.receipts import Receipt, decode_receipt, encode_receipt
 from services.broker.messaging.longpoll import PullHold
 from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
 from services.common.constants import inflight_key, receive_cursor_key
+from services.common.redis import connect_redis, text
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class _TopicState:
 
 
 class SimpleConsumerService:
-    """receive / ack / change_invisibility for simple consumer groups (API.md)."""
+    """receive / ack / change_invisibility for simple consumer groups (docs/api.md)."""
 
     def __init__(self, store: MessageSource, redis_url_or_client: str | Redis, cluster: str,
                  hold: PullHold, offsets: OffsetStore,

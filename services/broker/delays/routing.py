@@ -18,8 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from tidemq.protocol import (
+    DELAY,
+    DELAY_MS,
+    REAL_QID,
+    REAL_TOPIC,
+    TIMER_DELIVER_MS,
     ErrorCode,
     OutgoingMessage,
     ProtocolError,
@@ -30,17 +36,14 @@ from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
 from services.broker.messaging.query import MessageState
 from services.broker.store.types import MessageRecord, StoredRecord
-from services.common.constants import TIMER_CANCELS_TOPIC
 
 SCHEDULE_TOPIC = SystemTopic.SCHEDULE.value
 INTAKE_TOPIC = SystemTopic.TIMER_INTAKE.value
+CANCELS_TOPIC = SystemTopic.TIMER_CANCELS.value
 DELAY_TOPICS = frozenset({SCHEDULE_TOPIC, INTAKE_TOPIC})
 
-REAL_TOPIC = "REAL_TOPIC"  # the topic a waiting copy is delivered to
-REAL_QID = "REAL_QID"  # ... and its queue id
-DELAY = "DELAY"  # delay level of a level copy (or of a stashed delay)
-DELAY_MS = "DELAY_MS"  # a stashed relative delay (ms)
-TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # due time (epoch ms) of a waiting copy, or a stashed one
+#: What a waiting copy adds to a message (a stashed delay uses DELAY, DELAY_MS or
+#: TIMER_DELIVER_MS alone); a delivered copy carries none of them.
 WAITING_PROPERTIES = (REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS)
 
 
@@ -52,6 +55,8 @@ class Delays:
         self.levels_ms = levels_ms
         self.max_delay_ms = max_delay_ms
         self.on_first_delay = on_first_delay  # e.g. hold retention for the scheduler
+        # the standing of a delayed message by id (the ScheduleService's, which reads the store)
+        self.lookup: Callable[[str], dict[str, Any] | None] | None = None
         self.routed_levels = 0
         self.routed_timers = 0
 
@@ -90,6 +95,18 @@ class Delays:
     # --- routing ------------------------------------------------------------------------------
     def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
         return self.waiting_copy(record, due_ms, msg.delay_level)
+
+    @staticmethod
+    def waiting(record: MessageRecord | StoredRecord) -> tuple[int, int] | None:
+        """``(real queue id, due ms)`` of a waiting copy; None for any other record."""
+        if record.topic not in DELAY_TOPICS:
+            return None
+        props = record.properties
+        qid, due = _int(props.get(REAL_QID)), _int(props.get(TIMER_DELIVER_MS))
+        return None if qid is None or due is None else (qid, due)
+
+    def standing(self, message_id: str) -> dict[str, Any] | None:
+        return self.lookup(message_id) if self.lookup is not None else None
 
     def route_record(self, record: MessageRecord, now_ms: int, *, delay_level: int = 0,
                      delay_ms: int | None = None, deliver_at_ms: int | None = None
@@ -165,6 +182,12 @@ def due_of(record: StoredRecord) -> int | None:
     return _int(record.properties.get(TIMER_DELIVER_MS))
 
 
+def waiting_fields(record: StoredRecord) -> dict[str, Any]:
+    """What a message shown while it waits (scheduled, or cancelled before delivery) says in
+    place of a position: no queue offset (it has none until delivered) and its due time."""
+    return {"queue_offset": None, "deliver_at_ms": due_of(record)}
+
+
 def as_delivered_view(record: StoredRecord) -> StoredRecord:
     """A waiting copy shown where it will be delivered (real topic and queue)."""
     props = record.properties
@@ -181,7 +204,7 @@ def delay_view(copies: list[StoredRecord]) -> tuple[StoredRecord, MessageState] 
     """
     waiting: StoredRecord | None = None
     for rec in reversed(copies):
-        if rec.topic == TIMER_CANCELS_TOPIC:
+        if rec.topic == CANCELS_TOPIC:
             shown = next((c for c in reversed(copies) if is_waiting(c)), None)
             return as_delivered_view(shown or rec), MessageState.CANCELLED
         if is_waiting(rec):

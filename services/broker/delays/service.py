@@ -11,26 +11,40 @@ For the scheduler (``/internal/v1/schedule/*``, token required):
 - ``report_progress``: the scheduler's intake and level offsets become its retention floor, so
   the broker never deletes a segment holding a record the scheduler has not taken yet.
 
-For clients: ``cancel`` and ``scheduled`` (API.md) ask the scheduler, which decides; a
+For clients: ``cancel`` and ``scheduled`` (docs/api.md) ask the scheduler, which decides; a
 successful cancel is also written to ``TIDE_SYS_TIMER_CANCELS`` so the message's state reads
 ``cancelled`` from the broker's own store.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 from typing import Any
 
 import msgpack
-from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic, validate_topic_name
-
-from services.broker.delays.routing import (
+from tidemq.protocol import (
     DELAY,
-    INTAKE_TOPIC,
+    DELIVERY_FIELDS,
     REAL_QID,
     REAL_TOPIC,
-    SCHEDULE_TOPIC,
+    TAGS,
     TIMER_DELIVER_MS,
+    UNIQ_KEY,
+    DeliveryRow,
+    DueRecord,
+    ErrorCode,
+    IntakeRow,
+    ProtocolError,
+    is_system_topic,
+    validate_topic_name,
+)
+from tidemq.protocol.message import reject_unknown
+
+from services.broker.delays.routing import (
+    CANCELS_TOPIC,
+    INTAKE_TOPIC,
+    SCHEDULE_TOPIC,
     WAITING_PROPERTIES,
     Delays,
     due_of,
@@ -38,52 +52,56 @@ from services.broker.delays.routing import (
     is_waiting,
 )
 from services.broker.delays.scheduler_api import SchedulerClient
-from services.broker.messaging.convert import TAGS, UNIQ_KEY
 from services.broker.messaging.pull import PullService, TagFilter
+from services.broker.messaging.query import MessageState
 from services.broker.messaging.send import SendService, check_put, now_ms
 from services.broker.messaging.topics import TopicManager
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
-from services.common.constants import SCHEDULER_FLOOR_OWNER, TIMER_CANCELS_TOPIC
+from services.common.constants import SCHEDULER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)
 
 MAX_DUE_PER_LEVEL = 4096  # records one levels_due answer carries per level
 MAX_DELIVER = 4096  # records per deliver request
 MAX_INTAKE = 4096  # timers per intake read
+DELIVER_FIELDS = frozenset({"records", "strict"})  # of a deliver request
 MAX_SCAN = 1_000_000  # consume-queue units one pending count reads at most
 
 
-def delivery_row(record: StoredRecord) -> list[Any]:
-    """A waiting copy as the record to deliver: a flat array (cheap to decode in bulk) of
-    ``DELIVERY_FIELDS``; what ``deliver`` takes and the scheduler's timer log keeps."""
+def delivery_row(record: StoredRecord) -> DeliveryRow:
+    """A waiting copy as the record to deliver (``tidemq.protocol.DeliveryRow``): what
+    ``deliver`` takes and the scheduler's timer log keeps."""
     props = record.properties
-    return [props.get(REAL_TOPIC, record.topic), int(props.get(REAL_QID, "0")), record.body,
-            {k: v for k, v in props.items() if k not in WAITING_PROPERTIES}, record.flag,
-            record.sys_flag, record.born_timestamp, record.born_host, record.reconsume_times,
-            record.prepared_tx_offset]
-
-
-DELIVERY_FIELDS = ("topic", "queue_id", "body", "properties", "flag", "sys_flag",
-                   "born_timestamp_ms", "born_host", "reconsume_times", "prepared_tx_offset")
+    return DeliveryRow(props.get(REAL_TOPIC, record.topic), int(props.get(REAL_QID, "0")),
+                       record.body, {k: v for k, v in props.items()
+                                     if k not in WAITING_PROPERTIES},
+                       record.flag, record.sys_flag, record.born_timestamp, record.born_host,
+                       record.reconsume_times, record.prepared_tx_offset)
 
 
 def parse_delivery(row: Any) -> MessageRecord:
-    """A ``delivery_row`` back into a record. The scheduler is trusted (token): shapes are
-    checked, values are taken as they come (the hot path of a burst of deliveries)."""
+    """A ``delivery_row`` back into a record (its body raw bytes, or base64 text in JSON). The
+    scheduler is trusted (token): shapes are checked, values are taken as they come (the hot
+    path of a burst of deliveries); a number past its slot in the record is refused by the
+    store before the write (400 naming the field)."""
     try:
-        topic, qid, body, props, flag, sys_flag, born, host, times, prepared = row
+        r = DeliveryRow._make(row)
+        if type(r.body) is str:  # a JSON request: the body as base64 text
+            r = r._replace(body=base64.b64decode(r.body, validate=True))
+        props = r.properties
         tag = props.get(TAGS)
-        ok = type(topic) is str and type(qid) is int and type(body) is bytes and \
+        ok = type(r.topic) is str and type(r.queue_id) is int and type(r.body) is bytes and \
             type(props.get(UNIQ_KEY)) is str
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, AttributeError):  # binascii.Error is a ValueError
         ok = False
     if not ok:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"a delivery record must be [{', '.join(DELIVERY_FIELDS)}] with "
-                            "a string topic, int queue_id, bytes body and properties.UNIQ_KEY")
-    return MessageRecord(topic, qid, body, props, tag_code(tag) if tag else 0, flag, sys_flag,
-                         born, host, times, prepared)
+                            f"a string topic, int queue_id, bytes body and properties.{UNIQ_KEY}")
+    return MessageRecord(r.topic, r.queue_id, r.body, props, tag_code(tag) if tag else 0, r.flag,
+                         r.sys_flag, r.born_timestamp_ms, r.born_host, r.reconsume_times,
+                         r.prepared_tx_offset)
 
 
 class ScheduleService:
@@ -100,11 +118,12 @@ class ScheduleService:
         self.delivered = 0  # messages stored by deliver
         self.duplicates = 0  # strict re-deliveries found already stored
         self.cancelled = 0
+        delays.lookup = self.standing  # a repeated send of a delayed message asks here
 
     async def start(self) -> None:
         await self.topics.ensure_system(SCHEDULE_TOPIC)
         await self.topics.ensure_system(INTAKE_TOPIC)
-        await self.topics.ensure_system(TIMER_CANCELS_TOPIC, 1)
+        await self.topics.ensure_system(CANCELS_TOPIC, 1)
 
     async def close(self) -> None:
         if self.scheduler is not None:
@@ -145,19 +164,18 @@ class ScheduleService:
                     if size > 0 and phys >= min_phys:
                         spots.append((phys, size))
                         meta[phys] = (pos - 1, due)
-            records = []
+            records: list[DueRecord] = []
             for rec in self.store.read_many(spots):
                 qoff, due = meta[rec.physical_offset]
-                records.append({"offset": qoff, "due_ms": due, "message_id": rec.message_id,
-                                "record": delivery_row(rec)})
+                records.append(DueRecord(offset=qoff, due_ms=due, message_id=rec.message_id,
+                                         record=delivery_row(rec)))
             out[qid] = {"records": records, "next_offset": pos, "min_offset": lo,
                         "max_offset": hi, "next_due_ms": next_due}
         return {"levels": out, "now_ms": now}
 
     async def intake(self, offset: int, max_count: int, wait_ms: int) -> dict[str, Any]:
-        """Timers of the intake queue from ``offset``, each as ``[queue offset, due ms,
-        message id, real topic, msgpack delivery record]`` (what the scheduler files as is);
-        holds up to ``wait_ms`` when there is none yet."""
+        """Timers of the intake queue from ``offset``, each an ``IntakeRow`` (what the
+        scheduler files as is); holds up to ``wait_ms`` when there is none yet."""
         max_count = max(1, min(max_count, MAX_INTAKE))
         res = self.store.get(INTAKE_TOPIC, 0, offset, max_count)
         records, nxt, lo, hi = res.records, res.next_offset, res.min_offset, res.max_offset
@@ -167,9 +185,9 @@ class ScheduleService:
             records, nxt = answer.records, answer.next_offset
             lo, hi = answer.min_offset, answer.max_offset
         packb = msgpack.packb
-        timers = [[r.queue_offset, due_of(r) or 0, r.message_id,
-                   r.properties.get(REAL_TOPIC, r.topic),
-                   packb(delivery_row(r), use_bin_type=True)]
+        timers = [IntakeRow(r.queue_offset, due_of(r) or 0, r.message_id,
+                            r.properties.get(REAL_TOPIC, r.topic),
+                            packb(delivery_row(r), use_bin_type=True))
                   for r in records]
         return {"timers": timers, "next_offset": nxt, "min_offset": lo, "max_offset": hi}
 
@@ -177,11 +195,15 @@ class ScheduleService:
         """``{records: [delivery row...], strict: [index...]}`` → stored in one write."""
         if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
             raise ProtocolError(ErrorCode.BAD_REQUEST, 'the body must be {"records": [...]}')
+        reject_unknown(payload, DELIVER_FIELDS, "a deliver request")
         items = payload["records"]
         if not 1 <= len(items) <= MAX_DELIVER:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"deliver 1-{MAX_DELIVER} records")
+        marked = payload.get("strict") or []
+        if not isinstance(marked, list):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "strict must be a list of record indexes")
         records = [parse_delivery(item) for item in items]
-        strict = {i for i in payload.get("strict") or () if isinstance(i, int)}
+        strict = {i for i in marked if type(i) is int}
         queues: dict[str, int | None] = {}
         for record in records:
             if record.topic not in queues:
@@ -294,7 +316,7 @@ class ScheduleService:
         """Cancel a delayed message not yet delivered; 409 ALREADY_DELIVERED once it was."""
         copies = self.store.find_by_unique_key(message_id) if message_id else []
         newest = _newest_that_matters(copies)
-        if newest is not None and newest.topic == TIMER_CANCELS_TOPIC:
+        if newest is not None and newest.topic == CANCELS_TOPIC:
             return {"message_id": message_id, "state": "cancelled"}
         if newest is not None and not is_waiting(newest):
             raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
@@ -324,16 +346,35 @@ class ScheduleService:
         log.info("cancelled delayed message %s (due %s)", message_id, hint.get("due_ms"))
         return {"message_id": message_id, "state": "cancelled"}
 
+    def standing(self, message_id: str) -> dict[str, Any] | None:
+        """For a repeated send of a delayed message (``Delays.standing``): ``{state:
+        "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its delivered copy;
+        None while it waits. Read from the store: repeated sends are rare."""
+        copies = self.store.find_by_unique_key(message_id)
+        newest = _newest_that_matters(copies)
+        if newest is None or is_waiting(newest):
+            return None
+        if newest.topic == CANCELS_TOPIC:
+            return {"state": MessageState.CANCELLED.value}
+        real = next((c.properties.get(REAL_TOPIC) for c in copies if is_waiting(c)), None)
+        delivered = next((c for c in copies if c.topic == real), None)
+        if delivered is None:
+            return None
+        return {"state": MessageState.STORED.value, "queue_id": delivered.queue_id,
+                "queue_offset": delivered.queue_offset}
+
     async def _record_cancel(self, message_id: str, waiting: StoredRecord | None,
                              hint: dict[str, Any]) -> None:
         props = {UNIQ_KEY: message_id}
         if waiting is not None:
             props[REAL_TOPIC] = waiting.properties.get(REAL_TOPIC, "")
+            if REAL_QID in waiting.properties:
+                props[REAL_QID] = waiting.properties[REAL_QID]
         if hint.get("due_ms") is not None:
             props[TIMER_DELIVER_MS] = str(hint["due_ms"])
-        record = MessageRecord(topic=TIMER_CANCELS_TOPIC, queue_id=0, body=b"",
+        record = MessageRecord(topic=CANCELS_TOPIC, queue_id=0, body=b"",
                                properties=props, born_timestamp=now_ms())
-        await self.topics.ensure_system(TIMER_CANCELS_TOPIC, 1)
+        await self.topics.ensure_system(CANCELS_TOPIC, 1)
         check_put(await self.store.put([record]))
 
     async def scheduled(self, topic: str | None) -> dict[str, Any]:
@@ -346,7 +387,7 @@ def _newest_that_matters(copies: list[StoredRecord]) -> StoredRecord | None:
     """The newest waiting copy, cancel record, or delivered/plain copy (transaction records
     and other system copies do not decide whether a delayed message can be cancelled)."""
     for rec in reversed(copies):
-        if rec.topic == TIMER_CANCELS_TOPIC or is_waiting(rec):
+        if rec.topic == CANCELS_TOPIC or is_waiting(rec):
             return rec
         if is_consumable(rec.topic):
             return rec

@@ -1,11 +1,12 @@
 """ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue.
 
-RocketMQ 5's pop consumption is tidemq's simple consumer (API.md ``/v1/groups/{group}/receive``,
-``/ack``, ``/invisibility``): every call goes to ``broker.consumers`` exactly as the REST routes
-do. A receive serves the whole topic on this broker (the queue in the request only chose the
-broker), waits up to the client's long polling time (bounded by the call's deadline), and
-streams its status first, then the delivery time, then the messages. ``delivery_attempt`` is
-one more than the deliveries before this one (``reconsume_times``).
+RocketMQ 5's pop consumption is tidemq's simple consumer (docs/api.md
+``/v1/groups/{group}/receive``, ``/ack``, ``/invisibility``): every call goes to
+``broker.consumers`` exactly as the REST routes do. A receive serves the whole topic on this
+broker (the queue in the request only chose the broker), waits up to the client's long polling
+time (bounded by the call's deadline), and streams its status first, then the delivery time,
+then the messages. ``delivery_attempt`` is one more than the deliveries before this one
+(``reconsume_times``).
 
 A message delivered more than ``max_reconsume_times`` times goes to the group's DLQ instead of
 to the client (RocketMQ 5 clients leave that to the server), through ``broker.retries`` as a

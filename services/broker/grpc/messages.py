@@ -1,6 +1,6 @@
 """Messages between ``apache.rocketmq.v2.Message`` and tidemq's own forms.
 
-Inbound, a protobuf message becomes the wire Message of API.md (a dict), so that the gRPC front
+Inbound, a protobuf message becomes the wire Message of docs/api.md (a dict), so that the gRPC front
 door sends through the very parser and send path the REST route uses. Outbound, a stored record
 becomes a protobuf message with the system properties the official clients read: message id,
 tag, keys, message group, type, timestamps, queue position, delivery attempt, receipt handle and
@@ -19,6 +19,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from tidemq.protocol import properties as prop
+
 from services.broker.grpc.errors import RpcRefused
 from services.broker.grpc.proto import (
     Code,
@@ -29,7 +31,7 @@ from services.broker.grpc.proto import (
     set_timestamp,
     timestamp_ms,
 )
-from services.broker.messaging.convert import KEYS, SHARDING_KEY, TAGS, UNIQ_KEY, user_properties
+from services.broker.messaging.convert import user_properties
 from services.broker.store.types import KEY_SEPARATOR, StoredRecord, SysFlag
 
 #: A delivery timestamp whose ``seconds`` exceed this is read as milliseconds: the official
@@ -37,10 +39,9 @@ from services.broker.store.types import KEY_SEPARATOR, StoredRecord, SysFlag
 #: 10^11 s is the year 5138, so no real timestamp in seconds is misread.
 MS_IN_SECONDS_FIELD = 10**11
 
-#: Stored properties that tell a record's RocketMQ message type (set by the send paths).
-TRANSACTION_PROPERTY = "TRAN_MSG"
-TIMER_PROPERTY = "TIMER_DELIVER_MS"
-DELAY_PROPERTIES = ("DELAY", "DELAY_MS", TIMER_PROPERTY)
+#: Stored properties that tell a delayed message (set by the send paths); the property names
+#: go through the ``prop`` module here because ``DELAY`` below is a MessageType.
+DELAY_PROPERTIES = (prop.DELAY, prop.DELAY_MS, prop.TIMER_DELIVER_MS)
 
 # MessageType values as plain ints (the enum wrapper's attribute lookups are slow per message)
 UNSPECIFIED, NORMAL, FIFO, DELAY, TRANSACTION = (
@@ -55,7 +56,7 @@ class Inbound:
 
     topic: str
     kind: int  # MessageType
-    wire: dict[str, Any]  # the API.md Message
+    wire: dict[str, Any]  # the docs/api.md Message
     check_immunity_s: int | None = None  # transactional: orphaned_transaction_recovery_duration
 
 
@@ -153,11 +154,11 @@ def _type_name(kind: int) -> str:
 
 def stored_kind(record: StoredRecord) -> int:
     props = record.properties
-    if record.sys_flag & SysFlag.TYPE_MASK == SysFlag.COMMIT or props.get(TRANSACTION_PROPERTY):
+    if record.sys_flag & SysFlag.TYPE_MASK == SysFlag.COMMIT or props.get(prop.TRAN_MSG):
         return TRANSACTION
     if any(p in props for p in DELAY_PROPERTIES):
         return DELAY
-    if SHARDING_KEY in props:
+    if prop.SHARDING_KEY in props:
         return FIFO
     return NORMAL
 
@@ -170,11 +171,11 @@ def outbound(record: StoredRecord, *, topic: str | None = None, receipt_handle: 
     msg.topic.name = topic or record.topic
     msg.user_properties.update(user_properties(props))
     sp = msg.system_properties
-    sp.message_id = props.get(UNIQ_KEY, "")
-    if props.get(TAGS):
-        sp.tag = props[TAGS]
-    if props.get(KEYS):
-        sp.keys.extend(props[KEYS].split(KEY_SEPARATOR))
+    sp.message_id = props.get(prop.UNIQ_KEY, "")
+    if props.get(prop.TAGS):
+        sp.tag = props[prop.TAGS]
+    if props.get(prop.KEYS):
+        sp.keys.extend(props[prop.KEYS].split(KEY_SEPARATOR))
     sp.body_digest.type = pb.DigestType.MD5
     sp.body_digest.checksum = md5_hex(record.body)
     sp.body_encoding = pb.Encoding.IDENTITY
@@ -183,13 +184,13 @@ def outbound(record: StoredRecord, *, topic: str | None = None, receipt_handle: 
     sp.born_host = record.born_host.rsplit(":", 1)[0]
     set_timestamp(sp.store_timestamp, record.store_timestamp)
     sp.store_host = record.store_host
-    due = props.get(TIMER_PROPERTY)
+    due = props.get(prop.TIMER_DELIVER_MS)
     if due and due.isdigit():
         set_timestamp(sp.delivery_timestamp, int(due))
     sp.queue_id = record.queue_id
     sp.queue_offset = record.queue_offset
-    if SHARDING_KEY in props:
-        sp.message_group = props[SHARDING_KEY]
+    if prop.SHARDING_KEY in props:
+        sp.message_group = props[prop.SHARDING_KEY]
     if receipt_handle is not None:
         sp.receipt_handle = receipt_handle
     if delivery_attempt is not None:
@@ -200,8 +201,8 @@ def outbound(record: StoredRecord, *, topic: str | None = None, receipt_handle: 
 
 
 def from_wire(wire: dict[str, Any], topic: str) -> Any:
-    """A returned Message of API.md (msgpack form: raw body) as a protobuf transactional message:
-    what a producer is shown when it is asked to check a transaction."""
+    """A returned Message of docs/api.md (msgpack form: raw body) as a protobuf transactional
+    message: what a producer is shown when it is asked to check a transaction."""
     body = wire.get("body", b"")
     msg = pb.Message(body=body if isinstance(body, bytes) else str(body).encode("utf-8"))
     msg.topic.name = topic

@@ -1,7 +1,7 @@
 """SendMessage, EndTransaction and RecallMessage.
 
-A SendMessageRequest is one batch for one topic. NORMAL, FIFO and DELAY messages become the API.md
-wire Messages and go through ``broker.sender.send`` - the very call of ``POST
+A SendMessageRequest is one batch for one topic. NORMAL, FIFO and DELAY messages become the
+docs/api.md wire Messages and go through ``broker.sender.send`` - the very call of ``POST
 /v1/topics/{topic}/messages`` (validation, queue choice by sharding key, dedup by message id,
 delay routing). TRANSACTION messages go to ``broker.transactions.begin`` (``POST
 /v1/transactions``) as half messages of the producer group named like the topic (RocketMQ 5 has
@@ -47,7 +47,7 @@ async def send_message(door: Door, request: Any, context: grpc.aio.ServicerConte
             results = await door.broker.sender.send(
                 items[0].topic, {"messages": [i.wire for i in items]}, peer_host(context))
             entries = [service_pb.SendResultEntry(status=ok(), message_id=r["message_id"],
-                                                  offset=r["queue_offset"],
+                                                  offset=_offset(r),
                                                   recall_handle=_recall_handle(item, r))
                        for item, r in zip(items, results, strict=True)]
     except Exception as exc:
@@ -117,6 +117,13 @@ async def end_transaction(door: Door, request: Any) -> Any:
         refused = ProtocolError(ErrorCode(result["code"]), result["message"])
         return service_pb.EndTransactionResponse(status=error_status(refused, "EndTransaction"))
     return service_pb.EndTransactionResponse(status=ok())
+
+
+def _offset(result: dict[str, Any]) -> int:
+    """The queue offset of a send result; -1 for a delayed message, which has no position in
+    its queue until it is delivered."""
+    offset = result["queue_offset"]
+    return -1 if offset is None else int(offset)
 
 
 def _recall_handle(item: Inbound, result: dict[str, Any]) -> str:

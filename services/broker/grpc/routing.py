@@ -1,11 +1,10 @@
 """QueryRoute and QueryAssignment: where a topic's queues are, and what a consumer reads.
 
 A route lists the topic's queues on this broker, each with its permission, the message types
-the broker accepts (NORMAL and FIFO always; DELAY once delayed delivery is enabled; TRANSACTION
-once transactional messages are, and unless the broker rejects them) and the gRPC endpoint
-clients reach this broker at. Consumers receive from a whole topic on a broker (the simple
-consumer semantics of API.md), so an assignment is one queue per broker with id -1, as RocketMQ
-5's proxy answers for pop consumption.
+the broker accepts (NORMAL, FIFO and DELAY always; TRANSACTION unless the broker rejects
+transactional messages) and the gRPC endpoint clients reach this broker at. Consumers receive
+from a whole topic on a broker (the simple consumer semantics of docs/api.md), so an assignment is
+one queue per broker with id -1, as RocketMQ 5's proxy answers for pop consumption.
 """
 
 from __future__ import annotations
@@ -13,13 +12,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tidemq.protocol import validate_group_name
+from tidemq.protocol import Perm, validate_group_name
 
 from services.broker.grpc.door import Door
 from services.broker.grpc.errors import error_status
 from services.broker.grpc.proto import MessageType, Permission, ok, pb, service_pb
-from services.broker.messaging.send import NoDelays
-from services.broker.messaging.topics import Perm, TopicConfig
+from services.broker.messaging.topics import TopicConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +27,9 @@ WHOLE_TOPIC = -1  # queue id of an assignment: every queue of the topic on this 
 
 
 def accepted_types(door: Door) -> list[int]:
-    """The message types this broker stores today."""
+    """The message types this broker stores."""
     broker = door.broker
-    kinds = [MessageType.NORMAL, MessageType.FIFO]
-    if not isinstance(broker.sender.delays, NoDelays):
-        kinds.append(MessageType.DELAY)
+    kinds = [MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY]
     transactions = getattr(broker, "transactions", None)
     if transactions is not None and not broker.settings.reject_transactions:
         kinds.append(MessageType.TRANSACTION)

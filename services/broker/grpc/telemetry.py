@@ -79,8 +79,10 @@ async def notify_termination(door: Door, request: Any,
         group = group or (session.group if session else None)
         if group:
             door.broker.consumers.leave(group, client_id)
+        service = getattr(door.broker, "transactions", None)  # wakes its check pollers too
+        leave = service.leave if service is not None else door.broker.producers.leave
         for topic in session.topics if session else ():
-            door.broker.producers.leave(topic, client_id)
+            leave(topic, client_id)
     except Exception as exc:
         return service_pb.NotifyClientTerminationResponse(
             status=error_status(exc, "NotifyClientTermination"))

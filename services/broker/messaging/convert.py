@@ -1,4 +1,4 @@
-"""Conversions between the wire Message (API.md) and store records, in both directions.
+"""Conversions between the wire Message (docs/api.md) and store records, in both directions.
 
 ``to_wire`` is the one record → returned-message function used by pull, receive and query;
 ``to_record`` builds the record a send stores. Property conventions (store/types.py):
@@ -12,17 +12,17 @@ import base64
 import ipaddress
 from typing import Any
 
-from tidemq.protocol import OutgoingMessage
-from tidemq.protocol.message import RESERVED_PROPERTIES
+from tidemq.protocol import (
+    KEYS,
+    RESERVED_PROPERTIES,
+    RETRY_TOPIC,
+    SHARDING_KEY,
+    TAGS,
+    UNIQ_KEY,
+    OutgoingMessage,
+)
 
 from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord, tag_code
-
-UNIQ_KEY = "UNIQ_KEY"
-TAGS = "TAGS"
-KEYS = "KEYS"
-SHARDING_KEY = "SHARDING_KEY"
-RETRY_TOPIC = "RETRY_TOPIC"  # original topic of a message in a retry or DLQ topic
-MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"  # per-message override of the broker's maximum
 
 
 def born_host(host: str | None, port: int | None) -> str:
@@ -77,7 +77,7 @@ def body_field(body: bytes, out: dict[str, Any], binary: bool) -> None:
 
 def to_wire(record: StoredRecord, binary: bool, *, topic: str | None = None,
             queue_id: int | None = None, queue_offset: int | None = None) -> dict[str, Any]:
-    """A stored record as a returned Message (API.md); msgpack (``binary``) keeps raw bytes.
+    """A stored record as a returned Message (docs/api.md); msgpack (``binary``) keeps raw bytes.
 
     ``topic``/``queue_id``/``queue_offset`` override the record's own (a message shown where it
     will be delivered rather than where its current copy lives).

@@ -21,13 +21,17 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 DedupKey = tuple[str, str]  # (topic, message_id)
+#: What is kept per key: (queue id, queue offset, stored ms, waiting) - a Placed and its time.
+Remembered = tuple[int, int, int, "tuple[int, int] | None"]
 
 
 class Placed(NamedTuple):
-    """Where a message was stored: the answer a duplicate gets."""
+    """Where a message was stored: the answer a duplicate gets. ``waiting``: for a delayed
+    message's waiting copy, the queue id it will be delivered to and its due time (epoch ms)."""
 
     queue_id: int
     queue_offset: int
+    waiting: tuple[int, int] | None = None
 
 
 class DedupCache:
@@ -36,7 +40,7 @@ class DedupCache:
         self.max_entries = max_entries
         # keys younger than this may be missing from ``_recent``; older ones are outside it
         self._complete_since_ms = started_ms
-        self._recent: OrderedDict[DedupKey, tuple[int, int, int]] = OrderedDict()
+        self._recent: OrderedDict[DedupKey, Remembered] = OrderedDict()
         self._inflight: dict[DedupKey, asyncio.Future[Placed]] = {}
         self.hits = 0  # duplicates answered without storing (metrics read it)
 
@@ -55,7 +59,7 @@ class DedupCache:
         entry = self._recent.get(key)
         if entry is None or entry[2] < now_ms - self.window_ms:
             return None
-        return Placed(entry[0], entry[1])
+        return Placed(entry[0], entry[1], entry[3])
 
     def in_flight(self, key: DedupKey) -> asyncio.Future[Placed] | None:
         return self._inflight.get(key)
@@ -82,10 +86,10 @@ class DedupCache:
     def remember(self, key: DedupKey, placed: Placed, stored_ms: int) -> None:
         if not self.enabled:
             return
-        self._recent[key] = (placed.queue_id, placed.queue_offset, stored_ms)
+        self._recent[key] = (placed.queue_id, placed.queue_offset, stored_ms, placed.waiting)
         self._recent.move_to_end(key)
         while len(self._recent) > self.max_entries:
-            _, (_, _, ts) = self._recent.popitem(last=False)
+            _, (_, _, ts, _) = self._recent.popitem(last=False)
             # an entry still inside the window was dropped: fall back to the index until it ages
             self._complete_since_ms = max(self._complete_since_ms, ts + 1)
 

@@ -1,4 +1,4 @@
-"""Pull from one queue (API.md "Offsets and queues"), long-polling at the end of the queue.
+"""Pull from one queue (docs/api.md "Offsets and queues"), long-polling at the end of the queue.
 
 ``offset == max_offset`` waits on the ``PullHold`` until a message arrives or ``wait_ms``
 passes; below ``min_offset`` it reads from ``min_offset``; above ``max_offset`` is 400

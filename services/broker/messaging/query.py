@@ -1,15 +1,23 @@
 """Message queries: by id (with its state), by key, by topic and time range.
 
-``message_state`` is the one place a message's state is computed from its copies; today every
-copy is a plain stored message. Transactions and delays extend it with their own states.
+``message_state`` is the one place a plain message's state is computed from its copies (every
+copy a stored message); transactions and delays add their own views (``MessageView``) with their
+own states.
+
+Copies a consumer group sent back (retry topic, DLQ, or waiting out a retry back-off; they carry
+``RETRY_TOPIC``) never stand for the message: a lookup by id shows the original and lists those
+copies per group in ``retry_history``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError
+from tidemq.protocol.properties import REAL_TOPIC, RETRY_TOPIC, TIMER_DELIVER_MS
+from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
 from services.broker.messaging.topics import TopicManager
 from services.broker.store.store import MessageStore
@@ -38,6 +46,55 @@ def message_state(copies: list[StoredRecord]) -> tuple[StoredRecord, MessageStat
 MessageView = Callable[[list[StoredRecord]], "tuple[StoredRecord, MessageState] | None"]
 
 
+def is_retry_copy(record: StoredRecord) -> bool:
+    """A copy a consumer group sent back: in its retry topic or DLQ, or waiting out a back-off."""
+    return RETRY_TOPIC in record.properties
+
+
+def retry_history(copies: list[StoredRecord]) -> list[dict[str, Any]]:
+    """Where the retry copies of a message went, one entry per consumer group (by group):
+    ``{group, reconsume_times, dead_lettered, copies: [{topic, reconsume_times, state, ...}]}``.
+
+    A copy waiting out its back-off is ``scheduled`` (with ``deliver_at_ms``) until its delivered
+    copy (same destination and count) replaces it as ``stored`` (with queue and offset).
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    latest: dict[tuple[str, int], dict[str, Any]] = {}  # (destination, count) → newest copy
+    for rec in copies:  # oldest first
+        if not is_retry_copy(rec):
+            continue
+        waiting = not rec.topic.startswith((RETRY_PREFIX, DLQ_PREFIX))
+        destination = rec.properties.get(REAL_TOPIC, rec.topic) if waiting else rec.topic
+        group = _group_of(destination)
+        if group is None:
+            continue
+        copy: dict[str, Any] = {"topic": destination, "reconsume_times": rec.reconsume_times,
+                                "store_timestamp_ms": rec.store_timestamp}
+        if waiting:
+            copy["state"] = MessageState.SCHEDULED.value
+            due = rec.properties.get(TIMER_DELIVER_MS)
+            if due is not None and due.isdigit():
+                copy["deliver_at_ms"] = int(due)
+        else:
+            copy.update(state=MessageState.STORED.value, queue_id=rec.queue_id,
+                        queue_offset=rec.queue_offset)
+        latest[(destination, rec.reconsume_times)] = copy
+        entry = groups.setdefault(group, {"group": group, "reconsume_times": 0,
+                                          "dead_lettered": False, "copies": []})
+        entry["reconsume_times"] = max(entry["reconsume_times"], rec.reconsume_times)
+        entry["dead_lettered"] |= destination.startswith(DLQ_PREFIX)
+    for (destination, _), copy in latest.items():
+        groups[_group_of(destination) or ""]["copies"].append(copy)
+    return [groups[g] for g in sorted(groups)]
+
+
+def _group_of(topic: str) -> str | None:
+    for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+        if topic.startswith(prefix):
+            return topic[len(prefix):]
+    return None
+
+
 class QueryService:
     def __init__(self, store: MessageStore, topics: TopicManager) -> None:
         self.store = store
@@ -45,16 +102,31 @@ class QueryService:
         self.views: list[MessageView] = []  # asked in order before message_state (transactions)
 
     def by_id(self, message_id: str) -> tuple[StoredRecord, MessageState]:
+        """The copy standing for the message (the original, not a retry copy) and its state."""
+        return self.copies_state(self.copies(message_id))
+
+    def copies(self, message_id: str) -> list[StoredRecord]:
+        """Every stored copy of a message, oldest first; 404 MESSAGE_NOT_FOUND when none."""
         copies = self.store.find_by_unique_key(message_id) if message_id else []
         if not copies:
             raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
                                 f"no message with message_id {message_id!r} is stored on this "
                                 "broker (it may have expired or live on another broker)")
+        return copies
+
+    def copies_state(self, copies: list[StoredRecord]) -> tuple[StoredRecord, MessageState]:
+        # Retry copies only stand for the message when the original is gone (retention).
+        own = [c for c in copies if not is_retry_copy(c)] or copies
         for view in self.views:
-            shown = view(copies)
+            shown = view(own)
             if shown is not None:
                 return shown
-        return message_state(copies)
+        return message_state(own)
+
+    def state_of(self, record: StoredRecord) -> MessageState:
+        """The state of the message a found record is a copy of (key and time queries)."""
+        copies = self.store.find_by_unique_key(record.message_id) if record.message_id else []
+        return self.copies_state(copies or [record])[1]
 
     def by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
                max_count: int = DEFAULT_QUERY) -> list[StoredRecord]:

@@ -1,8 +1,9 @@
 """The send path: validate a batch as a whole, pick queues, de-duplicate, store, answer.
 
 Hot path: no pydantic, no Redis, one ``store.put`` per request, metrics counted per batch.
-Delayed delivery goes through one seam, ``DelayRouter``: ``NoDelays`` (today's behaviour) refuses
-every delay with INVALID_DELAY rather than dropping it; the delay issue replaces it.
+Delayed delivery goes through one seam, ``DelayRouter`` (the broker's is
+``services.broker.delays.routing.Delays``): it validates a message's delay and stores a delayed
+message as its waiting copy.
 """
 
 from __future__ import annotations
@@ -16,21 +17,30 @@ import zlib
 from typing import Any, Protocol, cast
 
 from tidemq.protocol import (
+    UNIQ_KEY,
     ErrorCode,
     Limits,
     OutgoingMessage,
+    Perm,
     ProtocolError,
     is_system_topic,
     parse_messages,
     validate_topic_name,
 )
 
-from services.broker.messaging.convert import UNIQ_KEY, to_record
+from services.broker.messaging.convert import to_record
 from services.broker.messaging.dedup import DedupCache, DedupKey, Placed
-from services.broker.messaging.topics import Perm, TopicConfig, TopicManager
+from services.broker.messaging.query import MessageState
+from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.store.store import MessageStore
-from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
+from services.broker.store.types import (
+    Appended,
+    MessageRecord,
+    PutResult,
+    PutStatus,
+    StoredRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +54,8 @@ PUT_ERRORS: dict[PutStatus, tuple[ErrorCode, str]] = {
                             "the store is closed or unavailable; retry on another broker"),
     PutStatus.TOO_LARGE: (ErrorCode.MESSAGE_TOO_LARGE,
                           "a record is larger than a commit log segment can hold"),
+    PutStatus.INVALID: (ErrorCode.BAD_REQUEST,
+                        "a record field is out of the range the store keeps; nothing was stored"),
 }
 
 
@@ -63,7 +75,7 @@ def check_put(result: PutResult) -> list[Appended]:
     raise ProtocolError(code, f"{text} ({result.message})" if result.message else text)
 
 
-# --- delays: the seam the delayed-delivery issue replaces ---------------------------------------
+# --- delays: the seam delayed delivery plugs into ---------------------------------------------
 
 class DelayRouter(Protocol):
     def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
@@ -73,31 +85,14 @@ class DelayRouter(Protocol):
     def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
         """The record to store instead of ``record`` so that it is delivered at ``due_ms``."""
 
+    def waiting(self, record: MessageRecord | StoredRecord) -> tuple[int, int] | None:
+        """``(queue id it will be delivered to, due ms)`` when ``record`` is a waiting copy
+        (what ``route`` returns), else None."""
 
-class NoDelays:
-    """Delayed delivery not enabled: every real delay is refused, none is silently dropped."""
-
-    NOT_ENABLED = "delayed delivery is not enabled on this broker yet"
-
-    def __init__(self, max_delay_ms: int) -> None:
-        self.max_delay_ms = max_delay_ms
-
-    def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
-        if msg.deliver_at_ms is not None:
-            if msg.deliver_at_ms > now_ms + self.max_delay_ms:
-                raise ProtocolError(ErrorCode.INVALID_DELAY,
-                                    f"deliver_at_ms {msg.deliver_at_ms} is more than the maximum "
-                                    f"delay of {self.max_delay_ms} ms from now ({now_ms})")
-            if msg.deliver_at_ms <= now_ms:
-                return None  # in the past: delivered at once (API.md)
-        elif not msg.delay_level and not msg.delay_ms:
-            return None
-        raise ProtocolError(ErrorCode.INVALID_DELAY,
-                            f"{self.NOT_ENABLED}: send without delay_level, delay_ms and "
-                            "deliver_at_ms")
-
-    def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
-        raise ProtocolError(ErrorCode.INVALID_DELAY, self.NOT_ENABLED)
+    def standing(self, message_id: str) -> dict[str, Any] | None:
+        """What a repeated send of a delayed message learns beyond its first result: fields
+        saying it was cancelled (``state``) or where it was delivered (``state``, ``queue_id``,
+        ``queue_offset``); None while it still waits."""
 
 
 # --- the send service ---------------------------------------------------------------------------
@@ -154,7 +149,6 @@ class SendService:
         records: list[MessageRecord] = []
         ids: list[str] = []
         given: list[bool] = []
-        later: list[int | None] = []  # a delayed message's queue id once delivered
         # validate everything and build the records before anything is stored
         for msg in msgs:
             due = self.delays.check(msg, now)
@@ -166,17 +160,31 @@ class SendService:
             records.append(record)
             ids.append(mid)
             given.append(msg.message_id is not None)
-            later.append(None if due is None else queue_id)
-        placed = await self.put_records(records, given, now)
-        # a delayed message answers the queue it will be delivered to and its waiting offset
-        return [{"message_id": mid, "queue_id": p.queue_id if q is None else q,
-                 "queue_offset": p.queue_offset}
-                for mid, p, q in zip(ids, placed, later, strict=True)]
+        repeated: set[int] = set()
+        placed = await self.put_records(records, given, now, repeated)
+        return [{"message_id": mid, "queue_id": p.queue_id, "queue_offset": p.queue_offset}
+                if p.waiting is None else self._waiting_result(mid, p, i in repeated)
+                for i, (mid, p) in enumerate(zip(ids, placed, strict=True))]
+
+    def _waiting_result(self, message_id: str, placed: Placed, repeated: bool
+                        ) -> dict[str, Any]:
+        """A delayed message has no position in its queue until it is delivered: the result
+        names the queue it will be delivered to, no offset, and its due time. A repeated send
+        also says whether it was cancelled or delivered since."""
+        assert placed.waiting is not None
+        queue_id, due = placed.waiting
+        result: dict[str, Any] = {"message_id": message_id, "queue_id": queue_id,
+                                  "queue_offset": None, "state": MessageState.SCHEDULED.value,
+                                  "deliver_at_ms": due}
+        if repeated:
+            result.update(self.delays.standing(message_id) or {})
+        return result
 
     async def put_records(self, records: list[MessageRecord], dedup: list[bool],
-                          now: int) -> list[Placed]:
+                          now: int, repeated: set[int] | None = None) -> list[Placed]:
         """Store ``records`` (one store write), except those whose ``dedup`` flag is set and
-        whose (topic, UNIQ_KEY) was stored within the window: they get the first result."""
+        whose (topic, UNIQ_KEY) was stored within the window: they get the first result (and
+        their index goes into ``repeated``, when given)."""
         cache = self.dedup
         n = len(records)
         placed: list[Placed | None] = [None] * n
@@ -203,6 +211,8 @@ class SendService:
                         hit = self._indexed(key, now)
                     if hit is not None:
                         placed[i] = hit
+                        if repeated is not None:
+                            repeated.add(i)
                         continue
                     keys[i] = key
                 to_store.append(i)
@@ -249,8 +259,9 @@ class SendService:
             for i, fut in futures.items():
                 cache.finish(keys[i], fut, None, err)
             raise
+        waiting = self.delays.waiting
         for i, app in zip(to_store, appended, strict=True):
-            placed[i] = where = Placed(app.queue_id, app.queue_offset)
+            placed[i] = where = Placed(app.queue_id, app.queue_offset, waiting(records[i]))
             pending = futures.get(i)
             if pending is not None:
                 cache.finish(keys[i], pending, where, stored_ms=app.store_timestamp)
@@ -261,7 +272,7 @@ class SendService:
         horizon = now - self.dedup.window_ms
         for rec in self.store.find_by_unique_key(mid):
             if rec.topic == topic and rec.store_timestamp >= horizon:
-                where = Placed(rec.queue_id, rec.queue_offset)
+                where = Placed(rec.queue_id, rec.queue_offset, self.delays.waiting(rec))
                 self.dedup.remember(key, where, rec.store_timestamp)
                 return where
         return None

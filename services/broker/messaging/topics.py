@@ -4,48 +4,41 @@ Reads are plain dict lookups (the send and pull hot paths call ``get``). Writes 
 rewrites the whole file atomically (temp file, fsync, rename, fsync of the directory), so a crash
 leaves either the old or the new table, never a torn one.
 
-The public API creates only ordinary topics (``put``); system topics (retry, DLQ, the internal
-``SystemTopic`` ones) are created by the broker itself through ``ensure_system``.
+The public API creates and deletes only ordinary topics (``put``, ``delete``); system topics
+(retry, DLQ, the internal ``SystemTopic`` ones) are created by the broker itself through
+``ensure_system``.
+
+Deleting a topic removes it from the table only: its messages stay in the commit log (and its
+consume queues on disk) until retention removes them, unreadable while the topic is unknown.
+Re-creating a topic of the same name continues its queues, so messages still retained and the
+groups' committed offsets apply again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import orjson
 from tidemq.protocol import (
     ErrorCode,
+    Perm,
     ProtocolError,
     SystemTopic,
     is_system_topic,
     validate_topic_name,
 )
 
+from services.common.files import write_atomic
+
 log = logging.getLogger(__name__)
 
 MAX_QUEUES = 1024  # queues per topic
 FILE_NAME = "topics.json"
 FORMAT_VERSION = 1
-
-
-class Perm(StrEnum):
-    READ_WRITE = "rw"  # producers send, consumers pull
-    READ = "r"  # pull only (e.g. a topic being drained)
-    WRITE = "w"  # send only
-
-    @property
-    def readable(self) -> bool:
-        return self is not Perm.WRITE
-
-    @property
-    def writable(self) -> bool:
-        return self is not Perm.READ
 
 
 #: Queue counts of the internal system topics (``SCHEDULE_TOPIC_XXXX``: one queue per level).
@@ -56,6 +49,7 @@ SYSTEM_TOPIC_QUEUES: dict[str, int] = {
     SystemTopic.TRANS_EVENTS.value: 1,
     SystemTopic.SCHEDULE.value: 18,
     SystemTopic.TIMER_INTAKE.value: 1,
+    SystemTopic.TIMER_CANCELS.value: 1,
 }
 
 
@@ -73,19 +67,30 @@ class TopicConfig:
         return {"name": self.name, "queues": self.queues, "perm": self.perm.value}
 
 
-def parse_perm(value: str) -> Perm:
-    try:
-        return Perm(value)
-    except ValueError:
-        raise ProtocolError(ErrorCode.BAD_REQUEST,
-                            f"perm must be 'rw', 'r' or 'w', got {value!r}") from None
-
-
 def check_queues(queues: int) -> int:
     if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"queues must be an integer 1-{MAX_QUEUES}, got {queues!r}")
     return queues
+
+
+def check_shrink(current: TopicConfig | None, queues: int,
+                 offsets: Callable[[str, int], tuple[int, int]]) -> None:
+    """409 QUEUES_NOT_EMPTY when ``queues`` would drop queues of ``current`` that still hold
+    messages (``offsets``: topic, queue id → (min, max)): routes stop naming the dropped queues,
+    so no consumer would ever read them. Once retention has deleted their messages (or the
+    topic is deleted and created again) the topic can shrink."""
+    if current is None or queues >= current.queues:
+        return
+    held = {q: hi - lo for q in range(queues, current.queues)
+            for lo, hi in [offsets(current.name, q)] if hi > lo}
+    if held:
+        raise ProtocolError(
+            ErrorCode.QUEUES_NOT_EMPTY,
+            f"topic {current.name!r} cannot shrink from {current.queues} to {queues} queues: "
+            f"queue(s) {', '.join(map(str, sorted(held)))} still hold {sum(held.values())} "
+            "message(s) no consumer would read any more. Keep the queue count until retention "
+            "deletes them, or move the topic's traffic to a new topic")
 
 
 class TopicManager:
@@ -98,7 +103,7 @@ class TopicManager:
         self._listeners: list[Callable[[TopicConfig], None]] = []
 
     def add_listener(self, callback: Callable[[TopicConfig], None]) -> None:
-        """Called after every create or update (e.g. to heartbeat the nameservers soon)."""
+        """Called after every create, update or delete (e.g. to heartbeat the nameservers)."""
         self._listeners.append(callback)
 
     def load(self) -> None:
@@ -169,6 +174,24 @@ class TopicManager:
         count = queues or SYSTEM_TOPIC_QUEUES.get(name, 1)
         return await self._set(TopicConfig(name, check_queues(count), Perm.READ_WRITE))
 
+    async def delete(self, name: str) -> TopicConfig:
+        """Remove an ordinary topic from the table; returns its last config.
+
+        403 FORBIDDEN_SYSTEM_TOPIC for a system topic, 404 TOPIC_NOT_FOUND for an unknown one.
+        """
+        self.check_creatable(name)
+        async with self._lock:
+            cfg = self._topics.get(name)
+            if cfg is None:
+                raise self.not_found(name)
+            new = {k: v for k, v in self._topics.items() if k != name}
+            await asyncio.to_thread(self._write, new)
+            self._topics = new
+        log.info("topic %s deleted (%d queue(s)); its messages stay until retention removes "
+                 "them", name, cfg.queues)
+        self._notify(cfg)
+        return cfg
+
     async def _set(self, cfg: TopicConfig) -> tuple[TopicConfig, bool]:
         async with self._lock:
             if self._topics.get(cfg.name) == cfg:
@@ -182,12 +205,15 @@ class TopicManager:
         else:
             log.info("topic %s updated: %d → %d queue(s), perm %s → %s", cfg.name,
                      previous.queues, cfg.queues, previous.perm, cfg.perm)
+        self._notify(cfg)
+        return cfg, True
+
+    def _notify(self, cfg: TopicConfig) -> None:
         for callback in self._listeners:
             try:
                 callback(cfg)
             except Exception:
                 log.exception("topic listener failed for %s", cfg.name)
-        return cfg, True
 
     def _write(self, topics: dict[str, TopicConfig]) -> None:
         data = orjson.dumps(
@@ -195,15 +221,4 @@ class TopicManager:
              "topics": [c.to_wire() for c in sorted(topics.values(), key=lambda c: c.name)]},
             option=orjson.OPT_INDENT_2,
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(self.path, data)

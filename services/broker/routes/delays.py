@@ -5,23 +5,46 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError
+from tidemq.protocol.numbers import INT64_MAX
 
 from services.broker.delays.service import MAX_DUE_PER_LEVEL, MAX_INTAKE
-from services.broker.routes._common import body_doc, broker_of, read_model, read_payload
-from services.common.app import reply, require_token
+from services.broker.routes._common import (
+    StrictBody,
+    body_doc,
+    broker_of,
+    internal_auth,
+    read_model,
+    read_payload,
+)
+from services.broker.routes.answers import Cancelled, Scheduled
+from services.broker.routes.answers_internal import (
+    Delivered,
+    Floor,
+    Intake,
+    LevelsDue,
+    Pending,
+    ScheduleInfo,
+)
+from services.common.app import reply
+from services.common.openapi import errors
 
 router = APIRouter(tags=["delayed messages"])
 
 
 @router.delete("/v1/messages/{message_id}/schedule",
-               summary="Cancel a delayed message that was not delivered yet")
+               summary="Cancel a delayed message that was not delivered yet",
+               response_model=Cancelled, responses=errors(
+                   ErrorCode.MESSAGE_NOT_FOUND, ErrorCode.ALREADY_DELIVERED,
+                   ErrorCode.UNAVAILABLE))
 async def cancel(message_id: str, request: Request) -> Response:
     return reply(request, await broker_of(request).schedule.cancel(message_id))
 
 
-@router.get("/v1/scheduled", summary="Pending delayed messages: count, next due time, by level")
+@router.get("/v1/scheduled", summary="Pending delayed messages: count, next due time, by level",
+            response_model=Scheduled,
+            responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.UNAVAILABLE))
 async def scheduled(request: Request,
                     topic: Annotated[str | None, Query(description="only this topic")] = None,
                     ) -> Response:
@@ -30,28 +53,24 @@ async def scheduled(request: Request,
 
 # --- for the scheduler ---------------------------------------------------------------------------
 
-def _token(request: Request) -> None:
-    require_token(request, broker_of(request).settings.token)
-
-
 internal = APIRouter(prefix="/internal/v1/schedule", tags=["internal"],
-                     dependencies=[Depends(_token)])
+                     dependencies=[Depends(internal_auth)])
 
 
-class DueBody(BaseModel):
+class DueBody(StrictBody):
     offsets: dict[int, StrictInt] = Field(default_factory=dict,
                                           description="level queue id → next offset")
     now_ms: StrictInt = Field(description="the scheduler's clock: due means tag slot ≤ this")
     max: int = Field(1024, ge=1, le=MAX_DUE_PER_LEVEL, description="records per level at most")
 
 
-class ProgressBody(BaseModel):
+class ProgressBody(StrictBody):
     owner: str = Field(min_length=1, max_length=255)
     positions: list[tuple[str, StrictInt, StrictInt]] = Field(
         description="[topic, queue id, next offset] of every queue the owner consumes")
 
 
-class PendingBody(BaseModel):
+class PendingBody(StrictBody):
     offsets: dict[int, StrictInt] = Field(default_factory=dict,
                                           description="level queue id → next offset")
     intake_offset: StrictInt = Field(0, ge=0, description="next intake offset not taken in")
@@ -61,22 +80,27 @@ class PendingBody(BaseModel):
 
 
 class DeliverDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     records: list[list[Any]] = Field(description="delivery rows: [topic, queue_id, body, "
                                      "properties, flag, sys_flag, born_timestamp_ms, "
-                                     "born_host, reconsume_times, prepared_tx_offset]")
+                                     "born_host, reconsume_times, prepared_tx_offset]; body "
+                                     "as raw bytes (msgpack) or base64 text (JSON)")
     strict: list[int] = Field(default_factory=list,
                               description="indexes to store only if not delivered already")
 
 
-@internal.get("/info", summary="Delay table and identity of this broker")
+@internal.get("/info", summary="Delay table and identity of this broker",
+              response_model=ScheduleInfo)
 async def info(request: Request) -> Response:
     return reply(request, broker_of(request).schedule.info())
 
 
-@internal.get("/intake", summary="Timers of the intake topic, ready to file")
+@internal.get("/intake", summary="Timers of the intake topic, ready to file",
+              response_model=Intake)
 async def intake(
     request: Request,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     max: Annotated[int, Query(ge=1, le=MAX_INTAKE)] = 1024,
     wait_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
 ) -> Response:
@@ -84,7 +108,8 @@ async def intake(
 
 
 @internal.post("/levels/due", openapi_extra=body_doc(DueBody),
-               summary="Due records of every delay-level queue, in queue order")
+               summary="Due records of every delay-level queue, in queue order",
+               response_model=LevelsDue)
 async def levels_due(request: Request) -> Response:
     body = await read_model(request, DueBody)
     answer = broker_of(request).schedule.levels_due(body.offsets, body.now_ms, body.max)
@@ -92,7 +117,9 @@ async def levels_due(request: Request) -> Response:
 
 
 @internal.post("/deliver", openapi_extra=body_doc(DeliverDoc),
-               summary="Store due messages in their real topics (one store write)")
+               summary="Store due messages in their real topics (one store write)",
+               response_model=Delivered, responses=errors(
+                   ErrorCode.INVALID_TOPIC_NAME, ErrorCode.BROKER_BUSY, ErrorCode.DISK_FULL))
 async def deliver(request: Request) -> Response:
     broker = broker_of(request)
     payload = await read_payload(request, broker.sender.max_request_bytes)
@@ -100,7 +127,7 @@ async def deliver(request: Request) -> Response:
 
 
 @internal.post("/progress", openapi_extra=body_doc(ProgressBody),
-               summary="The scheduler's offsets: its retention floor")
+               summary="The scheduler's offsets: its retention floor", response_model=Floor)
 async def progress(request: Request) -> Response:
     body = await read_model(request, ProgressBody)
     floor = broker_of(request).schedule.report_progress(body.owner, body.positions)
@@ -108,7 +135,8 @@ async def progress(request: Request) -> Response:
 
 
 @internal.post("/pending", openapi_extra=body_doc(PendingBody),
-               summary="Count what waits beyond the scheduler's offsets (of one topic)")
+               summary="Count what waits beyond the scheduler's offsets (of one topic)",
+               response_model=Pending)
 async def pending(request: Request) -> Response:
     body = await read_model(request, PendingBody)
     if body.topic is not None and not body.topic:

@@ -1,5 +1,7 @@
-"""Consumer groups: membership, offsets, retry, and the simple consumer (receive/ack/invisibility);
-producer heartbeats."""
+"""Consumer groups: membership, offsets, retry, and the simple consumer (receive/ack/invisibility).
+
+Producer heartbeats and leaves live with the transactions (routes/transactions.py): they wake the
+producer's waiting check polls."""
 
 from __future__ import annotations
 
@@ -7,17 +9,27 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
-from tidemq.protocol import validate_group_name
+from tidemq.protocol import ErrorCode
 
 from services.broker.messaging.convert import to_wire
 from services.broker.routes._common import body_doc, broker_of, read_model, wants_msgpack
+from services.broker.routes.answers import (
+    AckAnswer,
+    Groups,
+    HandleAnswer,
+    Members,
+    Offsets,
+    ReceiveAnswer,
+    RetryAnswer,
+)
 from services.common.app import reply
+from services.common.openapi import TOPIC_RULE, Empty, GroupName, errors
 
 router = APIRouter(tags=["groups"])
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class HeartbeatBody(_Body):
@@ -28,7 +40,7 @@ class HeartbeatBody(_Body):
 
 
 class OffsetEntry(_Body):
-    topic: str
+    topic: str = Field(json_schema_extra=TOPIC_RULE)
     queue_id: StrictInt
     offset: StrictInt
 
@@ -43,7 +55,7 @@ class RetryBody(_Body):
 
 
 class ReceiveBody(_Body):
-    topic: str
+    topic: str = Field(json_schema_extra=TOPIC_RULE)
     tags: str = "*"
     max: StrictInt = Field(16, ge=1, le=1024)
     invisible_ms: StrictInt = Field(30_000, ge=0)
@@ -59,44 +71,59 @@ class InvisibilityBody(_Body):
     invisible_ms: StrictInt = Field(ge=0)
 
 
-class ProducerHeartbeatBody(_Body):
-    client_id: str = Field(min_length=1, max_length=255)
+
+@router.get("/v1/groups", summary="Consumer groups known to this broker",
+            response_model=Groups, responses=errors(ErrorCode.UNAVAILABLE))
+async def list_groups(request: Request) -> Response:
+    """Groups with live members or committed offsets: ``{groups: [{group, members, mode,
+    subscriptions, topics}]}``; ``mode`` is null for a group with no live member."""
+    groups = await broker_of(request).consumers.known_groups()
+    return reply(request, {"groups": groups})
 
 
 @router.post("/v1/groups/{group}/heartbeat", openapi_extra=body_doc(HeartbeatBody),
-             summary="Consumer heartbeat; answers the live members (the rebalance view)")
-async def heartbeat(group: str, request: Request) -> Response:
+             summary="Consumer heartbeat; answers the live members (the rebalance view)",
+             response_model=Members, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
+async def heartbeat(group: GroupName, request: Request) -> Response:
     body = await read_model(request, HeartbeatBody)
     members = broker_of(request).consumers.heartbeat(group, body.client_id,
                                                      body.subscriptions, body.mode)
     return reply(request, {"members": members})
 
 
-@router.delete("/v1/groups/{group}/members/{client_id}", summary="Leave the group now")
-async def leave(group: str, client_id: str, request: Request) -> Response:
+@router.delete("/v1/groups/{group}/members/{client_id}", summary="Leave the group now",
+               response_model=Empty, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
+async def leave(group: GroupName, client_id: str, request: Request) -> Response:
     broker_of(request).consumers.leave(group, client_id)
     return reply(request, {})
 
 
 @router.put("/v1/groups/{group}/offsets", openapi_extra=body_doc(OffsetsBody),
-            summary="Commit offsets; answered once durable in Redis")
-async def commit_offsets(group: str, request: Request) -> Response:
+            summary="Commit offsets; answered once durable in Redis", response_model=Empty,
+            responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TOPIC_NOT_FOUND,
+                             ErrorCode.UNAVAILABLE))
+async def commit_offsets(group: GroupName, request: Request) -> Response:
     body = await read_model(request, OffsetsBody)
     entries = [(e.topic, e.queue_id, e.offset) for e in body.offsets]
     await broker_of(request).consumers.commit(group, entries)
     return reply(request, {})
 
 
-@router.get("/v1/groups/{group}/offsets", summary="Committed offsets with max_offset and lag")
-async def get_offsets(group: str, request: Request,
+@router.get("/v1/groups/{group}/offsets", summary="Committed offsets with max_offset and lag",
+            response_model=Offsets,
+            responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.UNAVAILABLE))
+async def get_offsets(group: GroupName, request: Request,
                       topic: Annotated[str | None, Query()] = None) -> Response:
     offsets = await broker_of(request).consumers.committed(group, topic or None)
     return reply(request, {"offsets": offsets})
 
 
 @router.post("/v1/groups/{group}/retry", openapi_extra=body_doc(RetryBody),
-             summary="Send a failed message to the group's retry topic (or DLQ)")
-async def retry(group: str, request: Request) -> Response:
+             summary="Send a failed message to the group's retry topic (or DLQ)",
+             response_model=RetryAnswer, responses=errors(
+                 ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_DELAY,
+                 ErrorCode.MESSAGE_NOT_FOUND, ErrorCode.BROKER_BUSY, ErrorCode.DISK_FULL))
+async def retry(group: GroupName, request: Request) -> Response:
     body = await read_model(request, RetryBody)
     destination = await broker_of(request).retries.retry(group, body.message_id,
                                                          body.delay_level)
@@ -104,8 +131,10 @@ async def retry(group: str, request: Request) -> Response:
 
 
 @router.post("/v1/groups/{group}/receive", openapi_extra=body_doc(ReceiveBody),
-             summary="Simple consumer: receive messages with an invisibility time")
-async def receive(group: str, request: Request) -> Response:
+             summary="Simple consumer: receive messages with an invisibility time",
+             response_model=ReceiveAnswer, responses=errors(
+                 ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.UNAVAILABLE))
+async def receive(group: GroupName, request: Request) -> Response:
     body = await read_model(request, ReceiveBody)
     received = await broker_of(request).consumers.receive(
         group, body.topic, body.tags, body.max, body.invisible_ms, body.wait_ms)
@@ -120,26 +149,24 @@ async def receive(group: str, request: Request) -> Response:
 
 
 @router.post("/v1/groups/{group}/ack", openapi_extra=body_doc(AckBody),
-             summary="Simple consumer: acknowledge received messages")
-async def ack(group: str, request: Request) -> Response:
+             summary="Simple consumer: acknowledge received messages",
+             response_model=AckAnswer, responses=errors(
+                 ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_RECEIPT_HANDLE,
+                 ErrorCode.UNAVAILABLE))
+async def ack(group: GroupName, request: Request) -> Response:
     body = await read_model(request, AckBody)
     acked = await broker_of(request).consumers.ack(group, body.receipt_handles)
     return reply(request, {"acked": acked})
 
 
 @router.post("/v1/groups/{group}/invisibility", openapi_extra=body_doc(InvisibilityBody),
-             summary="Simple consumer: change a received message's invisibility")
-async def invisibility(group: str, request: Request) -> Response:
+             summary="Simple consumer: change a received message's invisibility",
+             response_model=HandleAnswer, responses=errors(
+                 ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_RECEIPT_HANDLE,
+                 ErrorCode.UNAVAILABLE))
+async def invisibility(group: GroupName, request: Request) -> Response:
     body = await read_model(request, InvisibilityBody)
     handle = await broker_of(request).consumers.change_invisibility(
         group, body.receipt_handle, body.invisible_ms)
     return reply(request, {"receipt_handle": handle})
 
-
-@router.post("/v1/producers/{group}/heartbeat", openapi_extra=body_doc(ProducerHeartbeatBody),
-             summary="Producer heartbeat (transaction checks go to live producers only)")
-async def producer_heartbeat(group: str, request: Request) -> Response:
-    validate_group_name(group)
-    body = await read_model(request, ProducerHeartbeatBody)
-    broker_of(request).producers.heartbeat(group, body.client_id)
-    return reply(request, {})

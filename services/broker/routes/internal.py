@@ -1,7 +1,8 @@
 """``/internal/`` endpoints for the checker, scheduler and metrics sidecar (token required).
 
 Small on purpose: write records as they are, read them raw, read one by physical offset, and
-hold retention back to a consumer's progress. Later issues extend ``services.broker.internal``.
+hold retention back to a consumer's progress. The request shapes and their handling live in
+``services.broker.internal``.
 """
 
 from __future__ import annotations
@@ -9,29 +10,32 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from pydantic import BaseModel, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from tidemq.protocol import ErrorCode
+from tidemq.protocol.numbers import INT64_MAX
 
 from services.broker.messaging.convert import to_internal_wire
 from services.broker.messaging.pull import MAX_PULL, TagFilter
 from services.broker.routes._common import (
+    StrictBody,
     body_doc,
     broker_of,
+    internal_auth,
     read_model,
     read_payload,
     wants_msgpack,
 )
-from services.common.app import reply, require_token
+from services.broker.routes.answers_internal import PutResults, RawPull, RawRecord
+from services.common.app import reply
+from services.common.openapi import Empty, TopicName, errors
 
-
-def _token(request: Request) -> None:
-    require_token(request, broker_of(request).settings.token)
-
-
-router = APIRouter(prefix="/internal/v1", tags=["internal"], dependencies=[Depends(_token)])
+router = APIRouter(prefix="/internal/v1", tags=["internal"], dependencies=[Depends(internal_auth)])
 
 
 class RecordDoc(BaseModel):
     """A record written as it is; documentation only (parsed in services.broker.internal)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     topic: str | None = Field(None, description="default: the topic in the path")
     queue_id: int = 0
@@ -51,13 +55,15 @@ class RecordDoc(BaseModel):
 
 
 class RecordsDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     records: list[RecordDoc]
     dedup: bool = Field(False, description="skip records whose (topic, UNIQ_KEY) is stored")
 
 
-class RetentionFloorBody(BaseModel):
+class RetentionFloorBody(StrictBody):
     owner: str = Field(min_length=1, max_length=255)
-    physical_offset: StrictInt = Field(ge=0)
+    physical_offset: StrictInt = Field(ge=0, le=INT64_MAX)
 
 
 async def _put(topic: str, request: Request) -> Response:
@@ -68,15 +74,20 @@ async def _put(topic: str, request: Request) -> Response:
 
 
 @router.post("/topics/{topic}/messages", openapi_extra=body_doc(RecordsDoc),
-             summary="Write records to any topic (system topics included)")
-async def put_records(topic: str, request: Request) -> Response:
+             summary="Write records to any topic (system topics included)",
+             response_model=PutResults, responses=errors(
+                 ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_BODY_ENCODING,
+                 ErrorCode.TOPIC_NOT_FOUND, ErrorCode.BROKER_BUSY, ErrorCode.DISK_FULL))
+async def put_records(topic: TopicName, request: Request) -> Response:
     return await _put(topic, request)
 
 
 @router.get("/topics/{topic}/queues/{queue_id}/messages",
-            summary="Pull raw records (system topics included)")
+            summary="Pull raw records (system topics included)", response_model=RawPull,
+            responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.OFFSET_OUT_OF_RANGE,
+                             ErrorCode.TOPIC_NOT_FOUND))
 async def pull_records(
-    topic: str,
+    topic: TopicName,
     request: Request,
     queue_id: Annotated[int, Path(ge=0)],
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -96,14 +107,16 @@ async def pull_records(
     })
 
 
-@router.get("/records/{physical_offset}", summary="One record by physical offset")
+@router.get("/records/{physical_offset}", summary="One record by physical offset",
+            response_model=RawRecord, responses=errors(ErrorCode.MESSAGE_NOT_FOUND))
 async def read_record(physical_offset: int, request: Request) -> Response:
     record = broker_of(request).internal.read(physical_offset)
     return reply(request, to_internal_wire(record, wants_msgpack(request)))
 
 
 @router.post("/retention-floor", openapi_extra=body_doc(RetentionFloorBody),
-             summary="Keep commit log segments from this physical offset on")
+             summary="Keep commit log segments from this physical offset on",
+             response_model=Empty)
 async def retention_floor(request: Request) -> Response:
     body = await read_model(request, RetentionFloorBody)
     broker_of(request).internal.set_retention_floor(body.owner, body.physical_offset)

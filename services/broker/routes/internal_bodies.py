@@ -12,25 +12,26 @@ import base64
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from tidemq.protocol import ErrorCode
 
 from services.broker.messaging.pull import MAX_PULL, TagFilter
-from services.broker.routes._common import broker_of, wants_msgpack
-from services.common.app import reply, require_token
+from services.broker.routes._common import broker_of, internal_auth, wants_msgpack
+from services.broker.routes.answers_internal import Bodies
+from services.common.app import reply
+from services.common.openapi import TopicName, errors
 
-
-def _token(request: Request) -> None:
-    require_token(request, broker_of(request).settings.token)
-
-
-router = APIRouter(prefix="/internal/v1", tags=["internal"], dependencies=[Depends(_token)])
+router = APIRouter(prefix="/internal/v1", tags=["internal"], dependencies=[Depends(internal_auth)])
 
 _ALL = TagFilter.parse("*")
 
 
 @router.get("/topics/{topic}/queues/{queue_id}/bodies",
-            summary="Pull record bodies and queue offsets only (system topics included)")
+            summary="Pull record bodies and queue offsets only (system topics included)",
+            response_model=Bodies, responses=errors(
+                ErrorCode.INVALID_TOPIC_NAME, ErrorCode.OFFSET_OUT_OF_RANGE,
+                ErrorCode.TOPIC_NOT_FOUND))
 async def pull_bodies(
-    topic: str,
+    topic: TopicName,
     request: Request,
     queue_id: Annotated[int, Path(ge=0)],
     offset: Annotated[int, Query(ge=0)] = 0,

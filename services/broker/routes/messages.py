@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
-from pydantic import BaseModel, Field
-from tidemq.protocol import validate_group_name
+from pydantic import BaseModel, ConfigDict, Field
+from tidemq.protocol import ErrorCode, validate_group_name
 
 from services.broker.messaging.convert import to_wire
 from services.broker.messaging.pull import MAX_PULL, TagFilter
@@ -17,13 +17,18 @@ from services.broker.routes._common import (
     read_payload,
     wants_msgpack,
 )
+from services.broker.routes.answers import PullAnswer, SendAnswer
 from services.common.app import reply
+from services.common.openapi import TopicName, errors
 
 router = APIRouter(tags=["messages"])
 
 
 class MessageDoc(BaseModel):
-    """A message to send (API.md "Message"); documentation only, parsed by tidemq.protocol."""
+    """A message to send (docs/api.md "Message"); documentation only, parsed by tidemq.protocol
+    (which refuses unknown fields too)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     message_id: str | None = Field(None, max_length=64, description="identity; the SDK sets one")
     body: str = Field("", description="text, base64 text, or raw bytes in msgpack")
@@ -39,21 +44,30 @@ class MessageDoc(BaseModel):
 
 
 class SendDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     messages: list[MessageDoc]
 
 
 @router.post("/v1/topics/{topic}/messages", summary="Send a batch of messages",
-             openapi_extra=body_doc(SendDoc, "validated and stored as a whole"))
-async def send(topic: str, request: Request) -> Response:
+             openapi_extra=body_doc(SendDoc, "validated and stored as a whole"),
+             response_model=SendAnswer, responses=errors(
+                 ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_DELAY,
+                 ErrorCode.INVALID_BODY_ENCODING, ErrorCode.FORBIDDEN_SYSTEM_TOPIC,
+                 ErrorCode.TOPIC_NOT_FOUND, ErrorCode.BROKER_BUSY, ErrorCode.DISK_FULL))
+async def send(topic: TopicName, request: Request) -> Response:
     broker = broker_of(request)
     payload = await read_payload(request, broker.sender.max_request_bytes)
     results = await broker.sender.send(topic, payload, client_host(request))
     return reply(request, {"results": results})
 
 
-@router.get("/v1/topics/{topic}/queues/{queue_id}/messages", summary="Pull from one queue")
+@router.get("/v1/topics/{topic}/queues/{queue_id}/messages", summary="Pull from one queue",
+            response_model=PullAnswer, responses=errors(
+                ErrorCode.INVALID_TOPIC_NAME, ErrorCode.OFFSET_OUT_OF_RANGE,
+                ErrorCode.TOPIC_NOT_FOUND))
 async def pull(
-    topic: str,
+    topic: TopicName,
     request: Request,
     queue_id: Annotated[int, Path(ge=0)],
     offset: Annotated[int, Query(ge=0, description="first queue offset to read")] = 0,

@@ -7,23 +7,38 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from tidemq.protocol import ErrorCode, ProtocolError
 
+from services.broker.delays.routing import waiting_fields
 from services.broker.messaging.convert import to_wire
-from services.broker.messaging.query import DEFAULT_QUERY, MAX_QUERY
+from services.broker.messaging.query import DEFAULT_QUERY, MAX_QUERY, MessageState, retry_history
 from services.broker.routes._common import broker_of, wants_msgpack
+from services.broker.routes.answers import Messages, StoredMessage
 from services.common.app import reply
+from services.common.openapi import errors
 
 router = APIRouter(tags=["query"])
 
 
-@router.get("/v1/messages/{message_id}", summary="A message by id, with its state")
+@router.get("/v1/messages/{message_id}", summary="A message by id, with its state",
+            response_model=StoredMessage, responses=errors(ErrorCode.MESSAGE_NOT_FOUND))
 async def get_message(message_id: str, request: Request) -> Response:
-    record, state = broker_of(request).queries.by_id(message_id)
+    """The message as sent (never a retry copy) with its ``state``; once a consumer group sent
+    it back, ``retries`` lists per group the reconsume count and where each copy went."""
+    queries = broker_of(request).queries
+    copies = queries.copies(message_id)
+    record, state = queries.copies_state(copies)
     wire = to_wire(record, wants_msgpack(request))
     wire["state"] = state.value
+    if state in (MessageState.SCHEDULED, MessageState.CANCELLED):
+        wire.update(waiting_fields(record))
+    retries = retry_history(copies)
+    if retries:
+        wire["retries"] = retries
     return reply(request, wire)
 
 
-@router.get("/v1/messages", summary="Messages of a topic by key, or by store time range")
+@router.get("/v1/messages", summary="Messages of a topic by key, or by store time range",
+            response_model=Messages,
+            responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TOPIC_NOT_FOUND))
 async def find_messages(
     request: Request,
     topic: Annotated[str, Query(min_length=1)],
@@ -42,4 +57,9 @@ async def find_messages(
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             "give topic with key, or topic with begin_ms and end_ms")
     binary = wants_msgpack(request)
-    return reply(request, {"messages": [to_wire(r, binary) for r in records]})
+    messages = []
+    for record in records:
+        wire = to_wire(record, binary)
+        wire["state"] = queries.state_of(record).value
+        messages.append(wire)
+    return reply(request, {"messages": messages})

@@ -1,12 +1,13 @@
-"""Transactional messages (API.md): half messages, ends, the pending list, producer checks."""
+"""Transactional messages (docs/api.md): half messages, ends, the pending list, producer checks."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name
+from tidemq.protocol.message import reject_unknown
 
 from services.broker.routes._common import (
     body_doc,
@@ -15,26 +16,45 @@ from services.broker.routes._common import (
     read_payload,
     wants_msgpack,
 )
+from services.broker.routes.answers import (
+    BeginAnswer,
+    Checks,
+    EndResults,
+    EndState,
+    PendingTransactions,
+)
 from services.broker.routes.messages import MessageDoc
 from services.broker.transactions.service import parse_end, parse_ends, parse_group
 from services.common.app import reply
+from services.common.openapi import GROUP_RULE, TOPIC_RULE, Empty, GroupName, errors
 
 router = APIRouter(tags=["transactions"])
 
 MAX_LISTED = 10_000
+HALF_FIELDS = frozenset({"producer_group", "topic", "message", "messages", "check_immunity_s",
+                         "ends"})  # of POST /v1/transactions
+END_ONE_FIELDS = frozenset({"producer_group", "action", "from_check"})
+END_BATCH_FIELDS = frozenset({"producer_group", "ends"})
+HEARTBEAT_FIELDS = frozenset({"client_id"})
+_TX_ERRORS = (ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TRANSACTION_NOT_FOUND,
+              ErrorCode.TRANSACTION_ALREADY_ENDED, ErrorCode.BROKER_BUSY, ErrorCode.DISK_FULL)
 
 
-class EndItemDoc(BaseModel):
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EndItemDoc(_Doc):
     transaction_id: str
     action: Literal["commit", "rollback", "unknown"]
     from_check: bool = False
 
 
-class HalfDoc(BaseModel):
+class HalfDoc(_Doc):
     """Documentation only: parsed by hand (msgpack and JSON alike)."""
 
-    producer_group: str
-    topic: str
+    producer_group: str = Field(json_schema_extra=GROUP_RULE)
+    topic: str = Field(json_schema_extra=TOPIC_RULE)
     message: MessageDoc | None = Field(None, description="one message (or give messages)")
     messages: list[MessageDoc] | None = Field(None, description="a batch of messages")
     check_immunity_s: float | None = Field(None, ge=0, description="first check not before")
@@ -42,49 +62,61 @@ class HalfDoc(BaseModel):
                                           "transactions of the group, answered in results")
 
 
-class EndDoc(BaseModel):
-    producer_group: str | None = None
+class EndDoc(_Doc):
+    producer_group: str = Field(description="the group that sent the half message (required)",
+                                json_schema_extra=GROUP_RULE)
     action: Literal["commit", "rollback", "unknown"]
     from_check: bool = False
 
 
-class EndBatchDoc(BaseModel):
-    producer_group: str | None = None
+class EndBatchDoc(_Doc):
+    producer_group: str = Field(description="the group that sent the half messages (required)",
+                                json_schema_extra=GROUP_RULE)
     ends: list[EndItemDoc]
 
 
-class HeartbeatDoc(BaseModel):
+class HeartbeatDoc(_Doc):
     client_id: str = Field(min_length=1, max_length=255)
 
 
 @router.post("/v1/transactions", summary="Store half messages (invisible until committed)",
-             openapi_extra=body_doc(HalfDoc))
+             openapi_extra=body_doc(HalfDoc), response_model=BeginAnswer,
+             responses=errors(ErrorCode.INVALID_DELAY, ErrorCode.INVALID_BODY_ENCODING,
+                              ErrorCode.FORBIDDEN_SYSTEM_TOPIC, ErrorCode.TRANSACTIONS_DISABLED,
+                              ErrorCode.TOPIC_NOT_FOUND, *_TX_ERRORS))
 async def begin(request: Request) -> Response:
     broker = broker_of(request)
     broker.transactions.check_enabled()
     payload = await read_payload(request, broker.sender.max_request_bytes)
+    if isinstance(payload, dict):
+        reject_unknown(payload, HALF_FIELDS, "a half-message request")
     answer = await broker.transactions.begin(payload, client_host(request))
     return reply(request, answer)
 
 
 @router.post("/v1/transactions/end", summary="End many transactions in one request",
-             openapi_extra=body_doc(EndBatchDoc))
+             openapi_extra=body_doc(EndBatchDoc), response_model=EndResults,
+             responses=errors(*_TX_ERRORS))
 async def end_many(request: Request) -> Response:
     payload = await read_payload(request)
     if not isinstance(payload, dict):
         raise ProtocolError(ErrorCode.BAD_REQUEST, 'the body must be {"producer_group", '
                             '"ends": [{transaction_id, action, from_check}]}')
-    group = parse_group(payload, required=False)
+    reject_unknown(payload, END_BATCH_FIELDS, "a batch end")
+    group = parse_group(payload)
     ends = parse_ends(payload.get("ends"))
     results = await broker_of(request).transactions.end(group, ends)
     return reply(request, {"results": results})
 
 
 @router.post("/v1/transactions/{transaction_id}/end", summary="End one transaction",
-             openapi_extra=body_doc(EndDoc))
+             openapi_extra=body_doc(EndDoc), response_model=EndState,
+             responses=errors(*_TX_ERRORS))
 async def end_one(transaction_id: str, request: Request) -> Response:
     payload = await read_payload(request)
-    group = parse_group(payload, required=False)
+    if isinstance(payload, dict):
+        reject_unknown(payload, END_ONE_FIELDS, "an end")
+    group = parse_group(payload)
     req = parse_end(payload, transaction_id)
     result = (await broker_of(request).transactions.end(group, [req]))[0]
     if "code" in result:
@@ -92,11 +124,13 @@ async def end_one(transaction_id: str, request: Request) -> Response:
     return reply(request, {"state": result["state"]})
 
 
-@router.get("/v1/transactions", summary="Pending transactions with their check counts")
+@router.get("/v1/transactions", summary="Pending transactions with their check counts",
+            response_model=PendingTransactions, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def pending(
     request: Request,
     producer_group: Annotated[str | None, Query()] = None,
-    state: Annotated[str, Query(description='"pending" (half, also after unknown)')]
+    state: Annotated[str, Query(description='"pending" (half, also after unknown)',
+                                json_schema_extra={"enum": ["pending", "half"]})]
     = "pending",
     max: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 1000,
 ) -> Response:
@@ -110,10 +144,13 @@ async def pending(
 
 
 @router.post("/v1/producers/{group}/heartbeat", summary="A producer is alive (gets checks)",
-             openapi_extra=body_doc(HeartbeatDoc))
-async def producer_heartbeat(group: str, request: Request) -> Response:
+             openapi_extra=body_doc(HeartbeatDoc), response_model=Empty,
+             responses=errors(ErrorCode.INVALID_TOPIC_NAME))
+async def producer_heartbeat(group: GroupName, request: Request) -> Response:
     validate_group_name(group)
     payload = await read_payload(request)
+    if isinstance(payload, dict):
+        reject_unknown(payload, HEARTBEAT_FIELDS, "a producer heartbeat")
     client_id = payload.get("client_id") if isinstance(payload, dict) else None
     if not isinstance(client_id, str) or not client_id or len(client_id) > 255:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "client_id must be a string of 1-255 chars")
@@ -123,17 +160,19 @@ async def producer_heartbeat(group: str, request: Request) -> Response:
 
 
 @router.delete("/v1/producers/{group}/members/{client_id}",
-               summary="A producer leaves now (no more checks for it)")
-async def producer_leave(group: str, client_id: str, request: Request) -> Response:
+               summary="A producer leaves now (no more checks for it)", response_model=Empty,
+               responses=errors(ErrorCode.INVALID_TOPIC_NAME))
+async def producer_leave(group: GroupName, client_id: str, request: Request) -> Response:
     validate_group_name(group)
-    broker_of(request).producers.leave(group, client_id)
+    broker_of(request).transactions.leave(group, client_id)
     answer: dict[str, Any] = {}
     return reply(request, answer)
 
 
-@router.get("/v1/producers/{group}/checks", summary="Long-poll transaction checks")
+@router.get("/v1/producers/{group}/checks", summary="Long-poll transaction checks",
+            response_model=Checks, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def checks(
-    group: str,
+    group: GroupName,
     request: Request,
     client_id: Annotated[str, Query(min_length=1, max_length=255)],
     max: Annotated[int, Query(ge=1, le=1024)] = 256,

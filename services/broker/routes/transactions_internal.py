@@ -5,39 +5,41 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
-from services.broker.routes._common import body_doc, broker_of, read_payload
+from services.broker.routes._common import body_doc, broker_of, internal_auth, read_payload
+from services.broker.routes.answers_internal import ActionResults, BrokerIdentity, Halves, Ops
 from services.broker.transactions.checker_api import MAX_PAGE
-from services.common.app import reply, require_token
-
-
-def _token(request: Request) -> None:
-    require_token(request, broker_of(request).settings.token)
-
+from services.common.app import reply
 
 router = APIRouter(prefix="/internal/v1/transactions", tags=["internal"],
-                   dependencies=[Depends(_token)])
+                   dependencies=[Depends(internal_auth)])
 
 
 class ActionDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     transaction_id: str
-    physical_offset: int
+    physical_offset: int = Field(description="of the half message the decision is about")
     action: Literal["check", "defer", "discard"]
 
 
 class ActionsDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     actions: list[ActionDoc]
 
 
-@router.get("/info", summary="Which broker this is (the checker's progress is kept per broker)")
+@router.get("/info", summary="Which broker this is (the checker's progress is kept per broker)",
+            response_model=BrokerIdentity)
 async def info(request: Request) -> Response:
     broker = broker_of(request)
     return reply(request, {"broker_name": broker.settings.broker_name,
                            "cluster": broker.settings.cluster})
 
 
-@router.get("/halves", summary="A page of the half queue (metadata, no bodies)")
+@router.get("/halves", summary="A page of the half queue (metadata, no bodies)",
+            response_model=Halves)
 async def halves(
     request: Request,
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -46,7 +48,8 @@ async def halves(
     return reply(request, broker_of(request).tx_checking.halves(offset, max))
 
 
-@router.get("/ops", summary="A page of the op queue: the transaction ids it ends")
+@router.get("/ops", summary="A page of the op queue: the transaction ids it ends",
+            response_model=Ops)
 async def ops(
     request: Request,
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -56,7 +59,7 @@ async def ops(
 
 
 @router.post("/actions", summary="Check, defer or discard half messages",
-             openapi_extra=body_doc(ActionsDoc))
+             openapi_extra=body_doc(ActionsDoc), response_model=ActionResults)
 async def actions(request: Request) -> Response:
     payload = await read_payload(request)
     results = await broker_of(request).tx_checking.act(payload)

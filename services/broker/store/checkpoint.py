@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from services.common.files import write_atomic
 
 
 @dataclass(slots=True)
@@ -32,17 +33,4 @@ class Checkpoint:
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        data = json.dumps(asdict(self)).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(path, json.dumps(asdict(self)).encode())

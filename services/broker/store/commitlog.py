@@ -23,8 +23,11 @@ from pathlib import Path
 from services.broker.store import record
 from services.broker.store.record import BLANK, BLANK_MAGIC, BLANK_SIZE, CorruptRecord
 from services.broker.store.types import StoredRecord
+from services.common.files import fsync_dir
 
 log = logging.getLogger(__name__)
+
+CLOSED = "closed"  # ``error`` of a log closed cleanly (not a failure)
 
 SCAN_CHUNK = 8 * 1024 * 1024  # bytes read at a time by recovery scans
 
@@ -196,11 +199,7 @@ class CommitLog:
         path = self.dir / segment_name(start)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self.segments.append(Segment(start, path, fd, os.fstat(fd).st_size))
-        dir_fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self.dir)
 
     # --- reading ---------------------------------------------------------------------------
     def _segment_index(self, offset: int) -> int | None:
@@ -259,4 +258,4 @@ class CommitLog:
             except OSError:
                 pass
         self.segments.clear()
-        self.error = self.error or "closed"
+        self.error = self.error or CLOSED

@@ -18,6 +18,8 @@ import os
 import struct
 from pathlib import Path
 
+from services.common.files import FdPool
+
 UNIT = struct.Struct(">qiq")
 UNIT_SIZE = UNIT.size  # 20
 
@@ -29,12 +31,15 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.units_per_file = units_per_file
         self.file_bytes = units_per_file * UNIT_SIZE
-        self._fds: dict[int, int] = {}  # file start (logical) → fd
+        self._fds = FdPool(self._path)  # file start (logical) → fd
         self.min_offset = 0
         self.max_offset = 0  # next queue offset
         self._pending = bytearray()  # units appended since the last write_pending()
         self._pending_start = 0
         self.dirty: set[int] = set()
+
+    def _path(self, start: int) -> Path:
+        return self.dir / f"{start:020d}"
 
     # --- opening ---------------------------------------------------------------------------
     def load(self) -> None:
@@ -42,7 +47,7 @@ class ConsumeQueue:
         starts = sorted(int(p.name) for p in self.dir.iterdir()
                         if p.name.isdigit() and len(p.name) == 20)
         for start in starts:
-            self._fds[start] = os.open(self.dir / f"{start:020d}", os.O_RDWR)
+            self._fds.open(start, os.O_RDWR)
         if starts:
             self.min_offset = starts[0]
             last = starts[-1]
@@ -55,8 +60,7 @@ class ConsumeQueue:
         fd = self._fds.get(start)
         if fd is None:
             self.dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.dir / f"{start:020d}", os.O_RDWR | os.O_CREAT, 0o644)
-            self._fds[start] = fd
+            fd = self._fds.open(start)
         return fd
 
     # --- writing ---------------------------------------------------------------------------
@@ -152,10 +156,8 @@ class ConsumeQueue:
                 self._drop(start)
 
     def _drop(self, start: int) -> None:
-        fd = self._fds.pop(start)
-        self.dirty.discard(fd)
-        os.close(fd)
-        (self.dir / f"{start:020d}").unlink(missing_ok=True)
+        self.dirty.discard(self._fds[start])
+        self._fds.remove(start)
 
     def take_dirty(self) -> list[int]:
         fds = list(self.dirty)
@@ -163,9 +165,4 @@ class ConsumeQueue:
         return fds
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._fds.clear()
+        self._fds.close_all()

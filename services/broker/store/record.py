@@ -35,6 +35,9 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tidemq.protocol import KEYS, UNIQ_KEY
+from tidemq.protocol.numbers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
+
 from services.broker.store.types import MessageRecord, StoredRecord
 
 FORMAT_VERSION = 1
@@ -61,6 +64,16 @@ I32 = struct.Struct(">i")
 MAX_TOPIC_BYTES = 255
 MAX_PROPERTIES_BYTES = 65535
 MIN_RECORD_SIZE = HEADER_SIZE + 1 + 2
+
+I32_RANGE = (INT32_MIN, INT32_MAX)  # what an i32 header field holds
+I64_RANGE = (INT64_MIN, INT64_MAX)  # what an i64 header field holds
+MAX_PORT = 2**32 - 1  # the port half of a host field (u32)
+#: The integer fields of a MessageRecord and the range of the header slot each is written to.
+FIELD_RANGES: dict[str, tuple[int, int]] = {
+    "queue_id": I32_RANGE, "flag": I32_RANGE, "sys_flag": I32_RANGE,
+    "born_timestamp": I64_RANGE, "reconsume_times": I32_RANGE,
+    "prepared_tx_offset": I64_RANGE, "tag_code": I64_RANGE,
+}
 
 
 class CorruptRecord(Exception):
@@ -111,6 +124,31 @@ def decode_properties(raw: bytes) -> dict[str, str]:
             k, _, v = item.partition("\x01")
             out[k] = v
     return out
+
+
+class UnfitRecord(ValueError):
+    """A record whose fields the layout cannot hold; the message names the field."""
+
+
+def check_fits(rec: MessageRecord) -> None:
+    """Raise UnfitRecord unless every header field of ``rec`` fits its slot. One trial pack of
+    the header decides (the writer packs the same fields later, where a failure would stop it);
+    only a failure looks field by field for the one to name."""
+    try:
+        HEAD.pack(0, MAGIC, 0, rec.queue_id, rec.flag, 0, 0, rec.sys_flag, rec.born_timestamp,
+                  encode_host(rec.born_host), 0, b"", rec.reconsume_times,
+                  rec.prepared_tx_offset, rec.tag_code)
+    except (struct.error, TypeError, ValueError, AttributeError):
+        raise UnfitRecord(_unfit_field(rec)) from None
+
+
+def _unfit_field(rec: MessageRecord) -> str:
+    for name, (low, high) in FIELD_RANGES.items():
+        value = getattr(rec, name)
+        if type(value) is not int or not low <= value <= high:
+            return f"{name} {value!r} does not fit the record: an integer from {low} to {high}"
+    return (f"born_host {rec.born_host!r} does not fit the record: 'ipv4:port' with a port "
+            f"from 0 to {MAX_PORT}")
 
 
 def encode_payload(rec: MessageRecord) -> bytes:
@@ -227,8 +265,8 @@ def decode_meta(buf: bytes | bytearray | memoryview, pos: int, offset: int) -> R
     return RecordMeta(
         physical_offset=offset, size=size, topic=topic, queue_id=queue_id,
         queue_offset=queue_offset, sys_flag=sys_flag, tag_code=tag_code,
-        store_timestamp=store_ts, unique_key=props.get("UNIQ_KEY", ""),
-        keys=props.get("KEYS", ""),
+        store_timestamp=store_ts, unique_key=props.get(UNIQ_KEY, ""),
+        keys=props.get(KEYS, ""),
     )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from services.broker.store import record
 from services.broker.store.checkpoint import Checkpoint
-from services.broker.store.commitlog import CommitLog
+from services.broker.store.commitlog import CLOSED, CommitLog
 from services.broker.store.config import StoreConfig
 from services.broker.store.dispatcher import Dispatcher
 from services.broker.store.index import Index, topic_key, unique_key
@@ -309,10 +309,18 @@ class MessageStore:
         return found[:max_count]
 
     # --- observability ---------------------------------------------------------------------
+    @property
+    def failure(self) -> str | None:
+        """Why the store refuses every write until a restart (the writer stopped on an error),
+        or None; a store closed cleanly has not failed."""
+        error = self.log.error
+        return None if error is None or error == CLOSED else error
+
     def stats(self) -> dict[str, float]:
         disk = shutil.disk_usage(self.root)
         return {
             **{k: float(v) for k, v in self.writer.stats.items()},
+            "writer_failed": 1.0 if self.failure else 0.0,
             "commitlog_min_offset": float(self.log.min_offset),
             "commitlog_max_offset": float(self.log.write_offset),
             "commitlog_synced_offset": float(self.log.synced_offset),

@@ -9,6 +9,8 @@ import zlib
 from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 
+from tidemq.protocol import KEYS, TAGS, UNIQ_KEY
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -30,6 +32,7 @@ class PutStatus(StrEnum):
     DISK_FULL = "disk_full"  # disk past the full mark and nothing deletable
     UNAVAILABLE = "unavailable"  # store closed or in a sticky error state
     TOO_LARGE = "too_large"  # a record larger than a commit log segment can hold
+    INVALID = "invalid"  # a record field its slot in the layout cannot hold (record.check_fits)
 
 
 class GetStatus(StrEnum):
@@ -105,16 +108,16 @@ class StoredRecord:
 
     @property
     def message_id(self) -> str:
-        return self.properties.get("UNIQ_KEY", "")
+        return self.properties.get(UNIQ_KEY, "")
 
     @property
     def tag(self) -> str | None:
-        return self.properties.get("TAGS") or None
+        return self.properties.get(TAGS) or None
 
     @property
     def keys(self) -> list[str]:
-        raw = self.properties.get("KEYS")
-        return raw.split("\x1f") if raw else []
+        raw = self.properties.get(KEYS)
+        return raw.split(KEY_SEPARATOR) if raw else []
 
 
 @dataclass(slots=True)

@@ -9,6 +9,11 @@ and acknowledges every request the sync covered — one fsync serves hundreds of
 
 Flow control: when the queue's head has waited longer than ``max_send_wait_ms`` or the bytes
 waiting exceed ``max_pending_bytes``, ``put`` answers BUSY at once instead of queueing.
+
+Failures: ``put`` packs every record's header once before queueing it, so a record the layout
+cannot hold (a field past its slot's width) fails its own request (INVALID) and never reaches a
+batch. An error inside the writer task is a bug or an I/O failure: it is sticky (the commit log's
+``error``), every later put answers UNAVAILABLE, and the broker's /healthz reports it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from tidemq.protocol import KEYS, UNIQ_KEY
 
 from services.broker.store import record
 from services.broker.store.commitlog import CommitLog, StoreClosedError
@@ -118,7 +125,12 @@ class GroupCommitWriter:
             if refusal.status == PutStatus.BUSY:
                 self.stats["busy"] += 1
             return refusal
-        payloads = [record.encode_payload(r) for r in records]
+        try:  # a record the layout cannot hold fails its own request here, never the writer
+            for r in records:
+                record.check_fits(r)
+            payloads = [record.encode_payload(r) for r in records]
+        except (ValueError, TypeError) as exc:
+            return PutResult(PutStatus.INVALID, message=str(exc))
         nbytes = largest = 0
         for p in payloads:
             nbytes += len(p)
@@ -192,7 +204,7 @@ class GroupCommitWriter:
                 append_record(buf, rec, size, qoff, phys, now_ms, store_host, payload)
                 props = rec.properties
                 disp.dispatch_to(cq, rec.topic, qoff, phys, size, rec.tag_code, now_ms,
-                                 props.get("UNIQ_KEY", ""), props.get("KEYS", ""))
+                                 props.get(UNIQ_KEY, ""), props.get(KEYS, ""))
                 appended.append(Appended(phys, size, rec.queue_id, qoff, now_ms))
             req.result = PutResult(PutStatus.OK, appended)
             self.stats["put_records"] += len(req.records)

@@ -22,22 +22,30 @@ import dataclasses
 import logging
 from typing import Any
 
-from tidemq.protocol import ErrorCode, ProtocolError, is_system_topic
-
-from services.broker.messaging.query import MessageState
-from services.broker.messaging.send import now_ms
-from services.broker.store.types import MessageRecord, StoredRecord
-from services.broker.transactions.check_channel import CheckTicket
-from services.broker.transactions.model import (
-    CHECK_IMMUNITY,
-    HALF_TOPIC,
-    OP_TOPIC,
+from tidemq.protocol import (
+    CHECK_IMMUNITY_TIME_IN_SECONDS,
+    KEYS,
     PGROUP,
     REAL_QID,
     REAL_TOPIC,
     TRAN_MSG,
     TRANSACTION_ID,
+    ErrorCode,
     EventKind,
+    EventSource,
+    ProtocolError,
+    is_system_topic,
+)
+from tidemq.protocol.message import reject_unknown
+from tidemq.protocol.numbers import INT64_MAX, integer
+
+from services.broker.messaging.query import MessageState
+from services.broker.messaging.send import now_ms
+from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
+from services.broker.transactions.check_channel import CheckTicket
+from services.broker.transactions.model import (
+    HALF_TOPIC,
+    OP_TOPIC,
     OpEntry,
     TxAction,
     TxInfo,
@@ -97,7 +105,7 @@ class TxChecking:
             txid = p.get(TRANSACTION_ID)
             if not txid:
                 continue
-            immunity = p.get(CHECK_IMMUNITY)
+            immunity = p.get(CHECK_IMMUNITY_TIME_IN_SECONDS)
             entries.append({
                 "queue_offset": r.queue_offset, "physical_offset": r.physical_offset,
                 "transaction_id": txid, "message_id": r.message_id,
@@ -122,15 +130,19 @@ class TxChecking:
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_ACTIONS:
             raise ProtocolError(ErrorCode.BAD_REQUEST,
                                 f'the body must be {{"actions": [...]}} with 1-{MAX_ACTIONS}')
+        reject_unknown(payload, _ACTIONS_FIELDS, "an actions request")
         parsed = []
         for item in items:
+            if isinstance(item, dict):
+                reject_unknown(item, _ACTION_FIELDS, "an action")
             if (not isinstance(item, dict) or not isinstance(item.get("transaction_id"), str)
-                    or item.get("action") not in ACTIONS
-                    or not isinstance(item.get("physical_offset"), int)):
+                    or not isinstance(item.get("action"), str) or item["action"] not in ACTIONS
+                    or "physical_offset" not in item):
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
                                     "each action is {transaction_id, physical_offset, action: "
                                     "check|defer|discard}")
-            parsed.append((item["transaction_id"], item["physical_offset"], item["action"]))
+            offset = integer(item["physical_offset"], "physical_offset", 0, INT64_MAX)
+            parsed.append((item["transaction_id"], offset, item["action"]))
         task = asyncio.ensure_future(self._act_locked(parsed))
         return await asyncio.shield(task)
 
@@ -169,15 +181,15 @@ class TxChecking:
             if action == "discard":
                 copies.append((len(records), info, info.check_times, action))
                 records.append(discard_copy(half))
-                records.append(event_record(EventKind.DISCARD, "check", info, now))
-                ops.append((txid, TxAction.DISCARD.value, "check"))
+                records.append(event_record(EventKind.DISCARD, EventSource.CHECK, info, now))
+                ops.append((txid, TxAction.DISCARD.value, EventSource.CHECK.value))
             else:
                 times = info.check_times + (1 if action == "check" else 0)
                 copies.append((len(records), info, times, action))
                 records.append(half_copy(half, times))
                 if action == "check":
                     shown = dataclasses.replace(info, check_times=times)
-                    records.append(event_record(EventKind.CHECK, "check", shown, now))
+                    records.append(event_record(EventKind.CHECK, EventSource.CHECK, shown, now))
             results.append({"transaction_id": txid, "outcome": _OUTCOME[action]})
         if not records:
             return results
@@ -291,13 +303,15 @@ class TxChecking:
                                     queue_id=int(shown.properties.get(REAL_QID, "0") or 0),
                                     queue_offset=0,
                                     properties={k: v for k, v in shown.properties.items()
-                                                if k != "KEYS"} | _keys_prop(shown, txid))
+                                                if k != KEYS} | _keys_prop(shown, txid))
         return shown, _STATE_VIEW[info.state]
 
 
 _OUTCOME = {"check": "checked", "defer": "deferred", "discard": "discarded"}
+_ACTIONS_FIELDS = frozenset({"actions"})
+_ACTION_FIELDS = frozenset({"transaction_id", "physical_offset", "action"})
 
 
 def _keys_prop(record: StoredRecord, txid: str) -> dict[str, str]:
     keys = [k for k in record.keys if k != txid]
-    return {"KEYS": "\x1f".join(keys)} if keys else {}
+    return {KEYS: KEY_SEPARATOR.join(keys)} if keys else {}

@@ -29,9 +29,26 @@ from typing import Any
 
 import msgpack
 import orjson
-from tidemq.protocol import SystemTopic
+from tidemq.protocol import (
+    BORN_MS,
+    CHECK_IMMUNITY_TIME_IN_SECONDS,
+    DELAY,
+    DELAY_MS,
+    KEYS,
+    PGROUP,
+    REAL_QID,
+    REAL_TOPIC,
+    TAGS,
+    TIMER_DELIVER_MS,
+    TRANSACTION_CHECK_TIMES,
+    TRANSACTION_ID,
+    UNIQ_KEY,
+    EventKind,
+    EventSource,
+    SystemTopic,
+    make_event,
+)
 
-from services.broker.messaging.convert import KEYS, TAGS, UNIQ_KEY
 from services.broker.store.types import (
     KEY_SEPARATOR,
     MessageRecord,
@@ -45,22 +62,9 @@ OP_TOPIC = SystemTopic.TRANS_OP_HALF.value
 DISCARD_TOPIC = SystemTopic.TRANS_CHECK_MAX.value
 EVENTS_TOPIC = SystemTopic.TRANS_EVENTS.value
 
-# --- property names (all in tidemq.protocol.message.RESERVED_PROPERTIES) ------------------------
-REAL_TOPIC = "REAL_TOPIC"  # the topic a half message is committed into
-REAL_QID = "REAL_QID"  # ... and its queue
-TRAN_MSG = "TRAN_MSG"  # "true" on every copy of a transactional message
-PGROUP = "PGROUP"  # producer group
-TRANSACTION_ID = "TRANSACTION_ID"
-CHECK_TIMES = "TRANSACTION_CHECK_TIMES"  # checks sent so far (on half copies)
-CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"  # the message's own first-check delay
-BORN_MS = "BORN_MS"  # when the half message was first stored (ms)
-DELAY_LEVEL = "DELAY"  # a delay to apply from commit: level ...
-DELAY_MS = "DELAY_MS"  # ... or milliseconds ...
-DELIVER_AT_MS = "TIMER_DELIVER_MS"  # ... or an absolute time
-
 #: Properties that only half copies carry; a commit copy drops them.
-HALF_ONLY = frozenset({REAL_TOPIC, REAL_QID, CHECK_TIMES, CHECK_IMMUNITY, BORN_MS, DELAY_LEVEL,
-                       DELAY_MS, DELIVER_AT_MS})
+HALF_ONLY = frozenset({REAL_TOPIC, REAL_QID, TRANSACTION_CHECK_TIMES,
+                       CHECK_IMMUNITY_TIME_IN_SECONDS, BORN_MS, DELAY, DELAY_MS, TIMER_DELIVER_MS})
 
 MAX_OP_ENTRIES = 512  # ended transactions per op record (KEYS must stay under 64 KiB)
 _TYPE_MASK = int(SysFlag.TYPE_MASK)
@@ -91,15 +95,6 @@ class TxAction(StrEnum):
 
 _FINAL = {TxAction.COMMIT: TxState.COMMITTED, TxAction.ROLLBACK: TxState.ROLLED_BACK,
           TxAction.UNKNOWN: TxState.HALF, TxAction.DISCARD: TxState.DISCARDED}
-
-
-class EventKind(StrEnum):
-    HALF = "half"
-    COMMIT = "commit"
-    ROLLBACK = "rollback"
-    UNKNOWN = "unknown"
-    CHECK = "check"
-    DISCARD = "discard"
 
 
 _RUN = uuid.uuid4().hex[:16]  # random per broker process: ids never repeat across restarts
@@ -144,7 +139,7 @@ def info_from_half(txid: str, first: StoredRecord, latest: StoredRecord) -> TxIn
 
 def check_times_of(record: StoredRecord) -> int:
     try:
-        return int(record.properties.get(CHECK_TIMES, "0"))
+        return int(record.properties.get(TRANSACTION_CHECK_TIMES, "0"))
     except ValueError:
         return 0
 
@@ -173,7 +168,7 @@ def user_keys(record: StoredRecord, txid: str) -> list[str]:
 def half_copy(half: StoredRecord | MessageRecord, check_times: int) -> MessageRecord:
     """A new half copy (a check or a deferral): the same message, ``check_times`` checks."""
     props = dict(half.properties)
-    props[CHECK_TIMES] = str(check_times)
+    props[TRANSACTION_CHECK_TIMES] = str(check_times)
     return MessageRecord(topic=HALF_TOPIC, queue_id=0, body=half.body, properties=props,
                          born_timestamp=half.born_timestamp, born_host=half.born_host)
 
@@ -242,13 +237,13 @@ _EVENT_TAGS = {kind: tag_code(kind.value) for kind in EventKind}
 _EVENT_PROPS = {kind: {TAGS: kind.value} for kind in EventKind}  # shared: never mutated
 
 
-def event_record(kind: EventKind, source: str, info: TxInfo, ts_ms: int) -> MessageRecord:
+def event_record(kind: EventKind, source: EventSource, info: TxInfo, ts_ms: int
+                 ) -> MessageRecord:
     """One event in the fixed schema of DESIGN §4.7 (the metrics job's input)."""
-    body = orjson.dumps({
-        "event": kind, "source": source, "producer_group": info.group,
-        "topic": info.topic, "transaction_id": info.txid, "message_id": info.message_id,
-        "check_times": info.check_times, "born_ms": info.born_ms, "ts_ms": ts_ms,
-    })
+    body = orjson.dumps(make_event(
+        kind, source=source, producer_group=info.group, topic=info.topic,
+        transaction_id=info.txid, message_id=info.message_id, check_times=info.check_times,
+        born_ms=info.born_ms, ts_ms=ts_ms))
     return MessageRecord(topic=EVENTS_TOPIC, queue_id=0, body=body,
                          properties=_EVENT_PROPS[kind], tag_code=_EVENT_TAGS[kind],
                          born_timestamp=ts_ms)

@@ -10,24 +10,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError, validate_group_name
-
-from services.broker.messaging.convert import KEYS, TAGS, UNIQ_KEY, to_record
-from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
-from services.broker.transactions.model import (
+from tidemq.protocol import (
     BORN_MS,
-    CHECK_IMMUNITY,
-    DELAY_LEVEL,
+    CHECK_IMMUNITY_TIME_IN_SECONDS,
+    DELAY,
     DELAY_MS,
-    DELIVER_AT_MS,
-    HALF_TOPIC,
+    KEYS,
     PGROUP,
     REAL_QID,
     REAL_TOPIC,
+    TAGS,
+    TIMER_DELIVER_MS,
     TRAN_MSG,
     TRANSACTION_ID,
-    TxAction,
+    UNIQ_KEY,
+    ErrorCode,
+    EventSource,
+    OutgoingMessage,
+    ProtocolError,
+    validate_group_name,
 )
+from tidemq.protocol.message import reject_unknown
+
+from services.broker.messaging.convert import to_record
+from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
+from services.broker.transactions.model import HALF_TOPIC, TxAction
 
 MAX_ENDS = 4096  # ends per batch request
 PRODUCER_ACTIONS = (TxAction.COMMIT, TxAction.ROLLBACK, TxAction.UNKNOWN)
@@ -41,8 +48,8 @@ class EndRequest:
     from_check: bool = False
 
     @property
-    def source(self) -> str:
-        return "check" if self.from_check else "producer"
+    def source(self) -> EventSource:
+        return EventSource.CHECK if self.from_check else EventSource.PRODUCER
 
 
 def parse_end(obj: Any, txid: str | None = None) -> EndRequest:
@@ -65,6 +72,9 @@ def parse_end(obj: Any, txid: str | None = None) -> EndRequest:
     return EndRequest(txid, action, from_check)
 
 
+END_FIELDS = frozenset({"transaction_id", "action", "from_check"})  # of one item of ``ends``
+
+
 def parse_ends(items: Any, optional: bool = False) -> list[EndRequest]:
     """The ``ends`` of a batch end (or riding along with half messages)."""
     if items is None and optional:
@@ -75,6 +85,8 @@ def parse_ends(items: Any, optional: bool = False) -> list[EndRequest]:
     ends = []
     for i, item in enumerate(items):
         try:
+            if isinstance(item, dict):
+                reject_unknown(item, END_FIELDS, "an end")
             ends.append(parse_end(item))
         except ProtocolError as exc:
             raise ProtocolError(exc.code, f"ends[{i}]: {exc.message}") from None
@@ -85,6 +97,9 @@ def parse_group(payload: Any, required: bool = True) -> str | None:
     group = payload.get("producer_group") if isinstance(payload, dict) else None
     if group is None and not required:
         return None
+    if group is None:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "producer_group is required: the producer "
+                            "group that sent the half message")
     if not isinstance(group, str):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "producer_group must be a string")
     return validate_group_name(group)
@@ -99,14 +114,14 @@ def half_record(msg: OutgoingMessage, group: str, topic: str, queue_id: int, mid
     props.update({REAL_TOPIC: topic, REAL_QID: str(queue_id), TRAN_MSG: "true",
                   PGROUP: group, TRANSACTION_ID: txid, BORN_MS: str(now)})
     if immunity is not None:
-        props[CHECK_IMMUNITY] = str(int(immunity)) if float(immunity).is_integer() \
-            else str(immunity)
+        props[CHECK_IMMUNITY_TIME_IN_SECONDS] = str(int(immunity)) \
+            if float(immunity).is_integer() else str(immunity)
     if msg.delay_level:
-        props[DELAY_LEVEL] = str(msg.delay_level)
+        props[DELAY] = str(msg.delay_level)
     if msg.delay_ms is not None:
         props[DELAY_MS] = str(msg.delay_ms)
     if msg.deliver_at_ms is not None:
-        props[DELIVER_AT_MS] = str(msg.deliver_at_ms)
+        props[TIMER_DELIVER_MS] = str(msg.deliver_at_ms)
     record.topic, record.queue_id, record.tag_code = HALF_TOPIC, 0, 0
     return record
 
@@ -114,14 +129,14 @@ def half_record(msg: OutgoingMessage, group: str, topic: str, queue_id: int, mid
 def delayed_message(half: StoredRecord | MessageRecord) -> OutgoingMessage | None:
     """The delay a half message asked for (applied from its commit), if any."""
     props = half.properties
-    if DELAY_LEVEL not in props and DELAY_MS not in props and DELIVER_AT_MS not in props:
+    if DELAY not in props and DELAY_MS not in props and TIMER_DELIVER_MS not in props:
         return None
     msg = OutgoingMessage(body=half.body, message_id=props.get(UNIQ_KEY),
                           tag=props.get(TAGS) or None)
     try:
-        msg.delay_level = int(props.get(DELAY_LEVEL, "0"))
+        msg.delay_level = int(props.get(DELAY, "0"))
         msg.delay_ms = int(props[DELAY_MS]) if DELAY_MS in props else None
-        msg.deliver_at_ms = int(props[DELIVER_AT_MS]) if DELIVER_AT_MS in props else None
+        msg.deliver_at_ms = int(props[TIMER_DELIVER_MS]) if TIMER_DELIVER_MS in props else None
     except ValueError:
         return None
     return msg

@@ -25,14 +25,19 @@ from typing import Any
 
 from prometheus_client import Counter
 from tidemq.protocol import (
+    TAGS,
+    TRANSACTION_ID,
     ErrorCode,
+    EventKind,
+    EventSource,
     OutgoingMessage,
     ProtocolError,
     parse_messages,
 )
+from tidemq.protocol.numbers import INT32_MAX, shown
 
 from services.broker.consumers.membership import ProducerRegistry
-from services.broker.messaging.convert import TAGS, to_wire
+from services.broker.messaging.convert import to_wire
 from services.broker.messaging.send import SendService, check_put, new_message_id, now_ms
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
@@ -49,8 +54,6 @@ from services.broker.transactions.model import (
     EVENTS_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
-    TRANSACTION_ID,
-    EventKind,
     OpEntry,
     TxAction,
     TxInfo,
@@ -149,7 +152,7 @@ class TransactionService:
                                 "broker or send plain messages")
 
     async def begin(self, payload: Any, host: str) -> dict[str, Any]:
-        """``POST /v1/transactions``: store half messages; the answer of API.md."""
+        """``POST /v1/transactions``: store half messages; the answer of docs/api.md."""
         self.check_enabled()
         if not isinstance(payload, dict):
             raise ProtocolError(ErrorCode.BAD_REQUEST, "the body must be an object")
@@ -164,9 +167,10 @@ class TransactionService:
                                 "give either message (one) or messages (a list), not both")
         immunity = payload.get("check_immunity_s")
         if immunity is not None and (isinstance(immunity, bool)
-                                     or not isinstance(immunity, int | float) or immunity < 0):
-            raise ProtocolError(ErrorCode.BAD_REQUEST,
-                                f"check_immunity_s must be a number >= 0, got {immunity!r}")
+                                     or not isinstance(immunity, int | float)
+                                     or not 0 <= immunity <= INT32_MAX):  # NaN fails too
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"check_immunity_s must be a number of "
+                                f"seconds from 0 to {INT32_MAX}, got {shown(immunity)}")
         cfg = await self.sender.writable_topic(topic)
         await self.ensure_topics()
         msgs = parse_messages({"messages": [payload["message"]] if single
@@ -219,7 +223,7 @@ class TransactionService:
                           latest_offset=-1, latest_size=0, check_times=0, born_ms=now)
             fresh.append((len(records), info))
             records.append(record)
-            records.append(event_record(EventKind.HALF, "producer", info, now))
+            records.append(event_record(EventKind.HALF, EventSource.PRODUCER, info, now))
         if not records:
             return txids
         appended = await self.write(records)
@@ -366,7 +370,13 @@ class TransactionService:
         return [i.to_wire() for i in self.table.pending(group)[:max_count]]
 
     def heartbeat(self, group: str, client_id: str) -> None:
+        """A producer is alive: its poll waiting on ``group`` may take checks now."""
         self.producers.heartbeat(group, client_id)
+        self.channel.wake(group)
+
+    def leave(self, group: str, client_id: str) -> None:
+        """A producer left: it gets no more checks; the group's waiting polls look again."""
+        self.producers.leave(group, client_id)
         self.channel.wake(group)
 
     async def poll_checks(self, group: str, client_id: str, max_count: int, wait_ms: int,

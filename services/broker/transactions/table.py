@@ -18,14 +18,14 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from tidemq.protocol import REAL_TOPIC, TRANSACTION_ID
+
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord
 from services.broker.transactions.model import (
     DISCARD_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
-    REAL_TOPIC,
-    TRANSACTION_ID,
     TxAction,
     TxInfo,
     TxState,

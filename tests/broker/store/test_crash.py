@@ -11,10 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from services.broker.store import MessageStore
 from tests.broker.store.conftest import small_config
 from tests.broker.store.crash_child import body_for
 from tests.support.procs import REPO
+
+pytestmark = pytest.mark.integration
 
 ROUNDS = 22
 

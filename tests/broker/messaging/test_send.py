@@ -1,0 +1,201 @@
+"""The send path's pure parts and SendService over an in-memory store: queue selection, delays,
+de-duplication (recent map, in-batch, in flight, index fallback) and status mapping."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tidemq.protocol import ErrorCode, Limits, Perm, ProtocolError
+
+from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, Delays
+from services.broker.messaging.dedup import DedupCache, Placed
+from services.broker.messaging.send import SendService, check_put, now_ms
+from services.broker.messaging.topics import TopicManager
+from services.broker.observability import BrokerMetrics
+from services.broker.store.types import (
+    Appended,
+    MessageRecord,
+    PutResult,
+    PutStatus,
+    StoredRecord,
+)
+
+LEVELS_MS = (1000, 5000)  # a two-level delay table
+
+
+class MemoryStore:
+    """The part of MessageStore the send path uses, in memory; ``gate`` holds puts."""
+
+    def __init__(self) -> None:
+        self.records: list[StoredRecord] = []
+        self.next: dict[tuple[str, int], int] = {}
+        self.status = PutStatus.OK
+        self.gate: asyncio.Event | None = None
+        self.puts = 0
+
+    async def put(self, records: list[MessageRecord]) -> PutResult:
+        self.puts += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.status is not PutStatus.OK:
+            return PutResult(self.status, message="test")
+        out = []
+        for r in records:
+            offset = self.next.get((r.topic, r.queue_id), 0)
+            self.next[(r.topic, r.queue_id)] = offset + 1
+            phys = len(self.records)
+            self.records.append(StoredRecord(phys, 1, r.topic, r.queue_id, offset, r.body,
+                                             dict(r.properties), 0, 0, r.born_timestamp,
+                                             r.born_host, now_ms(), "h:1", 0, 0))
+            out.append(Appended(phys, 1, r.queue_id, offset, now_ms()))
+        return PutResult(PutStatus.OK, out)
+
+    def find_by_unique_key(self, message_id: str) -> list[StoredRecord]:
+        return [r for r in self.records if r.message_id == message_id]
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> tuple[SendService, MemoryStore]:
+    topics = TopicManager(tmp_path)
+    await topics.put("T", 4, Perm.READ_WRITE)
+    store = MemoryStore()
+    svc = SendService(store, topics, DedupCache(600, 1000, 0), BrokerMetrics(),  # type: ignore
+                      Limits(), Delays(LEVELS_MS, Limits().max_delay_ms))
+    return svc, store
+
+
+def msgs(*items: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": list(items)}
+
+
+async def test_results_in_request_order_and_round_robin(service: Any) -> None:
+    svc, store = service
+    results = await svc.send("T", msgs(*({"body": str(i)} for i in range(8))), "1.2.3.4:5")
+    assert sorted(r["queue_id"] for r in results) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert store.puts == 1  # one store write per request
+    assert [r.body for r in store.records] == [str(i).encode() for i in range(8)]
+    assert store.records[0].born_host == "1.2.3.4:5"
+
+
+async def test_sharding_key_and_explicit_queue(service: Any) -> None:
+    svc, _ = service
+    a = await svc.send("T", msgs(*({"body": "x", "sharding_key": "k"} for _ in range(5))), "")
+    assert len({r["queue_id"] for r in a}) == 1
+    b = await svc.send("T", msgs({"body": "x", "queue_id": 3}), "")
+    assert b[0]["queue_id"] == 3
+    with pytest.raises(ProtocolError) as err:
+        await svc.send("T", msgs({"body": "x", "queue_id": 4}), "")
+    assert err.value.code is ErrorCode.BAD_REQUEST
+
+
+async def test_dedup_retry_in_batch_and_index(service: Any) -> None:
+    svc, store = service
+    batch = msgs({"message_id": "a", "body": "1"}, {"message_id": "b", "body": "2"},
+                 {"message_id": "a", "body": "1"})
+    first = await svc.send("T", batch, "")
+    assert first[0] == first[2] and len(store.records) == 2
+    assert await svc.send("T", batch, "") == first
+    assert len(store.records) == 2
+    # a fresh cache (a restart) finds them through the store's index
+    svc.dedup = DedupCache(600, 1000, now_ms())
+    assert await svc.send("T", batch, "") == first
+    assert len(store.records) == 2
+
+
+async def test_concurrent_duplicates_wait_for_the_first(service: Any) -> None:
+    svc, store = service
+    store.gate = asyncio.Event()
+    batch = msgs({"message_id": "x", "body": "1"}, {"message_id": "y", "body": "2"})
+    first = asyncio.create_task(svc.send("T", batch, ""))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(svc.send("T", batch, ""))
+    await asyncio.sleep(0)
+    store.gate.set()
+    assert await first == await second
+    assert len(store.records) == 2
+
+
+async def test_a_cancelled_request_still_settles_its_write(service: Any) -> None:
+    svc, store = service
+    store.gate = asyncio.Event()
+    batch = msgs({"message_id": "x", "body": "1"})
+    first = asyncio.create_task(svc.send("T", batch, ""))
+    await asyncio.sleep(0.01)  # its write waits in the store
+    first.cancel()  # the client went away
+    second = asyncio.create_task(svc.send("T", batch, ""))
+    await asyncio.sleep(0.01)
+    store.gate.set()
+    answer = await second
+    assert answer[0]["queue_offset"] == 0 and len(store.records) == 1
+    assert await svc.send("T", batch, "") == answer
+    assert len(store.records) == 1
+
+
+async def test_failed_store_fails_the_waiters_too(service: Any) -> None:
+    svc, store = service
+    store.gate = asyncio.Event()
+    store.status = PutStatus.BUSY
+    batch = msgs({"message_id": "x", "body": "1"})
+    first = asyncio.create_task(svc.send("T", batch, ""))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(svc.send("T", batch, ""))
+    await asyncio.sleep(0)
+    store.gate.set()
+    for task in (first, second):
+        with pytest.raises(ProtocolError) as err:
+            await task
+        assert err.value.code is ErrorCode.BROKER_BUSY
+    store.status, store.gate = PutStatus.OK, None
+    assert (await svc.send("T", batch, ""))[0]["queue_offset"] == 0  # nothing remembered
+
+
+async def test_a_bad_message_rejects_the_whole_batch(service: Any) -> None:
+    svc, store = service
+    with pytest.raises(ProtocolError) as err:
+        await svc.send("T", msgs({"body": "ok"}, {"body": "x", "delay_level": 3}), "")
+    assert err.value.code is ErrorCode.INVALID_DELAY
+    assert store.puts == 0
+
+
+@pytest.mark.parametrize(("status", "code"), [
+    (PutStatus.BUSY, ErrorCode.BROKER_BUSY), (PutStatus.DISK_FULL, ErrorCode.DISK_FULL),
+    (PutStatus.UNAVAILABLE, ErrorCode.UNAVAILABLE),
+    (PutStatus.TOO_LARGE, ErrorCode.MESSAGE_TOO_LARGE)])
+def test_put_status_maps_to_error_code(status: PutStatus, code: ErrorCode) -> None:
+    with pytest.raises(ProtocolError) as err:
+        check_put(PutResult(status, message="why"))
+    assert err.value.code is code and "why" in err.value.message
+    assert check_put(PutResult(PutStatus.OK, [])) == []
+
+
+async def test_delayed_messages_are_stored_as_waiting_copies(service: Any) -> None:
+    svc, store = service
+    past = now_ms() - 1
+    await svc.send("T", msgs({"body": "now"}, {"body": "past", "deliver_at_ms": past},
+                             {"body": "level", "delay_level": 2},
+                             {"body": "timer", "delay_ms": 60_000}), "")
+    assert [(r.topic, r.body) for r in store.records] == [
+        ("T", b"now"), ("T", b"past"), (SCHEDULE_TOPIC, b"level"), (INTAKE_TOPIC, b"timer")]
+    for bad in ({"delay_level": 3}, {"delay_ms": Limits().max_delay_ms + 1},
+                {"delay_level": 1, "delay_ms": 5}):
+        with pytest.raises(ProtocolError) as err:
+            await svc.send("T", msgs({"body": "x", **bad}), "")
+        assert err.value.code is ErrorCode.INVALID_DELAY
+    assert len(store.records) == 4
+
+
+def test_dedup_cache_window_and_size_bound() -> None:
+    cache = DedupCache(window_s=1, max_entries=2, started_ms=0)
+    assert cache.needs_index(500) and not cache.needs_index(1001)
+    cache.remember(("T", "a"), Placed(0, 1), 2000)
+    assert cache.lookup(("T", "a"), 2500) == Placed(0, 1)
+    assert cache.lookup(("T", "a"), 3001) is None  # outside the window
+    cache.remember(("T", "b"), Placed(0, 2), 2600)
+    cache.remember(("T", "c"), Placed(0, 3), 2700)  # evicts a, still inside its window
+    assert len(cache) == 2 and cache.needs_index(2900) and not cache.needs_index(3001)
+    cache.expire(3650)
+    assert len(cache) == 1
+    assert not DedupCache(0, 10, 0).enabled

@@ -1,0 +1,141 @@
+"""NameserverRegistrar against real nameserver processes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from services.broker.registrar import NameserverRegistrar
+from tests.support.procs import ServiceProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def start_nameserver(workdir: Path) -> ServiceProcess:
+    port = free_port()
+    return ServiceProcess("nameserver", port, {"TIDEMQ_NAMESRV_PORT": str(port)}, workdir).start()
+
+
+@pytest.fixture(scope="module")
+def nameservers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServiceProcess]]:
+    procs = [start_nameserver(tmp_path_factory.mktemp(f"ns{i}")) for i in range(2)]
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+class Topics:
+    """The broker's topic table, as the registrar's topics_provider sees it."""
+
+    def __init__(self, **topics: int) -> None:
+        self.topics = {name: {"queues": n, "perm": "rw"} for name, n in topics.items()}
+
+    def __call__(self) -> dict[str, dict[str, Any]]:
+        return dict(self.topics)
+
+
+def make_registrar(urls: list[str], name: str, topics: Topics,
+                   interval_s: float = 30.0) -> NameserverRegistrar:
+    return NameserverRegistrar(urls, cluster="c1", broker_name=name,
+                               address=f"http://127.0.0.1:{free_port()}",
+                               topics_provider=topics, interval_s=interval_s)
+
+
+async def route(url: str, topic: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        return await client.get(f"{url}/v1/routes/{topic}")
+
+
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+async def test_register_now_reaches_every_nameserver(nameservers: list[ServiceProcess]) -> None:
+    urls = [ns.url for ns in nameservers]
+    topics = Topics(**{"reg-orders": 4})
+    registrar = make_registrar(urls, "reg-a", topics)
+    try:
+        assert await registrar.register_now() == dict.fromkeys(urls, True)
+        for url in urls:
+            resp = await route(url, "reg-orders")
+            assert resp.status_code == 200
+            [queue] = resp.json()["queues"]
+            assert queue == {"broker_name": "reg-a", "address": registrar.address,
+                             "queues": 4, "perm": "rw"}
+
+        topics.topics["reg-new"] = {"queues": 2, "perm": "r"}  # a topic is created
+        await registrar.register_now()
+        for url in urls:
+            assert (await route(url, "reg-new")).json()["queues"][0]["perm"] == "r"
+    finally:
+        await registrar.stop()
+
+
+async def test_one_nameserver_down_does_not_break_the_other(
+        nameservers: list[ServiceProcess]) -> None:
+    live, dead = nameservers[0].url, dead_url()
+    registrar = make_registrar([dead, live], "reg-b", Topics(**{"reg-partial": 1}))
+    try:
+        started = time.monotonic()
+        assert await registrar.register_now() == {dead: False, live: True}
+        assert time.monotonic() - started < 3.0
+        assert (await route(live, "reg-partial")).status_code == 200
+    finally:
+        await registrar.stop()
+
+
+async def test_periodic_heartbeat_and_unregister_on_stop(
+        nameservers: list[ServiceProcess]) -> None:
+    url = nameservers[1].url
+    topics = Topics(**{"reg-periodic": 1})
+    registrar = make_registrar([url], "reg-c", topics, interval_s=0.1)
+    registrar.start()
+    try:
+        await wait_for_route(url, "reg-periodic")
+        topics.topics["reg-later"] = {"queues": 1, "perm": "rw"}  # no register_now call
+        await wait_for_route(url, "reg-later")
+    finally:
+        await registrar.stop()
+    assert (await route(url, "reg-periodic")).status_code == 404  # left at once
+
+
+async def test_request_heartbeat_wakes_the_loop(nameservers: list[ServiceProcess]) -> None:
+    url = nameservers[0].url
+    topics = Topics(**{"reg-wake": 1})
+    registrar = make_registrar([url], "reg-d", topics, interval_s=3600)
+    registrar.start()
+    try:
+        await wait_for_route(url, "reg-wake")  # the first heartbeat goes out at start
+        topics.topics["reg-woken"] = {"queues": 1, "perm": "rw"}
+        registrar.request_heartbeat()
+        await wait_for_route(url, "reg-woken")
+    finally:
+        await registrar.stop()
+
+
+async def test_nameserver_restart_is_caught_up_by_the_next_heartbeat(tmp_path: Path) -> None:
+    ns = start_nameserver(tmp_path)
+    registrar = make_registrar([ns.url], "reg-e", Topics(**{"reg-restart": 1}), interval_s=0.1)
+    registrar.start()
+    try:
+        await wait_for_route(ns.url, "reg-restart")
+        ns.stop()
+        await asyncio.sleep(0.3)  # heartbeats fail meanwhile, and are only logged
+        ns.start()
+        await wait_for_route(ns.url, "reg-restart")
+    finally:
+        await registrar.stop()
+        ns.stop()
+
+
+async def wait_for_route(url: str, topic: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (await route(url, topic)).status_code != 200:
+        assert time.monotonic() < deadline, f"no route for {topic} on {url}"
+        await asyncio.sleep(0.05)

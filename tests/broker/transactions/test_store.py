@@ -1,0 +1,132 @@
+"""Transaction state from the store alone (what a restarted broker sees): records, op records,
+a torn tail between a commit copy and its op record; and the event body's fixed schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tidemq.protocol import KEYS, EventKind, EventSource
+
+from services.broker.store import MessageStore, StoreConfig
+from services.broker.store.types import MessageRecord
+from services.broker.transactions.model import (
+    HALF_TOPIC,
+    TxInfo,
+    TxState,
+    commit_copy,
+    decode_op,
+    event_record,
+    half_copy,
+    op_records,
+)
+from services.broker.transactions.table import TxTable
+
+
+def half_record(txid: str, mid: str) -> MessageRecord:
+    return MessageRecord(topic=HALF_TOPIC, queue_id=0, body=b"body", born_timestamp=5,
+                         properties={"UNIQ_KEY": mid, KEYS: f"user-key\x1f{txid}",
+                                     "TRANSACTION_ID": txid, "REAL_TOPIC": "Orders",
+                                     "REAL_QID": "2", "PGROUP": "g", "TRAN_MSG": "true",
+                                     "BORN_MS": "5", "TAGS": "TagA", "color": "red"})
+
+
+async def test_state_is_rebuilt_from_records(store_dir: Path) -> None:
+    store = await MessageStore.open(StoreConfig(root=store_dir))
+    try:
+        for i in range(4):
+            await store.put([half_record(f"tx{i}", f"m{i}")])
+        first = store.find_by_key(HALF_TOPIC, "tx0")[0]
+        await store.put([half_copy(first, 1), half_copy(first, 2)])  # two checks of tx0
+        info1 = TxTable(store, 10).ensure("tx1")
+        assert info1 is not None
+        await store.put([commit_copy(store.read(info1.first_offset), info1, 0),  # type: ignore[arg-type]
+                         *op_records([("tx1", "commit", "producer"), ("tx2", "rollback",
+                                                                      "check")], 9)])
+        info3 = TxTable(store, 10).ensure("tx3")
+        assert info3 is not None
+        # tx3: the commit copy was written, the op record torn off by a crash
+        await store.put([commit_copy(store.read(info3.first_offset), info3, 0)])  # type: ignore[arg-type]
+
+        fresh = TxTable(store, 10)  # a restarted broker: nothing in memory
+        states = {t: fresh.ensure(t).state for t in ("tx0", "tx1", "tx2", "tx3")}  # type: ignore[union-attr]
+        assert states == {"tx0": TxState.HALF, "tx1": TxState.COMMITTED,
+                          "tx2": TxState.ROLLED_BACK, "tx3": TxState.COMMITTED}
+        tx0 = fresh.get("tx0")
+        assert tx0 is not None and tx0.check_times == 2 and tx0.latest_offset > tx0.first_offset
+        assert (tx0.group, tx0.topic, tx0.message_id, tx0.born_ms) == ("g", "Orders", "m0", 5)
+        assert fresh.ensure("nope") is None
+        assert [i.txid for i in fresh.pending("g")] == ["tx0"]
+    finally:
+        await store.close()
+
+
+async def test_commit_copy_is_the_message_in_its_real_queue(store_dir: Path) -> None:
+    store = await MessageStore.open(StoreConfig(root=store_dir))
+    try:
+        await store.put([half_record("txA", "mA")])
+        half = store.find_by_key(HALF_TOPIC, "txA")[0]
+        info = TxTable(store, 10).ensure("txA")
+        assert info is not None
+        rec = commit_copy(half, info, 77)
+        assert (rec.topic, rec.queue_id, rec.sys_flag, rec.tag_code) == ("Orders", 2, 0x8, 77)
+        assert rec.prepared_tx_offset == half.physical_offset
+        assert rec.properties[KEYS] == "user-key"  # the transaction id is not a user key
+        assert "REAL_TOPIC" not in rec.properties and rec.properties["color"] == "red"
+        assert rec.properties["TRANSACTION_ID"] == "txA"  # kept (hidden from clients)
+    finally:
+        await store.close()
+
+
+def test_op_records_batch_ends_and_key_the_uncommitted_ones() -> None:
+    entries = [(f"t{i}", "commit" if i % 3 else "rollback", "producer") for i in range(600)]
+    records = op_records(entries, 1)
+    assert len(records) == 2  # 512 ends per op record
+    assert records[0].properties[KEYS].split("\x1f")[:3] == ["t0", "t3", "t6"]
+    decoded = [e for r in records for e in decode_op(r)]  # type: ignore[arg-type]
+    assert decoded == entries
+    only_commits = op_records([("c", "commit", "check")], 1)[0]
+    assert KEYS not in only_commits.properties  # found by its commit copy instead
+
+
+def test_event_body_has_the_fixed_schema() -> None:
+    info = TxInfo("tx", "mid", "grp", "Orders", 0, 0, 0, 3, 1000)
+    rec = event_record(EventKind.CHECK, EventSource.CHECK, info, 2000)
+    assert json.loads(rec.body) == {
+        "event": "check", "source": "check", "producer_group": "grp", "topic": "Orders",
+        "transaction_id": "tx", "message_id": "mid", "check_times": 3, "born_ms": 1000,
+        "ts_ms": 2000}
+    assert rec.topic == "TIDE_SYS_TRANS_EVENTS"
+
+
+def test_decode_op_ignores_junk() -> None:
+    class Junk:
+        body = b"\xc1 not msgpack"
+
+    assert decode_op(Junk()) == []  # type: ignore[arg-type]
+
+
+async def test_half_dedup_remembers_within_the_window_and_falls_back_to_the_index(
+        store_dir: Path) -> None:
+    from services.broker.transactions.table import HalfDedup
+
+    store = await MessageStore.open(StoreConfig(root=store_dir))
+    try:
+        dedup = HalfDedup(store, window_ms=1000, max_entries=2, started_ms=0)
+        dedup.remember("Orders", "m1", "tx1", 10_000)
+        assert dedup.lookup("Orders", "m1", 10_500) == "tx1"
+        assert dedup.lookup("Other", "m1", 10_500) is None
+        assert dedup.lookup("Orders", "m1", 11_001) is None  # past the window
+        dedup.remember("Orders", "m2", "tx2", 11_000)
+        dedup.remember("Orders", "m3", "tx3", 11_100)
+        dedup.remember("Orders", "m4", "tx4", 11_200)  # evicts m2, still inside the window
+        assert dedup.lookup("Orders", "m4", 11_300) == "tx4"
+        # m2 was evicted young: now the index is asked, and it holds no half for m2
+        assert dedup.lookup("Orders", "m2", 11_300) is None
+        earlier = half_record("txS", "mS")  # a half stored by "an earlier run"
+        earlier.properties["BORN_MS"] = "11000"
+        await store.put([earlier])
+        assert dedup.lookup("Orders", "mS", 11_300) == "txS"
+        assert dedup.lookup("Orders", "mS", 12_500) is None  # too old to be a retry
+    finally:
+        await store.close()

@@ -1,0 +1,66 @@
+"""docs/operations.md against the code: every setting of every service is documented under its
+environment variable (and no variable is documented that no service reads), and every Redis key
+the services build appears in the key table."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from pydantic_settings import BaseSettings
+
+from services.broker.settings import BrokerSettings
+from services.checker.settings import CheckerSettings
+from services.common import constants
+from services.common.settings import ServiceSettings
+from services.metrics.settings import MetricsSettings
+from services.nameserver.settings import NameserverSettings
+from services.scheduler.settings import SchedulerSettings
+from tests.support.procs import REPO
+
+DOC = (REPO / "docs" / "operations.md").read_text()
+SERVICES: list[type[BaseSettings]] = [NameserverSettings, BrokerSettings, CheckerSettings,
+                                      SchedulerSettings, MetricsSettings]
+COMMON = set(ServiceSettings.model_fields)  # documented once, as `…HOST` etc.
+VARIABLE = re.compile(r"`(TIDEMQ_[A-Z]+_[A-Z0-9_]+)`")
+
+
+def env_vars() -> set[str]:
+    out = set()
+    for cls in SERVICES:
+        prefix = str(cls.model_config["env_prefix"])
+        out |= {prefix + name.upper() for name in cls.model_fields}
+    return out
+
+
+def test_every_setting_is_documented() -> None:
+    missing = sorted(v for v in env_vars()
+                     if f"`{v}`" not in DOC and v.split("_", 2)[2].lower() not in COMMON)
+    assert not missing, "settings missing from docs/operations.md: " + ", ".join(missing)
+    for field in COMMON:
+        assert f"`…{field.upper()}`" in DOC, f"common setting {field} is not documented"
+
+
+def test_every_documented_variable_is_read_by_a_service() -> None:
+    known = env_vars()
+    stale = sorted(v for v in set(VARIABLE.findall(DOC)) if v not in known)
+    assert not stale, "docs/operations.md names variables no service reads: " + ", ".join(stale)
+
+
+def test_every_redis_key_is_in_the_key_table() -> None:
+    broker = "{cluster}:{broker_name}"  # the broker's namespace (BrokerSettings.namespace)
+    keys = {
+        "consumer_offsets_key": constants.consumer_offsets_key(broker, "{group}", "{topic}"),
+        "consumer_offsets_index_key": constants.consumer_offsets_index_key(broker, "{group}"),
+        "inflight_key": constants.inflight_key(broker, "{group}", "{topic}"),
+        "receive_cursor_key": constants.receive_cursor_key(broker, "{group}", "{topic}"),
+        "checker_progress_key": constants.checker_progress_key("{cluster}", "{broker_name}"),
+        "scheduler_progress_key": constants.scheduler_progress_key("{cluster}", "{broker_name}"),
+        "scheduler_level_cancels_key": constants.scheduler_level_cancels_key("{cluster}",
+                                                                             "{broker_name}"),
+    }
+    builders = {name for name, fn in inspect.getmembers(constants, inspect.isfunction)
+                if name.endswith("_key") and name != "service_progress_key"}
+    assert builders == set(keys), "a Redis key builder is not covered here (and in the docs)"
+    missing = [key for key in keys.values() if f"`{key}`" not in DOC]
+    assert not missing, f"Redis keys missing from docs/operations.md: {missing}"

@@ -1,0 +1,220 @@
+"""``TransactionProducer`` against an in-memory broker (httpx.MockTransport): concurrent sends
+and ends coalesced into the batch endpoints, an exception in execute ends as UNKNOWN, checks are
+answered in a batch with ``from_check: true``; and the outbox listener on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import orjson
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+from tidemq import (
+    LocalTransactionError,
+    LocalTransactionFailed,
+    Message,
+    ReceivedMessage,
+    TransactionProducer,
+    TransactionState,
+)
+from tidemq.outbox import OutboxListener
+
+BROKER = "http://broker.test"
+
+
+class FakeTxBroker:
+    def __init__(self) -> None:
+        self.halves: list[dict[str, Any]] = []  # one per request
+        self.ends: list[dict[str, Any]] = []
+        self.heartbeats = 0
+        self.checks: list[dict[str, Any]] = []  # handed out once, then empty polls
+        self.left = False
+        self._ids = itertools.count()
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        path, method = request.url.path, request.method
+        if request.headers.get("content-type") == "application/msgpack":
+            body = msgpack.unpackb(request.content)
+        else:
+            body = orjson.loads(request.content) if request.content else None
+        if path.startswith("/v1/topics/"):
+            return self._answer(request, {"name": "orders", "queues": 4, "perm": "rw"})
+        if path == "/v1/transactions":
+            self.halves.append(body)
+            return self._answer(request, {"transactions": [
+                {"transaction_id": f"tx{next(self._ids)}", "message_id": m["message_id"]}
+                for m in body["messages"]]})
+        if path == "/v1/transactions/end":
+            self.ends.append(body)
+            return self._answer(request, {"results": [
+                {"transaction_id": e["transaction_id"],
+                 "state": {"commit": "committed", "rollback": "rolled_back"}.get(e["action"],
+                                                                                 "half")}
+                for e in body["ends"]]})
+        if path.endswith("/heartbeat"):
+            self.heartbeats += 1
+            return self._answer(request, {})
+        if path.endswith("/checks"):
+            checks, self.checks = self.checks, []
+            if not checks:
+                await asyncio.sleep(0.05)
+            return self._answer(request, {"checks": checks})
+        if method == "DELETE":
+            self.left = True
+            return self._answer(request, {})
+        return httpx.Response(404, json={"code": "NOT_FOUND", "message": path})
+
+    @staticmethod
+    def _answer(request: httpx.Request, obj: Any) -> httpx.Response:
+        if "msgpack" in request.headers.get("accept", ""):
+            return httpx.Response(200, content=msgpack.packb(obj, use_bin_type=True),
+                                  headers={"content-type": "application/msgpack"})
+        return httpx.Response(200, json=obj)
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    async def execute_local_transaction(self, message: Message, arg: Any) -> TransactionState:
+        await asyncio.sleep(0.001)
+        if arg == "boom":
+            raise RuntimeError("local failure")
+        return TransactionState(arg)
+
+    async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState:
+        self.checked.append(message.message_id)
+        return TransactionState.COMMIT
+
+
+def producer(fake: FakeTxBroker, listener: Any) -> TransactionProducer:
+    return TransactionProducer("orders-tx", listener, broker_url=BROKER, linger_ms=5,
+                               transport=httpx.MockTransport(fake), check_wait_ms=100,
+                               heartbeat_interval_s=0.05)
+
+
+async def test_concurrent_sends_and_ends_share_batch_requests() -> None:
+    fake = FakeTxBroker()
+    async with producer(fake, Listener()) as p:
+        args = ["commit", "rollback", "unknown", "boom"] * 10
+        raw = await asyncio.gather(*(p.send(f"m{i}", a, topic="orders")
+                                     for i, a in enumerate(args)), return_exceptions=True)
+    # "boom" raises in execute: send ends it as UNKNOWN, then raises LocalTransactionError
+    assert all(isinstance(r, LocalTransactionError) == (a == "boom")
+               for r, a in zip(raw, args, strict=True))
+    results = [r.result if isinstance(r, LocalTransactionError) else r for r in raw]
+    assert len(fake.halves) <= 4 and sum(len(h["messages"]) for h in fake.halves) == 40
+    assert len(fake.ends) <= 4
+    sent = {e["transaction_id"]: e for body in fake.ends for e in body["ends"]}
+    assert len(sent) == 40 and all(not e["from_check"] for e in sent.values())
+    by_state = {r.local_state for r in results}
+    assert by_state == {TransactionState.COMMIT, TransactionState.ROLLBACK,
+                        TransactionState.UNKNOWN}
+    boom = [r for r, a in zip(results, args, strict=True) if a == "boom"]
+    assert all(r.local_state is TransactionState.UNKNOWN and isinstance(r.error, RuntimeError)
+               for r in boom)
+    assert all(sent[r.transaction_id]["action"] == "unknown" for r in boom)
+    assert {h["producer_group"] for h in fake.halves} == {"orders-tx"}
+    assert fake.left  # close() left the group at once
+
+
+async def test_checks_are_answered_in_a_batch_from_check() -> None:
+    fake = FakeTxBroker()
+    fake.checks = [{"transaction_id": f"old{i}", "message_id": f"mid{i}", "topic": "orders",
+                    "check_times": 1,
+                    "message": {"message_id": f"mid{i}", "topic": "orders", "body": b"x"}}
+                   for i in range(3)]
+    listener = Listener()
+    async with producer(fake, listener) as p:
+        deadline = time.monotonic() + 5
+        while p.checks_answered < 3:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+    assert sorted(listener.checked) == ["mid0", "mid1", "mid2"]
+    [answer] = [body for body in fake.ends if body["ends"][0]["from_check"]]
+    assert [(e["transaction_id"], e["action"]) for e in answer["ends"]] == \
+        [("old0", "commit"), ("old1", "commit"), ("old2", "commit")]
+    assert fake.heartbeats >= 1
+
+
+# --- the outbox listener on SQLite ----------------------------------------------------------
+
+META = MetaData()
+ORDERS = Table("orders", META, Column("id", Integer, primary_key=True),
+               Column("note", String(32)))
+
+
+@pytest.fixture
+async def outbox(tmp_path: Path) -> Any:
+    listener = OutboxListener(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}",
+                              assume_rolled_back_after_s=60)
+    await listener.create_table()
+    async with listener.engine.begin() as conn:
+        await conn.run_sync(META.create_all)
+    yield listener
+    await listener.close()
+
+
+def received(mid: str, born_ms: int) -> ReceivedMessage:
+    return ReceivedMessage(message_id=mid, topic="orders", queue_id=0, queue_offset=0,
+                           body=b"", born_timestamp_ms=born_ms)
+
+
+async def test_outbox_records_the_message_with_the_business_change(outbox: Any) -> None:
+    async def business(conn: AsyncConnection, message: Message) -> None:
+        await conn.execute(ORDERS.insert().values(note=message.message_id))
+
+    state = await outbox.execute_local_transaction(Message("x", topic="orders",
+                                                           message_id="m1"), business)
+    assert state is TransactionState.COMMIT
+    async with outbox.engine.connect() as conn:
+        assert (await conn.execute(select(ORDERS.c.note))).all() == [("m1",)]
+    now = int(time.time() * 1000)
+    assert await outbox.check_local_transaction(received("m1", now)) is TransactionState.COMMIT
+
+
+async def test_outbox_rolls_back_both_and_answers_checks_by_age(outbox: Any) -> None:
+    async def failing(conn: AsyncConnection, message: Message) -> None:
+        await conn.execute(ORDERS.insert().values(note="never"))
+        raise ValueError("out of stock")
+
+    with pytest.raises(LocalTransactionFailed) as caught:
+        await outbox.execute_local_transaction(Message("x", topic="orders", message_id="m2"),
+                                               failing)
+    assert isinstance(caught.value.__cause__, ValueError)
+    async with outbox.engine.connect() as conn:
+        assert (await conn.execute(select(ORDERS.c.note))).all() == []
+    now = int(time.time() * 1000)
+    assert await outbox.check_local_transaction(received("m2", now)) is \
+        TransactionState.UNKNOWN  # might still be running somewhere
+    assert await outbox.check_local_transaction(received("m2", now - 61_000)) is \
+        TransactionState.ROLLBACK
+    assert await outbox.purge(0) == 0
+
+
+async def test_a_failed_local_transaction_rolls_the_message_back_at_once() -> None:
+    fake = FakeTxBroker()
+
+    class Failing:
+        async def execute_local_transaction(self, message: Message, arg: Any
+                                            ) -> TransactionState:
+            raise LocalTransactionFailed("rolled back") from KeyError("no such order")
+
+        async def check_local_transaction(self, message: ReceivedMessage
+                                          ) -> TransactionState:
+            return TransactionState.ROLLBACK
+
+    async with producer(fake, Failing()) as p:
+        with pytest.raises(LocalTransactionError) as caught:
+            await p.send("m", topic="orders")
+    result = caught.value.result
+    assert result.local_state is TransactionState.ROLLBACK
+    assert isinstance(result.error, KeyError)
+    assert fake.ends[0]["ends"][0]["action"] == "rollback"
