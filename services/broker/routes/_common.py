@@ -6,15 +6,28 @@ every endpoint and the send hot path skips pydantic; ``body_doc`` publishes each
 
 from __future__ import annotations
 
-from fastapi import Request
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Path, Query, Request
 
 from services.broker.messaging.convert import born_host
+from services.broker.messaging.pull import PullAnswer
 from services.broker.service import Broker
 from services.common.app import token_guard
 from services.common.bodies import StrictBody, body_doc, read_model, read_payload
 
-__all__ = ["StrictBody", "body_doc", "broker_of", "client_host", "internal_auth", "read_model",
+__all__ = ["LONG_POLL_MAX_MS", "Offset", "QueueId", "StrictBody", "WaitMs", "body_doc",
+           "broker_of", "client_host", "internal_auth", "pull_answer", "read_model",
            "read_payload", "wants_msgpack"]
+
+LONG_POLL_MAX_MS = 30_000  # the longest wait_ms any endpoint accepts (ms)
+
+#: Parameters the pull-shaped endpoints share.
+QueueId = Annotated[int, Path(ge=0, description="queue id within the topic")]
+Offset = Annotated[int, Query(ge=0, description="first queue offset to read")]
+WaitMs = Annotated[int, Query(ge=0, le=LONG_POLL_MAX_MS,
+                              description="long poll at the end of the queue (ms)")]
 
 
 def broker_of(request: Request) -> Broker:
@@ -39,3 +52,13 @@ def _broker_token(request: Request) -> str:
 
 #: Dependency of every ``/internal/`` router: the cluster token (ClusterToken in /docs).
 internal_auth = token_guard(_broker_token)
+
+
+def pull_answer(answer: PullAnswer, wire: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """The body of every pull: the messages (each through ``wire``) and the queue's bounds."""
+    return {
+        "messages": [wire(r) for r in answer.records],
+        "next_offset": answer.next_offset,
+        "min_offset": answer.min_offset,
+        "max_offset": answer.max_offset,
+    }

@@ -12,6 +12,7 @@ from tidemq.protocol.numbers import INT64_MAX
 from services.broker.delays.service import MAX_DUE_PER_LEVEL, MAX_INTAKE
 from services.broker.routes._common import (
     StrictBody,
+    WaitMs,
     body_doc,
     broker_of,
     internal_auth,
@@ -102,7 +103,7 @@ async def intake(
     request: Request,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     max: Annotated[int, Query(ge=1, le=MAX_INTAKE)] = 1024,
-    wait_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
+    wait_ms: WaitMs = 0,
 ) -> Response:
     return reply(request, await broker_of(request).schedule.intake(offset, max, wait_ms))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tidemq.protocol import ErrorCode
 from tidemq.protocol.numbers import INT64_MAX
@@ -17,10 +17,14 @@ from tidemq.protocol.numbers import INT64_MAX
 from services.broker.messaging.convert import to_internal_wire
 from services.broker.messaging.pull import MAX_PULL, TagFilter
 from services.broker.routes._common import (
+    Offset,
+    QueueId,
     StrictBody,
+    WaitMs,
     body_doc,
     broker_of,
     internal_auth,
+    pull_answer,
     read_model,
     read_payload,
     wants_msgpack,
@@ -89,22 +93,17 @@ async def put_records(topic: TopicName, request: Request) -> Response:
 async def pull_records(
     topic: TopicName,
     request: Request,
-    queue_id: Annotated[int, Path(ge=0)],
-    offset: Annotated[int, Query(ge=0)] = 0,
+    queue_id: QueueId,
+    offset: Offset = 0,
     max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 32,
-    wait_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
+    wait_ms: WaitMs = 0,
     tags: Annotated[str, Query()] = "*",
 ) -> Response:
     broker = broker_of(request)
     answer = await broker.pulls.pull(topic, queue_id, offset, max, wait_ms,
                                      TagFilter.parse(tags), internal=True)
     binary = wants_msgpack(request)
-    return reply(request, {
-        "messages": [to_internal_wire(r, binary) for r in answer.records],
-        "next_offset": answer.next_offset,
-        "min_offset": answer.min_offset,
-        "max_offset": answer.max_offset,
-    })
+    return reply(request, pull_answer(answer, lambda r: to_internal_wire(r, binary)))
 
 
 @router.get("/records/{physical_offset}", summary="One record by physical offset",

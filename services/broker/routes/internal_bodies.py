@@ -11,11 +11,18 @@ from __future__ import annotations
 import base64
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from tidemq.protocol import ErrorCode
 
 from services.broker.messaging.pull import MAX_PULL, TagFilter
-from services.broker.routes._common import broker_of, internal_auth, wants_msgpack
+from services.broker.routes._common import (
+    Offset,
+    QueueId,
+    WaitMs,
+    broker_of,
+    internal_auth,
+    wants_msgpack,
+)
 from services.broker.routes.answers_internal import Bodies
 from services.common.app import reply
 from services.common.openapi import TopicName, errors
@@ -33,10 +40,10 @@ _ALL = TagFilter.parse("*")
 async def pull_bodies(
     topic: TopicName,
     request: Request,
-    queue_id: Annotated[int, Path(ge=0)],
-    offset: Annotated[int, Query(ge=0)] = 0,
+    queue_id: QueueId,
+    offset: Offset = 0,
     max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 1024,
-    wait_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
+    wait_ms: WaitMs = 0,
 ) -> Response:
     answer = await broker_of(request).pulls.pull(topic, queue_id, offset, max, wait_ms, _ALL,
                                                  internal=True)

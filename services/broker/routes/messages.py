@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, validate_group_name
 
 from services.broker.messaging.convert import to_wire
 from services.broker.messaging.pull import MAX_PULL, TagFilter
 from services.broker.routes._common import (
+    Offset,
+    QueueId,
+    WaitMs,
     body_doc,
     broker_of,
     client_host,
+    pull_answer,
     read_payload,
     wants_msgpack,
 )
@@ -69,10 +73,10 @@ async def send(topic: TopicName, request: Request) -> Response:
 async def pull(
     topic: TopicName,
     request: Request,
-    queue_id: Annotated[int, Path(ge=0)],
-    offset: Annotated[int, Query(ge=0, description="first queue offset to read")] = 0,
+    queue_id: QueueId,
+    offset: Offset = 0,
     max: Annotated[int, Query(ge=1, le=MAX_PULL, description="messages at most")] = 32,
-    wait_ms: Annotated[int, Query(ge=0, le=30_000, description="long poll at the end")] = 0,
+    wait_ms: WaitMs = 0,
     tags: Annotated[str, Query(description='"*" or "tagA || tagB"')] = "*",
     group: Annotated[str | None, Query(description="consumer group (lag metrics)")] = None,
 ) -> Response:
@@ -82,9 +86,4 @@ async def pull(
     answer = await broker.pulls.pull(topic, queue_id, offset, max, wait_ms,
                                      TagFilter.parse(tags), group=group)
     binary = wants_msgpack(request)
-    return reply(request, {
-        "messages": [to_wire(r, binary) for r in answer.records],
-        "next_offset": answer.next_offset,
-        "min_offset": answer.min_offset,
-        "max_offset": answer.max_offset,
-    })
+    return reply(request, pull_answer(answer, lambda r: to_wire(r, binary)))

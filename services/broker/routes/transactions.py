@@ -10,6 +10,7 @@ from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name
 from tidemq.protocol.message import reject_unknown
 
 from services.broker.routes._common import (
+    WaitMs,
     body_doc,
     broker_of,
     client_host,
@@ -176,7 +177,7 @@ async def checks(
     request: Request,
     client_id: Annotated[str, Query(min_length=1, max_length=255)],
     max: Annotated[int, Query(ge=1, le=1024)] = 256,
-    wait_ms: Annotated[int, Query(ge=0, le=30_000)] = 20_000,
+    wait_ms: WaitMs = 20_000,
 ) -> Response:
     validate_group_name(group)
     broker = broker_of(request)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.broker.routes._common import body_doc, broker_of, internal_auth, read_payload
+from services.broker.routes._common import Offset, body_doc, broker_of, internal_auth, read_payload
 from services.broker.routes.answers_internal import ActionResults, BrokerIdentity, Halves, Ops
 from services.broker.transactions.checker_api import MAX_PAGE
 from services.common.app import reply
@@ -38,12 +38,15 @@ async def info(request: Request) -> Response:
                            "cluster": broker.settings.cluster})
 
 
+PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE, description="entries at most")]
+
+
 @router.get("/halves", summary="A page of the half queue (metadata, no bodies)",
             response_model=Halves)
 async def halves(
     request: Request,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    max: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 256,
+    offset: Offset = 0,
+    max: PageSize = 256,
 ) -> Response:
     return reply(request, broker_of(request).tx_checking.halves(offset, max))
 
@@ -52,8 +55,8 @@ async def halves(
             response_model=Ops)
 async def ops(
     request: Request,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    max: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 256,
+    offset: Offset = 0,
+    max: PageSize = 256,
 ) -> Response:
     return reply(request, broker_of(request).tx_checking.ops(offset, max))
 
