@@ -4,9 +4,10 @@ A send appends its message to the open batch of its (broker, topic) and waits on
 The batch is sent when ``linger_s`` has passed since its first message, or at once when it is
 full (``max_messages`` or ``max_bytes``). The answer's results come back in request order, so
 result *i* resolves the future of message *i*. A failed request fails every future of its batch
-(after the HTTP layer's own retries, which resend the same message ids and so store nothing
-twice) — except a rejection that names one bad message (400/413), after which each message of a
-multi-message batch is sent on its own so that only the bad one fails.
+— except a rejection that names one bad message (400/413), after which each message of a
+multi-message batch is sent on its own so that only the bad one fails. Retrying is the
+producer's: each failed message is queued again (same message id), to the same broker or
+another group (``tidemq._fault``), and coalesces with the others going there.
 """
 
 from __future__ import annotations

@@ -135,13 +135,13 @@ class BrokerApi:
 
     async def receive(
         self, broker: str, group: str, *, topic: str, tags: str, max_messages: int,
-        invisible_ms: int, wait_ms: int,
+        invisible_ms: int, wait_ms: int, retry: RetryPolicy | None = None,
     ) -> list[ReceivedMessage]:
         answer = await self.http.call(
             "POST", url(broker, "v1", "groups", group, "receive"),
             body={"topic": topic, "tags": tags, "max": max_messages,
                   "invisible_ms": invisible_ms, "wait_ms": wait_ms},
-            binary=True, timeout_s=self._long_poll_timeout(wait_ms))
+            binary=True, timeout_s=self._long_poll_timeout(wait_ms), retry=retry)
         return _messages(answer, broker)
 
     async def ack(self, broker: str, group: str, handles: Sequence[str]) -> int:

@@ -16,6 +16,14 @@ OFFSET_COMMIT_INTERVAL_S = 5.0  # push consumer commits offsets this often (and 
 ROUTE_REFRESH_INTERVAL_S = 30.0  # cached topic routes are refreshed this often
 
 REQUEST_TIMEOUT_S = 10.0  # one plain HTTP request, connect to last byte
+NAMESERVER_TIMEOUT_S = 3.0  # one route lookup on one nameserver (a dead one costs this much)
+
+# A broker (group) that failed a request is avoided this long, doubling with each failure in a
+# row up to the cap; then one request probes it (producers) or its queues are tried again
+# (consumers). A success forgets the failures.
+BROKER_BACKOFF_INITIAL_S = 0.5
+PRODUCER_BROKER_BACKOFF_MAX_S = 10.0
+CONSUMER_BROKER_BACKOFF_MAX_S = 5.0
 LONG_POLL_MAX_WAIT_MS = 30_000  # the broker holds a pull at most this long
 PULL_WAIT_MS = 20_000  # push consumer long-poll wait per pull
 RECEIVE_WAIT_MS = 20_000  # simple consumer long-poll wait per receive

@@ -93,9 +93,18 @@ class UnexpectedResponseError(TidemqError):
 
 
 class TransportError(TidemqError):
-    """The request got no answer: connection refused or reset, DNS, protocol error."""
+    """The request got no answer: connection refused or reset, DNS, protocol error.
+
+    ``sent`` is False only when no connection could be opened (refused, connect timeout, no
+    pooled connection in time): then nothing reached the server. When True the server may have
+    received the request and acted on it (a send may be stored) without the answer arriving.
+    """
 
     retriable = True
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class RequestTimeoutError(TransportError):

@@ -70,6 +70,9 @@ class RetryPolicy:
         return pause
 
 
+#: httpx errors raised before a connection existed: the request cannot have reached the server.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
 NO_RETRY = RetryPolicy(max_attempts=1)
 DEFAULT_RETRY = RetryPolicy()
 
@@ -186,11 +189,13 @@ class HttpClient:
                 timeout=timeout,
             )
         except httpx.TimeoutException as exc:
-            raise RequestTimeoutError(f"{method} {target}: no answer in time ({exc!r})") from exc
+            raise RequestTimeoutError(f"{method} {target}: no answer in time ({exc!r})",
+                                      sent=not isinstance(exc, _NOT_SENT)) from exc
         except httpx.HTTPError as exc:
             if self._closed:
                 raise ClientClosedError("the client is closed") from exc
-            raise TransportError(f"{method} {target}: {exc!r}") from exc
+            raise TransportError(f"{method} {target}: {exc!r}",
+                                 sent=not isinstance(exc, _NOT_SENT)) from exc
         except RuntimeError as exc:  # httpx: "client has been closed"
             if self._closed:
                 raise ClientClosedError("the client is closed") from exc

@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -18,18 +20,26 @@ from typing import Any
 import httpx
 
 from tidemq._batcher import Coalescer
-from tidemq._constants import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S, ROUTE_REFRESH_INTERVAL_S
+from tidemq._constants import (
+    BROKER_BACKOFF_INITIAL_S,
+    CLOSE_TIMEOUT_S,
+    PRODUCER_BROKER_BACKOFF_MAX_S,
+    REQUEST_TIMEOUT_S,
+    ROUTE_REFRESH_INTERVAL_S,
+)
 from tidemq._exceptions import (
     ClientClosedError,
     ConfigurationError,
+    TidemqError,
     TopicNotFoundError,
     TransportError,
     UnexpectedResponseError,
     server_error,
 )
-from tidemq._http import DEFAULT_RETRY, HttpClient, RetryPolicy, url
+from tidemq._fault import BrokerHealth, SendAttempts, Step
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, HttpClient, RetryPolicy, url
 from tidemq._message import Message, SendResult, to_outgoing, wire_size
-from tidemq._routes import RouteTable
+from tidemq._routes import MessageQueue, RouteTable, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError, validate_topic_name
 from tidemq.protocol.message import DEFAULT_LIMITS
@@ -44,8 +54,17 @@ class Producer:
 
     Concurrent ``send`` calls for one (broker, topic) are gathered for up to ``linger_ms`` (or
     until ``max_batch`` messages / ``max_batch_bytes``) into one request; each caller gets its
-    own ``SendResult``. Every message carries a client-generated ``message_id``, so the
-    automatic retries of retriable failures (``retry``) can never store a message twice.
+    own ``SendResult``. Every message carries a client-generated ``message_id`` that stays the
+    same across retries, so a broker never stores a retried message twice.
+
+    Messages are spread over every writable queue of every broker group of the topic. A send
+    that fails because its group is unreachable, busy or timing out is retried on another group
+    and that group is avoided for a while (``tidemq._fault``: the rule, and the one case where
+    two groups may each store a copy, counted in ``possible_duplicates``). A message with a
+    ``sharding_key`` stays on its queue and fails after the retries instead, keeping its key's
+    order — unless ``ordered_failover=True``, which lets it move to a live group (that key's
+    order may then break across the move). An explicit ``queue_id`` never moves. ``retry``
+    bounds every send: attempts in all and the deadline.
     """
 
     def __init__(
@@ -61,6 +80,7 @@ class Producer:
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = ROUTE_REFRESH_INTERVAL_S,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
+        ordered_failover: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         limits = DEFAULT_LIMITS
@@ -76,13 +96,21 @@ class Producer:
         self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
                                   refresh_interval_s=route_refresh_s)
         self._selector = QueueSelector()
+        self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S,
+                                    max_s=PRODUCER_BROKER_BACKOFF_MAX_S,
+                                    probe_timeout_s=request_timeout_s)
+        self._ordered_failover = ordered_failover
         self._coalescer = Coalescer(self._post, linger_s=linger_ms / 1000.0,
                                     max_messages=max_batch, max_bytes=max_batch_bytes,
                                     max_in_flight=max_in_flight)
         self._close_timeout_s = close_timeout_s
         self._valid_topics: set[str] = set()
+        self._oneway: set[asyncio.Task[SendResult]] = set()
         self._started = False
         self._closed = False
+        self.failovers = 0  # messages stored on another group than the first one tried
+        # ... of which an earlier group may have stored a copy too (its answer was lost)
+        self.possible_duplicates = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -99,8 +127,18 @@ class Producer:
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + self._close_timeout_s
         try:
-            await self._coalescer.drain(self._close_timeout_s)
+            self._coalescer.flush_all()
+            if self._oneway:  # they may still fail over and queue again
+                _, pending = await asyncio.wait(set(self._oneway),
+                                                timeout=self._close_timeout_s)
+                for task in pending:
+                    task.cancel()
+                for task in pending:
+                    with contextlib.suppress(asyncio.CancelledError, TidemqError):
+                        await task
+            await self._coalescer.drain(max(0.0, deadline - time.monotonic()))
         finally:
             await self._routes.close()
             await self._http.aclose()
@@ -135,11 +173,11 @@ class Producer:
 
         ``message`` is a ``Message`` or a body; keyword arguments override its fields.
         """
-        future = await self._enqueue(message, dict(
+        topic, out = await self._prepare(message, dict(
             topic=topic, tag=tag, keys=keys, properties=properties, sharding_key=sharding_key,
             queue_id=queue_id, delay_level=delay_level, delay_ms=delay_ms,
             deliver_at_ms=deliver_at_ms, message_id=message_id))
-        return await future
+        return await self._deliver(topic, out)
 
     async def send_oneway(
         self,
@@ -158,13 +196,17 @@ class Producer:
     ) -> None:
         """Queue one message without waiting for the broker; a failure is only logged.
 
-        Invalid arguments still raise here. ``close()`` waits for queued oneway messages.
+        Invalid arguments and unknown topics still raise here. ``close()`` waits (bounded)
+        for queued oneway messages.
         """
-        future = await self._enqueue(message, dict(
+        topic, out = await self._prepare(message, dict(
             topic=topic, tag=tag, keys=keys, properties=properties, sharding_key=sharding_key,
             queue_id=queue_id, delay_level=delay_level, delay_ms=delay_ms,
             deliver_at_ms=deliver_at_ms, message_id=message_id))
-        future.add_done_callback(_log_oneway_failure)
+        task = asyncio.create_task(self._deliver(topic, out), name=f"tidemq-oneway-{topic}")
+        self._oneway.add(task)
+        task.add_done_callback(self._oneway.discard)
+        task.add_done_callback(_log_oneway_failure)
 
     async def send_batch(self, topic: str, messages: Iterable[Message | Body]) -> list[SendResult]:
         """Send ``messages`` to ``topic`` in one request; results are in request order.
@@ -186,31 +228,56 @@ class Producer:
                                f"{total} bytes exceeds {limits.max_batch_messages} messages or "
                                f"{limits.max_batch_bytes} bytes; split it")
         await self.start()
-        route = await self._routes.get(topic)
-        pinned = {
-            i: self._selector.select(route, sharding_key=m.sharding_key, queue_id=m.queue_id)
-            for i, m in enumerate(outs)
-            if m.sharding_key is not None or m.queue_id is not None
-        }
-        brokers = {q.address for q in pinned.values()}
-        if len(brokers) > 1:
-            raise ConfigurationError(f"send_batch: the sharding keys / queue ids of this batch "
-                                     f"map to {len(brokers)} brokers; use send() instead")
-        broker = brokers.pop() if brokers else self._selector.next_broker(route)
-        for i, m in enumerate(outs):
-            queue = pinned.get(i) or self._selector.select(route, broker=broker)
-            m.queue_id = queue.queue_id
-        results = await self._post(broker, topic, outs)
-        if len(results) != len(outs):
-            raise UnexpectedResponseError(
-                f"sent {len(outs)} messages to {topic!r}, got {len(results)} results")
-        return results
+        explicit = [m.queue_id for m in outs]
+        pinned = any(q is not None or m.sharding_key is not None
+                     for q, m in zip(explicit, outs, strict=True))
+        attempts: SendAttempts | None = None
+        step, broker = Step.SELECT, None
+        while True:
+            route = await self._routes.get(topic)
+            if step is Step.SELECT or broker is None:
+                broker = self._batch_broker(route, outs, explicit,
+                                            attempts.tried if attempts else ())
+            for m, queue_id in zip(outs, explicit, strict=True):
+                m.queue_id = self._selector.select(
+                    route, sharding_key=m.sharding_key, queue_id=queue_id,
+                    broker=broker.address).queue_id
+            try:
+                results = await self._post(broker.address, topic, outs)
+            except TidemqError as exc:
+                if attempts is None:
+                    attempts = SendAttempts(self._health, self._http.retry, movable=not pinned,
+                                            first=broker.broker_name,
+                                            what=f"batch of {len(outs)} to {topic!r}")
+                step = await attempts.after_failure(exc, broker.broker_name,
+                                                    route.write_groups())
+                continue
+            if len(results) != len(outs):
+                raise UnexpectedResponseError(
+                    f"sent {len(outs)} messages to {topic!r}, got {len(results)} results")
+            self._stored(broker, attempts, len(outs))
+            return results
 
     # -- internals ---------------------------------------------------------------------------
 
-    async def _enqueue(
+    def _batch_broker(self, route: TopicRoute, outs: list[OutgoingMessage],
+                      explicit: list[int | None], avoid: set[str] | tuple[()]) -> MessageQueue:
+        """The one broker of a batch: that of its keyed messages, else the next usable one."""
+        keyed = [self._selector.select(route, sharding_key=m.sharding_key, queue_id=q)
+                 for m, q in zip(outs, explicit, strict=True)
+                 if m.sharding_key is not None or q is not None]
+        brokers = {q.address for q in keyed}
+        if len(brokers) > 1:
+            raise ConfigurationError(f"send_batch: the sharding keys / queue ids of this batch "
+                                     f"map to {len(brokers)} brokers; use send() instead")
+        if keyed:
+            return keyed[0]
+        return self._selector.select(route, health=self._health, avoid=avoid)
+
+    async def _prepare(
         self, message: Message | Body, overrides: dict[str, Any],
-    ) -> asyncio.Future[SendResult]:
+    ) -> tuple[str, OutgoingMessage]:
+        """Validate a message, start the producer and look its topic's route up."""
         self._check_open()
         msg = self._as_message(message, overrides)
         if not msg.topic:
@@ -219,11 +286,51 @@ class Producer:
         out = to_outgoing(msg)
         if not self._started:
             await self.start()
-        route = await self._routes.get(msg.topic)
-        queue = self._selector.select(route, sharding_key=out.sharding_key, queue_id=out.queue_id)
-        out.queue_id = queue.queue_id
+        await self._routes.get(msg.topic)  # an unknown topic fails here, before queueing
         self._check_open()
-        return self._coalescer.submit(queue.address, msg.topic, out)
+        return msg.topic, out
+
+    async def _deliver(self, topic: str, out: OutgoingMessage) -> SendResult:
+        """Send one message through the coalescer, failing over as ``tidemq._fault`` says."""
+        explicit = out.queue_id
+        attempts: SendAttempts | None = None
+        step, queue = Step.SELECT, None
+        while True:
+            route = await self._routes.get(topic)
+            if step is Step.SELECT or queue is None:
+                queue = self._selector.select(
+                    route, sharding_key=out.sharding_key, queue_id=explicit,
+                    health=self._health, avoid=attempts.tried if attempts else (),
+                    reshard=self._ordered_failover)
+            out.queue_id = queue.queue_id
+            try:
+                result = await self._coalescer.submit(queue.address, topic, out)
+            except TidemqError as exc:
+                if attempts is None:
+                    movable = explicit is None and (out.sharding_key is None
+                                                    or self._ordered_failover)
+                    attempts = SendAttempts(self._health, self._http.retry, movable=movable,
+                                            first=queue.broker_name,
+                                            what=f"message {out.message_id}")
+                step = await attempts.after_failure(exc, queue.broker_name,
+                                                    route.write_groups())
+                continue
+            self._stored(queue, attempts, 1)
+            return result
+
+    def _stored(self, queue: MessageQueue, attempts: SendAttempts | None, count: int) -> None:
+        """Book-keeping after a send was stored on ``queue``'s broker."""
+        if self._health and self._health.succeeded(queue.broker_name):
+            log.info("broker %s answers again; sends use it again", queue.broker_name)
+        if attempts is None:
+            return
+        if attempts.first != queue.broker_name:
+            self.failovers += count
+        if attempts.duplicated_on(queue.broker_name):
+            self.possible_duplicates += count
+            log.debug("%s stored on %s after an answer from %s was lost: that group may hold a "
+                     "copy too", attempts.what, queue.broker_name,
+                     ", ".join(sorted(attempts.uncertain - {queue.broker_name})))
 
     @staticmethod
     def _as_message(message: Message | Body, overrides: dict[str, Any]) -> Message:
@@ -253,9 +360,9 @@ class Producer:
     ) -> list[SendResult]:
         """``POST /v1/topics/{topic}/messages`` in msgpack; one result per message, in order."""
         body = {"messages": [m.to_wire(binary=True) for m in messages]}
-        try:
+        try:  # no retries here: _deliver / send_batch decide where a failed send goes
             answer = await self._http.call("POST", url(broker, "v1", "topics", topic, "messages"),
-                                           body=body, binary=True)
+                                           body=body, binary=True, retry=NO_RETRY)
         except (TopicNotFoundError, TransportError):
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise

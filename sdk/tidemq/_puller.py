@@ -14,6 +14,10 @@ A failed message (``RETRY_LATER``, an exception or a timeout) is, in clustering 
 after a pause and handed back again — it stays unfinished (so uncommitted) until one succeeds.
 In broadcasting mode there is no shared retry topic: the message is retried locally and then
 dropped with an error log.
+
+A broker that cannot be reached (or answers 503) pauses every queue of it: the consumer's
+``BrokerHealth`` backs off (shared by the queues of that broker, logged once when it goes and
+once when it is back) and the queue resumes at the offset it had — nothing is skipped.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from enum import StrEnum
 from tidemq._broker_api import BrokerApi
 from tidemq._exceptions import (
     OffsetOutOfRangeError,
+    ServerError,
     TidemqError,
     TopicNotFoundError,
     TransportError,
 )
+from tidemq._fault import BrokerHealth
 from tidemq._http import NO_RETRY, RetryPolicy
 from tidemq._offsets import OffsetTracker
 from tidemq._routes import MessageQueue
@@ -73,6 +79,7 @@ class QueuePuller:
         self, queue: MessageQueue, tracker: OffsetTracker, expression: TagExpression,
         api: BrokerApi, handler: Handler, permits: asyncio.Semaphore, settings: PullerSettings,
         on_route_error: Callable[[str], None] | None = None,
+        health: BrokerHealth | None = None,
     ) -> None:
         self.queue = queue
         self.tracker = tracker
@@ -86,6 +93,7 @@ class QueuePuller:
         self._messages: set[asyncio.Task[None]] = set()
         self._retry_topic = retry_topic(settings.group)
         self._on_route_error = on_route_error  # the topic moved or the broker is gone
+        self._health = health  # shared by every queue of the consumer, keyed by address
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"tidemq-pull-{self.queue}")
@@ -113,6 +121,9 @@ class QueuePuller:
             if self.tracker.next_offset - self.tracker.committable() > self._s.max_span:
                 await asyncio.sleep(0.05)  # flow control: a slow handler holds the window
                 continue
+            if self._health is not None and (wait := self._health.wait_s(self.queue.address)):
+                await asyncio.sleep(wait)  # the broker is backing off: this queue pauses
+                continue
             try:
                 result = await self._api.pull(
                     self.queue, offset=self.tracker.next_offset, max_messages=self._s.pull_batch,
@@ -125,6 +136,9 @@ class QueuePuller:
                 failures += 1
                 if self._on_route_error and isinstance(exc, TopicNotFoundError | TransportError):
                     self._on_route_error(self.queue.topic)
+                if self._health is not None and broker_down(exc):
+                    self._broker_failed(exc)
+                    continue
                 loud = failures in (1, 10) or failures % 100 == 0
                 level = logging.WARNING if loud else logging.DEBUG
                 kind = "topic gone" if isinstance(exc, TopicNotFoundError) else "pull failed"
@@ -132,9 +146,20 @@ class QueuePuller:
                 await asyncio.sleep(_PULL_BACKOFF.backoff_s(min(failures, 10)))
                 continue
             failures = 0
+            if self._health and self._health.succeeded(self.queue.address):
+                log.info("broker %s (%s) is back: its queues resume", self.queue.broker_name,
+                         self.queue.address)
             self.tracker.pulled([m.queue_offset for m in result.messages], result.next_offset)
             for message in result.messages:
                 await self._dispatch(message, result.origin_topics.get(message.queue_offset))
+
+    def _broker_failed(self, exc: TidemqError) -> None:
+        assert self._health is not None
+        if self._health.failed(self.queue.address):
+            log.warning("broker %s (%s) unreachable (%s): its queues pause and resume where they "
+                        "left off", self.queue.broker_name, self.queue.address, exc)
+        else:
+            log.debug("%s: broker still unreachable: %s", self.queue, exc)
 
     def _wire_tags(self) -> str:
         return "*" if self.queue.topic == self._retry_topic else str(self.expression)
@@ -230,3 +255,9 @@ class QueuePuller:
         log.warning("%s: offset %d out of range; continuing at %d", self.queue,
                     self.tracker.next_offset, new)
         self.tracker.reset(new)
+
+
+def broker_down(exc: TidemqError) -> bool:
+    """Whether ``exc`` says the broker itself is unavailable (not this request or queue)."""
+    return isinstance(exc, TransportError) or (isinstance(exc, ServerError)
+                                               and exc.status == 503)

@@ -18,6 +18,13 @@ group's committed offset, else at the queue's first offset (``consume_from="firs
 a crash redelivers at most that much (at-least-once). All members of a group must subscribe to
 the same topics, as in RocketMQ.
 
+The queues are those of every broker group serving the topics (a ``MessageQueue`` names its
+broker), and offsets are committed to the broker of each queue: per (group, topic, broker,
+queue). A broker that cannot be reached backs off (``BrokerHealth``, shared by heartbeats, pulls
+and commits, logged once each way): its queues pause and resume at their offsets when it is
+back, and the others go on meanwhile. A queue dropped from the routes is released; when it
+returns it starts again at the group's committed offset.
+
 Broadcasting: every instance consumes every queue and keeps its offsets **in memory only**:
 committing them under the shared group would make instances overwrite one another's progress.
 A restarted broadcasting instance therefore starts again from ``consume_from``. Failed messages
@@ -44,9 +51,10 @@ from tidemq import _constants as C
 from tidemq._allocate import allocate_averagely
 from tidemq._broker_api import BrokerApi
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
+from tidemq._fault import BrokerHealth
 from tidemq._http import DEFAULT_RETRY, HttpClient, RetryPolicy
 from tidemq._offsets import OffsetTracker
-from tidemq._puller import Handler, PullerSettings, QueuePuller
+from tidemq._puller import Handler, PullerSettings, QueuePuller, broker_down
 from tidemq._routes import MessageQueue, RouteTable
 from tidemq._tags import TagExpression
 from tidemq.protocol import retry_topic
@@ -115,6 +123,9 @@ class PushConsumer:
         self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
                                   refresh_interval_s=route_refresh_s)
         self._api = BrokerApi(self._http)
+        self._health = BrokerHealth(initial_s=C.BROKER_BACKOFF_INITIAL_S,
+                                    max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S,
+                                    probe_timeout_s=request_timeout_s)
         self._settings = PullerSettings(
             group=group, clustering=mode == "clustering", orderly=orderly,
             pull_batch=pull_batch, pull_wait_ms=pull_wait_ms,
@@ -195,7 +206,8 @@ class PushConsumer:
             await asyncio.gather(*(p.stop(self._close_timeout_s) for p in pullers))
             await self._commit(pullers)
             self._pullers.clear()
-        await asyncio.gather(*(self._leave(b) for b in sorted(self._brokers)))
+        await asyncio.gather(*(self._leave(b) for b in sorted(self._brokers)
+                               if self._health.usable(b)))  # a dead one expires us anyway
         await self._routes.close()
         await self._http.aclose()
         log.info("consumer %s of group %s closed", self.client_id, self.group)
@@ -256,22 +268,24 @@ class PushConsumer:
 
     async def _heartbeat(self, brokers: set[str]) -> bool:
         """Heartbeat every broker; the members are the union of their answers (plus us)."""
-        if not brokers:
+        targets = sorted(b for b in brokers if self._health.usable(b))  # skip those backing off
+        if not targets:
             return False
         mode = self.mode
         subs = self.subscriptions
         answers = await asyncio.gather(*(
             self._api.heartbeat(b, self.group, client_id=self.client_id, subscriptions=subs,
                                 mode=mode, retry=_BACKGROUND_RETRY)
-            for b in sorted(brokers)), return_exceptions=True)
+            for b in targets), return_exceptions=True)
         members = {self.client_id}
         ok = False
-        for broker, answer in zip(sorted(brokers), answers, strict=True):
+        for broker, answer in zip(targets, answers, strict=True):
             if isinstance(answer, BaseException):
                 if not isinstance(answer, TidemqError):
                     raise answer
-                log.warning("heartbeat to %s failed: %s", broker, answer)
+                self._failed(broker, "heartbeat", answer)
                 continue
+            self._succeeded(broker)
             ok = True
             self._brokers.add(broker)
             members.update(answer)
@@ -282,6 +296,20 @@ class PushConsumer:
                 log.info("group %s members: %s", self.group, ", ".join(new))
             self._members = new
         return ok
+
+    def _failed(self, broker: str, what: str, exc: TidemqError) -> None:
+        """A request to ``broker`` failed: back off if the broker is down, log once."""
+        if not broker_down(exc):
+            log.warning("%s to %s failed: %s", what, broker, exc)
+        elif self._health.failed(broker):
+            log.warning("broker %s unreachable (%s failed: %s): its queues pause until it is "
+                        "back", broker, what, exc)
+        else:
+            log.debug("%s to %s failed again: %s", what, broker, exc)
+
+    def _succeeded(self, broker: str) -> None:
+        if self._health and self._health.succeeded(broker):
+            log.info("broker %s is reachable again", broker)
 
     async def _apply(self, target: Sequence[MessageQueue]) -> None:
         wanted = set(target)
@@ -303,7 +331,8 @@ class PushConsumer:
                 puller = QueuePuller(queue, OffsetTracker(starts[queue]),
                                      self._subscriptions.get(queue.topic, TagExpression(None)),
                                      self._api, self._handler, self._permits, self._settings,
-                                     on_route_error=self._routes.invalidate)
+                                     on_route_error=self._routes.invalidate,
+                                     health=self._health)
                 self._pullers[queue] = puller
                 puller.start()
             if starts:
@@ -316,6 +345,8 @@ class PushConsumer:
             by_topic[(q.address, q.topic)].append(q)
         starts: dict[MessageQueue, int] = {}
         for (broker, topic), group in by_topic.items():
+            if not self._health.usable(broker):
+                continue  # backing off: its queues start at a later rebalance
             try:
                 if self._settings.clustering:
                     committed = await self._api.committed_offsets(broker, self.group, topic)
@@ -326,8 +357,7 @@ class PushConsumer:
                 if any(q.queue_id not in committed for q in group):
                     bounds = await self._api.topic_offsets(broker, topic)
             except TidemqError as exc:
-                log.warning("offsets of %s on %s unknown, not starting its queues yet: %s",
-                            topic, broker, exc)
+                self._failed(broker, f"reading the offsets of {topic}", exc)
                 continue
             for q in group:
                 if q.queue_id in committed:
@@ -353,14 +383,16 @@ class PushConsumer:
                     self._local_offsets[p.queue] = p.tracker.committed = offset
             return
         for broker, items in due.items():
+            if not self._health.usable(broker):
+                continue  # backing off: the offsets stay due until it is back
             try:
                 await self._api.commit_offsets(
                     broker, self.group, [(p.queue.topic, p.queue.queue_id, o) for p, o in items],
                     retry=_BACKGROUND_RETRY)
             except TidemqError as exc:
-                log.warning("committing %d offset(s) to %s failed (next try in %.0fs): %s",
-                            len(items), broker, self._commit_interval_s, exc)
+                self._failed(broker, f"committing {len(items)} offset(s)", exc)
                 continue
+            self._succeeded(broker)
             for p, offset in items:
                 p.tracker.committed = offset
 

@@ -1,10 +1,11 @@
 """Which brokers serve a topic, and with how many queues.
 
-With nameservers, ``GET /v1/routes/{topic}`` is asked of any nameserver that answers (starting
-from a rotating one). With a single ``broker_url`` and no nameserver, the broker itself is asked
-``GET /v1/topics/{topic}``. Routes are cached, refreshed in the background every
-``refresh_interval_s`` and re-fetched on demand after an error (``invalidate``). A refresh that
-fails keeps the last known route.
+With nameservers, ``GET /v1/routes/{topic}`` is asked of any nameserver that answers, starting
+from the last one that did (a dead nameserver is passed over once, not on every lookup; each
+costs at most ``NAMESERVER_TIMEOUT_S``). With a single ``broker_url`` and no nameserver, the
+broker itself is asked ``GET /v1/topics/{topic}``. Routes are cached, refreshed in the background
+every ``refresh_interval_s`` and re-fetched on demand after an error (``invalidate``). A refresh
+that fails keeps the last known route.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemq._constants import ROUTE_REFRESH_INTERVAL_S
+from tidemq._constants import NAMESERVER_TIMEOUT_S, ROUTE_REFRESH_INTERVAL_S
 from tidemq._exceptions import (
     ConfigurationError,
     TidemqError,
@@ -81,6 +82,10 @@ class TopicRoute:
     def read_queues(self) -> tuple[MessageQueue, ...]:
         """Readable (broker, queue) pairs sorted by (broker name, queue id)."""
         return self._read
+
+    def write_groups(self) -> frozenset[str]:
+        """Names of the brokers (groups) that accept writes."""
+        return frozenset(q.broker_name for q in self._write)
 
     def _queues(self, *, writable: bool) -> tuple[MessageQueue, ...]:
         return tuple(sorted(
@@ -227,7 +232,8 @@ class RouteTable:
                 ns = self._nameservers[self._next_ns % len(self._nameservers)]
                 try:
                     payload = await self._http.call(
-                        "GET", url(ns, "v1", "routes", topic), retry=NO_RETRY)
+                        "GET", url(ns, "v1", "routes", topic), retry=NO_RETRY,
+                        timeout_s=min(self._http.timeout_s, NAMESERVER_TIMEOUT_S))
                     return parse_route(topic, payload)
                 except TopicNotFoundError as exc:
                     not_found = exc  # another nameserver may know it already
@@ -245,7 +251,7 @@ class RouteTable:
         assert last is not None
         if isinstance(last, TransportError):
             raise type(last)(unreachable_message(self._nameservers, topic, policy.max_attempts,
-                                                 last)) from last
+                                                 last), sent=last.sent) from last
         raise last
 
     async def _refresh_loop(self) -> None:

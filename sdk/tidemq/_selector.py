@@ -4,15 +4,21 @@ The candidates are a route's writable (broker, queue) pairs sorted by (broker na
 so round robin alternates over every queue of every broker. A sharding key maps to
 ``crc32(key) % len(queues)`` — a hash that is the same in every process and every Python
 version (unlike ``hash()``), so all producers put one key on one queue while the route is stable.
+
+With a ``BrokerHealth``, round robin skips the queues of groups that are backing off and of the
+groups in ``avoid`` (those that already failed this send); when that leaves nothing, every queue
+is a candidate again. A sharding key keeps its queue whatever the health (ordering), unless
+``reshard`` is set: then a key whose group is unusable is hashed over the usable queues instead.
 """
 
 from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from tidemq._exceptions import server_error
+from tidemq._fault import BrokerHealth
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq.protocol import ErrorCode
 
@@ -35,11 +41,16 @@ class QueueSelector:
         sharding_key: str | None = None,
         queue_id: int | None = None,
         broker: str | None = None,
+        health: BrokerHealth | None = None,
+        avoid: Collection[str] = (),
+        reshard: bool = False,
     ) -> MessageQueue:
         """A queue for one message; ``broker`` (an address) restricts the candidates to it.
 
         An explicit ``queue_id`` is that queue on the first broker (by name) that has it; a
         queue id the route does not know yet goes to the first broker, which decides.
+        ``health`` and ``avoid`` (broker names) steer round robin away from failing groups
+        (see the module docstring); the chosen group, if failing, gets this send as its probe.
         """
         queues: Sequence[MessageQueue] = route.write_queues()
         if broker is not None:
@@ -53,9 +64,22 @@ class QueueSelector:
                     return q
             first = queues[0]
             return MessageQueue(first.broker_name, first.topic, queue_id, first.address)
+        steer = bool(avoid) or bool(health)
         if sharding_key is not None:
-            return queues[shard_index(sharding_key, len(queues))]
-        return queues[self._advance(route.topic) % len(queues)]
+            chosen = queues[shard_index(sharding_key, len(queues))]
+            if reshard and steer and not _fine(chosen, health, avoid):
+                usable = _usable(queues, health, avoid)
+                if usable:
+                    chosen = usable[shard_index(sharding_key, len(usable))]
+        else:
+            index = self._advance(route.topic)
+            if steer:  # nothing usable: groups not yet tried by this send, else any
+                queues = (_usable(queues, health, avoid)
+                          or [q for q in queues if q.broker_name not in avoid] or queues)
+            chosen = queues[index % len(queues)]
+        if health:
+            health.claim(chosen.broker_name)
+        return chosen
 
     def next_broker(self, route: TopicRoute) -> str:
         """The broker of the next round-robin queue (for a batch that must go to one broker)."""
@@ -67,3 +91,16 @@ class QueueSelector:
             current = random.randrange(1 << 16)  # producers do not all start on queue 0
         self._next[topic] = current + 1
         return current
+
+
+def _fine(queue: MessageQueue, health: BrokerHealth | None, avoid: Collection[str]) -> bool:
+    name = queue.broker_name
+    return name not in avoid and (health is None or health.usable(name))
+
+
+def _usable(queues: Sequence[MessageQueue], health: BrokerHealth | None,
+            avoid: Collection[str]) -> list[MessageQueue]:
+    """The queues of groups neither avoided nor backing off."""
+    ok = {name for name in {q.broker_name for q in queues} if name not in avoid
+          and (health is None or health.usable(name))}
+    return [q for q in queues if q.broker_name in ok]

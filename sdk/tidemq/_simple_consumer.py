@@ -9,15 +9,25 @@ A received message stays invisible to the group for ``invisible_ms``; not acked 
 delivered again (with a new receipt handle). ``change_invisible_duration`` extends (or shortens)
 the time and returns the new handle — the old one is no longer valid.
 
-With several brokers serving the topic, ``receive`` first asks each broker without waiting, in
-rotating order, and long-polls one broker (the next in turn) only when none had a message.
-Receipt handles remember their broker so that ``ack`` goes where the message came from.
+With several broker groups serving the topic, ``receive`` first asks each broker without
+waiting, in rotating order; when none had a message it long-polls every broker at once and
+returns as soon as one answers with messages. The polls still out carry on in the background
+(at most one per broker): what they bring is kept and handed out first by the next ``receive``
+— those messages are already invisible, so call ``receive`` again well within
+``invisible_ms`` (unacked they are delivered again after it, as after a crash). Receipt handles
+remember their broker so that ``ack`` goes where the message came from.
+
+A broker that fails (unreachable, 503) is left out for a back-off period (logged once when it
+goes and once when it is back) while the others are served; its messages wait there, in flight
+or not, until it is back.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 
@@ -25,8 +35,10 @@ import httpx
 
 from tidemq import _constants as C
 from tidemq._broker_api import BrokerApi
-from tidemq._exceptions import ConfigurationError
-from tidemq._http import DEFAULT_RETRY, HttpClient, RetryPolicy
+from tidemq._exceptions import ConfigurationError, TidemqError
+from tidemq._fault import BrokerHealth
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, HttpClient, RetryPolicy
+from tidemq._puller import broker_down
 from tidemq._routes import RouteTable
 from tidemq._tags import TagExpression
 from tidemq.protocol import ReceivedMessage
@@ -63,7 +75,13 @@ class SimpleConsumer:
         self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
                                   refresh_interval_s=route_refresh_s)
         self._api = BrokerApi(self._http)
+        self._health = BrokerHealth(initial_s=C.BROKER_BACKOFF_INITIAL_S,
+                                    max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S,
+                                    probe_timeout_s=request_timeout_s)
         self._handles: OrderedDict[str, str] = OrderedDict()  # receipt handle → broker
+        self._polls: dict[str, asyncio.Task[list[ReceivedMessage]]] = {}  # broker → long poll
+        self._ready: deque[ReceivedMessage] = deque()  # received by polls, not handed out yet
+        self._last_error: TidemqError | None = None  # of the last broker that failed
         self._turn = 0
 
     async def start(self) -> SimpleConsumer:
@@ -71,6 +89,12 @@ class SimpleConsumer:
         return self
 
     async def close(self) -> None:
+        for task in self._polls.values():
+            task.cancel()
+        for task in self._polls.values():
+            with contextlib.suppress(asyncio.CancelledError, TidemqError):
+                await task
+        self._polls.clear()
         await self._routes.close()
         await self._http.aclose()
 
@@ -94,18 +118,40 @@ class SimpleConsumer:
         if not 1 <= max <= 1024:
             raise ConfigurationError(f"max must be 1-1024, got {max}")
         invisible = invisible_ms if invisible_ms is not None else self.invisible_ms
+        self._collect()
+        if self._ready:
+            return self._hand_out(max)
         brokers = await self._brokers()
         start = self._turn
         self._turn += 1
         order = [brokers[(start + i) % len(brokers)] for i in range(len(brokers))]
+        live = [b for b in order if self._health.usable(b)] or order
+        # one broker: its client's retries apply; several: a failing one is left for the others
+        retry = None if len(order) == 1 else NO_RETRY
         if len(order) > 1:
-            for broker in order:
-                messages = await self._receive(broker, max, invisible, 0)
+            for broker in live:
+                if broker in self._polls:
+                    continue  # a long poll is out there: it answers as soon as it has some
+                messages = await self._try(broker, max, invisible, 0)
                 if messages:
                     return messages
             if wait_ms == 0:
                 return []
-        return await self._receive(order[0], max, invisible, wait_ms)
+        if not any(self._health.usable(b) for b in order):  # every broker is backing off
+            await asyncio.sleep(min(min(self._health.wait_s(b) for b in order), wait_ms / 1000))
+        for broker in order:
+            if broker not in self._polls and self._health.usable(broker):
+                self._polls[broker] = asyncio.create_task(
+                    self._receive(broker, max, invisible, wait_ms, retry),
+                    name=f"tidemq-receive-{broker}")
+        mine = set(self._polls.values())
+        while mine and not self._ready:
+            _, mine = await asyncio.wait(mine, return_when=asyncio.FIRST_COMPLETED)
+            self._collect()
+        if not self._ready and self._last_error is not None \
+                and not any(self._health.usable(b) for b in order):
+            raise self._last_error  # every broker failed: do not let the caller spin
+        return self._hand_out(max)
 
     async def ack(self, messages: ReceivedMessage | str | Iterable[ReceivedMessage | str]) -> int:
         """Acknowledge messages (or receipt handles); returns how many the broker acked."""
@@ -138,16 +184,55 @@ class SimpleConsumer:
 
     # -- internals ---------------------------------------------------------------------------
 
+    async def _try(self, broker: str, max_messages: int, invisible_ms: int,
+                   wait_ms: int) -> list[ReceivedMessage]:
+        """``_receive`` that reports a failing broker and answers [] for it."""
+        try:
+            return await self._receive(broker, max_messages, invisible_ms, wait_ms, NO_RETRY)
+        except TidemqError as exc:
+            self._failed(broker, exc)
+            return []
+
+    def _collect(self) -> None:
+        """Move what finished long polls brought into ``_ready``."""
+        for broker, task in list(self._polls.items()):
+            if not task.done():
+                continue
+            del self._polls[broker]
+            if task.cancelled():
+                continue
+            exc = task.exception()
+            if exc is None:
+                self._ready.extend(task.result())
+            elif isinstance(exc, TidemqError):
+                self._failed(broker, exc)
+            else:
+                raise exc
+
+    def _hand_out(self, max_messages: int) -> list[ReceivedMessage]:
+        count = min(max_messages, len(self._ready))
+        return [self._ready.popleft() for _ in range(count)]
+
+    def _failed(self, broker: str, exc: TidemqError) -> None:
+        if not broker_down(exc):
+            raise exc
+        self._last_error = exc
+        if self._health.failed(broker):
+            log.warning("receive from %s failed (%s); the other brokers are served while it "
+                        "backs off", broker, exc)
+
     async def _brokers(self) -> list[str]:
         route = await self._routes.get(self.topic)
         brokers = sorted({b.address for b in route.brokers if b.readable})
         return brokers or route.addresses
 
     async def _receive(self, broker: str, max_messages: int, invisible_ms: int,
-                       wait_ms: int) -> list[ReceivedMessage]:
+                       wait_ms: int, retry: RetryPolicy | None = None) -> list[ReceivedMessage]:
         messages = await self._api.receive(
             broker, self.group, topic=self.topic, tags=str(self.tag_expression),
-            max_messages=max_messages, invisible_ms=invisible_ms, wait_ms=wait_ms)
+            max_messages=max_messages, invisible_ms=invisible_ms, wait_ms=wait_ms, retry=retry)
+        if self._health and self._health.succeeded(broker):
+            log.info("broker %s answers receives again", broker)
         accepted = []
         for m in messages:
             if m.receipt_handle:

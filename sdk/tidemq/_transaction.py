@@ -22,6 +22,10 @@ never pass for a sent message. Concurrent sends share batch requests (``POST /v1
 with ``messages``, and the ends waiting meanwhile, or ``POST /v1/transactions/end``), and while
 started the producer heartbeats and answers checks in batches (``_transaction_checks.py``).
 
+Half messages spread over every broker group of the topic and fail over like
+``Producer.send`` (``tidemq._fault``); the end goes to the group that stored the half, and a
+check is answered to the broker that sent it — the group holding that half.
+
 By default ``send`` returns once the broker acknowledged the end (``end_error`` says when it
 could not). ``wait_for_end=False`` returns as soon as the end is queued, like RocketMQ's oneway
 end-transaction: faster, and a lost end is resolved by a check all the same.
@@ -42,7 +46,13 @@ from typing import Any, Protocol
 
 import httpx
 
-from tidemq._constants import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S, ROUTE_REFRESH_INTERVAL_S
+from tidemq._constants import (
+    BROKER_BACKOFF_INITIAL_S,
+    CLOSE_TIMEOUT_S,
+    PRODUCER_BROKER_BACKOFF_MAX_S,
+    REQUEST_TIMEOUT_S,
+    ROUTE_REFRESH_INTERVAL_S,
+)
 from tidemq._exceptions import (
     ClientClosedError,
     ConfigurationError,
@@ -53,9 +63,10 @@ from tidemq._exceptions import (
     UnexpectedResponseError,
     server_error,
 )
-from tidemq._http import DEFAULT_RETRY, HttpClient, RetryPolicy, url
+from tidemq._fault import BrokerHealth, SendAttempts, Step
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, HttpClient, RetryPolicy, url
 from tidemq._message import Message, to_outgoing
-from tidemq._routes import RouteTable
+from tidemq._routes import MessageQueue, RouteTable
 from tidemq._selector import QueueSelector
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
@@ -153,10 +164,15 @@ class TransactionProducer:
             self._http, group, self.client_id, self._check, nameservers=nameservers or (),
             broker_url=broker_url, heartbeat_s=heartbeat_interval_s, wait_ms=check_wait_ms,
             max_checks=check_max, concurrency=check_concurrency)
+        self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S,
+                                    max_s=PRODUCER_BROKER_BACKOFF_MAX_S,
+                                    probe_timeout_s=request_timeout_s)
         self._close_timeout_s = close_timeout_s
         self._valid_topics: set[str] = set()
         self._started = False
         self._closed = False
+        # half messages stored on a group after an earlier group may have stored them too
+        self.possible_duplicates = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -238,14 +254,11 @@ class TransactionProducer:
         out = to_outgoing(msg)
         msg.message_id = out.message_id
         await self.start()
-        route = await self._routes.get(msg.topic)
-        queue = self._selector.select(route, sharding_key=out.sharding_key, queue_id=out.queue_id)
-        out.queue_id = queue.queue_id
-        self._checks.add_broker(queue.address)
         immunity = check_immunity_s if check_immunity_s is not None else self.check_immunity_s
-        txid = await self._batcher.half(queue.address, (msg.topic, immunity), out)
+        txid, queue = await self._store_half(msg.topic, immunity, out)
         state, error = await self._execute(msg, arg, txid)
         end_error: TidemqError | None = None
+        # the end (and any check answer) goes to the group holding the half message
         ending = self._batcher.end(queue.address, (txid, state.value, False))
         if not self.wait_for_end:
             ending.add_done_callback(_log_end_failure)
@@ -262,6 +275,39 @@ class TransactionProducer:
         if error is not None:
             raise LocalTransactionError(result) from error
         return result
+
+    async def _store_half(self, topic: str, immunity: float | None, out: OutgoingMessage
+                          ) -> tuple[str, MessageQueue]:
+        """Store the half message on a group, failing over like ``Producer.send`` (the rule is
+        in ``tidemq._fault``); the transaction id and the queue that holds it."""
+        explicit = out.queue_id
+        attempts: SendAttempts | None = None
+        step, queue = Step.SELECT, None
+        while True:
+            route = await self._routes.get(topic)
+            if step is Step.SELECT or queue is None:
+                queue = self._selector.select(route, sharding_key=out.sharding_key,
+                                              queue_id=explicit, health=self._health,
+                                              avoid=attempts.tried if attempts else ())
+            out.queue_id = queue.queue_id
+            self._checks.add_broker(queue.address)
+            try:
+                txid = await self._batcher.half(queue.address, (topic, immunity), out)
+            except TidemqError as exc:
+                if attempts is None:
+                    attempts = SendAttempts(
+                        self._health, self._http.retry, first=queue.broker_name,
+                        movable=explicit is None and out.sharding_key is None,
+                        what=f"half message {out.message_id}")
+                step = await attempts.after_failure(exc, queue.broker_name,
+                                                    route.write_groups())
+                continue
+            if self._health and self._health.succeeded(queue.broker_name):
+                log.info("broker %s answers again; half messages use it again",
+                         queue.broker_name)
+            if attempts is not None and attempts.duplicated_on(queue.broker_name):
+                self.possible_duplicates += 1
+            return txid, queue
 
     async def _execute(self, message: Message, arg: Any, txid: str
                        ) -> tuple[TransactionState, BaseException | None]:
@@ -300,9 +346,9 @@ class TransactionProducer:
             body["check_immunity_s"] = immunity
         if wire_ends:
             body["ends"] = wire_ends
-        try:
+        try:  # no retries here: _store_half decides where a failed half goes
             answer = await self._http.call("POST", url(broker, "v1", "transactions"), body=body,
-                                           binary=True)
+                                           binary=True, retry=NO_RETRY)
         except (TopicNotFoundError, TransportError):
             self._routes.invalidate(topic)
             raise

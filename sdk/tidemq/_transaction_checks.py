@@ -6,8 +6,10 @@ checks is answered concurrently by the listener's ``check_local_transaction`` an
 one ``POST /v1/transactions/end`` with ``from_check: true``. Nothing needs an inbound port, and
 any instance of the group may answer: checks survive a producer restart.
 
-Brokers: the one ``broker_url``, or every broker the nameservers list (``GET /v1/cluster``),
-plus any broker a half message went to.
+Brokers: the one ``broker_url``, or every broker the nameservers list (``GET /v1/cluster``,
+asked of the last nameserver that answered first), plus any broker a half message went to. A
+broker that cannot be reached is logged once when it goes and once when it is back; its poll
+backs off meanwhile (``ERROR_PAUSE_S`` doubling up to ``MAX_ERROR_PAUSE_S``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from tidemq._constants import NAMESERVER_TIMEOUT_S
 from tidemq._exceptions import TidemqError, UnexpectedResponseError
 from tidemq._http import NO_RETRY, HttpClient, normalize_address, url
 from tidemq.protocol import ReceivedMessage
@@ -28,7 +31,8 @@ log = logging.getLogger("tidemq.transactions.checks")
 #: ``check(message)`` → the action to answer: "commit", "rollback" or "unknown".
 CheckFunction = Callable[[ReceivedMessage], Awaitable[str]]
 
-ERROR_PAUSE_S = 1.0  # after a failed poll or heartbeat
+ERROR_PAUSE_S = 1.0  # after a failed poll, doubling with each failure in a row
+MAX_ERROR_PAUSE_S = 10.0  # cap of that pause
 MAX_ANSWERING = 4  # batches of checks being answered at once per broker
 
 
@@ -50,6 +54,8 @@ class CheckPoller:
         self._answering: set[asyncio.Task[None]] = set()
         self._beat: asyncio.Task[None] | None = None
         self._alive: set[str] = set()  # brokers that accepted a heartbeat since the last error
+        self._down: set[str] = set()  # brokers reported unreachable (logged once)
+        self._next_ns = 0  # the nameserver asked first: the last one that answered
         self.answered = 0  # checks answered (tests and stats)
 
     def start(self) -> None:
@@ -86,6 +92,7 @@ class CheckPoller:
         await self.http.call("POST", url(broker, "v1", "producers", self.group, "heartbeat"),
                              body={"client_id": self.client_id}, retry=NO_RETRY)
         self._alive.add(broker)
+        self._reachable(broker)
 
     async def _heartbeats(self) -> None:
         while True:
@@ -95,17 +102,36 @@ class CheckPoller:
                     await self._heartbeat(broker)
                 except TidemqError as exc:
                     self._alive.discard(broker)
-                    log.warning("producer %s heartbeat to %s failed: %s", self.group, broker,
-                                exc)
+                    self._unreachable(broker, "heartbeat", exc)
             await asyncio.sleep(self.heartbeat_s)
 
+    def _unreachable(self, broker: str, what: str, exc: TidemqError) -> None:
+        if broker in self._down:
+            log.debug("producer %s: %s on %s failed again: %s", self.group, what, broker, exc)
+            return
+        self._down.add(broker)
+        log.warning("producer %s: %s on %s failed: %s; retrying with back-off (checks of the "
+                    "half messages it holds wait until it is back)", self.group, what, broker,
+                    exc)
+
+    def _reachable(self, broker: str) -> None:
+        if broker in self._down:
+            self._down.discard(broker)
+            log.info("producer %s: broker %s is reachable again", self.group, broker)
+
     async def _discover(self) -> None:
-        for ns in self.nameservers:
+        count = len(self.nameservers)
+        for i in range(count):
+            index = (self._next_ns + i) % count
+            ns = self.nameservers[index]
             try:
-                answer = await self.http.call("GET", url(ns, "v1", "cluster"), retry=NO_RETRY)
+                answer = await self.http.call(
+                    "GET", url(ns, "v1", "cluster"), retry=NO_RETRY,
+                    timeout_s=min(self.http.timeout_s, NAMESERVER_TIMEOUT_S))
             except TidemqError as exc:
                 log.debug("nameserver %s: cluster lookup failed: %s", ns, exc)
                 continue
+            self._next_ns = index
             for b in answer.get("brokers") or [] if isinstance(answer, dict) else []:
                 if isinstance(b, dict) and b.get("address"):
                     self.add_broker(normalize_address(str(b["address"])))
@@ -116,6 +142,7 @@ class CheckPoller:
         params: dict[str, str | int] = {"client_id": self.client_id, "max": self.max_checks,
                                         "wait_ms": self.wait_ms}
         timeout = self.wait_ms / 1000 + self.http.timeout_s
+        failures = 0
         while True:
             try:
                 if broker not in self._alive:
@@ -130,10 +157,12 @@ class CheckPoller:
                     raise UnexpectedResponseError(f"check poll answer from {broker} has no list")
             except TidemqError as exc:
                 self._alive.discard(broker)
-                log.warning("producer %s: check poll on %s failed: %s; retrying in %.0fs",
-                            self.group, broker, exc, ERROR_PAUSE_S)
-                await asyncio.sleep(ERROR_PAUSE_S)
+                self._unreachable(broker, "check poll", exc)
+                failures += 1
+                await asyncio.sleep(min(MAX_ERROR_PAUSE_S, ERROR_PAUSE_S * 2 ** (failures - 1)))
                 continue
+            failures = 0
+            self._reachable(broker)
             if checks:
                 task = asyncio.create_task(self._answer(broker, checks))
                 self._answering.add(task)

@@ -1,8 +1,11 @@
 """The broker's link to the nameservers: register topics at once, then heartbeat periodically.
 
-Every heartbeat carries the broker's full topic set (``topics_provider()``), sent to every
-nameserver concurrently. A nameserver that is down is logged, never raised: the others keep
-serving routes, and the next heartbeat catches the lagging one up.
+Every heartbeat carries the broker's full topic set (``topics_provider()``) and its place in the
+cluster (group ``broker_name``, member ``broker_id``, ``role``, ``epoch``, gRPC address, commit
+log ``max_offset``), sent to every nameserver concurrently. A clean stop says goodbye to every
+nameserver (``DELETE /v1/brokers/{name}?broker_id=..&address=..``) so routes drop it at once.
+A nameserver that is down is logged, never raised: the others keep serving routes, and the next
+heartbeat catches the lagging one up.
 
 Heartbeats to one nameserver are serialised and take their topic snapshot only once it is their
 turn, so an older topic set can never overwrite a newer one there. Heartbeats and the goodbye
@@ -26,6 +29,7 @@ from services.common.loop import BackgroundLoop
 log = logging.getLogger(__name__)
 
 TopicsProvider = Callable[[], dict[str, dict[str, Any]]]  # {topic: {"queues": n, "perm": "rw"}}
+OffsetProvider = Callable[[], int]  # commit log max physical offset (bytes)
 
 HEARTBEAT_PATH = "/v1/brokers/heartbeat"
 REQUEST_TIMEOUT_S = 3.0  # per heartbeat request to one nameserver
@@ -49,12 +53,19 @@ class NameserverRegistrar:
                  topics_provider: TopicsProvider,
                  interval_s: float = BROKER_HEARTBEAT_INTERVAL_S,
                  timeout_s: float = REQUEST_TIMEOUT_S,
-                 unregister_on_stop: bool = True, token: str = "") -> None:
+                 unregister_on_stop: bool = True, token: str = "", *, broker_id: int = 0,
+                 role: str = "primary", epoch: int = 0, grpc_address: str | None = None,
+                 max_offset_provider: OffsetProvider | None = None) -> None:
         self.nameserver_urls = [u.strip().rstrip("/") for u in nameserver_urls if u.strip()]
         self.cluster = cluster
         self.broker_name = broker_name
         self.address = address.rstrip("/")
         self.topics_provider = topics_provider
+        self.broker_id = broker_id
+        self.role = role  # "primary" or "replica"
+        self.epoch = epoch
+        self.grpc_address = grpc_address  # host:port of the gRPC door; None while it has none
+        self.max_offset_provider = max_offset_provider
         self.unregister_on_stop = unregister_on_stop
         headers = {TOKEN_HEADER: token} if token else {}
         self._client = httpx.AsyncClient(timeout=timeout_s, headers=headers)
@@ -91,8 +102,7 @@ class NameserverRegistrar:
     async def _heartbeat(self, url: str) -> bool:
         async with self._locks[url]:
             try:
-                body = {"cluster": self.cluster, "broker_name": self.broker_name,
-                        "address": self.address, "topics": self.topics_provider()}
+                body = self.heartbeat_body()
             except Exception:
                 log.exception("cannot list topics for the heartbeat to %s", url)
                 return False
@@ -109,6 +119,14 @@ class NameserverRegistrar:
             self._mark(url, True, f"{len(body['topics'])} topic(s)")
             return True
 
+    def heartbeat_body(self) -> dict[str, Any]:
+        """What one heartbeat says: the broker's full current state."""
+        return {"cluster": self.cluster, "broker_name": self.broker_name,
+                "broker_id": self.broker_id, "role": self.role, "epoch": self.epoch,
+                "address": self.address, "grpc_address": self.grpc_address,
+                "max_offset": self.max_offset_provider() if self.max_offset_provider else 0,
+                "topics": self.topics_provider()}
+
     def _mark(self, url: str, ok: bool, detail: str) -> None:
         """Log state changes loudly and repeats quietly, so a dead nameserver cannot flood."""
         before = self._reachable[url]
@@ -124,7 +142,8 @@ class NameserverRegistrar:
     async def _unregister(self, url: str) -> None:
         with contextlib.suppress(httpx.HTTPError):
             resp = await self._client.delete(f"{url}/v1/brokers/{quote(self.broker_name, safe='')}",
-                                             params={"address": self.address}, timeout=1.0)
+                                             params={"broker_id": self.broker_id,
+                                                     "address": self.address}, timeout=1.0)
             if resp.status_code == 200:
                 log.info("unregistered from nameserver %s", url)
             elif resp.status_code != 404:  # 404: already gone (expired, or never registered)

@@ -71,9 +71,9 @@ class Broker:
         await asyncio.to_thread(self.topics.load)
         self.store = await MessageStore.open(s.store_config())
         self.store.add_listener(self.hold.notify)
-        self.offsets = OffsetStore(s.redis_url, s.namespace)
+        self.offsets = OffsetStore(s.redis_url, s.cluster, s.broker_name)
         await self.offsets.start()
-        self.simple = SimpleConsumerService(self.store, s.redis_url, s.namespace, self.hold,
+        self.simple = SimpleConsumerService(self.store, s.redis_url, s.cluster, self.hold,
                                             self.offsets)
         dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
         delays = Delays(s.delay_levels_ms, s.max_delay_ms)
@@ -107,9 +107,12 @@ class Broker:
         self.queries.views.append(self.tx_checking.message_view)
         for loop in self._loops:
             loop.start()
-        self.registrar = NameserverRegistrar(s.nameserver_urls, s.cluster, s.broker_name,
-                                             s.address, self.topics.route_table,
-                                             s.register_interval_s, token=s.token)
+        store = self.store
+        self.registrar = NameserverRegistrar(
+            s.nameserver_urls, s.cluster, s.broker_name, s.address, self.topics.route_table,
+            s.register_interval_s, token=s.token, broker_id=s.broker_id,
+            grpc_address=s.grpc_address if s.grpc_enabled and s.grpc_port else None,
+            max_offset_provider=lambda: store.log.write_offset)
         self.topics.add_listener(self._topic_changed)
         self.registrar.start()
         self.metrics.add_stats("tidemq_broker_store_", self.store.stats, "store")

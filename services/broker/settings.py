@@ -21,6 +21,7 @@ from services.common.constants import (
     BROKER_HEARTBEAT_INTERVAL_S,
     BROKER_PORT,
     CONSUMER_EXPIRY_S,
+    MAX_BROKER_ID,
     PRODUCER_EXPIRY_S,
 )
 from services.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
@@ -36,6 +37,7 @@ class BrokerSettings(ServiceSettings):
     # --- identity and neighbours ---------------------------------------------------------------
     port: int = BROKER_PORT  # listen port
     broker_name: str = Field(default="broker-a", min_length=1)  # name in nameserver routes
+    broker_id: int = Field(default=0, ge=0, le=MAX_BROKER_ID)  # member of its group (0 = primary)
     advertised_address: str = ""  # base URL clients use ("" = http://{host}:{port})
     nameservers: str = ""  # comma-separated nameserver base URLs ("" = register nowhere)
     # nameserver heartbeat period (s)
@@ -130,11 +132,6 @@ class BrokerSettings(ServiceSettings):
     @property
     def nameserver_urls(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.nameservers.split(",") if u.strip()]
-
-    @property
-    def namespace(self) -> str:
-        """Redis namespace of this broker's consumer state: queue ids are per broker."""
-        return f"{self.cluster}:{self.broker_name}"
 
     def limits(self) -> Limits:
         return Limits(

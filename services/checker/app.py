@@ -23,7 +23,7 @@ from services.checker.progress import ProgressStore, ProgressUnavailable
 from services.checker.scanner import CheckScanner, ScanConfig, ScanReport
 from services.checker.settings import CheckerSettings
 from services.common.app import create_app, reply, token_guard
-from services.common.broker_client import BrokerClient, BrokerError
+from services.common.broker_client import BrokerClient, BrokerDown, BrokerError
 from services.common.loop import BackgroundLoop
 from services.common.openapi import errors
 
@@ -96,8 +96,10 @@ class Checker:
 
     def __init__(self, settings: CheckerSettings) -> None:
         self.settings = settings
+        resolver = settings.resolver()
         self.client = BrokerClient(settings.broker_url, settings.token, settings.request_timeout_s,
-                                   user_agent="tidemq-checker")
+                                   user_agent="tidemq-checker",
+                                   resolver=resolver if resolver.discovered else None)
         self.progress = ProgressStore(settings.redis_url, settings.cluster)
         self.scanner = CheckScanner(self.client, self.progress, ScanConfig(
             immunity_ms=settings.transaction_timeout_ms, check_max=settings.check_max,
@@ -105,18 +107,14 @@ class Checker:
         self.metrics = CheckerMetrics(self)
         self.loop = CheckLoop(self, settings.check_interval_ms / 1000)
         self._lock = asyncio.Lock()
-        self.bound = False
+        self.bound = ""  # the broker name the progress is bound to ("" = not yet)
+        self.bound_url = ""  # the address that broker name was last confirmed at
         self.end = 0
         self.last_scan = 0.0
 
     async def scan_now(self) -> ScanReport:
         async with self._lock:
-            if not self.bound:
-                info = await self.client.transactions_info()
-                self.progress.bind(str(info["broker_name"]))
-                self.bound = True
-                log.info("checking transactions of broker %s at %s", info["broker_name"],
-                         self.settings.broker_url)
+            await self._bind()
             try:
                 report = await self.scanner.scan()
             except BaseException:
@@ -132,6 +130,28 @@ class Checker:
                          report.discarded, report.deferred, report.ended + report.stale,
                          report.seconds)
             return report
+
+    async def _bind(self) -> None:
+        """Bind the progress to the broker's name on first contact, and confirm the name
+        again whenever the group's address changed: progress of one group must never be
+        applied to another broker's half queue."""
+        url = await self.client.follow()
+        if self.bound and url == self.bound_url:
+            return
+        info = await self.client.transactions_info()
+        name = str(info["broker_name"])
+        want = self.settings.broker_name or self.bound
+        if want and name != want:
+            if self.client.resolver is not None:
+                self.client.resolver.invalidate()
+            raise BrokerDown(f"the broker at {url} is {name!r}, not {want!r}: waiting for the "
+                             "nameservers to point at the right one", maybe_done=False)
+        if not self.bound:
+            self.progress.bind(name)
+            log.info("checking transactions of broker %s at %s", name, url)
+        elif url != self.bound_url:
+            log.info("checking transactions of broker %s at its new address %s", name, url)
+        self.bound, self.bound_url = name, url
 
     async def close(self) -> None:
         await self.loop.stop()
@@ -163,7 +183,7 @@ def create_checker_app(settings: CheckerSettings | None = None) -> FastAPI:
         app.state.checker = checker
         checker.loop.start()
         log.info("checker of cluster %s: broker %s, every %d ms, first check after %d ms, "
-                 "discard after %d checks", settings.cluster, settings.broker_url,
+                 "discard after %d checks", settings.cluster, checker.client.describe(),
                  settings.check_interval_ms, settings.transaction_timeout_ms, settings.check_max)
         try:
             yield

@@ -4,25 +4,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from services.common.constants import (
-    BROKER_PORT,
     CHECKER_PORT,
     TRANSACTION_CHECK_INTERVAL_MS,
     TRANSACTION_CHECK_MAX,
     TRANSACTION_MAX_AGE_S,
     TRANSACTION_TIMEOUT_MS,
 )
-from services.common.settings import ServiceSettings
+from services.common.settings import GroupServiceSettings
 
 
-class CheckerSettings(ServiceSettings):
+class CheckerSettings(GroupServiceSettings):
+    """One checker per broker group: ``broker_name`` + ``nameservers`` find the group's broker
+    (``broker_url`` is the fixed broker when no nameservers are given)."""
+
     model_config = SettingsConfigDict(env_prefix="TIDEMQ_CHECKER_", extra="ignore")
 
     port: int = CHECKER_PORT  # listen port (/healthz, /metrics, /internal/v1/scan)
-    broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # the broker whose half queue it scans
     redis_url: str = "redis://127.0.0.1:6379/0"  # progress (half and op offsets)
     # scan the half queue this often (ms); RocketMQ's transactionCheckInterval
     check_interval_ms: int = Field(default=TRANSACTION_CHECK_INTERVAL_MS, gt=0)
@@ -35,8 +36,3 @@ class CheckerSettings(ServiceSettings):
     batch_size: int = Field(default=512, ge=1, le=4096)  # half messages per page and action call
     request_timeout_s: float = Field(default=30.0, gt=0)  # one request to the broker (s)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
-
-    @field_validator("broker_url")
-    @classmethod
-    def _strip_slash(cls, value: str) -> str:
-        return value.rstrip("/")

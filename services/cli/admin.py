@@ -13,11 +13,14 @@ import typer
 from rich.table import Table
 from tidemq.protocol import Perm
 
+from services.cli import topic_groups
 from services.cli.rest import (
     CliError,
     call,
+    cluster_view,
     console,
     endpoints,
+    err_console,
     print_json,
     reports_errors,
     segment,
@@ -25,10 +28,34 @@ from services.cli.rest import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-topic_app = typer.Typer(help="Create, list, inspect and delete topics on the broker.",
+topic_app = typer.Typer(help="Create, update and delete topics on every broker group; list and "
+                             "inspect them on one broker.",
                         no_args_is_help=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
+
+
+GroupOption = Annotated[list[str] | None, typer.Option(
+    "--group", "-g", help="Only this broker group (repeatable); default: every live group.")]
+
+
+def _print_results(topic: str, results: list[topic_groups.GroupResult], json_out: bool,
+                   key: str = "topic") -> None:
+    if json_out:
+        print_json({key: topic, "groups": [r.to_json() for r in results]})
+    else:
+        for r in results:
+            detail = (f": {r.error}" if r.error else
+                      f", {r.queues} queue(s), perm {r.perm}" if r.perm else
+                      f", {r.queues} queue(s)" if r.queues else "")
+            bad = r.result == topic_groups.FAILED
+            (err_console if bad else console).print(
+                f"topic [bold]{topic}[/] on {r.broker_name}: "
+                f"[{'red' if bad else 'bold'}]{r.result}[/]{detail}", highlight=False)
+    failed = topic_groups.failures(results)
+    if failed:
+        raise CliError(f"{len(failed)} of {len(results)} group(s) failed: "
+                       + ", ".join(r.broker_name for r in failed))
 
 
 @topic_app.command("create")
@@ -36,20 +63,41 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON ans
 def topic_create(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Topic name: letters, digits, _ % | - (≤ 127).")],
-    queues: Annotated[int, typer.Option(min=1, help="Number of queues.")] = 8,
+    queues: Annotated[int, typer.Option(min=1, help="Number of queues on each group.")] = 8,
     perm: Annotated[Perm, typer.Option(help="Permission: r, w or rw.")] = Perm.READ_WRITE,
+    group: GroupOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Create a topic, or update its queue count and permission."""
+    """Create a topic on every broker group (or the --group ones). Creating it again with the
+    same queues is a no-op; other queues or permission: use `tidemq topic update`."""
     ep = endpoints(ctx)
     with ep.client() as client:
-        topic = call(client, "PUT", f"{ep.broker}/v1/topics/{segment(name)}",
-                     json={"queues": queues, "perm": perm.value})
-    if json_out:
-        print_json(topic)
-        return
-    console.print(f"topic [bold]{topic.get('name', name)}[/]: {topic.get('queues', queues)} "
-                  f"queue(s), perm {topic.get('perm', perm.value)}")
+        groups = topic_groups.choose_groups(client, ep, group)
+        results = topic_groups.create(client, groups, name, queues, perm.value)
+    _print_results(name, results, json_out)
+
+
+@topic_app.command("update")
+@reports_errors
+def topic_update(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    queues: Annotated[int | None, typer.Option(
+        min=1, help="New number of queues on each group (fewer only while the dropped "
+                    "queues hold no messages).")] = None,
+    perm: Annotated[Perm | None, typer.Option(help="New permission: r, w or rw.")] = None,
+    group: GroupOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Change a topic's queue count or permission on every group that has it."""
+    if queues is None and perm is None:
+        raise CliError("BAD_REQUEST: give --queues and/or --perm", 2)
+    ep = endpoints(ctx)
+    with ep.client() as client:
+        groups = topic_groups.choose_groups(client, ep, group)
+        results = topic_groups.update(client, groups, name, queues,
+                                      perm.value if perm is not None else None)
+    _print_results(name, results, json_out)
 
 
 @topic_app.command("list")
@@ -103,42 +151,50 @@ def topic_delete(
     name: Annotated[str, typer.Argument(help="Topic name.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")
                    ] = False,
+    group: GroupOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Delete a topic: it leaves the routes at once; its stored messages stay until retention
-    removes them, unreadable unless the topic is created again."""
+    """Delete a topic on every broker group (or the --group ones): it leaves the routes at once;
+    its stored messages stay until retention removes them, unreadable unless the topic is
+    created again."""
     ep = endpoints(ctx)
-    if not yes and not typer.confirm(f"delete topic {name} on {ep.broker}?"):
-        raise CliError("not deleted", 1)
     with ep.client() as client:
-        answer = call(client, "DELETE", f"{ep.broker}/v1/topics/{segment(name)}")
-    if json_out:
-        print_json(answer)
-        return
-    console.print(f"topic [bold]{answer.get('deleted', name)}[/] deleted")
+        groups = topic_groups.choose_groups(client, ep, group)
+        where = ", ".join(g.name for g in groups)
+        if not yes and not typer.confirm(f"delete topic {name} on {where}?"):
+            raise CliError("not deleted", 1)
+        results = topic_groups.delete(client, groups, name)
+    _print_results(name, results, json_out, key="deleted")
 
 
 @reports_errors
 def cluster(ctx: typer.Context, json_out: JsonOption = False) -> None:
-    """Show the brokers registered with the nameserver and the topics they serve."""
+    """Show the brokers registered with the nameserver (the first of --nameserver that
+    answers), the topics they serve, and the cluster's nameservers."""
     ep = endpoints(ctx)
     with ep.client() as client:
-        answer = call(client, "GET", f"{ep.nameserver}/v1/cluster")
+        url, answer = cluster_view(client, ep)
     if json_out:
         print_json(answer)
         return
     brokers: list[dict[str, Any]] = answer.get("brokers", [])
     if not brokers:
-        console.print(f"no live broker is registered with {ep.nameserver}")
+        console.print(f"no live broker is registered with {url}")
         return
     now_ms = time.time() * 1000
-    table = Table("cluster", "broker", "address", "last heartbeat", "topics",
-                  title=f"{len(brokers)} broker(s) registered with {ep.nameserver}")
+    nameservers = answer.get("nameservers") or []
+    table = Table("cluster", "broker", "address", "gRPC", "last heartbeat", "topics",
+                  title=f"{len(brokers)} broker(s) registered with {url}",
+                  caption=f"nameservers: {', '.join(nameservers)}" if nameservers else None)
     for broker in brokers:
         topics = broker.get("topics", {})
         age_s = max(0.0, (now_ms - float(broker.get("last_heartbeat_ms", now_ms))) / 1000)
-        table.add_row(str(broker.get("cluster")), str(broker.get("broker_name")),
-                      str(broker.get("address")), f"{age_s:.0f} s ago",
+        member = str(broker.get("broker_name"))
+        role, broker_id = broker.get("role", "primary"), broker.get("broker_id", 0)
+        if role != "primary" or broker_id:
+            member += f" #{broker_id} {role}"
+        table.add_row(str(broker.get("cluster")), member, str(broker.get("address")),
+                      str(broker.get("grpc_address") or "-"), f"{age_s:.0f} s ago",
                       _topic_summary(topics))
     console.print(table)
 

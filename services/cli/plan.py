@@ -22,9 +22,11 @@ from services.common.constants import (
     SCHEDULER_PORT,
 )
 
-# Start order; stopped in reverse. The first two are required, the rest start when present.
+# Start order by kind; stopped in reverse. The first two are required, the rest start when
+# present. Several broker groups start every broker, then every checker, then every scheduler.
 SERVICE_ORDER = ("nameserver", "broker", "checker", "scheduler", "metrics")
 REQUIRED_SERVICES = frozenset({"nameserver", "broker"})
+GROUP_SERVICES = ("broker", "checker", "scheduler")  # one of each per broker group
 
 ENV_PREFIX = {
     "nameserver": "TIDEMQ_NAMESRV_",
@@ -34,6 +36,21 @@ ENV_PREFIX = {
     "metrics": "TIDEMQ_METRICS_",
 }
 
+# Predictable ports of a cluster on one host: group i (0-based) serves REST on the base port +
+# GROUP_PORT_STEP * i (broker 10911, 11911, ...; checker 10921, 11921, ...; scheduler 10931,
+# 11931, ...) and gRPC on the base gRPC port + i (8081, 8082, ...); nameserver j listens on the
+# base nameserver port + j (9876, 9877, ...).
+GROUP_PORT_STEP = 1000
+GRPC_PORT_STEP = 1
+NAMESERVER_PORT_STEP = 1
+MAX_GROUPS = 26  # broker-a … broker-z
+MAX_NAMESERVERS = 9
+
+
+def group_name(index: int) -> str:
+    """The broker name of group ``index`` (0-based): broker-a, broker-b, …"""
+    return f"broker-{chr(ord('a') + index)}"
+
 
 @dataclass(frozen=True)
 class UpOptions:
@@ -42,8 +59,8 @@ class UpOptions:
     data_dir: Path = Path(".tidemq")
     host: str = "127.0.0.1"
     cluster: str = "DefaultCluster"
-    nameserver_port: int = NAMESERVER_PORT
-    broker_port: int = BROKER_PORT
+    nameserver_port: int = NAMESERVER_PORT  # of the first nameserver
+    broker_port: int = BROKER_PORT  # of the first group's broker
     broker_grpc_port: int = BROKER_GRPC_PORT  # RocketMQ 5 clients (gRPC); 0 = off
     checker_port: int = CHECKER_PORT
     scheduler_port: int = SCHEDULER_PORT
@@ -51,18 +68,61 @@ class UpOptions:
     flush: str = "async"  # broker flush mode: async or sync
     metrics: bool = True  # start the PySpark metrics sidecar (slow to start)
     skip: frozenset[str] = frozenset()  # services not to start (e.g. run one in a debugger)
+    groups: int = 1  # broker groups: one broker, checker and scheduler each
+    nameservers: int = 1
+    grpc_off: frozenset[int] = frozenset()  # groups whose gRPC door stays off (port busy)
+
+    def nameserver_ports(self) -> list[int]:
+        return [self.nameserver_port + NAMESERVER_PORT_STEP * j
+                for j in range(self.nameservers)]
+
+    def nameserver_urls(self) -> list[str]:
+        return [f"http://{self.host}:{port}" for port in self.nameserver_ports()]
+
+    def group_port(self, kind: str, index: int) -> int:
+        """Port of group ``index``'s broker, checker or scheduler."""
+        return service_port(self, kind) + GROUP_PORT_STEP * index
+
+    def grpc_port(self, index: int) -> int:
+        """Port of group ``index``'s gRPC door; 0 = off."""
+        if self.broker_grpc_port == 0 or index in self.grpc_off:
+            return 0
+        return self.broker_grpc_port + GRPC_PORT_STEP * index
+
+    def label(self, kind: str, index: int) -> str:
+        """A service's name in the output and its log file: the kind alone for a single
+        instance (``broker``), else per group (``broker-b``, ``checker-b``) or per nameserver
+        (``nameserver-2``)."""
+        if kind == "nameserver":
+            return kind if self.nameservers == 1 else f"{kind}-{index + 1}"
+        if kind in GROUP_SERVICES and self.groups > 1:
+            return f"{kind}-{group_name(index)[len('broker-'):]}"
+        return kind
+
+    def data_subdir(self, kind: str, index: int) -> str:
+        """Where group ``index``'s broker or scheduler keeps its files, under the data dir.
+        The first group keeps the one-group paths (``broker``, ``scheduler``), so its data
+        stays where it was when the group count changes; the others add their broker name's
+        letter (``broker-b``, ``scheduler-b``)."""
+        return kind if index == 0 else f"{kind}-{group_name(index)[len('broker-'):]}"
 
 
 @dataclass(frozen=True)
 class ServiceSpec:
     """One child process: ``python -m <module>`` with ``env`` added to the inherited env."""
 
-    name: str
+    name: str  # label: nameserver, broker, … or nameserver-2, broker-b, checker-b, …
     module: str
     host: str
     port: int
     env: Mapping[str, str] = field(default_factory=dict)
     grpc_port: int = 0  # the broker's gRPC front door (0 = none)
+    kind: str = ""  # nameserver, broker, checker, scheduler or metrics ("" = from the module)
+    group: str = ""  # broker name of its group (brokers, checkers, schedulers)
+
+    @property
+    def service(self) -> str:
+        return self.kind or self.module.rsplit(".", 1)[-1]
 
     @property
     def url(self) -> str:
@@ -117,54 +177,93 @@ def service_port(opts: UpOptions, name: str) -> int:
     return int(getattr(opts, f"{name}_port"))
 
 
+def check_topology(opts: UpOptions) -> None:
+    """Raise ``ValueError`` naming the problem when the group or nameserver counts or the ports
+    they imply are impossible (out of range, or two services on one port)."""
+    if not 1 <= opts.groups <= MAX_GROUPS:
+        raise ValueError(f"--groups must be 1 to {MAX_GROUPS}, got {opts.groups}")
+    if not 1 <= opts.nameservers <= MAX_NAMESERVERS:
+        raise ValueError(f"--nameservers must be 1 to {MAX_NAMESERVERS}, got {opts.nameservers}")
+    owners: dict[int, str] = {}
+    ports = [(opts.label("nameserver", j), p) for j, p in enumerate(opts.nameserver_ports())]
+    for i in range(opts.groups):
+        ports += [(opts.label(kind, i), opts.group_port(kind, i)) for kind in GROUP_SERVICES]
+        if opts.grpc_port(i):
+            ports.append((f"{opts.label('broker', i)} gRPC", opts.grpc_port(i)))
+    ports.append(("metrics", opts.metrics_port))
+    for name, port in ports:
+        if not 1 <= port <= 65535:
+            raise ValueError(f"{name} would listen on port {port}: choose lower base ports "
+                             "(--broker-port, --checker-port, --scheduler-port, --grpc-port, "
+                             "--nameserver-port) or fewer groups")
+        if port in owners:
+            raise ValueError(f"{owners[port]} and {name} would both listen on port {port}: "
+                             f"group i adds {GROUP_PORT_STEP}*i to the REST ports and "
+                             f"{GRPC_PORT_STEP}*i to the gRPC port; choose other base ports")
+        owners[port] = name
+
+
 def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                   available: Callable[[str], bool] = module_available) -> list[ServiceSpec]:
     """The services to start, in start order, each with the environment it needs.
 
-    Raises ``LookupError`` when a required service (nameserver, broker) cannot be run.
+    Raises ``LookupError`` when a required service (nameserver, broker) cannot be run and
+    ``ValueError`` when the topology is impossible (``check_topology``).
     """
+    check_topology(opts)
     data_dir = opts.data_dir.resolve()
-    wanted = [n for n in SERVICE_ORDER
-              if n not in opts.skip and (opts.metrics or n != "metrics")]
-    names: list[str] = []
-    for name in wanted:
-        if available(f"services.{name}"):
-            names.append(name)
-        elif name in REQUIRED_SERVICES:
-            raise LookupError(f"services.{name} cannot be run (no services/{name}/__main__.py)")
-    url = {n: f"http://{opts.host}:{service_port(opts, n)}" for n in SERVICE_ORDER}
+    kinds: list[str] = []
+    for kind in SERVICE_ORDER:
+        if kind in opts.skip or (kind == "metrics" and not opts.metrics):
+            continue
+        if available(f"services.{kind}"):
+            kinds.append(kind)
+        elif kind in REQUIRED_SERVICES:
+            raise LookupError(f"services.{kind} cannot be run (no services/{kind}/__main__.py)")
+    nameservers = ",".join(opts.nameserver_urls())
 
-    def common(name: str) -> dict[str, str]:
-        return {"HOST": opts.host, "PORT": str(service_port(opts, name)),
-                "CLUSTER": opts.cluster}
+    def spec(kind: str, index: int, port: int, specific: dict[str, str],
+             grpc_port: int = 0) -> ServiceSpec:
+        env = {"HOST": opts.host, "PORT": str(port), "CLUSTER": opts.cluster, **specific}
+        return ServiceSpec(name=opts.label(kind, index), module=f"services.{kind}",
+                           host=opts.host, port=port,
+                           env={ENV_PREFIX[kind] + k: v for k, v in env.items()},
+                           grpc_port=grpc_port, kind=kind,
+                           group=group_name(index) if kind in GROUP_SERVICES else "")
 
-    specific: dict[str, dict[str, str]] = {
-        "nameserver": {"TOKEN": token},  # brokers register with it
-        "broker": {
-            "NAMESERVERS": url["nameserver"],
-            "REDIS_URL": redis_url,
-            "DATA_DIR": str(data_dir / "broker"),
-            "TOKEN": token,
-            "FLUSH": opts.flush,
-        },
-    }
-    for sidecar in ("checker", "scheduler", "metrics"):
-        specific[sidecar] = {"BROKER_URL": url["broker"], "REDIS_URL": redis_url, "TOKEN": token}
-    specific["scheduler"]["DATA_DIR"] = str(data_dir / "scheduler")
-    specific["metrics"]["DATA_DIR"] = str(data_dir / "metrics")
-    # Always explicit, so the port printed is the one the broker binds (never an inherited one).
-    specific["broker"]["GRPC_PORT"] = str(opts.broker_grpc_port)
-    if "scheduler" in names:  # the broker answers cancel and /v1/scheduled by asking it
-        specific["broker"]["SCHEDULER_URL"] = url["scheduler"]
+    def group_url(kind: str, index: int) -> str:
+        return f"http://{opts.host}:{opts.group_port(kind, index)}"
 
-    return [
-        ServiceSpec(name=name, module=f"services.{name}", host=opts.host,
-                    port=service_port(opts, name),
-                    env={ENV_PREFIX[name] + k: v
-                         for k, v in {**common(name), **specific[name]}.items()},
-                    grpc_port=opts.broker_grpc_port if name == "broker" else 0)
-        for name in names
-    ]
+    specs: list[ServiceSpec] = []
+    for kind in kinds:
+        if kind == "nameserver":  # brokers register with every one; each lists them all
+            specs += [spec(kind, j, port, {"TOKEN": token, "PEERS": nameservers})
+                      for j, port in enumerate(opts.nameserver_ports())]
+        elif kind == "metrics":  # reads the events of every group, found through nameservers
+            specs.append(spec(kind, 0, opts.metrics_port, {
+                "BROKER_URL": group_url("broker", 0), "NAMESERVERS": nameservers,
+                "REDIS_URL": redis_url, "TOKEN": token,
+                "DATA_DIR": str(data_dir / "metrics")}))
+        elif kind == "broker":
+            for i in range(opts.groups):
+                env = {"BROKER_NAME": group_name(i), "NAMESERVERS": nameservers,
+                       "REDIS_URL": redis_url,
+                       "DATA_DIR": str(data_dir / opts.data_subdir("broker", i)),
+                       "TOKEN": token, "FLUSH": opts.flush,
+                       # explicit, so the port printed is the one the broker binds
+                       "GRPC_PORT": str(opts.grpc_port(i))}
+                if "scheduler" in kinds:  # cancel and /v1/scheduled ask its group's scheduler
+                    env["SCHEDULER_URL"] = group_url("scheduler", i)
+                specs.append(spec(kind, i, opts.group_port(kind, i), env, opts.grpc_port(i)))
+        else:  # checker, scheduler: one per group, finding its broker by name (or URL)
+            for i in range(opts.groups):
+                env = {"BROKER_NAME": group_name(i), "NAMESERVERS": nameservers,
+                       "BROKER_URL": group_url("broker", i), "REDIS_URL": redis_url,
+                       "TOKEN": token}
+                if kind == "scheduler":
+                    env["DATA_DIR"] = str(data_dir / opts.data_subdir(kind, i))
+                specs.append(spec(kind, i, opts.group_port(kind, i), env))
+    return specs
 
 
 def redis_command(exe: str, port: int, host: str, data_dir: Path) -> list[str]:

@@ -59,14 +59,40 @@ def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the services are (global options ``--broker`` and ``--nameserver``)."""
+    """Where the services are (global options ``--broker`` and ``--nameserver``).
+
+    ``--nameserver`` may list several URLs, comma-separated: cluster-wide commands ask them in
+    turn until one answers (``nameserver`` is the first)."""
 
     broker: str = DEFAULT_BROKER_URL
     nameserver: str = DEFAULT_NAMESERVER_URL
     timeout_s: float = 10.0
+    nameservers: tuple[str, ...] = ()  # every URL given; () = just ``nameserver``
 
     def client(self, timeout_s: float | None = None) -> httpx.Client:
         return httpx.Client(timeout=timeout_s or self.timeout_s)
+
+    def nameserver_urls(self) -> tuple[str, ...]:
+        return self.nameservers or (self.nameserver,)
+
+
+def parse_urls(value: str) -> tuple[str, ...]:
+    """Comma-separated base URLs, without trailing slashes."""
+    return tuple(u.strip().rstrip("/") for u in value.split(",") if u.strip())
+
+
+def cluster_view(client: httpx.Client, ep: Endpoints) -> tuple[str, dict[str, Any]]:
+    """``GET /v1/cluster`` from the first nameserver that answers: (its URL, the answer)."""
+    failures: list[str] = []
+    for url in ep.nameserver_urls():
+        try:
+            resp = client.get(f"{url}/v1/cluster")
+        except httpx.HTTPError as exc:
+            failures.append(f"{url} ({str(exc) or type(exc).__name__})")
+            continue
+        return url, answer(resp)
+    raise CliError(f"UNAVAILABLE: cannot reach any nameserver: {'; '.join(failures)}; is "
+                   "tidemq running? Start it with `tidemq up` or point --nameserver at it")
 
 
 def endpoints(ctx: typer.Context) -> Endpoints:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from services.cli import admin, delays, dlq, groups, messages, tx, up
-from services.cli.rest import DEFAULT_BROKER_URL, DEFAULT_NAMESERVER_URL, Endpoints
+from services.cli.rest import DEFAULT_BROKER_URL, DEFAULT_NAMESERVER_URL, Endpoints, parse_urls
 
 app = typer.Typer(
     name="tidemq",
@@ -22,13 +22,15 @@ def root(
     ctx: typer.Context,
     broker: Annotated[str, typer.Option(envvar="TIDEMQ_BROKER_URL",
                                         help="Broker base URL.")] = DEFAULT_BROKER_URL,
-    nameserver: Annotated[str, typer.Option(envvar="TIDEMQ_NAMESERVER_URL",
-                                            help="Nameserver base URL.")
+    nameserver: Annotated[str, typer.Option(
+        envvar="TIDEMQ_NAMESERVER_URL",
+        help="Nameserver base URL; several comma-separated, asked in turn.")
                           ] = DEFAULT_NAMESERVER_URL,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each request.")] = 10.0,
 ) -> None:
-    ctx.obj = Endpoints(broker=broker.rstrip("/"), nameserver=nameserver.rstrip("/"),
-                        timeout_s=timeout)
+    nameservers = parse_urls(nameserver) or (DEFAULT_NAMESERVER_URL,)
+    ctx.obj = Endpoints(broker=broker.rstrip("/"), nameserver=nameservers[0],
+                        timeout_s=timeout, nameservers=nameservers)
 
 
 app.command("up")(up.up)

@@ -26,6 +26,7 @@ import orjson
 from tidemq.protocol import CONTENT_MSGPACK
 
 from services.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, TOKEN_HEADER
+from services.common.discovery import BrokerResolver, GroupUnknown
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +127,18 @@ def _keys(offsets: dict[int, int]) -> dict[str, int]:
 
 
 class BrokerClient:
-    """Async client of one broker's internal API (checker and scheduler)."""
+    """Async client of one broker's internal API (checker and scheduler).
+
+    With a ``resolver`` the client follows its broker group: every request asks the resolver
+    for the group's current address (cached there) and re-points the client when it moved; a
+    request that cannot reach the broker makes the resolver ask the nameservers again.
+    """
 
     def __init__(self, base_url: str, token: str, timeout_s: float = DEFAULT_TIMEOUT_S, *,
                  user_agent: str = "tidemq", max_connections: int = MAX_CONNECTIONS,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 resolver: BrokerResolver | None = None) -> None:
+        self.resolver = resolver
         self.base_url = base_url.rstrip("/")
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(token, user_agent),
                                       timeout=timeout_s, transport=transport,
@@ -140,18 +148,39 @@ class BrokerClient:
 
     async def close(self) -> None:
         await self.http.aclose()
+        if self.resolver is not None:
+            await self.resolver.close()
+
+    def describe(self) -> str:
+        """The broker for log lines: its URL, or the group and how it is found."""
+        return self.resolver.describe() if self.resolver is not None else self.base_url
+
+    async def follow(self) -> str:
+        """Point the client at the group's current address (the resolver's); that address."""
+        if self.resolver is None:
+            return self.base_url
+        try:
+            url = await self.resolver.address()
+        except GroupUnknown as exc:
+            raise BrokerDown(str(exc), maybe_done=False) from exc
+        if url != self.base_url:
+            self.base_url = url
+            self.http.base_url = httpx.URL(url)
+        return url
 
     async def call(self, method: str, path: str, *, obj: Any = None, body: bytes | None = None,
                    params: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
         """One request: ``obj`` (encoded here) or ``body`` (already msgpack) as its body."""
         content = body if body is not None else (_encode(obj) if obj is not None else None)
         headers = {"content-type": CONTENT_MSGPACK} if content is not None else None
-        what = f"{method} {self.base_url}{path}"
+        what = f"{method} {await self.follow()}{path}"
         try:
             resp = await self.http.request(
                 method, path, content=content, params=params, headers=headers,
                 timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
         except httpx.HTTPError as exc:
+            if self.resolver is not None and isinstance(exc, httpx.TransportError):
+                self.resolver.invalidate()
             raise BrokerDown(f"{what}: {type(exc).__name__}: {exc}") from exc
         return _answer(what, resp)
 

@@ -22,7 +22,17 @@ CONSUMER_EXPIRY_S = 30.0  # broker drops a group member silent this long
 PRODUCER_EXPIRY_S = 30.0  # broker sends no checks to a producer silent this long
 OFFSET_COMMIT_INTERVAL_S = 5.0  # SDK push consumer commits offsets this often
 
+# --- discovery: services that find broker groups through the nameservers (GET /v1/cluster) ---
+CLUSTER_PATH = "/v1/cluster"  # the nameserver's list of every broker
+DISCOVERY_REFRESH_S = 5.0  # a found group's address is asked again this often (s)
+DISCOVERY_RETRY_S = 0.5  # after a failed call, ask again at most this often (s)
+DISCOVERY_TIMEOUT_S = 2.0  # one request to one nameserver (s)
+GRPC_ROUTE_CACHE_S = 3.0  # the gRPC door reuses the cluster view this long for routes (s)
+
 TOKEN_HEADER = "X-Tidemq-Token"
+
+# --- broker groups ----------------------------------------------------------------------------
+MAX_BROKER_ID = 1023  # highest member id of a broker group (0 = the primary)
 
 # --- HTTP keep-alive --------------------------------------------------------------------------
 HTTP_SERVER_KEEP_ALIVE_S = 5  # every service closes a connection idle this long (uvicorn, s)
@@ -36,31 +46,41 @@ def _ns(cluster: str) -> str:
     return f"tidemq:{cluster}"
 
 
-def consumer_offsets_key(cluster: str, group: str, topic: str) -> str:
-    """Hash: queue id → next offset to consume, for one (group, topic)."""
-    return f"{_ns(cluster)}:offsets:{group}:{topic}"
+# Consumer state is per broker (group): queue ids are per broker, and several broker groups may
+# share one Redis. These keys carry the broker name after the cluster's.
+def _broker_ns(cluster: str, broker_name: str) -> str:
+    return f"{_ns(cluster)}:{broker_name}"
 
 
-def consumer_offsets_index_key(cluster: str, group: str) -> str:
-    """Set: topics with committed offsets for a group."""
-    return f"{_ns(cluster)}:offset-topics:{group}"
+def consumer_offsets_key(cluster: str, broker_name: str, group: str, topic: str) -> str:
+    """Hash: queue id → next offset to consume, for one (group, topic) on one broker."""
+    return f"{_broker_ns(cluster, broker_name)}:offsets:{group}:{topic}"
 
 
-def consumer_offsets_index_pattern(cluster: str) -> str:
-    """SCAN pattern matching every group's ``consumer_offsets_index_key`` (glob chars of the
-    cluster name escaped); a key minus ``consumer_offsets_index_key(cluster, "")`` is its group."""
-    escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in _ns(cluster))
+def consumer_offsets_index_key(cluster: str, broker_name: str, group: str) -> str:
+    """Set: topics with committed offsets for a group on one broker."""
+    return f"{_broker_ns(cluster, broker_name)}:offset-topics:{group}"
+
+
+def consumer_offsets_index_pattern(cluster: str, broker_name: str) -> str:
+    """SCAN pattern matching every group's ``consumer_offsets_index_key`` on one broker (glob
+    chars of the cluster and broker names escaped); a key minus
+    ``consumer_offsets_index_key(cluster, broker_name, "")`` is its group."""
+    escaped = "".join(f"\\{c}" if c in "*?[]\\" else c
+                      for c in _broker_ns(cluster, broker_name))
     return f"{escaped}:offset-topics:*"
 
 
-def inflight_key(cluster: str, group: str, topic: str) -> str:
-    """Hash: receipt id → in-flight record of a simple consumer (visible-again time, offset)."""
-    return f"{_ns(cluster)}:inflight:{group}:{topic}"
+def inflight_key(cluster: str, broker_name: str, group: str, topic: str) -> str:
+    """Hash: receipt id → in-flight record of a simple consumer on one broker (visible-again
+    time, offset)."""
+    return f"{_broker_ns(cluster, broker_name)}:inflight:{group}:{topic}"
 
 
-def receive_cursor_key(cluster: str, group: str, topic: str) -> str:
-    """Hash: queue id → next offset a simple consumer group has not yet handed out."""
-    return f"{_ns(cluster)}:receive-cursor:{group}:{topic}"
+def receive_cursor_key(cluster: str, broker_name: str, group: str, topic: str) -> str:
+    """Hash: queue id → next offset a simple consumer group has not yet handed out, on one
+    broker."""
+    return f"{_broker_ns(cluster, broker_name)}:receive-cursor:{group}:{topic}"
 
 
 def service_progress_key(cluster: str, service: str) -> str:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Self
+
+from pydantic import field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.common.constants import BROKER_PORT
+from services.common.discovery import BrokerResolver, split_urls
 
 
 class ServiceSettings(BaseSettings):
@@ -15,3 +21,33 @@ class ServiceSettings(BaseSettings):
     cluster: str = "DefaultCluster"  # namespaces Redis keys and registrations
     token: str = ""  # shared cluster token for /internal/ endpoints ("" = none required)
     log_level: str = "info"
+
+
+class GroupServiceSettings(ServiceSettings):
+    """Fields of a service that serves one broker group (checker, scheduler): the group is found
+    through the nameservers by ``broker_name``, or is the fixed ``broker_url`` when no
+    nameservers are given. Subclasses set ``model_config`` with their env prefix."""
+
+    broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # fixed broker (no nameservers given)
+    broker_name: str = ""  # the group served, found through the nameservers by this name
+    nameservers: str = ""  # comma-separated nameserver base URLs ("" = use broker_url)
+
+    @field_validator("broker_url")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_group(self) -> Self:
+        if self.nameserver_urls and not self.broker_name:
+            raise ValueError("nameservers are set but broker_name is not: name the broker group "
+                             "this service serves (e.g. broker-a)")
+        return self
+
+    @property
+    def nameserver_urls(self) -> list[str]:
+        return split_urls(self.nameservers)
+
+    def resolver(self) -> BrokerResolver:
+        """The group's address: through the nameservers, or the fixed ``broker_url``."""
+        return BrokerResolver(self.broker_name, self.nameserver_urls, self.broker_url)

@@ -7,6 +7,9 @@ the ``spark-submit`` entry point (``services/metrics/README.md``)::
         services/metrics/job.py --broker-url http://broker:10911 --token T \\
         --output /srv/tidemq/metrics.prom --checkpoint /srv/tidemq/checkpoint [--once]
 
+(``--nameservers http://ns1:9876,http://ns2:9876`` instead of ``--broker-url`` reads every
+broker group the nameservers list.)
+
 The aggregation is stateful (complete output mode): Spark keeps the rollups in its state store
 and the source offsets in its offset log, both under the checkpoint, so a restarted query
 counts nothing twice. Each micro-batch hands the whole (small) result table to
@@ -55,10 +58,11 @@ QUERY_NAME = "tidemq_transaction_metrics"
 
 @dataclass(frozen=True)
 class JobConfig:
-    broker_url: str
+    broker_url: str  # the one broker read when no nameservers are given
     output: Path  # the exposition file each batch replaces
     checkpoint: Path  # Spark's checkpoint: source offsets, aggregation state
     token: str = ""
+    nameservers: str = ""  # comma-separated: read every broker group they list
     topic: str = ""  # "" = TIDE_SYS_TRANS_EVENTS
     once: bool = False  # Trigger.AvailableNow: read what is there now, then stop
     trigger_interval_s: float = METRICS_TRIGGER_INTERVAL_S
@@ -68,7 +72,8 @@ class JobConfig:
     start: str = "earliest"
 
     def source_options(self) -> dict[str, str]:
-        opts = {"broker_url": self.broker_url, "token": self.token, "start": self.start,
+        opts = {"broker_url": self.broker_url, "nameservers": self.nameservers,
+                "token": self.token, "start": self.start,
                 "max_events_per_batch": str(self.max_events_per_batch),
                 "partition_events": str(self.partition_events), "pull_max": str(self.pull_max)}
         if self.topic:
@@ -224,7 +229,10 @@ def start_query(spark: SparkSession, cfg: JobConfig,
 def parse_args(argv: list[str] | None) -> tuple[JobConfig, SessionConfig]:
     ap = argparse.ArgumentParser(prog="services/metrics/job.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--broker-url", required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--broker-url", default="", help="read this one broker")
+    where.add_argument("--nameservers", default="",
+                       help="comma-separated nameserver URLs: read every broker group")
     ap.add_argument("--token", default=os.environ.get("TIDEMQ_METRICS_TOKEN", ""))
     ap.add_argument("--output", type=Path, required=True, help="exposition file to replace")
     ap.add_argument("--checkpoint", required=True, type=Path, help="Spark checkpoint directory")
@@ -234,7 +242,8 @@ def parse_args(argv: list[str] | None) -> tuple[JobConfig, SessionConfig]:
     ap.add_argument("--master", default="", help="default: spark-submit's --master")
     ap.add_argument("--shuffle-partitions", type=int, default=2)
     args = ap.parse_args(argv)
-    job = JobConfig(broker_url=args.broker_url, token=args.token, output=args.output,
+    job = JobConfig(broker_url=args.broker_url, nameservers=args.nameservers,
+                    token=args.token, output=args.output,
                     checkpoint=args.checkpoint, once=args.once,
                     trigger_interval_s=args.trigger_interval,
                     max_events_per_batch=args.max_events_per_batch)

@@ -1,37 +1,68 @@
 """Offsets of the event topic as Spark keeps them, read limits, and how a batch is split.
 
-A source offset is ``{"queues": {"<queue id>": <next queue offset>, ...}}``: one entry per
-queue of ``TIDE_SYS_TRANS_EVENTS``, kept by Spark in its checkpoint (offset log), so a restarted
-query resumes exactly where the last committed batch ended. Everything here is pure.
+The event topic has queues on every broker group, so a position is keyed by
+``(broker name, queue id)``. The broker name is ``""`` for the one broker of a fixed
+``broker_url``. As a Spark source offset (kept in the checkpoint's offset log, so a restarted
+query resumes exactly where the last committed batch ended) it is:
+
+- ``{"queues": {"<queue id>": <next offset>}}`` when the only broker is the fixed one (the form
+  of one-broker checkpoints, which therefore stay readable);
+- ``{"brokers": {"<broker name>": {"<queue id>": <next offset>}}}`` otherwise.
+
+Everything here is pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-QueueOffsets = dict[int, int]  # queue id → queue offset
+QueueKey = tuple[str, int]  # (broker name, queue id); "" = the fixed broker_url
+Offsets = dict[QueueKey, int]  # queue → queue offset
+FIXED = ""  # the broker name of a fixed broker_url
+
+K = TypeVar("K", bound=Hashable)
 
 
-def to_spark(offsets: Mapping[int, int]) -> dict[str, dict[str, int]]:
+def to_spark(offsets: Mapping[QueueKey, int]) -> dict[str, Any]:
     """Queue offsets as a Spark source offset (JSON-friendly: string keys, sorted)."""
-    return {"queues": {str(q): int(offsets[q]) for q in sorted(offsets)}}
+    names = sorted({b for b, _ in offsets})
+    nested = {b: {str(q): int(offsets[(b, q)]) for bb, q in sorted(offsets) if bb == b}
+              for b in names}
+    if names in ([], [FIXED]):
+        return {"queues": nested.get(FIXED, {})}
+    return {"brokers": nested}
 
 
-def from_spark(offset: Mapping[str, object] | None) -> QueueOffsets:
+def from_spark(offset: Mapping[str, object] | None) -> Offsets:
     """A Spark source offset back to queue offsets (an empty or foreign dict → no queues)."""
-    queues = (offset or {}).get("queues")
-    if not isinstance(queues, dict):
-        return {}
-    return {int(q): int(v) for q, v in queues.items()}
+    offset = offset or {}
+    brokers = offset.get("brokers")
+    nested: dict[str, Any] = {}
+    if isinstance(brokers, dict):
+        nested = brokers
+    elif isinstance(offset.get("queues"), dict):
+        nested = {FIXED: offset["queues"]}
+    return {(str(b), int(q)): int(v) for b, queues in nested.items() if isinstance(queues, dict)
+            for q, v in queues.items()}
 
 
-def advance(start: Mapping[int, int], latest: Mapping[int, int],
-            max_rows: int | None) -> QueueOffsets:
+def brokers_of(offsets: Mapping[QueueKey, int]) -> set[str]:
+    return {b for b, _ in offsets}
+
+
+def rename(offsets: Mapping[QueueKey, int], old: str, new: str) -> Offsets:
+    """``offsets`` with broker ``old``'s queues moved under ``new``."""
+    return {((new if b == old else b), q): v for (b, q), v in offsets.items()}
+
+
+def advance(start: Mapping[K, int], latest: Mapping[K, int], max_rows: int | None) -> dict[K, int]:
     """End offsets of the next batch: every queue up to ``latest``, or at most ``max_rows``
     events in all, shared fairly between the queues that have events (water-filling: a queue
-    with fewer events than its share leaves the rest to the others)."""
-    queues = sorted(set(start) | set(latest))
+    with fewer events than its share leaves the rest to the others). A queue missing from
+    ``latest`` (its broker did not answer) stays where it is."""
+    queues = sorted(set(start) | set(latest))  # type: ignore[type-var]
     begin = {q: start.get(q, 0) for q in queues}
     available = {q: max(0, latest.get(q, begin[q]) - begin[q]) for q in queues}
     if max_rows is None or sum(available.values()) <= max_rows:
@@ -52,7 +83,7 @@ def advance(start: Mapping[int, int], latest: Mapping[int, int],
     return {q: begin[q] + take[q] for q in queues}
 
 
-def cap(offsets: Mapping[int, int], target: Mapping[int, int] | None) -> QueueOffsets:
+def cap(offsets: Mapping[K, int], target: Mapping[K, int] | None) -> dict[K, int]:
     """``offsets`` no further than ``target`` (Trigger.AvailableNow's frozen end)."""
     if target is None:
         return dict(offsets)
@@ -61,25 +92,33 @@ def cap(offsets: Mapping[int, int], target: Mapping[int, int] | None) -> QueueOf
 
 @dataclass(frozen=True, slots=True)
 class QueueRange:
-    """Queue offsets ``[begin, end)`` of one queue: what one Spark task pulls."""
+    """Queue offsets ``[begin, end)`` of one queue: what one Spark task pulls. ``broker`` is
+    the group's name, ``address`` where it was found when the batch was planned (both empty
+    for the fixed broker_url)."""
 
     queue_id: int
     begin: int
     end: int
+    broker: str = FIXED
+    address: str = ""
 
     @property
     def size(self) -> int:
         return self.end - self.begin
 
 
-def split(start: Mapping[int, int], end: Mapping[int, int], chunk: int) -> list[QueueRange]:
+def split(start: Mapping[QueueKey, int], end: Mapping[QueueKey, int], chunk: int,
+          addresses: Mapping[str, str] | None = None) -> list[QueueRange]:
     """The batch ``start → end`` as ranges of at most ``chunk`` offsets, queue by queue, so that
-    a single busy queue is still read by several tasks in parallel."""
+    a single busy queue is still read by several tasks in parallel. ``addresses``: broker name
+    → base URL, carried in each range."""
     ranges: list[QueueRange] = []
     step = max(1, chunk)
-    for q in sorted(end):
-        lo, hi = start.get(q, 0), end[q]
+    where = addresses or {}
+    for key in sorted(end):
+        broker, q = key
+        lo, hi = start.get(key, 0), end[key]
         while lo < hi:
-            ranges.append(QueueRange(q, lo, min(hi, lo + step)))
+            ranges.append(QueueRange(q, lo, min(hi, lo + step), broker, where.get(broker, "")))
             lo += step
     return ranges

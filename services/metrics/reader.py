@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from services.common.broker_client import MAX_BODIES, BlockingBrokerClient
-from services.metrics.planning import QueueOffsets, QueueRange
+from services.metrics.planning import QueueRange
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,16 @@ class PullResult:
 
 
 class TopicReader:
-    def __init__(self, broker_url: str, token: str, topic: str, timeout_s: float = 10.0) -> None:
+    """Reads ``topic`` on the broker at ``broker_url``; a request is tried ``attempts`` times
+    (``ATTEMPTS`` by default) while the broker cannot be reached or is busy."""
+
+    def __init__(self, broker_url: str, token: str, topic: str, timeout_s: float = 10.0, *,
+                 attempts: int | None = None) -> None:
         self.topic = topic
+        self.address = broker_url.rstrip("/")
         self.client = BlockingBrokerClient(broker_url, token, timeout_s,
-                                           user_agent="tidemq-metrics", attempts=ATTEMPTS,
+                                           user_agent="tidemq-metrics",
+                                           attempts=ATTEMPTS if attempts is None else attempts,
                                            retry_base_s=RETRY_BASE_S)
 
     def close(self) -> None:
@@ -49,7 +55,7 @@ class TopicReader:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def queue_offsets(self) -> tuple[QueueOffsets, QueueOffsets]:
+    def queue_offsets(self) -> tuple[dict[int, int], dict[int, int]]:
         """``({queue id: min offset}, {queue id: max offset})`` of the topic; both empty while
         the topic does not exist. ``max`` is the offset the next record will get."""
         answer = self.client.describe_topic(self.topic)

@@ -24,7 +24,9 @@ class MetricsSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="TIDEMQ_METRICS_", extra="ignore")
 
     port: int = METRICS_PORT  # listen port of /metrics and /healthz
-    broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # the broker whose events are read
+    # every broker group these nameservers list is read (comma-separated URLs; "" = broker_url)
+    nameservers: str = ""
+    broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # the one broker read without nameservers
     data_dir: Path = Path("tidemq-data/metrics")  # checkpoint and exposition file live here
 
     # --- the Spark job -------------------------------------------------------------------------
@@ -54,7 +56,8 @@ class MetricsSettings(ServiceSettings):
 
     def job_config(self) -> JobConfig:
         return JobConfig(
-            broker_url=self.broker_url, token=self.token, output=self.exposition_path,
+            broker_url=self.broker_url, nameservers=self.nameservers, token=self.token,
+            output=self.exposition_path,
             checkpoint=self.checkpoint_path, once=self.mode == "once",
             trigger_interval_s=self.trigger_interval_s,
             max_events_per_batch=self.max_events_per_batch,

@@ -5,20 +5,25 @@
     spark.dataSource.register(TransactionEventSource)
     events = (spark.readStream.format("tidemq_events")
               .option("broker_url", "http://127.0.0.1:10911").option("token", "...")
-              .load())
+              .load())  # or .option("nameservers", "http://ns1:9876,http://ns2:9876")
 
-Reads the topic through the broker's pull API queue by queue. A source offset is the next queue
-offset of every queue (``planning``), so Spark's checkpoint holds our progress and a restarted
-query re-reads nothing it committed. Each batch is split into ranges of at most
-``partition_events`` offsets, one Spark task each; a task pulls its range in bulk (up to 1024
-records per request, bodies and offsets only, msgpack) and yields one Arrow record batch per
-pull. Supports ``Trigger.AvailableNow`` (the end is frozen when the query starts) and a read
-limit (``max_events_per_batch``, shared fairly between queues).
+Reads the topic through the broker's pull API queue by queue, on one broker (``broker_url``) or
+on every broker group the nameservers list (``nameservers``: the list is asked again at each
+micro-batch's planning, so a group that joins is read from then on, from its earliest event; a
+group that does not answer is skipped for that batch and its queues stay where they were). A
+source offset is the next queue offset of every queue of every group (``planning``), so Spark's
+checkpoint holds our progress and a restarted query re-reads nothing it committed. Each batch
+is split into ranges of at most ``partition_events`` offsets, one Spark task each; a task pulls
+its range in bulk (up to 1024 records per request, bodies and offsets only, msgpack) from the
+group's address found when the batch was planned, and yields one Arrow record batch per pull.
+Supports ``Trigger.AvailableNow`` (the end is frozen when the query starts) and a read limit
+(``max_events_per_batch``, shared fairly between queues).
 
 Options (all strings, as Spark passes them):
 
 =====================  ======================================================================
-broker_url             base URL of the broker (required)
+broker_url             base URL of the broker (required without nameservers)
+nameservers            comma-separated nameserver URLs: read every broker group they list
 token                  the cluster token, sent as ``X-Tidemq-Token`` ("" = none)
 topic                  the event topic (default ``TIDE_SYS_TRANS_EVENTS``)
 start                  ``earliest`` (default) or ``latest``: where a new query begins
@@ -49,7 +54,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 from tidemq.protocol import SystemTopic
 
+from services.common.broker_client import BrokerDown
 from services.common.constants import METRICS_MAX_EVENTS_PER_BATCH
+from services.common.discovery import Nameservers, NoNameserver, fetch_groups, split_urls
 from services.metrics import planning
 from services.metrics.events import (
     COLUMNS,
@@ -60,6 +67,7 @@ from services.metrics.events import (
     SOURCES,
     parse_event,
 )
+from services.metrics.planning import FIXED, Offsets
 from services.metrics.reader import MAX_PULL, TopicReader
 
 log = logging.getLogger(__name__)
@@ -72,6 +80,7 @@ ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
     broker_url: str
+    nameservers: tuple[str, ...] = ()
     token: str = ""
     topic: str = SystemTopic.TRANS_EVENTS.value
     start: str = "earliest"
@@ -86,9 +95,10 @@ class SourceOptions:
             value = options.get(name)
             return None if value is None or value == "" else str(value)
 
-        url = get("broker_url")
-        if not url:
-            raise ValueError(f"the {FORMAT} source needs the option broker_url")
+        url = get("broker_url") or ""
+        nameservers = tuple(split_urls(get("nameservers") or ""))
+        if not url and not nameservers:
+            raise ValueError(f"the {FORMAT} source needs the option broker_url or nameservers")
         start = get("start") or "earliest"
         if start not in ("earliest", "latest"):
             raise ValueError(f"option start must be 'earliest' or 'latest', not {start!r}")
@@ -97,25 +107,30 @@ class SourceOptions:
             raise ValueError(f"option pull_max must be 1-{MAX_PULL}, not {pull_max}")
         limit = get("max_events_per_batch")
         return cls(
-            broker_url=url, token=get("token") or "",
+            broker_url=url.rstrip("/"), nameservers=nameservers, token=get("token") or "",
             topic=get("topic") or SystemTopic.TRANS_EVENTS.value, start=start,
             max_events_per_batch=METRICS_MAX_EVENTS_PER_BATCH if limit is None else int(limit),
             partition_events=max(1, int(get("partition_events") or 50_000)),
             pull_max=pull_max, timeout_s=float(get("timeout_s") or 10.0),
         )
 
-    def client(self) -> TopicReader:
-        return TopicReader(self.broker_url, self.token, self.topic, self.timeout_s)
+    def client(self, address: str = "", attempts: int | None = None) -> TopicReader:
+        """A reader of the broker at ``address`` (the fixed broker_url when empty)."""
+        return TopicReader(address or self.broker_url, self.token, self.topic, self.timeout_s,
+                           attempts=attempts)
 
 
 class RangePartition(InputPartition):
-    """One Spark task: queue offsets ``[begin, end)`` of one queue."""
+    """One Spark task: queue offsets ``[begin, end)`` of one queue of one broker."""
 
-    def __init__(self, queue_id: int, begin: int, end: int) -> None:
-        super().__init__((queue_id, begin, end))
+    def __init__(self, queue_id: int, begin: int, end: int, broker: str = FIXED,
+                 address: str = "") -> None:
+        super().__init__((broker, queue_id, begin, end))
         self.queue_id = queue_id
         self.begin = begin
         self.end = end
+        self.broker = broker
+        self.address = address
 
 
 _JSON_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS[2:-1]])
@@ -180,27 +195,104 @@ def to_arrow(queue_id: int, offsets: Sequence[int], bodies: Sequence[bytes]) -> 
 
 class TransactionEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets and planning run in the driver's Python source process; ``read`` runs in the
-    executors' Python workers on a pickled copy (hence the lazily opened client)."""
+    executors' Python workers on a pickled copy (hence the lazily opened clients)."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._client: TopicReader | None = None
-        self._target: planning.QueueOffsets | None = None  # Trigger.AvailableNow's end
-        self._latest: planning.QueueOffsets = {}
+        self.nameservers = Nameservers(options.nameservers)
+        self._clients: dict[str, TopicReader] = {}  # broker name → reader (driver only)
+        self.addresses: dict[str, str] = {}  # broker name → base URL, as last listed
+        self._silent: set[str] = set()  # groups whose last look failed (logged once)
+        self._legacy: str | None = None  # the group a one-broker checkpoint's offsets belong to
+        self._target: Offsets | None = None  # Trigger.AvailableNow's end
+        self._latest: Offsets = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_client"] = None  # a connection does not travel to the executors
+        state["_clients"] = {}  # a connection does not travel to the executors
         return state
 
-    @property
-    def client(self) -> TopicReader:
-        if self._client is None:
-            self._client = self.options.client()
-        return self._client
+    # --- the groups and their queue ends (driver) ---------------------------------------------
+    def groups(self) -> dict[str, str]:
+        """Broker name → base URL of every group to read now: the fixed broker, or what the
+        nameservers list (the groups listed before stay known when none answers)."""
+        if not self.options.nameservers:
+            return {FIXED: self.options.broker_url}
+        try:
+            found = fetch_groups(self.nameservers, self.options.timeout_s)
+        except NoNameserver as exc:
+            if not self.addresses:
+                raise RuntimeError(f"{self.options.topic}: no nameserver answered ({exc})"
+                                   ) from exc
+            log.warning("%s: no nameserver answered (%s); reading the groups known before",
+                        self.options.topic, exc)
+            return dict(self.addresses)
+        joined = sorted(set(found) - set(self.addresses))
+        if joined:
+            log.info("%s: reading broker group(s) %s", self.options.topic, ", ".join(joined))
+        self.addresses.update({name: g.address for name, g in found.items()})
+        return {name: self.addresses[name] for name in found}
 
+    def _client(self, broker: str, address: str) -> TopicReader:
+        client = self._clients.get(broker)
+        if client is None or client.address != address:
+            if client is not None:
+                client.close()
+            # one attempt per planning in a cluster: a group that is down is skipped at once
+            attempts = 1 if self.options.nameservers else None
+            client = self._clients[broker] = self.options.client(address, attempts)
+        return client
+
+    def ends(self) -> tuple[Offsets, Offsets]:
+        """``({queue: min offset}, {queue: max offset})`` of every group that answered. With
+        one fixed broker its failure is raised (the query restarts later); in a cluster a
+        group that does not answer is left out, so its queues wait where they are."""
+        mins: Offsets = {}
+        maxes: Offsets = {}
+        for broker, address in self.groups().items():
+            try:
+                lo, hi = self._client(broker, address).queue_offsets()
+            except BrokerDown as exc:
+                if not self.options.nameservers:
+                    raise
+                if broker not in self._silent:
+                    log.warning("%s: broker %s does not answer (%s); its queues wait",
+                                self.options.topic, broker, exc)
+                    self._silent.add(broker)
+                continue
+            if broker in self._silent:
+                log.info("%s: broker %s answers again", self.options.topic, broker)
+                self._silent.discard(broker)
+            mins.update({(broker, q): v for q, v in lo.items()})
+            maxes.update({(broker, q): v for q, v in hi.items()})
+        return mins, maxes
+
+    def _offsets(self, spark_offset: dict[str, Any] | None) -> Offsets:
+        """A Spark offset as queue offsets. In a cluster, the offsets of a one-broker checkpoint
+        (broker name ``FIXED``) belong to the group found at ``broker_url``; without such a
+        group they are dropped (that broker's events are read again from the start)."""
+        offsets = planning.from_spark(spark_offset)
+        if not self.options.nameservers or FIXED not in planning.brokers_of(offsets):
+            return offsets
+        if self._legacy is None:
+            if not self.addresses:
+                self.groups()
+            owners = [n for n, url in self.addresses.items() if url == self.options.broker_url]
+            self._legacy = owners[0] if owners else ""
+            if owners:
+                log.info("%s: the checkpoint's one-broker offsets belong to group %s (%s)",
+                         self.options.topic, owners[0], self.options.broker_url)
+            else:
+                log.warning("%s: the checkpoint holds one-broker offsets but no group is at "
+                            "broker_url %s: they are dropped", self.options.topic,
+                            self.options.broker_url or "(none)")
+        if self._legacy:
+            return planning.rename(offsets, FIXED, self._legacy)
+        return {k: v for k, v in offsets.items() if k[0] != FIXED}
+
+    # --- Spark's calls --------------------------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
-        mins, maxes = self.client.queue_offsets()
+        mins, maxes = self.ends()
         begin = maxes if self.options.start == "latest" else mins
         log.info("%s: new query starts at the %s offsets %s", self.options.topic,
                  self.options.start, begin)
@@ -211,12 +303,12 @@ class TransactionEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadMaxRows(limit) if limit > 0 else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self.client.queue_offsets()[1]
+        self._target = self.ends()[1]
         log.info("%s: available-now run reads up to %s", self.options.topic, self._target)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        begin = planning.from_spark(start)
-        self._latest = planning.cap(self.client.queue_offsets()[1], self._target)
+        begin = self._offsets(start)
+        self._latest = planning.cap(self.ends()[1], self._target)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return planning.to_spark(planning.advance(begin, self._latest, max_rows))
 
@@ -224,14 +316,18 @@ class TransactionEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return planning.to_spark(self._latest) if self._latest else None
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        ranges = planning.split(planning.from_spark(start), planning.from_spark(end),
-                                self.options.partition_events)
-        return [RangePartition(r.queue_id, r.begin, r.end) for r in ranges]
+        begin, stop = self._offsets(start), self._offsets(end)
+        missing = planning.brokers_of(stop) - set(self.addresses) - {FIXED}
+        if missing:  # a batch planned before a restart: where are its groups now?
+            self.groups()
+        ranges = planning.split(begin, stop, self.options.partition_events, self.addresses)
+        return [RangePartition(r.queue_id, r.begin, r.end, r.broker, r.address) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        rng = planning.QueueRange(partition.queue_id, partition.begin, partition.end)
-        with self.options.client() as client:
+        rng = planning.QueueRange(partition.queue_id, partition.begin, partition.end,
+                                  partition.broker, partition.address)
+        with self.options.client(partition.address) as client:
             for offsets, bodies in client.read_range(rng, self.options.pull_max):
                 yield to_arrow(rng.queue_id, offsets, bodies)
 
@@ -239,9 +335,9 @@ class TransactionEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         log.debug("%s: committed up to %s", self.options.topic, end)
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        for client in self._clients.values():
+            client.close()
+        self._clients = {}
 
 
 class TransactionEventSource(DataSource):

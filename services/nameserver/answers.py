@@ -17,6 +17,8 @@ class RouteQueue(BaseModel):
     address: str = Field(description="the broker's base URL")
     queues: int
     perm: Perm
+    replicas: list[str] = Field(description="base URLs of the group's readable copies "
+                                "(empty without replication)")
 
 
 class Routes(BaseModel):
@@ -31,11 +33,19 @@ class TopicQueues(BaseModel):
 
 class BrokerState(BaseModel):
     cluster: str
-    broker_name: str
+    broker_name: str = Field(description="the broker group")
+    broker_id: int = Field(description="member of the group (0 while primary)")
+    role: Literal["primary", "replica"]
+    epoch: int = Field(description="the group's leadership term (0 without replication)")
     address: str
+    grpc_address: str | None = Field(description="host:port of its gRPC door, or null")
+    max_offset: int = Field(description="commit log max physical offset at the last "
+                            "heartbeat (bytes)")
     last_heartbeat_ms: int
     topics: dict[str, TopicQueues]
 
 
 class Cluster(BaseModel):
     brokers: list[BrokerState]
+    nameservers: list[str] = Field(description="base URLs of every nameserver of the cluster "
+                                   "(TIDEMQ_NAMESRV_PEERS)")

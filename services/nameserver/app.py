@@ -20,6 +20,7 @@ from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 
 from services.common.app import create_app, reply, token_guard
 from services.common.bodies import body_doc, read_model
+from services.common.constants import MAX_BROKER_ID
 from services.common.loop import BackgroundLoop
 from services.common.openapi import TOPIC_RULE, Empty, TopicName, errors
 from services.nameserver.answers import Cluster, Routes
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 MAX_QUEUES = 65_535  # upper bound on a topic's queue count in a heartbeat
 ADDRESS_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
+GRPC_ADDRESS_RE = re.compile(r"^[^\s/:]+:\d{1,5}$|^\[[0-9A-Fa-f:.]+\]:\d{1,5}$")
 
 
 class TopicBody(BaseModel):
@@ -49,6 +51,21 @@ class HeartbeatBody(BaseModel):
     address: str = Field(max_length=1024,
                          description="base URL clients use, e.g. http://127.0.0.1:10911")
     topics: dict[str, TopicBody] = Field(json_schema_extra={"propertyNames": TOPIC_RULE})
+    # cluster fields (additive: a heartbeat without them is a group's only member, primary)
+    broker_id: StrictInt = Field(0, ge=0, le=MAX_BROKER_ID,
+                                 description="member of the group (0 while primary)")
+    role: Literal["primary", "replica"] = "primary"
+    epoch: StrictInt = Field(0, ge=0, description="the group's leadership term")
+    grpc_address: str | None = Field(None, max_length=1024,
+                                     description="host:port of its gRPC door, null when none")
+    max_offset: StrictInt = Field(0, ge=0, description="commit log max physical offset (bytes)")
+
+    @field_validator("grpc_address")
+    @classmethod
+    def _grpc_address(cls, address: str | None) -> str | None:
+        if address is not None and not GRPC_ADDRESS_RE.match(address):
+            raise ValueError(f"{address!r} is not host:port (like 127.0.0.1:8081)")
+        return address
 
     @field_validator("address")
     @classmethod
@@ -138,7 +155,9 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
         Needs the cluster token."""
         body = await read_model(request, HeartbeatBody)
         topics = {name: TopicInfo(queues=t.queues, perm=t.perm) for name, t in body.topics.items()}
-        brokers.heartbeat(body.cluster, body.broker_name, body.address, topics)
+        brokers.heartbeat(body.cluster, body.broker_name, body.address, topics,
+                          broker_id=body.broker_id, role=body.role, epoch=body.epoch,
+                          grpc_address=body.grpc_address, max_offset=body.max_offset)
         metrics.heartbeats.inc()
         return reply(request, {})
 
@@ -149,20 +168,26 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
         request: Request,
         broker_name: str,
         address: Annotated[str | None, Query(description="only if still at this address")] = None,
+        broker_id: Annotated[int | None, Query(
+            ge=0, le=MAX_BROKER_ID,
+            description="only this member of the group (every member when absent)")] = None,
     ) -> Response:
         """A broker shutting down cleanly leaves the routes at once. Needs the cluster token;
-        404 BROKER_NOT_FOUND when no such broker is registered (at ``address``, if given)."""
-        if not brokers.unregister(broker_name, address):
+        404 BROKER_NOT_FOUND when no such broker is registered (member ``broker_id`` at
+        ``address``, when given)."""
+        if not brokers.unregister(broker_name, address, broker_id):
+            who = f"{broker_name!r}" + (f" (id {broker_id})" if broker_id is not None else "")
             where = f" at {address}" if address else ""
             raise ProtocolError(ErrorCode.BROKER_NOT_FOUND,
-                                f"no broker {broker_name!r} is registered{where}: it already "
+                                f"no broker {who} is registered{where}: it already "
                                 "left, expired, or re-registered from another address")
         return reply(request, {})
 
     @app.get("/v1/routes/{topic}", tags=["routes"], response_model=Routes,
              responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TOPIC_NOT_FOUND))
     async def routes(request: Request, topic: TopicName) -> Response:
-        """Every live broker serving ``topic``, with its queue count and permission."""
+        """Every group whose live primary serves ``topic``: its address, queue count,
+        permission and readable copies (``replicas``)."""
         validate_topic_name(topic)
         queues = brokers.routes(topic)
         if not queues:
@@ -175,7 +200,9 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
 
     @app.get("/v1/cluster", tags=["routes"], response_model=Cluster)
     async def cluster(request: Request) -> Response:
-        """Every live broker with its last heartbeat and topics."""
-        return reply(request, {"brokers": [b.to_wire() for b in brokers.brokers()]})
+        """Every live broker with its role, addresses, last heartbeat and topics, and every
+        nameserver of the cluster (TIDEMQ_NAMESRV_PEERS)."""
+        return reply(request, {"brokers": [b.to_wire() for b in brokers.brokers()],
+                               "nameservers": settings.peer_urls})
 
     return app

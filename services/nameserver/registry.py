@@ -2,11 +2,16 @@
 
 Pure and synchronous (no I/O, no asyncio), with an injectable clock so tests can move time.
 
-- A broker is identified by its ``broker_name`` (one broker process per name, DESIGN §8b).
-- A heartbeat *replaces* that broker's registration, topic set included: a topic the broker no
+- A broker group is a ``broker_name``; its members differ by ``broker_id`` (0 while primary).
+  A registration is keyed by ``(broker_name, broker_id)`` (DESIGN §10).
+- A heartbeat *replaces* that member's registration, topic set included: a topic the broker no
   longer reports disappears from its routes at once.
 - A broker whose last heartbeat is ``expiry_ms`` or more old is dead: reads never show it, and
-  ``expire()`` removes it for good (the service calls it periodically).
+  ``expire()`` removes it for good (the service calls it periodically). A clean stop
+  (``unregister``) removes it at once.
+- A route has one entry per group that has a live primary serving the topic: the primary's
+  address, queue count and permission, plus the addresses of the group's live replicas that
+  serve the topic too (readable copies).
 """
 
 from __future__ import annotations
@@ -20,6 +25,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]  # wall-clock milliseconds since the epoch
+
+PRIMARY = "primary"
+REPLICA = "replica"
+
+BrokerKey = tuple[str, int]  # (broker_name, broker_id)
 
 
 def wall_clock_ms() -> int:
@@ -39,19 +49,33 @@ class TopicInfo:
 
 @dataclass(frozen=True, slots=True)
 class BrokerRegistration:
-    """What one broker last told us about itself."""
+    """What one broker (one member of a group) last told us about itself."""
 
     cluster: str
     broker_name: str
     address: str  # base URL clients use to reach the broker, e.g. http://127.0.0.1:10911
     topics: Mapping[str, TopicInfo] = field(default_factory=dict)
     last_heartbeat_ms: int = 0  # wall clock of the last heartbeat (ms)
+    broker_id: int = 0  # member of the group (0 while primary)
+    role: str = PRIMARY  # "primary" or "replica"
+    epoch: int = 0  # the group's leadership term (0 without replication)
+    grpc_address: str | None = None  # host:port of its gRPC door, None when it has none
+    max_offset: int = 0  # commit log max physical offset at the heartbeat (bytes)
+
+    @property
+    def key(self) -> BrokerKey:
+        return (self.broker_name, self.broker_id)
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster,
             "broker_name": self.broker_name,
+            "broker_id": self.broker_id,
+            "role": self.role,
+            "epoch": self.epoch,
             "address": self.address,
+            "grpc_address": self.grpc_address,
+            "max_offset": self.max_offset,
             "last_heartbeat_ms": self.last_heartbeat_ms,
             "topics": {name: info.to_wire() for name, info in sorted(self.topics.items())},
         }
@@ -59,88 +83,114 @@ class BrokerRegistration:
 
 @dataclass(frozen=True, slots=True)
 class QueueRoute:
-    """One broker's share of a topic, as answered by ``GET /v1/routes/{topic}``."""
+    """One group's share of a topic, as answered by ``GET /v1/routes/{topic}``."""
 
     broker_name: str
     address: str
     queues: int
     perm: str
+    replicas: tuple[str, ...] = ()  # base URLs of the group's readable copies
 
     def to_wire(self) -> dict[str, Any]:
         return {"broker_name": self.broker_name, "address": self.address,
-                "queues": self.queues, "perm": self.perm}
+                "queues": self.queues, "perm": self.perm, "replicas": list(self.replicas)}
 
 
 class BrokerRegistry:
-    """Broker registrations keyed by broker name, with expiry of silent brokers."""
+    """Broker registrations keyed by (broker name, broker id), with expiry of silent brokers."""
 
     def __init__(self, expiry_ms: int, clock: Clock = wall_clock_ms) -> None:
         if expiry_ms <= 0:
             raise ValueError(f"expiry_ms must be positive, got {expiry_ms}")
         self.expiry_ms = expiry_ms
         self._clock = clock
-        self._brokers: dict[str, BrokerRegistration] = {}
+        self._brokers: dict[BrokerKey, BrokerRegistration] = {}
 
     # --- writes -------------------------------------------------------------------------------
 
     def heartbeat(self, cluster: str, broker_name: str, address: str,
-                  topics: Mapping[str, TopicInfo]) -> BrokerRegistration:
-        """Record a heartbeat: the broker's registration (and topic set) becomes exactly this."""
+                  topics: Mapping[str, TopicInfo], *, broker_id: int = 0, role: str = PRIMARY,
+                  epoch: int = 0, grpc_address: str | None = None,
+                  max_offset: int = 0) -> BrokerRegistration:
+        """Record a heartbeat: the member's registration (and topic set) becomes exactly this."""
         now = self._clock()
-        previous = self._brokers.get(broker_name)
-        registration = BrokerRegistration(cluster=cluster, broker_name=broker_name,
-                                          address=address, topics=dict(topics),
-                                          last_heartbeat_ms=now)
-        self._brokers[broker_name] = registration
+        key = (broker_name, broker_id)
+        previous = self._brokers.get(key)
+        registration = BrokerRegistration(
+            cluster=cluster, broker_name=broker_name, address=address, topics=dict(topics),
+            last_heartbeat_ms=now, broker_id=broker_id, role=role, epoch=epoch,
+            grpc_address=grpc_address, max_offset=max_offset)
+        self._brokers[key] = registration
+        who = f"{broker_name}/{broker_id}"
         if previous is None or not self._alive(previous, now):
-            log.info("broker %s registered: cluster %s, address %s, %d topic(s)",
-                     broker_name, cluster, address, len(topics))
+            log.info("broker %s registered: cluster %s, %s at %s, %d topic(s)",
+                     who, cluster, role, address, len(topics))
         elif previous.address != address or previous.cluster != cluster:
-            log.warning("broker %s moved: %s (cluster %s) -> %s (cluster %s)", broker_name,
+            log.warning("broker %s moved: %s (cluster %s) -> %s (cluster %s)", who,
                         previous.address, previous.cluster, address, cluster)
+        elif previous.role != role or previous.epoch != epoch:
+            log.info("broker %s is now %s (epoch %d -> %d)", who, role, previous.epoch, epoch)
         else:
             added = sorted(set(topics) - set(previous.topics))
             removed = sorted(set(previous.topics) - set(topics))
             if added or removed:
-                log.info("broker %s topics changed: +%s -%s", broker_name, added, removed)
+                log.info("broker %s topics changed: +%s -%s", who, added, removed)
         return registration
 
-    def unregister(self, broker_name: str, address: str | None = None) -> bool:
-        """Forget a broker now (a clean shutdown). With ``address``, only if it still matches,
-        so a late goodbye from an old process cannot remove its restarted successor."""
-        current = self._brokers.get(broker_name)
-        if current is None or (address is not None and current.address != address):
-            return False
-        del self._brokers[broker_name]
-        log.info("broker %s (%s) unregistered", broker_name, current.address)
-        return True
+    def unregister(self, broker_name: str, address: str | None = None,
+                   broker_id: int | None = None) -> bool:
+        """Forget a broker now (a clean shutdown): the member ``broker_id``, or every member of
+        the group when it is None. With ``address``, only members still at that address, so a
+        late goodbye from an old process cannot remove its restarted successor."""
+        gone = [b for b in self._brokers.values()
+                if b.broker_name == broker_name
+                and (broker_id is None or b.broker_id == broker_id)
+                and (address is None or b.address == address)]
+        for broker in gone:
+            del self._brokers[broker.key]
+            log.info("broker %s/%d (%s) unregistered", broker.broker_name, broker.broker_id,
+                     broker.address)
+        return bool(gone)
 
     def expire(self) -> list[BrokerRegistration]:
         """Remove every broker silent for ``expiry_ms`` or longer; return the removed ones."""
         now = self._clock()
         dead = [b for b in self._brokers.values() if not self._alive(b, now)]
         for broker in dead:
-            del self._brokers[broker.broker_name]
-            log.warning("broker %s (%s) expired: no heartbeat for %.1f s", broker.broker_name,
-                        broker.address, (now - broker.last_heartbeat_ms) / 1000)
+            del self._brokers[broker.key]
+            log.warning("broker %s/%d (%s) expired: no heartbeat for %.1f s", broker.broker_name,
+                        broker.broker_id, broker.address,
+                        (now - broker.last_heartbeat_ms) / 1000)
         return dead
 
     # --- reads (never show a broker that is already past its expiry) -------------------------
 
     def brokers(self) -> list[BrokerRegistration]:
-        """Live brokers, sorted by cluster then name."""
+        """Live brokers, sorted by cluster, name, then id."""
         now = self._clock()
         live = [b for b in self._brokers.values() if self._alive(b, now)]
-        return sorted(live, key=lambda b: (b.cluster, b.broker_name))
+        return sorted(live, key=lambda b: (b.cluster, b.broker_name, b.broker_id))
 
     def routes(self, topic: str) -> list[QueueRoute]:
-        """Every live broker serving ``topic``, sorted by broker name; empty when none does."""
-        return [
-            QueueRoute(broker_name=b.broker_name, address=b.address,
-                       queues=b.topics[topic].queues, perm=b.topics[topic].perm)
-            for b in sorted(self.brokers(), key=lambda b: b.broker_name)
-            if topic in b.topics
-        ]
+        """One entry per group whose live primary serves ``topic``, sorted by broker name;
+        empty when none does."""
+        groups: dict[str, list[BrokerRegistration]] = {}
+        for broker in self.brokers():
+            if topic in broker.topics:
+                groups.setdefault(broker.broker_name, []).append(broker)
+        routes = []
+        for name in sorted(groups):
+            members = groups[name]
+            primaries = [b for b in members if b.role == PRIMARY]
+            if not primaries:
+                continue  # no writable member: a group of replicas alone is not routed
+            # two primaries only during a failover: the newer term wins
+            primary = max(primaries, key=lambda b: (b.epoch, -b.broker_id))
+            info = primary.topics[topic]
+            replicas = tuple(b.address for b in members if b.role == REPLICA)
+            routes.append(QueueRoute(broker_name=name, address=primary.address,
+                                     queues=info.queues, perm=info.perm, replicas=replicas))
+        return routes
 
     def topics(self) -> set[str]:
         """Names of every topic some live broker serves."""

@@ -17,3 +17,10 @@ class NameserverSettings(ServiceSettings):
     port: int = NAMESERVER_PORT  # listen port
     broker_expiry_s: PositiveFloat = BROKER_EXPIRY_S  # drop a broker silent this long (s)
     expiry_check_interval_s: PositiveFloat = 10.0  # how often silent brokers are swept (s)
+    # comma-separated base URLs of every nameserver of the cluster, this one included, as
+    # GET /v1/cluster lists them for clients ("" = none listed)
+    peers: str = ""
+
+    @property
+    def peer_urls(self) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.peers.split(",") if u.strip()]

@@ -48,8 +48,10 @@ class Scheduler:
         self.clock = Clock(s.clock_offset_ms)
         self.store = TimerStore(s.data_dir, TimerConfig(s.bucket_ms, s.preload_ms, s.tick_ms,
                                                         s.segment_bytes), self.clock)
+        resolver = s.resolver()
         self.broker = BrokerClient(s.broker_url, s.token, s.broker_timeout_s,
-                                   user_agent="tidemq-scheduler")
+                                   user_agent="tidemq-scheduler",
+                                   resolver=resolver if resolver.discovered else None)
         self.deliverer = Deliverer(self.store, self.broker, self.clock, self.metrics,
                                    s.deliver_batch, s.deliver_parallelism)
         self.broker_name = ""
@@ -72,14 +74,19 @@ class Scheduler:
             try:
                 info = await self.broker.schedule_info()
                 self.broker_name = str(info["broker_name"])
+                if s.broker_name and self.broker_name != s.broker_name:
+                    if self.broker.resolver is not None:
+                        self.broker.resolver.invalidate()
+                    raise ValueError(f"the broker at {self.broker.base_url} is "
+                                     f"{self.broker_name!r}, not {s.broker_name!r}")
                 self.levels_ms = [int(x) for x in info["delay_levels_ms"]]
                 self.progress = Progress(s.redis_url, s.cluster, self.broker_name)
                 intake_offset, _, _ = await self.progress.load()
                 break
             except Exception as exc:
                 if not warned:
-                    log.warning("waiting for the broker at %s and Redis (%s); retrying every "
-                                "%.0fs", s.broker_url, exc, CONNECT_RETRY_S)
+                    log.warning("waiting for the broker (%s) and Redis (%s); retrying every "
+                                "%.0fs", self.broker.describe(), exc, CONNECT_RETRY_S)
                     warned = True
                 await asyncio.sleep(CONNECT_RETRY_S)
         self.levels = LevelWalker(self.broker, self.progress, self.clock, self.metrics,
@@ -92,8 +99,8 @@ class Scheduler:
         self._tasks.append(asyncio.create_task(self._report_floor(), name="floor"))
         self.ready = True
         log.info("scheduler serving broker %s at %s: %d delay levels, intake from offset %d, "
-                 "%d pending timer(s)", self.broker_name, s.broker_url, len(self.levels_ms),
-                 self.intake.offset, self.store.pending)
+                 "%d pending timer(s)", self.broker_name, self.broker.base_url,
+                 len(self.levels_ms), self.intake.offset, self.store.pending)
 
     async def _checkpoints(self) -> None:
         interval = self.settings.checkpoint_interval_ms / 1000

@@ -9,20 +9,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import BROKER_PORT, SCHEDULER_PORT
-from services.common.settings import ServiceSettings
+from services.common.constants import SCHEDULER_PORT
+from services.common.settings import GroupServiceSettings
 
 MiB = 1024 * 1024
 
 
-class SchedulerSettings(ServiceSettings):
+class SchedulerSettings(GroupServiceSettings):
+    """One scheduler per broker group: ``broker_name`` + ``nameservers`` find the group's
+    broker (``broker_url`` is the fixed broker when no nameservers are given)."""
+
     model_config = SettingsConfigDict(env_prefix="TIDEMQ_SCHEDULER_", extra="ignore")
 
     port: int = SCHEDULER_PORT  # internal API, /healthz and /metrics
-    broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # the broker whose timers this serves
     redis_url: str = "redis://127.0.0.1:6379/0"  # progress per level and on the intake topic
     data_dir: Path = Path("tidemq-data/scheduler")  # timer log, bucket files, checkpoint
 
@@ -47,11 +49,6 @@ class SchedulerSettings(ServiceSettings):
     test_clock: bool = False  # allow POST /internal/v1/clock to move the clock forward
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
-
-    @field_validator("broker_url")
-    @classmethod
-    def _strip_slash(cls, value: str) -> str:
-        return value.rstrip("/")
 
     @model_validator(mode="after")
     def _check_tick(self) -> SchedulerSettings:

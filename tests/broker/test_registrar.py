@@ -67,7 +67,7 @@ async def test_register_now_reaches_every_nameserver(nameservers: list[ServicePr
             assert resp.status_code == 200
             [queue] = resp.json()["queues"]
             assert queue == {"broker_name": "reg-a", "address": registrar.address,
-                             "queues": 4, "perm": "rw"}
+                             "queues": 4, "perm": "rw", "replicas": []}
 
         topics.topics["reg-new"] = {"queues": 2, "perm": "r"}  # a topic is created
         await registrar.register_now()

@@ -139,10 +139,11 @@ def test_plan_starts_every_service_in_order_with_its_env(tmp_path: Path) -> None
     assert env["nameserver"] == {"TIDEMQ_NAMESRV_HOST": "127.0.0.1",
                                  "TIDEMQ_NAMESRV_PORT": "1002",
                                  "TIDEMQ_NAMESRV_CLUSTER": "DefaultCluster",
-                                 "TIDEMQ_NAMESRV_TOKEN": "tok"}
+                                 "TIDEMQ_NAMESRV_TOKEN": "tok",
+                                 "TIDEMQ_NAMESRV_PEERS": "http://127.0.0.1:1002"}
     assert env["broker"] == {
         "TIDEMQ_BROKER_HOST": "127.0.0.1", "TIDEMQ_BROKER_PORT": "1001",
-        "TIDEMQ_BROKER_CLUSTER": "DefaultCluster",
+        "TIDEMQ_BROKER_CLUSTER": "DefaultCluster", "TIDEMQ_BROKER_BROKER_NAME": "broker-a",
         "TIDEMQ_BROKER_NAMESERVERS": "http://127.0.0.1:1002",
         "TIDEMQ_BROKER_REDIS_URL": "redis://127.0.0.1:7/0",
         "TIDEMQ_BROKER_DATA_DIR": str(data / "broker"),
@@ -275,19 +276,27 @@ def test_up_starts_redis_and_nameserver_and_stops_on_sigterm(tmp_path: Path) -> 
 
 
 @pytest.mark.integration
-def test_up_stops_everything_when_a_child_dies(tmp_path: Path) -> None:
+def test_up_restarts_a_child_that_dies(tmp_path: Path) -> None:
     up = UpProcess(tmp_path)
     try:
         up.wait_ready()
         children = up.children()
         children["nameserver"].kill()
 
-        assert up.wait() == 1, up.output()
-        output = up.output()
-        assert "nameserver exited by signal SIGKILL" in output
-        assert "Uvicorn running on" in output  # the child's last log lines are shown
-        assert "stopped redis cleanly" in output
-        children["redis"].wait(5)
+        deadline = time.monotonic() + 30
+        while "nameserver ready again" not in up.output():
+            assert up.proc.poll() is None, up.output()  # `tidemq up` keeps running
+            assert time.monotonic() < deadline, up.output()
+            time.sleep(0.1)
+        assert "nameserver exited by SIGKILL; restarted (1st time)" in up.output()
+        assert httpx.get(f"http://127.0.0.1:{up.port}/healthz").status_code == 200
+        after = up.children()
+        assert after["nameserver"].pid != children["nameserver"].pid
+        assert after["redis"].pid == children["redis"].pid  # the rest kept running
+
+        up.proc.send_signal(signal.SIGTERM)
+        assert up.wait() == 0, up.output()
+        assert "stopped redis cleanly" in up.output()
     finally:
         if up.proc.poll() is None:
             up.proc.kill()

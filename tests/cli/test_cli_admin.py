@@ -90,7 +90,8 @@ def test_topic_delete(cli: Cli, broker: BrokerHandle, nameserver: ServiceProcess
     assert "not deleted" in refused.stderr
     assert topic in cli.run("topic", "list").stdout
 
-    assert cli.json("topic", "delete", topic, "--yes") == {"deleted": topic, "queues": 2}
+    assert cli.json("topic", "delete", topic, "--yes") == {"deleted": topic, "groups": [
+        {"broker_name": "broker-a", "address": broker.url, "result": "deleted", "queues": 2}]}
     assert topic not in cli.run("topic", "list").stdout
     assert topic not in cli.run("cluster").stdout  # left the nameserver's routes at once
     err = cli.run("topic", "delete", topic, "--yes", code=1).stderr

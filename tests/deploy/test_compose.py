@@ -14,7 +14,13 @@ from tests.support.metrics import promtool
 from tests.support.procs import REPO
 
 DEPLOY = REPO / "deploy"
-TIDEMQ = set(SERVICE_ORDER)  # nameserver, broker, checker, scheduler, metrics
+GROUPS = ("a", "b")  # broker-a, broker-b
+NAMESERVERS = {"nameserver-1": "9876", "nameserver-2": "9877"}
+# compose service → the tidemq service it runs
+TIDEMQ = {**dict.fromkeys(NAMESERVERS, "nameserver"),
+          **{f"{kind}-{g}": kind for kind in ("broker", "checker", "scheduler") for g in GROUPS},
+          "metrics": "metrics"}
+NAMESERVER_LIST = "http://nameserver-1:9876,http://nameserver-2:9877"
 
 
 @pytest.mark.integration
@@ -29,26 +35,68 @@ def test_docker_compose_accepts_the_file() -> None:
 def test_every_service_is_there_with_health_restart_and_volumes() -> None:
     compose = load_compose()
     services = compose["services"]
-    assert set(services) == TIDEMQ | {"redis", "prometheus", "grafana"}
+    assert set(services) == set(TIDEMQ) | {"redis", "prometheus", "grafana"}
+    assert set(TIDEMQ.values()) == set(SERVICE_ORDER)
     for name, svc in services.items():
         assert svc.get("restart") == "unless-stopped", name
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
         assert svc.get("expose"), f"{name} exposes no port"
-    for name in TIDEMQ:
+    for name, kind in TIDEMQ.items():
         svc = services[name]
-        assert svc["command"] == ["python", "-m", f"services.{name}"]
+        assert svc["command"] == ["python", "-m", f"services.{kind}"]
         assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
-        assert (REPO / "services" / name).is_dir()
+        assert (REPO / "services" / kind).is_dir()
         env = env_of(svc)
-        prefix = ENV_PREFIX[name]
+        prefix = ENV_PREFIX[kind]
         assert all(k.startswith(prefix) for k in env), name
         assert env[f"{prefix}HOST"] == "0.0.0.0"  # reachable from the other containers
         assert [env[f"{prefix}PORT"]] == svc["expose"]
+        assert env[f"{prefix}PORT"] in " ".join(svc["healthcheck"]["test"]), name
     volumes = {v.split(":")[0]: v.split(":")[1] for s in services.values()
                for v in s.get("volumes", [])}
-    assert volumes["broker-store"] == env_of(services["broker"])["TIDEMQ_BROKER_DATA_DIR"]
+    for group, store in (("a", "broker-store"), ("b", "broker-b-store")):
+        broker = env_of(services[f"broker-{group}"])
+        assert volumes[store] == broker["TIDEMQ_BROKER_DATA_DIR"]
     assert volumes["redis-data"] == "/data"
-    assert set(compose["volumes"]) >= {"broker-store", "redis-data", "metrics-data"}
+    assert set(compose["volumes"]) >= {"broker-store", "broker-b-store", "scheduler-data",
+                                       "scheduler-b-data", "redis-data", "metrics-data"}
+
+
+def test_two_groups_behind_two_nameservers() -> None:
+    services = load_compose()["services"]
+    for name, port in NAMESERVERS.items():
+        env = env_of(services[name])
+        assert env["TIDEMQ_NAMESRV_PORT"] == port
+        assert env["TIDEMQ_NAMESRV_PEERS"] == NAMESERVER_LIST
+    ports = set()
+    for i, group in enumerate(GROUPS):
+        broker = env_of(services[f"broker-{group}"])
+        assert broker["TIDEMQ_BROKER_BROKER_NAME"] == f"broker-{group}"
+        assert broker["TIDEMQ_BROKER_NAMESERVERS"] == NAMESERVER_LIST  # registers with both
+        assert broker["TIDEMQ_BROKER_PORT"] == str(10911 + 1000 * i)  # as `tidemq up` lays out
+        assert broker["TIDEMQ_BROKER_ADVERTISED_ADDRESS"] == (
+            f"http://broker-{group}:{broker['TIDEMQ_BROKER_PORT']}")
+        scheduler = env_of(services[f"scheduler-{group}"])
+        assert broker["TIDEMQ_BROKER_SCHEDULER_URL"] == (
+            f"http://scheduler-{group}:{scheduler['TIDEMQ_SCHEDULER_PORT']}")
+        for kind, prefix in (("checker", "TIDEMQ_CHECKER_"), ("scheduler", "TIDEMQ_SCHEDULER_")):
+            svc = services[f"{kind}-{group}"]
+            env = env_of(svc)
+            assert env[prefix + "BROKER_NAME"] == f"broker-{group}"  # found by name, not URL
+            assert env[prefix + "NAMESERVERS"] == NAMESERVER_LIST
+            assert prefix + "BROKER_URL" not in env
+            assert f"broker-{group}" in svc["depends_on"]
+        assert set(services[f"broker-{group}"]["depends_on"]) == {"redis", *NAMESERVERS}
+        ports |= {broker["TIDEMQ_BROKER_PORT"], scheduler["TIDEMQ_SCHEDULER_PORT"]}
+    assert len(ports) == 2 * len(GROUPS)
+    assert {env_of(services[f"scheduler-{g}"])["TIDEMQ_SCHEDULER_DATA_DIR"]
+            for g in GROUPS} == {"/data/scheduler-a", "/data/scheduler-b"}
+    metrics = env_of(services["metrics"])
+    assert metrics["TIDEMQ_METRICS_NAMESERVERS"] == NAMESERVER_LIST  # every group's events
+    assert "TIDEMQ_METRICS_BROKER_URL" not in metrics
+    published = [p for svc in services.values() for p in svc.get("ports", [])]
+    assert all(p.startswith("127.0.0.1:") for p in published)
+    assert len({p.split(":")[1] for p in published}) == len(published)  # no host port twice
 
 
 def test_one_shared_token() -> None:
@@ -58,7 +106,7 @@ def test_one_shared_token() -> None:
     assert tokens == {"${TIDEMQ_TOKEN:-change-me-tidemq-token}"}
     with_token = {n for n, svc in raw.items()
                   if any(k.endswith("_TOKEN") for k in svc.get("environment", {}))}
-    assert with_token == {"nameserver", "broker", "checker", "scheduler", "metrics"}
+    assert with_token == set(TIDEMQ)
 
 
 def test_prometheus_scrapes_every_tidemq_service() -> None:
@@ -69,6 +117,8 @@ def test_prometheus_scrapes_every_tidemq_service() -> None:
     services = load_compose()["services"]
     for name in TIDEMQ:
         assert f"{name}:{services[name]['expose'][0]}" in targets, name
+    jobs = {job["job_name"] for job in scrape}
+    assert {f"tidemq-{kind}" for kind in TIDEMQ.values()} <= jobs  # one job per kind
     mounts = services["prometheus"]["volumes"]
     assert "./deploy/prometheus:/etc/prometheus:ro" in mounts
 

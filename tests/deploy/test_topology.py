@@ -1,11 +1,12 @@
-"""The compose topology as local processes, driven by a real transaction end to end.
+"""The compose topology as local processes, driven by real transactions end to end.
 
-Every service of docker-compose.yml that is a process (Redis, nameserver, broker, checker,
-scheduler, metrics sidecar) starts with its compose command and environment on loopback
-(``tests/deploy/topology.py``); a transaction is committed and another rolled back through the
-broker's REST API, and both must show up in the sidecar's ``/metrics`` (the PySpark job in
-continuous mode) in a form promtool accepts. A service whose ``services/<name>/__main__.py``
-does not exist yet is reported and left out.
+Every service of docker-compose.yml that is a process (Redis, two nameservers, brokers broker-a
+and broker-b with a checker and a scheduler each, the metrics sidecar) starts with its compose
+command and environment on loopback (``tests/deploy/topology.py``). Both brokers register with
+both nameservers; a transaction is committed on broker-a and another rolled back on broker-b
+through the REST API, and both must show up in the sidecar's ``/metrics`` (the PySpark job in
+continuous mode, reading every group through the nameservers) in a form promtool accepts. A
+service whose ``services/<name>/__main__.py`` does not exist yet is reported and left out.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from tests.support.metrics import parse_exposition, promtool
 
 pytestmark = pytest.mark.integration
 
-ORDER = ("redis", "nameserver", "broker", "checker", "scheduler", "metrics")
+ORDER = ("redis", "nameserver-1", "nameserver-2", "broker-a", "broker-b", "checker-a",
+         "checker-b", "scheduler-a", "scheduler-b", "metrics")
+GROUPS = ("broker-a", "broker-b")
 
 
 @pytest.fixture(scope="module")
@@ -42,31 +45,46 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
 
 
 def test_names_and_ports_are_remapped(topology: Topology, tmp_path: Path) -> None:
-    broker = topology.services["broker"]
+    assert set(ORDER) <= set(topology.compose["services"])
+    broker = topology.services["broker-b"]
     assert broker.env["TIDEMQ_BROKER_HOST"] == "127.0.0.1"
     assert broker.env["TIDEMQ_BROKER_PORT"] == str(broker.port)
     redis_port = topology.services["redis"].port
     assert broker.env["TIDEMQ_BROKER_REDIS_URL"] == f"redis://127.0.0.1:{redis_port}/0"
     assert broker.env["TIDEMQ_BROKER_DATA_DIR"].startswith(str(topology.workdir))
+    nameservers = f"{topology.url('nameserver-1')},{topology.url('nameserver-2')}"
+    assert broker.env["TIDEMQ_BROKER_NAMESERVERS"] == nameservers
+    assert broker.env["TIDEMQ_BROKER_SCHEDULER_URL"] == topology.url("scheduler-b")
     metrics = topology.services["metrics"]
-    assert metrics.env["TIDEMQ_METRICS_BROKER_URL"] == topology.url("broker")
+    assert metrics.env["TIDEMQ_METRICS_NAMESERVERS"] == nameservers
     assert metrics.env["TIDEMQ_METRICS_TOKEN"] == broker.env["TIDEMQ_BROKER_TOKEN"]
 
 
-def test_a_transaction_reaches_the_sidecar_metrics(topology: Topology) -> None:
-    broker = httpx.Client(base_url=topology.url("broker"), timeout=10)
-    assert broker.put("/v1/topics/Orders", json={"queues": 2}).status_code == 200
-    for action in ("commit", "rollback"):
+def test_every_broker_registers_with_both_nameservers(topology: Topology) -> None:
+    for ns in ("nameserver-1", "nameserver-2"):
+        view = httpx.get(topology.url(ns) + "/v1/cluster", timeout=10).json()
+        assert {b["broker_name"]: b["address"] for b in view["brokers"]} == {
+            g: topology.url(g) for g in GROUPS}
+        assert view["nameservers"] == [topology.url("nameserver-1"),
+                                       topology.url("nameserver-2")]
+
+
+def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topology) -> None:
+    for group, action in zip(GROUPS, ("commit", "rollback"), strict=True):
+        broker = httpx.Client(base_url=topology.url(group), timeout=10)
+        assert broker.put("/v1/topics/Orders", json={"queues": 2}).status_code == 200
         begun = broker.post("/v1/transactions", json={
             "producer_group": "shop", "topic": "Orders",
-            "message": {"body": f"order to {action}"}})
+            "message": {"body": f"order to {action} on {group}"}})
         assert begun.status_code == 200, begun.text
         txid = begun.json()["transaction_id"]
         ended = broker.post(f"/v1/transactions/{txid}/end",
                             json={"producer_group": "shop", "action": action})
         assert ended.status_code == 200, ended.text
-    nameserver = httpx.get(topology.url("nameserver") + "/v1/routes/Orders", timeout=10)
-    assert nameserver.status_code == 200  # the broker registered itself under its name
+    for ns in ("nameserver-1", "nameserver-2"):  # the route merges both groups' queues
+        route = httpx.get(topology.url(ns) + "/v1/routes/Orders", timeout=10)
+        assert route.status_code == 200, route.text
+        assert sorted(q["broker_name"] for q in route.json()["queues"]) == list(GROUPS)
 
     labels = {"producer_group": "shop", "topic": "Orders", "source": "producer"}
     want = {("tidemq_transaction_commits_total", frozenset(labels.items())): 1.0,
@@ -89,4 +107,6 @@ def test_a_transaction_reaches_the_sidecar_metrics(topology: Topology) -> None:
             frozenset({"producer_group": "shop", "topic": "Orders"}.items()))
     assert samples[half] == 2
     assert samples[("tidemq_metrics_job_up", frozenset())] == 1
-    assert "tidemq_broker_messages_put_total" in broker.get("/metrics").text
+    for group in GROUPS:
+        assert "tidemq_broker_messages_put_total" in httpx.get(
+            topology.url(group) + "/metrics", timeout=10).text

@@ -48,12 +48,12 @@ def test_every_documented_variable_is_read_by_a_service() -> None:
 
 
 def test_every_redis_key_is_in_the_key_table() -> None:
-    broker = "{cluster}:{broker_name}"  # the broker's namespace (BrokerSettings.namespace)
+    at = ("{cluster}", "{broker_name}")  # consumer state is per broker
     keys = {
-        "consumer_offsets_key": constants.consumer_offsets_key(broker, "{group}", "{topic}"),
-        "consumer_offsets_index_key": constants.consumer_offsets_index_key(broker, "{group}"),
-        "inflight_key": constants.inflight_key(broker, "{group}", "{topic}"),
-        "receive_cursor_key": constants.receive_cursor_key(broker, "{group}", "{topic}"),
+        "consumer_offsets_key": constants.consumer_offsets_key(*at, "{group}", "{topic}"),
+        "consumer_offsets_index_key": constants.consumer_offsets_index_key(*at, "{group}"),
+        "inflight_key": constants.inflight_key(*at, "{group}", "{topic}"),
+        "receive_cursor_key": constants.receive_cursor_key(*at, "{group}", "{topic}"),
         "checker_progress_key": constants.checker_progress_key("{cluster}", "{broker_name}"),
         "scheduler_progress_key": constants.scheduler_progress_key("{cluster}", "{broker_name}"),
         "scheduler_level_cancels_key": constants.scheduler_level_cancels_key("{cluster}",

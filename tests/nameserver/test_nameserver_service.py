@@ -48,7 +48,8 @@ def test_heartbeat_then_route(client: httpx.Client) -> None:
     route = client.get("/v1/routes/svc-orders")
     assert route.status_code == 200
     assert route.json() == {"topic": "svc-orders", "queues": [
-        {"broker_name": "svc-a", "address": "http://127.0.0.1:20911", "queues": 8, "perm": "rw"}]}
+        {"broker_name": "svc-a", "address": "http://127.0.0.1:20911", "queues": 8, "perm": "rw",
+         "replicas": []}]}
 
 
 def test_two_brokers_one_topic_and_cluster_view(client: httpx.Client) -> None:

@@ -2,7 +2,8 @@
 
 Just enough of docs/api.md for the SDK: topics, send (with dedup by message id), pull (with a short
 long-poll), group heartbeat / leave / offsets / retry, simple-consumer receive / ack /
-invisibility, and nameserver routes. Every request is recorded; ``fail_next`` queues canned error
+invisibility, half messages and their ends, producer heartbeats and (empty) check polls, and
+nameserver routes and cluster view. Every request is recorded; ``fail_next`` queues canned error
 answers for a path prefix.
 """
 
@@ -61,6 +62,8 @@ class FakeBroker:
         self.retried: list[tuple[str, str]] = []  # (group, message_id)
         self.inflight: dict[str, dict[str, Any]] = {}  # receipt handle → message
         self.acked: list[str] = []
+        self.halves: dict[str, dict[str, Any]] = {}  # transaction id → {message_id, topic}
+        self.ends: list[dict[str, Any]] = []
         self._handles = itertools.count(1)
         self._cursor: dict[tuple[str, str], int] = {}
 
@@ -103,6 +106,13 @@ class FakeBroker:
             return await self._pull(parts[2], int(parts[4]), params)
         if parts[:2] == ["v1", "groups"]:
             return self._group(method, parts[2], parts[3:], params, body)
+        if parts[:2] == ["v1", "transactions"]:
+            return self._transactions(parts[2:], body)
+        if parts[:2] == ["v1", "producers"]:
+            if parts[-1] == "checks":
+                await asyncio.sleep(self.long_poll_cap_s)
+                return {"checks": []}
+            return {}
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"fake broker: no route {method} {parts}")
 
     def _topic(self, topic: str) -> Any:
@@ -187,6 +197,28 @@ class FakeBroker:
             self.inflight[new] = message
             return {"receipt_handle": new}
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"fake broker: no group route {rest}")
+
+    def _transactions(self, rest: list[str], body: Any) -> Any:
+        if rest == ["end"]:
+            self.ends.extend(body["ends"])
+            return {"results": [{"transaction_id": e["transaction_id"], "state": "committed"}
+                                for e in body["ends"]]}
+        if body["topic"] not in self.queues:
+            raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND, f"no topic {body['topic']}")
+        out = []
+        for m in body["messages"]:
+            txid = next((t for t, h in self.halves.items()
+                         if h["message_id"] == m["message_id"]), None)  # dedup by message id
+            if txid is None:
+                txid = f"{self.name}-tx{len(self.halves)}"
+                self.halves[txid] = {"message_id": m["message_id"], "topic": body["topic"]}
+            out.append({"transaction_id": txid, "message_id": m["message_id"]})
+        self.ends.extend(body.get("ends") or [])
+        answer: dict[str, Any] = {"transactions": out}
+        if body.get("ends"):
+            answer["results"] = [{"transaction_id": e["transaction_id"], "state": "committed"}
+                                 for e in body["ends"]]
+        return answer
 
     def _retry(self, group: str, message_id: str) -> Any:
         original = self.find(message_id)
@@ -290,6 +322,10 @@ class FakeCluster:
         return self._answer(200, answer, accept)
 
     def _route(self, parts: list[str]) -> Any:
+        if parts[1] == "cluster":
+            return {"brokers": [{"broker_name": b.name, "address": b.address}
+                                for b in self.brokers.values()],
+                    "nameservers": self.nameservers}
         topic = parts[2]
         queues = [{"broker_name": b.name, "address": b.address, "queues": len(b.queues[topic]),
                    "perm": "rw"} for b in self.brokers.values() if topic in b.queues]

@@ -1,4 +1,8 @@
-"""Consumer offsets in Redis: ``(group, topic, queue) → next offset to consume``.
+"""Consumer offsets in Redis: ``(group, topic, queue) → next offset to consume``, per broker.
+
+Queue ids are per broker and several broker groups may share one Redis, so every key carries
+this broker's name (``broker_name``) after the cluster's: two groups never see each other's
+offsets, and a consumer's offsets are per (group, topic, broker, queue).
 
 A commit is answered only once Redis has it. Many requests commit at once (every push consumer
 every 5 s), so commits are not sent one by one: ``commit`` queues the change and waits on a
@@ -10,7 +14,7 @@ Redis down → ``ProtocolError(UNAVAILABLE)`` within the socket timeout; the cli
 its own when Redis is back, and a failed batch only fails the requests in it (the writer lives on).
 
 Keys (services/common/constants.py): ``consumer_offsets_key`` (hash queue id → offset) per
-(group, topic), ``consumer_offsets_index_key`` (set of topics) per group.
+(broker, group, topic), ``consumer_offsets_index_key`` (set of topics) per (broker, group).
 """
 
 from __future__ import annotations
@@ -58,9 +62,10 @@ class _Pending:
 class OffsetStore:
     """Committed consumer offsets, with concurrent commits coalesced into one round trip."""
 
-    def __init__(self, redis_url: str, cluster: str, *, client: Redis | None = None,
-                 timeout_s: float = REDIS_TIMEOUT_S) -> None:
+    def __init__(self, redis_url: str, cluster: str, broker_name: str, *,
+                 client: Redis | None = None, timeout_s: float = REDIS_TIMEOUT_S) -> None:
         self.cluster = cluster
+        self.broker_name = broker_name
         self._redis = client if client is not None else connect_redis(redis_url, timeout_s)
         self._owns_client = client is None
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
@@ -72,6 +77,12 @@ class OffsetStore:
     @property
     def redis(self) -> Redis:
         return self._redis
+
+    def _key(self, group: str, topic: str) -> str:
+        return consumer_offsets_key(self.cluster, self.broker_name, group, topic)
+
+    def _index(self, group: str) -> str:
+        return consumer_offsets_index_key(self.cluster, self.broker_name, group)
 
     async def start(self) -> None:
         if self._writer is None:
@@ -107,15 +118,15 @@ class OffsetStore:
 
         def op(pipe: Pipeline) -> None:
             for topic, mapping in by_topic.items():
-                pipe.hset(consumer_offsets_key(self.cluster, group, topic), mapping=mapping)
-            pipe.sadd(consumer_offsets_index_key(self.cluster, group), *by_topic)
+                pipe.hset(self._key(group, topic), mapping=mapping)
+            pipe.sadd(self._index(group), *by_topic)
 
         await self._submit(op)
 
     async def reset(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         """Replace a (group, topic)'s offsets with exactly ``offsets`` (empty: forget the topic)."""
-        key = consumer_offsets_key(self.cluster, group, topic)
-        index = consumer_offsets_index_key(self.cluster, group)
+        key = self._key(group, topic)
+        index = self._index(group)
         mapping: dict[FieldT, EncodableT] = {str(q): o for q, o in offsets.items()}
 
         def op(pipe: Pipeline) -> None:
@@ -131,8 +142,8 @@ class OffsetStore:
     async def delete_group(self, group: str) -> None:
         """Forget every committed offset of a group."""
         topics = await self.topics(group)
-        keys = [consumer_offsets_key(self.cluster, group, t) for t in topics]
-        keys.append(consumer_offsets_index_key(self.cluster, group))
+        keys = [self._key(group, t) for t in topics]
+        keys.append(self._index(group))
 
         def op(pipe: Pipeline) -> None:
             pipe.delete(*keys)
@@ -144,7 +155,7 @@ class OffsetStore:
     async def get(self, group: str, topic: str) -> dict[int, int]:
         """Committed offsets of a (group, topic): queue id → next offset ({} when none)."""
         try:
-            raw = await self._redis.hgetall(consumer_offsets_key(self.cluster, group, topic))
+            raw = await self._redis.hgetall(self._key(group, topic))
         except (RedisError, OSError) as exc:
             raise unavailable(f"reading offsets of {group}/{topic}", exc) from exc
         return {int(text(q)): int(text(o)) for q, o in raw.items()}
@@ -152,7 +163,7 @@ class OffsetStore:
     async def topics(self, group: str) -> list[str]:
         """Topics the group has committed offsets for, sorted."""
         try:
-            raw = await self._redis.smembers(consumer_offsets_index_key(self.cluster, group))
+            raw = await self._redis.smembers(self._index(group))
         except (RedisError, OSError) as exc:
             raise unavailable(f"reading topics of group {group}", exc) from exc
         return sorted(text(t) for t in raw)
@@ -160,10 +171,11 @@ class OffsetStore:
     async def groups(self) -> dict[str, list[str]]:
         """Every group with committed offsets → its topics, sorted (a SCAN of the index keys,
         then one pipelined read: an admin listing, not a hot path)."""
-        prefix = consumer_offsets_index_key(self.cluster, "")
+        prefix = self._index("")
+        pattern = consumer_offsets_index_pattern(self.cluster, self.broker_name)
         try:
-            keys = [text(k) async for k in self._redis.scan_iter(
-                match=consumer_offsets_index_pattern(self.cluster), count=SCAN_COUNT)]
+            keys = [text(k) async for k in self._redis.scan_iter(match=pattern,
+                                                                 count=SCAN_COUNT)]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.smembers(key)

@@ -1,6 +1,8 @@
 """The simple consumer: receive with an invisibility time, ack per message, change invisibility.
 
-State per (group, topic), durable in Redis and mirrored in memory under one asyncio.Lock:
+State per (group, topic), durable in Redis under this broker's name (that of its
+``OffsetStore``: several broker groups may share one Redis) and mirrored in memory under one
+asyncio.Lock:
 
 - cursor (``receive_cursor_key``, hash queue id → offset): the next offset never handed out.
   A queue without one starts at the group's committed offset, else at the queue's min_offset.
@@ -151,6 +153,7 @@ class SimpleConsumerService:
                  clock_ms: Callable[[], int] = _wall_ms) -> None:
         self.store = store
         self.cluster = cluster
+        self.broker_name = offsets.broker_name  # keys per broker, as its offsets
         self.hold = hold
         self.offsets = offsets
         self.clock_ms = clock_ms
@@ -329,7 +332,7 @@ class SimpleConsumerService:
                 if not fields:
                     continue
                 try:
-                    await self._redis.hdel(inflight_key(self.cluster, group, topic), *fields)
+                    await self._redis.hdel(self._inflight_key(group, topic), *fields)
                 except (RedisError, OSError) as exc:
                     self._states.pop(key, None)
                     raise unavailable(f"ack for group {group}", exc) from exc
@@ -366,7 +369,7 @@ class SimpleConsumerService:
             entry = _Inflight(now + invisible_ms, secrets.randbits(64), entry.deliveries)
             state.put(r.queue_id, r.offset, entry, new=False)
             try:
-                await self._redis.hset(inflight_key(self.cluster, group, r.topic),
+                await self._redis.hset(self._inflight_key(group, r.topic),
                                        _field(r.queue_id, r.offset), entry.encode())
             except BaseException as exc:
                 self._states.pop(key, None)
@@ -387,7 +390,7 @@ class SimpleConsumerService:
             state = await self._state(group, topic)
             try:
                 if offsets:
-                    await self._redis.hset(receive_cursor_key(self.cluster, group, topic),
+                    await self._redis.hset(self._cursor_key(group, topic),
                                            mapping={str(q): o for q, o in offsets.items()})
             except (RedisError, OSError) as exc:
                 self._states.pop(key, None)
@@ -400,6 +403,12 @@ class SimpleConsumerService:
             del self._states[key]
 
     # --- state and Redis ---------------------------------------------------------------------
+
+    def _inflight_key(self, group: str, topic: str) -> str:
+        return inflight_key(self.cluster, self.broker_name, group, topic)
+
+    def _cursor_key(self, group: str, topic: str) -> str:
+        return receive_cursor_key(self.cluster, self.broker_name, group, topic)
 
     def _lock(self, key: tuple[str, str]) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -422,8 +431,8 @@ class SimpleConsumerService:
             return state
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hgetall(receive_cursor_key(self.cluster, group, topic))
-                pipe.hgetall(inflight_key(self.cluster, group, topic))
+                pipe.hgetall(self._cursor_key(group, topic))
+                pipe.hgetall(self._inflight_key(group, topic))
                 raw_cursors, raw_inflight = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise unavailable(f"receive state of group {group}", exc) from exc
@@ -445,11 +454,11 @@ class SimpleConsumerService:
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
                 if set_inflight:
-                    pipe.hset(inflight_key(self.cluster, group, topic), mapping=set_inflight)
+                    pipe.hset(self._inflight_key(group, topic), mapping=set_inflight)
                 if del_inflight:
-                    pipe.hdel(inflight_key(self.cluster, group, topic), *del_inflight)
+                    pipe.hdel(self._inflight_key(group, topic), *del_inflight)
                 if set_cursor:
-                    pipe.hset(receive_cursor_key(self.cluster, group, topic), mapping=set_cursor)
+                    pipe.hset(self._cursor_key(group, topic), mapping=set_cursor)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
             raise unavailable(f"receive for group {group}", exc) from exc

@@ -70,6 +70,7 @@ async def receive(door: Door, request: Any,
     group = request.group.name
     topic = request.message_queue.topic.name
     try:
+        door.require_own(request.message_queue)
         validate_group_name(group)
         tags = tags_of(request.filter_expression)
         batch = min(max(request.batch_size or DEFAULT_BATCH, 1), MAX_RECEIVE)

@@ -18,6 +18,7 @@ from services.broker.grpc.proto import Code, pb
 from services.broker.grpc.sessions import ServerSide, Sessions
 from services.broker.messaging.convert import born_host
 from services.broker.service import Broker
+from services.common.discovery import ClusterView
 
 CLIENT_ID_HEADER = "x-mq-client-id"
 
@@ -32,12 +33,28 @@ class Door:
     invisible_ms: int  # for receives that name none (push consumers)
     closing: bool = False
     swept_at: float = 0.0  # sessions.clock() of the last sweep of silent sessions
+    cluster: ClusterView | None = None  # every broker group (nameservers); None: this one only
 
     def endpoints(self) -> Any:
         """The ``Endpoints`` clients reach this broker's gRPC front door at."""
-        out = pb.Endpoints(scheme=address_scheme(self.host))
-        out.addresses.add(host=self.host, port=self.port)
-        return out
+        return endpoints_of(self.host, self.port)
+
+    def require_own(self, queue: Any) -> None:
+        """Refuse a request naming a queue of another broker group (ILLEGAL_ACCESS_POINT):
+        each group's door serves its own queues; the route names every queue's door."""
+        owner = queue.broker.name
+        own = self.broker.settings.broker_name
+        if owner and owner != own:
+            raise RpcRefused(Code.ILLEGAL_ACCESS_POINT,
+                             f"this is the gRPC door of broker {own!r}; queues of broker "
+                             f"{owner!r} are served at the endpoint its route names")
+
+
+def endpoints_of(host: str, port: int) -> Any:
+    """The ``Endpoints`` of one gRPC front door."""
+    out = pb.Endpoints(scheme=address_scheme(host))
+    out.addresses.add(host=host, port=port)
+    return out
 
 
 def address_scheme(host: str) -> int:

@@ -7,15 +7,20 @@ delay routing). TRANSACTION messages go to ``broker.transactions.begin`` (``POST
 /v1/transactions``) as half messages of the producer group named like the topic (RocketMQ 5 has
 no producer groups; its proxy uses the topic), with ``orphaned_transaction_recovery_duration``
 as their check immunity. EndTransaction is ``broker.transactions.end``; RecallMessage cancels a
-delayed message through ``broker.schedule.cancel`` (the recall handle is the message id).
+delayed message through ``broker.schedule.cancel`` (the recall handle is the message id). The
+official clients send RecallMessage to their access point, not to the group holding the message,
+so a message this broker does not know is recalled on the other groups (``DELETE
+/v1/messages/{id}/schedule`` of each, found through the nameservers).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import quote
 
 import grpc
+import httpx
 from tidemq.protocol import ErrorCode, ProtocolError
 
 from services.broker.grpc.door import Door, peer_host
@@ -28,11 +33,13 @@ from services.broker.grpc.proto import (
     ok,
     service_pb,
 )
+from services.broker.grpc.routing import other_groups
 from services.broker.transactions.service import TransactionService, parse_end
 
 log = logging.getLogger(__name__)
 
 ACTIONS = {TransactionResolution.COMMIT: "commit", TransactionResolution.ROLLBACK: "rollback"}
+RECALL_TIMEOUT_S = 10.0  # one recall forwarded to another group's REST API (s)
 
 TRANSACTIONS_MISSING = ("transactional messages are not available on this tidemq broker "
                         "(it runs without the transaction service)")
@@ -137,7 +144,45 @@ async def recall_message(door: Door, request: Any) -> Any:
     try:
         if not request.recall_handle:
             raise RpcRefused(Code.BAD_REQUEST, "recall_handle is empty")
-        answer = await door.broker.schedule.cancel(request.recall_handle)
+        try:
+            answer = await door.broker.schedule.cancel(request.recall_handle)
+        except ProtocolError as exc:
+            if exc.code is not ErrorCode.MESSAGE_NOT_FOUND:
+                raise
+            answer = await _recall_elsewhere(door, request.recall_handle, exc)
     except Exception as exc:
         return service_pb.RecallMessageResponse(status=error_status(exc, "RecallMessage"))
     return service_pb.RecallMessageResponse(status=ok(), message_id=answer["message_id"])
+
+
+async def _recall_elsewhere(door: Door, message_id: str, not_here: ProtocolError
+                            ) -> dict[str, Any]:
+    """Cancel ``message_id`` on the group that holds it; ``not_here`` when no group does.
+    A group that cannot be asked makes the answer UNAVAILABLE (it may hold the message)."""
+    unreachable: list[str] = []
+    async with httpx.AsyncClient(timeout=RECALL_TIMEOUT_S) as http:
+        for group in await other_groups(door):
+            url = f"{group.address}/v1/messages/{quote(message_id, safe='')}/schedule"
+            try:
+                resp = await http.delete(url, headers={"accept": "application/json"})
+                answer = resp.json() if resp.content else {}
+            except (httpx.HTTPError, ValueError) as exc:
+                unreachable.append(f"{group.broker_name} ({type(exc).__name__})")
+                continue
+            if resp.status_code == 200:
+                log.info("message %s recalled on broker %s", message_id, group.broker_name)
+                return {"message_id": message_id, **answer}
+            code = answer.get("code") if isinstance(answer, dict) else None
+            if code == ErrorCode.MESSAGE_NOT_FOUND.value:
+                continue
+            try:
+                error = ErrorCode(str(code))
+            except ValueError:
+                error = ErrorCode.UNAVAILABLE
+            raise ProtocolError(error, f"broker {group.broker_name}: "
+                                       f"{answer.get('message', resp.text[:200])}")
+    if unreachable:
+        raise ProtocolError(ErrorCode.UNAVAILABLE,
+                            f"message {message_id!r} is not on this broker and "
+                            f"{', '.join(unreachable)} cannot be asked now; retry")
+    raise not_here

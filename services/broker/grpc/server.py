@@ -23,6 +23,8 @@ from services.broker.grpc.sessions import ServerSide, Sessions
 from services.broker.grpc.telemetry import CLOSE
 from services.broker.service import Broker
 from services.broker.settings import BrokerSettings
+from services.common.constants import GRPC_ROUTE_CACHE_S
+from services.common.discovery import ClusterView
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,9 @@ class GrpcFrontDoor:
                             long_polling_ms=min(settings.grpc_long_polling_ms,
                                                 settings.long_poll_max_ms)),
             host=host, port=port, invisible_ms=settings.grpc_invisible_ms)
+        if settings.nameserver_urls:  # routes list every group the nameservers know
+            self.door.cluster = ClusterView(settings.nameserver_urls, wait_fresh=True,
+                                            refresh_s=GRPC_ROUTE_CACHE_S)
 
     @property
     def enabled(self) -> bool:
@@ -117,6 +122,9 @@ class GrpcFrontDoor:
                 session.outbox.put_nowait(CLOSE)
 
     async def close(self) -> None:
+        if self.door.cluster is not None:
+            await self.door.cluster.close()
+            self.door.cluster = None
         if self.server is None:
             return
         self.begin_shutdown()

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def offsets(redis_server: RedisServer) -> AsyncIterator[OffsetStore]:
-    store = OffsetStore(redis_server.url, f"test-{uuid.uuid4().hex[:8]}")
+    store = OffsetStore(redis_server.url, f"test-{uuid.uuid4().hex[:8]}", "broker-a")
     await store.start()
     yield store
     await store.close()
@@ -94,7 +94,7 @@ async def test_cancelled_commit_does_not_break_the_writer(offsets: OffsetStore) 
 
 
 async def test_redis_restart_loses_no_committed_offset(own_redis: RedisServer) -> None:
-    store = OffsetStore(own_redis.url, "restart")
+    store = OffsetStore(own_redis.url, "restart", "broker-a")
     await store.start()
     try:
         await asyncio.gather(*(store.commit("G", [("T", q, 100 + q)]) for q in range(8)))
@@ -108,7 +108,7 @@ async def test_redis_restart_loses_no_committed_offset(own_redis: RedisServer) -
 
 
 async def test_outage_is_unavailable_then_recovers(own_redis: RedisServer) -> None:
-    store = OffsetStore(own_redis.url, "outage")
+    store = OffsetStore(own_redis.url, "outage", "broker-a")
     await store.start()
     try:
         await store.commit("G", [("T", 0, 1)])
@@ -135,7 +135,7 @@ async def test_outage_is_unavailable_then_recovers(own_redis: RedisServer) -> No
 
 
 async def test_commit_after_close_is_unavailable(redis_server: RedisServer) -> None:
-    store = OffsetStore(redis_server.url, "closed")
+    store = OffsetStore(redis_server.url, "closed", "broker-a")
     await store.start()
     await store.close()
     with pytest.raises(ProtocolError) as err:
@@ -144,7 +144,7 @@ async def test_commit_after_close_is_unavailable(redis_server: RedisServer) -> N
 
 
 async def test_hung_redis_times_out_then_recovers(own_redis: RedisServer) -> None:
-    store = OffsetStore(own_redis.url, "hung", timeout_s=0.3)
+    store = OffsetStore(own_redis.url, "hung", "broker-a", timeout_s=0.3)
     await store.start()
     assert own_redis.proc is not None
     try:

@@ -91,7 +91,7 @@ def store() -> FakeStore:
 
 @pytest.fixture
 async def offsets(redis_server: RedisServer) -> AsyncIterator[OffsetStore]:
-    off = OffsetStore(redis_server.url, f"test-{uuid.uuid4().hex[:8]}")
+    off = OffsetStore(redis_server.url, f"test-{uuid.uuid4().hex[:8]}", "broker-a")
     await off.start()
     yield off
     await off.close()
@@ -352,7 +352,7 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 async def test_redis_down_is_unavailable_then_recovers(store: FakeStore,
                                                        own_redis: RedisServer) -> None:
-    offsets = OffsetStore(own_redis.url, "down")
+    offsets = OffsetStore(own_redis.url, "down", "broker-a")
     await offsets.start()
     svc = make_service(store, own_redis.url, offsets)
     try:

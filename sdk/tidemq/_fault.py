@@ -1,0 +1,185 @@
+"""Riding over a lost broker group: per-broker back-off, and the retry decisions of one send.
+
+``BrokerHealth`` keeps, per broker, a "not available until" time (RocketMQ's latency fault
+tolerance, driven by failures). A failure makes the broker unavailable for
+``initial_s * 2 ** (failures in a row - 1)``, capped at ``max_s``; failures reported while it
+is already unavailable (the other requests of the same outage) do not count again. Once the time
+has passed, producers let one request through as a probe (``claim``): while it is out, the
+others keep avoiding the broker. A success forgets everything.
+
+``SendAttempts`` decides what a failed send (one message, or one batch) does next:
+
+- nothing was stored — no connection could be opened, the broker answered 503 (busy,
+  unavailable, disk full) or does not have the topic: try another group at once;
+- it may have been stored — the request was sent and the answer was lost (timeout, reset,
+  500/502/504): send it to the *same* broker once more right away. The broker answers a repeated
+  ``message_id`` with the first result, so a message that was stored is not stored again. Only
+  when that retry fails too does the message move to another group: the one case where two
+  groups may each hold a copy (``uncertain``);
+- a pinned send (explicit queue id, or a sharding key without ``ordered_failover``) never moves:
+  it is retried on its own queue with back-off until attempts or the deadline run out;
+- an answer that is final for that broker (disk full, topic missing) moves a send to another
+  group, and is raised when there is none;
+- when every group has failed this send, pause (the retry policy's back-off, honouring
+  ``Retry-After``) and start over; ``max_attempts`` and ``deadline_s`` bound it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from enum import Enum
+
+from tidemq._exceptions import ServerError, TidemqError, TopicNotFoundError, TransportError
+from tidemq._http import RetryPolicy
+
+log = logging.getLogger("tidemq.fault")
+
+_UNAVAILABLE_STATUS = 503  # busy, unavailable or disk full: refused, nothing stored
+
+
+@dataclass(slots=True)
+class _Entry:
+    failures: int  # in a row
+    until: float  # unavailable before this (clock seconds)
+    probing_until: float = 0.0  # a probe is out until this
+
+
+class BrokerHealth:
+    """Per-broker availability, keyed by whatever the caller uses (a broker name or address)."""
+
+    def __init__(self, *, initial_s: float, max_s: float, probe_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.probe_timeout_s = probe_timeout_s
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+
+    def __bool__(self) -> bool:
+        """True while some broker has failures on record (the send path checks this first)."""
+        return bool(self._entries)
+
+    def usable(self, broker: str) -> bool:
+        """Not backing off, and no probe out."""
+        entry = self._entries.get(broker)
+        if entry is None:
+            return True
+        now = self._clock()
+        return now >= entry.until and now >= entry.probing_until
+
+    def claim(self, broker: str) -> None:
+        """A request is about to go to ``broker``: if it is failing, this one is the probe."""
+        entry = self._entries.get(broker)
+        if entry is not None:
+            entry.probing_until = self._clock() + self.probe_timeout_s
+
+    def wait_s(self, broker: str) -> float:
+        """Seconds until ``broker`` may be tried again (0 when it may be now)."""
+        entry = self._entries.get(broker)
+        return 0.0 if entry is None else max(0.0, entry.until - self._clock())
+
+    def failures(self, broker: str) -> int:
+        entry = self._entries.get(broker)
+        return 0 if entry is None else entry.failures
+
+    def failed(self, broker: str) -> bool:
+        """Record a failure; True when ``broker`` was fine until now (log that one loudly)."""
+        now = self._clock()
+        entry = self._entries.get(broker)
+        if entry is not None and now < entry.until:
+            return False  # the same outage, seen by another request
+        failures = 1 if entry is None else entry.failures + 1
+        pause = min(self.max_s, self.initial_s * 2 ** (failures - 1))
+        self._entries[broker] = _Entry(failures, now + pause)
+        return entry is None
+
+    def succeeded(self, broker: str) -> bool:
+        """Forget the failures of ``broker``; True when it had some (it is back)."""
+        return self._entries.pop(broker, None) is not None
+
+
+class Outcome(Enum):
+    NOT_STORED = "not stored"  # the request cannot have been acted on: any group may take it
+    MAYBE_STORED = "maybe stored"  # sent, answer lost: the same broker first
+    FINAL = "final"  # not retriable: the caller gets it
+
+
+def outcome(exc: BaseException) -> Outcome:
+    """How a failed send ended, for ``SendAttempts``."""
+    if isinstance(exc, TransportError):
+        return Outcome.MAYBE_STORED if exc.sent else Outcome.NOT_STORED
+    if isinstance(exc, TopicNotFoundError):
+        return Outcome.NOT_STORED  # this broker lacks the topic; another group may have it
+    if isinstance(exc, ServerError) and exc.status == _UNAVAILABLE_STATUS:
+        return Outcome.NOT_STORED
+    if isinstance(exc, TidemqError) and exc.retriable:
+        return Outcome.MAYBE_STORED  # 500/502/504: the broker may have stored it first
+    return Outcome.FINAL
+
+
+class Step(Enum):
+    SAME = "same"  # send to the same queue again now
+    SELECT = "select"  # select a queue again, avoiding ``SendAttempts.tried``
+
+
+class SendAttempts:
+    """The retry state of one send; ``after_failure`` raises when the send must give up."""
+
+    def __init__(self, health: BrokerHealth, policy: RetryPolicy, *, movable: bool,
+                 first: str, what: str) -> None:
+        self.health = health
+        self.policy = policy
+        self.movable = movable
+        self.first = first  # the group of the first attempt
+        self.what = what  # for logs: "message <id>", "batch of 12"
+        self.tried: set[str] = set()  # groups that failed this send since the last pause
+        self.uncertain: set[str] = set()  # groups that may hold a copy
+        self._same_done: set[str] = set()
+        self._attempts = 1
+        self._pauses = 0
+        self._started = time.monotonic()
+
+    @property
+    def attempts(self) -> int:
+        return self._attempts
+
+    def duplicated_on(self, stored_on: str) -> bool:
+        """After success on ``stored_on``: whether another group may hold a copy too."""
+        return bool(self.uncertain - {stored_on})
+
+    async def after_failure(self, exc: TidemqError, broker: str,
+                            groups: Collection[str]) -> Step:
+        """What to do after ``exc`` from ``broker``; ``groups`` are the route's writable ones."""
+        kind = outcome(exc)
+        if kind is Outcome.FINAL or self._attempts >= self.policy.max_attempts:
+            raise exc
+        self._attempts += 1
+        if kind is Outcome.MAYBE_STORED:
+            self.uncertain.add(broker)
+            if broker not in self._same_done:
+                self._same_done.add(broker)
+                return Step.SAME
+        if not isinstance(exc, TopicNotFoundError) and self.health.failed(broker):
+            log.warning("broker %s failed (%s); sends avoid it for %.1fs, then probe it",
+                        broker, exc, self.health.wait_s(broker))
+        self.tried.add(broker)
+        if self.movable and any(g not in self.tried for g in groups):
+            log.debug("%s: %s on %s, trying another group", self.what, kind.value, broker)
+            return Step.SELECT
+        if not exc.retriable:
+            raise exc  # disk full, topic missing: only another group could have taken it
+        pause = self.policy.backoff_s(self._pauses + 1, getattr(exc, "retry_after", None))
+        elapsed = time.monotonic() - self._started
+        if self.policy.deadline_s is not None and elapsed + pause > self.policy.deadline_s:
+            raise exc
+        self._pauses += 1
+        log.debug("%s: every group failed (last %s: %s); again in %.3fs", self.what, broker,
+                  exc, pause)
+        await asyncio.sleep(pause)
+        self.tried.clear()
+        self._same_done.clear()
+        return Step.SELECT

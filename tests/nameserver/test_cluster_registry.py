@@ -1,0 +1,100 @@
+"""BrokerRegistry with broker groups: members keyed by (broker_name, broker_id), roles, replicas
+in routes, per-member goodbyes and expiry (fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.nameserver.registry import BrokerRegistry, QueueRoute, TopicInfo
+
+EXPIRY_MS = 120_000
+RW8 = TopicInfo(queues=8, perm="rw")
+
+
+class FakeClock:
+    def __init__(self, now_ms: int = 1_700_000_000_000) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, seconds: float) -> None:
+        self.now_ms += int(seconds * 1000)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def registry(clock: FakeClock) -> BrokerRegistry:
+    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock)
+
+
+def test_members_of_one_group_are_kept_apart(registry: BrokerRegistry) -> None:
+    registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8}, max_offset=4096,
+                       grpc_address="a0:8081")
+    registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": RW8}, broker_id=1,
+                       role="replica", max_offset=2048)
+
+    members = registry.brokers()
+    assert [(b.broker_name, b.broker_id, b.role) for b in members] == [
+        ("broker-a", 0, "primary"), ("broker-a", 1, "replica")]
+    assert members[0].to_wire()["grpc_address"] == "a0:8081"
+    assert members[0].to_wire()["max_offset"] == 4096
+    assert members[1].to_wire()["grpc_address"] is None
+    # one route entry per group: the primary, with its replica as a readable copy
+    assert registry.routes("orders") == [
+        QueueRoute("broker-a", "http://a0:1", 8, "rw", replicas=("http://a1:1",))]
+    assert registry.routes("orders")[0].to_wire()["replicas"] == ["http://a1:1"]
+
+
+def test_route_merges_every_group(registry: BrokerRegistry) -> None:
+    registry.heartbeat("c1", "broker-b", "http://b:1", {"orders": TopicInfo(4, "rw")})
+    registry.heartbeat("c1", "broker-a", "http://a:1", {"orders": RW8})
+
+    route = registry.routes("orders")
+    assert [(q.broker_name, q.queues, q.replicas) for q in route] == [
+        ("broker-a", 8, ()), ("broker-b", 4, ())]
+    assert sum(q.queues for q in route) == 12
+
+
+def test_a_group_without_live_primary_is_not_routed(registry: BrokerRegistry,
+                                                    clock: FakeClock) -> None:
+    registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8})
+    clock.advance(100)
+    registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": RW8}, broker_id=1,
+                       role="replica")
+    clock.advance(20)  # the primary is 120 s silent, the replica 20 s
+    assert registry.routes("orders") == []
+    assert [(b.broker_id, b.role) for b in registry.brokers()] == [(1, "replica")]
+
+
+def test_newer_epoch_wins_between_two_primaries(registry: BrokerRegistry) -> None:
+    registry.heartbeat("c1", "broker-a", "http://old:1", {"orders": RW8}, epoch=3)
+    registry.heartbeat("c1", "broker-a", "http://new:1", {"orders": RW8}, broker_id=2, epoch=4)
+    assert [q.address for q in registry.routes("orders")] == ["http://new:1"]
+
+
+def test_goodbye_of_one_member_keeps_the_others(registry: BrokerRegistry) -> None:
+    registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8})
+    registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": RW8}, broker_id=1,
+                       role="replica")
+
+    assert registry.unregister("broker-a", "http://a1:1", broker_id=0) is False  # wrong pair
+    assert registry.unregister("broker-a", "http://a1:1", broker_id=1) is True
+    assert [b.broker_id for b in registry.brokers()] == [0]
+    assert registry.routes("orders")[0].replicas == ()
+    assert registry.unregister("broker-a", broker_id=1) is False
+    assert registry.unregister("broker-a") is True  # no id: every member of the group
+    assert registry.brokers() == []
+
+
+def test_each_member_expires_on_its_own(registry: BrokerRegistry, clock: FakeClock) -> None:
+    registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8})
+    clock.advance(60)
+    registry.heartbeat("c1", "broker-a", "http://a1:1", {}, broker_id=1, role="replica")
+    clock.advance(60)
+    assert [(b.broker_name, b.broker_id) for b in registry.expire()] == [("broker-a", 0)]
+    assert [b.broker_id for b in registry.brokers()] == [1]

@@ -1,0 +1,136 @@
+"""``BrokerHealth`` (per-broker back-off with probes) and ``SendAttempts`` (where a failed send
+goes next), on a hand-driven clock."""
+
+from __future__ import annotations
+
+import pytest
+from tidemq import (
+    BadRequestError,
+    BrokerBusyError,
+    InternalServerError,
+    RequestTimeoutError,
+    RetryPolicy,
+    TopicNotFoundError,
+    TransportError,
+)
+from tidemq._fault import BrokerHealth, Outcome, SendAttempts, Step, outcome
+from tidemq._routes import BrokerRoute, TopicRoute
+from tidemq._selector import QueueSelector
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def health(clock: Clock) -> BrokerHealth:
+    return BrokerHealth(initial_s=1.0, max_s=4.0, probe_timeout_s=2.0, clock=clock)
+
+
+def test_backoff_doubles_per_outage_up_to_the_cap_and_a_success_forgets_it() -> None:
+    clock = Clock()
+    h = health(clock)
+    assert h.usable("b") and not h
+    assert h.failed("b") is True  # newly down: the one loud log line
+    assert not h.usable("b") and h.wait_s("b") == 1.0
+    assert h.failed("b") is False  # the same outage seen by another request: not counted
+    assert h.failures("b") == 1
+    pauses = []
+    for _ in range(4):
+        clock.now += h.wait_s("b")
+        assert h.usable("b")
+        h.failed("b")  # the probe failed
+        pauses.append(h.wait_s("b"))
+    assert pauses == [2.0, 4.0, 4.0, 4.0]
+    assert h.succeeded("b") is True and h.usable("b") and h.failures("b") == 0
+    assert h.succeeded("b") is False
+
+
+def test_one_probe_at_a_time_once_the_backoff_has_passed() -> None:
+    clock = Clock()
+    h = health(clock)
+    h.failed("b")
+    clock.now += 1.0
+    assert h.usable("b")
+    h.claim("b")  # this request is the probe
+    assert not h.usable("b")  # the others keep away while it is out
+    clock.now += 2.0  # the probe never answered: another may go
+    assert h.usable("b")
+    h.claim("healthy")  # claiming a broker without failures changes nothing
+    assert h.usable("healthy")
+
+
+def test_outcomes() -> None:
+    assert outcome(TransportError("refused", sent=False)) is Outcome.NOT_STORED
+    assert outcome(TransportError("reset")) is Outcome.MAYBE_STORED
+    assert outcome(RequestTimeoutError("slow")) is Outcome.MAYBE_STORED
+    assert outcome(BrokerBusyError("BROKER_BUSY", "busy", 503)) is Outcome.NOT_STORED
+    assert outcome(TopicNotFoundError("TOPIC_NOT_FOUND", "no", 404)) is Outcome.NOT_STORED
+    assert outcome(InternalServerError("INTERNAL_ERROR", "bug", 500)) is Outcome.MAYBE_STORED
+    assert outcome(BadRequestError("BAD_REQUEST", "no", 400)) is Outcome.FINAL
+
+
+POLICY = RetryPolicy(max_attempts=6, initial_backoff_s=0.001, max_backoff_s=0.002)
+
+
+async def test_a_lost_answer_goes_to_the_same_broker_once_then_elsewhere() -> None:
+    attempts = SendAttempts(health(Clock()), POLICY, movable=True, first="a", what="m")
+    groups = {"a", "b"}
+    assert await attempts.after_failure(TransportError("reset"), "a", groups) is Step.SAME
+    assert await attempts.after_failure(TransportError("refused", sent=False), "a",
+                                        groups) is Step.SELECT
+    assert attempts.tried == {"a"}
+    assert attempts.duplicated_on("b") and not attempts.duplicated_on("a")
+
+
+async def test_not_stored_moves_at_once_and_no_copy_is_counted() -> None:
+    attempts = SendAttempts(health(Clock()), POLICY, movable=True, first="a", what="m")
+    busy = BrokerBusyError("BROKER_BUSY", "busy", 503)
+    assert await attempts.after_failure(busy, "a", {"a", "b"}) is Step.SELECT
+    assert not attempts.duplicated_on("b")
+
+
+async def test_a_pinned_send_stays_and_gives_up_after_max_attempts() -> None:
+    h = health(Clock())
+    attempts = SendAttempts(h, RetryPolicy(max_attempts=3, initial_backoff_s=0.001), first="a",
+                            movable=False, what="m")
+    refused = TransportError("refused", sent=False)
+    assert await attempts.after_failure(refused, "a", {"a", "b"}) is Step.SELECT
+    assert attempts.tried == set()  # paused and started over: the same queue is selected again
+    assert await attempts.after_failure(refused, "a", {"a", "b"}) is Step.SELECT
+    with pytest.raises(TransportError):
+        await attempts.after_failure(refused, "a", {"a", "b"})
+    with pytest.raises(BadRequestError):
+        await SendAttempts(h, POLICY, movable=True, first="a", what="m").after_failure(
+            BadRequestError("BAD_REQUEST", "no", 400), "a", {"a", "b"})
+
+
+ROUTE = TopicRoute("t", (BrokerRoute("a", "http://a", 2), BrokerRoute("b", "http://b", 2)))
+
+
+def test_round_robin_skips_a_backing_off_group_and_probes_it_later() -> None:
+    clock = Clock()
+    h = health(clock)
+    selector = QueueSelector()
+    h.failed("b")
+    assert {selector.select(ROUTE, health=h).broker_name for _ in range(8)} == {"a"}
+    # a send that failed on "a" has nowhere else to go: "b" is tried although it backs off
+    assert selector.select(ROUTE, health=h, avoid={"a"}).broker_name == "b"
+    clock.now += 2.0  # past the back-off and that request's probe time
+    chosen = [selector.select(ROUTE, health=h).broker_name for _ in range(4)]
+    assert chosen.count("b") == 1  # exactly one probe while it is out
+
+
+def test_a_sharding_key_keeps_its_queue_unless_resharding_is_allowed() -> None:
+    h = health(Clock())
+    selector = QueueSelector()
+    key = next(k for k in (f"k{i}" for i in range(100))
+               if selector.select(ROUTE, sharding_key=k).broker_name == "b")
+    h.failed("b")
+    assert selector.select(ROUTE, sharding_key=key, health=h).broker_name == "b"
+    moved = selector.select(ROUTE, sharding_key=key, health=h, reshard=True)
+    assert moved.broker_name == "a"
+    assert moved == selector.select(ROUTE, sharding_key=key, health=h, reshard=True)
