@@ -23,6 +23,9 @@ PRODUCER_EXPIRY_S = 30.0  # broker sends no checks to a producer silent this lon
 OFFSET_COMMIT_INTERVAL_S = 5.0  # SDK push consumer commits offsets this often
 
 TOKEN_HEADER = "X-Tidemq-Token"
+# A send or pull carrying this header (any value) is answered with it too, holding the broker's
+# CLOCK_MONOTONIC stamps (ns) of the request's steps: the latency bench's breakdown.
+TIMING_HEADER = "X-Tidemq-Timing"
 
 # --- HTTP keep-alive --------------------------------------------------------------------------
 HTTP_SERVER_KEEP_ALIVE_S = 5  # every service closes a connection idle this long (uvicorn, s)
