@@ -16,6 +16,8 @@ ports (data in a temp dir) and stops at the end:
 3. latency   a steady 1,000 msg/s for 3 s (quick) / 15 s (full) after a warm-up whose samples
              are dropped; each body starts with its send time (``perf_counter_ns``, same
              process), the consumer's receive time minus it is the end-to-end latency.
+             tidemq: a producer and a consumer of its own, whose transports note where each
+             message's milliseconds go (bench/_breakdown.py); the table prints that breakdown.
 
 tidemq runs nameserver + broker (``flush=async``) + its own redis-server; the Redis Streams peer
 has a separate redis-server with ``appendonly yes`` / ``appendfsync everysec`` (the durability
@@ -24,8 +26,8 @@ that is not installed is reported as skipped. Targets: tidemq produce and consum
 Streams, p99 <= 10 ms at 1,000 msg/s.
 
 ``--profile DIR`` samples the broker and this process with py-spy (when installed) during the
-tidemq produce and consume phases and writes collapsed stacks (``*.txt``) there, with a short
-summary of the hottest frames on stderr; figures of a profiled run are a little slower.
+tidemq produce, consume and latency phases and writes collapsed stacks (``*.txt``) there, with
+a short summary of the hottest frames on stderr; figures of a profiled run are a little slower.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench._breakdown import SEGMENTS, Timings, TimingTransport, summary
 from bench._common import Row, err, loop_name, print_json, print_table, run
 from bench._peers import (
     BODY_BYTES,
@@ -67,6 +70,12 @@ from bench._peers import (
 )
 
 SENDERS = 64
+SEGMENT_DOC = {  # the latency breakdown's segments (bench/_breakdown.py)
+    "queue": "send() to request out", "http_send": "request to broker route",
+    "store": "route to stored + dispatched", "wake": "dispatch to held pull resumed",
+    "answer": "pull resumed to answer built", "pull_ret": "answer to consumer's client",
+    "handler": "client to handler", "total": "send() to handler",
+}
 WINDOW = 16  # peers' pipeline / in-flight depth per sender; the tidemq extra row's too
 QUEUES = 8
 RATE = 1000.0
@@ -180,6 +189,7 @@ class Tidemq:
             "TIDEMQ_BROKER_LOG_LEVEL": "warning",
         })
         self.producer: Any = None
+        self.timings = Timings()  # the latency phase's breakdown stamps
 
     @property
     def ns_url(self) -> str:
@@ -302,21 +312,28 @@ class Tidemq:
 
     async def latency(self, rate: float, duration_s: float, warmup_s: float,
                       pad: bytes) -> Latency:
-        from tidemq import PushConsumer
+        from tidemq import Producer, PushConsumer
 
         topic = "BenchLatency"
         await self.create_topic(topic)
         received: list[tuple[int, int]] = []
         pending: set[asyncio.Task[Any]] = set()
+        handled = self.timings.handled
 
         async def handler(message: Any) -> None:
-            received.append((stamp_of(message.body), time.perf_counter_ns()))
+            now = time.perf_counter_ns()
+            sent = stamp_of(message.body)
+            received.append((sent, now))
+            handled[message.message_id] = (sent, now)
 
+        # own clients, their transports noting the breakdown's stamps (bench/_breakdown.py)
         consumer = PushConsumer("bench-latency", nameservers=[self.ns_url], handler=handler,
-                                consume_from="first")
+                                consume_from="first", transport=TimingTransport(self.timings))
         consumer.subscribe(topic)
         await consumer.start()
-        send = self.producer.send
+        producer = Producer(nameservers=[self.ns_url], transport=TimingTransport(self.timings))
+        await producer.start()
+        send = producer.send
 
         def fire(body: bytes) -> None:
             task = asyncio.create_task(send(body, topic=topic))
@@ -329,6 +346,7 @@ class Tidemq:
         finally:
             await asyncio.gather(*pending, return_exceptions=True)
             await consumer.close()
+            await producer.close()
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -378,7 +396,10 @@ async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
         if sink.bytes != n * BODY_BYTES:
             raise RuntimeError(f"tidemq: consumed {sink.bytes} bytes, expected {n * BODY_BYTES}")
         r["raw_pull"] = (await t.raw_pull("BenchTP", n, Sink())).as_dict()
-        r["latency"] = (await t.latency(RATE, sizes.latency_s, sizes.warmup_s, pad)).as_dict()
+        with prof.phase("latency", pids):
+            r["latency"] = (await t.latency(RATE, sizes.latency_s, sizes.warmup_s,
+                                            pad)).as_dict()
+        r["latency_breakdown"] = summary(t.timings, r["latency"]["samples"])
     finally:
         await t.close()
 
@@ -466,6 +487,13 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
         Row(f"tidemq e2e latency p99 at {RATE:,.0f} msg/s", t99, "ms", target=f"<= "
             f"{TARGET_P99_MS:.0f} ms", met=None if t99 is None else t99 <= TARGET_P99_MS),
     ]
+    breakdown = res.get("tidemq", {}).get("latency_breakdown", {})
+    for seg in (*SEGMENTS, "total"):
+        b = breakdown.get(seg)
+        if b is not None:
+            rows.append(Row(f"  tidemq latency breakdown: {seg} p50 / p99 ({SEGMENT_DOC[seg]})",
+                            b["p50_ms"], "ms", target="" if b["p99_ms"] is None else
+                            f"p99 {b['p99_ms']:.2f} ms"))
     for key, name in peers:
         if key in skip:
             rows.append(Row(f"{name} e2e latency (skipped: {skip[key]})", None, "ms"))
@@ -557,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             "produce_await_ratio_vs_nats": ratio(tpa, npa),
             "p50_ms_at_1k": fig(res, "tidemq", "latency", "p50_ms"),
             "p99_ms_at_1k": fig(res, "tidemq", "latency", "p99_ms"),
+            "latency_breakdown_ms_at_1k": res.get("tidemq", {}).get("latency_breakdown"),
             "produce_ratio_vs_redis": ratio(tp, rp), "consume_ratio_vs_redis": ratio(tc, rc),
             "consume_raw_ratio_vs_redis": ratio(traw, rc),
             "produce_ratio_vs_nats": ratio(tp, np_), "consume_ratio_vs_nats": ratio(tc, nc),

@@ -1,8 +1,12 @@
 """Coalescing of concurrent sends into one request per (broker, topic).
 
 A send appends its message to the open batch of its (broker, topic) and waits on its own future.
-The batch is sent when ``linger_s`` has passed since its first message, or at once when it is
-full (``max_messages`` or ``max_bytes``). The answer's results come back in request order, so
+Linger is adaptive, so one message never waits for company: when no request to that (broker,
+topic) is outstanding, the batch goes at the end of the current event-loop turn (the sends made
+in the same turn share it); while one is outstanding, the batch gathers until that request
+answers, or ``linger_s`` passes, whichever is first. A full batch (``max_messages`` or
+``max_bytes``) goes at once. Under load this turns many sends into few requests; on a quiet
+topic a message costs one round trip. The answer's results come back in request order, so
 result *i* resolves the future of message *i*. A failed request fails every future of its batch
 — except a rejection that names one bad message (400/413), after which each message of a
 multi-message batch is sent on its own so that only the bad one fails. Retrying is the
@@ -60,6 +64,7 @@ class Coalescer:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._open: dict[tuple[str, str], _Batch] = {}
+        self._outstanding: dict[tuple[str, str], int] = {}  # requests flushed, not answered
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests_sent = 0  # batches handed to ``send``, for tests and stats
@@ -78,7 +83,8 @@ class Coalescer:
             batch = _Batch(broker, topic)
             self._open[key] = batch
             loop = asyncio.get_running_loop()
-            if self.linger_s > 0:
+            if self.linger_s > 0 and self._outstanding.get(key, 0):
+                # a request is out: gather until it answers (``_run`` flushes), at most linger
                 batch.timer = loop.call_later(self.linger_s, self._flush, key)
             else:
                 batch.timer = loop.call_soon(self._flush, key)
@@ -113,17 +119,25 @@ class Coalescer:
             return
         if batch.timer is not None:
             batch.timer.cancel()
+        self._outstanding[key] = self._outstanding.get(key, 0) + 1
         task = asyncio.create_task(self._run(batch), name=f"tidemq-send-{batch.topic}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: _Batch) -> None:
+        key = (batch.broker, batch.topic)
         try:
             async with self._in_flight:
                 await self._deliver(batch.broker, batch.topic, batch.messages, batch.futures)
         except asyncio.CancelledError:
             _fail(batch.futures, ClientClosedError("the producer closed before the send completed"))
             raise
+        finally:
+            left = self._outstanding.pop(key, 1) - 1
+            if left:
+                self._outstanding[key] = left
+            if key in self._open:  # what gathered while this request was out goes now
+                self._flush(key)
 
     async def _deliver(
         self, broker: str, topic: str, messages: list[OutgoingMessage],

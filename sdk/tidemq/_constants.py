@@ -36,4 +36,5 @@ CONSUME_TIMEOUT_S = 900.0  # a handler running longer is cancelled and counts as
 CLOSE_TIMEOUT_S = 10.0  # close() waits this long for in-flight sends or handlers
 REBALANCE_DRAIN_S = 3.0  # a revoked queue's handlers get this long before its offset is committed
 
+SEND_LINGER_MS = 5.0  # a send waits at most this long for an outstanding request to answer (ms)
 MESSAGE_OVERHEAD_BYTES = 64  # estimated wire overhead per message when sizing a batch

@@ -26,6 +26,7 @@ from tidemq._constants import (
     PRODUCER_BROKER_BACKOFF_MAX_S,
     REQUEST_TIMEOUT_S,
     ROUTE_REFRESH_INTERVAL_S,
+    SEND_LINGER_MS,
 )
 from tidemq._exceptions import (
     ClientClosedError,
@@ -52,10 +53,12 @@ Body = bytes | str
 class Producer:
     """Sends messages to the brokers serving a topic; an async context manager.
 
-    Concurrent ``send`` calls for one (broker, topic) are gathered for up to ``linger_ms`` (or
-    until ``max_batch`` messages / ``max_batch_bytes``) into one request; each caller gets its
-    own ``SendResult``. Every message carries a client-generated ``message_id`` that stays the
-    same across retries, so a broker never stores a retried message twice.
+    Concurrent ``send`` calls for one (broker, topic) are gathered into one request; each
+    caller gets its own ``SendResult``. A send goes out at once when no request to its (broker,
+    topic) is outstanding; otherwise it waits for that request's answer, at most ``linger_ms``
+    (or until ``max_batch`` messages / ``max_batch_bytes``). Every message carries a
+    client-generated ``message_id`` that stays the same across retries, so a broker never
+    stores a retried message twice.
 
     Messages are spread over every writable queue of every broker group of the topic. A send
     that fails because its group is unreachable, busy or timing out is retried on another group
@@ -72,7 +75,7 @@ class Producer:
         *,
         nameservers: Sequence[str] | None = None,
         broker_url: str | None = None,
-        linger_ms: float = 1.0,
+        linger_ms: float = SEND_LINGER_MS,
         max_batch: int = 256,
         max_batch_bytes: int = 4 * 1024 * 1024,
         max_in_flight: int = 32,

@@ -30,6 +30,9 @@ DISCOVERY_TIMEOUT_S = 2.0  # one request to one nameserver (s)
 GRPC_ROUTE_CACHE_S = 3.0  # the gRPC door reuses the cluster view this long for routes (s)
 
 TOKEN_HEADER = "X-Tidemq-Token"
+# A send or pull carrying this header (any value) is answered with it too, holding the broker's
+# CLOCK_MONOTONIC stamps (ns) of the request's steps: the latency bench's breakdown.
+TIMING_HEADER = "X-Tidemq-Timing"
 
 # --- broker groups ----------------------------------------------------------------------------
 MAX_BROKER_ID = 1023  # highest member id of a broker group (0 = the primary)

@@ -49,6 +49,7 @@ class PullAnswer:
     next_offset: int
     min_offset: int
     max_offset: int
+    woke_ns: int = 0  # monotonic ns when a held pull was woken (0: not held)
 
 
 def _idle(res: GetResult) -> bool:
@@ -100,6 +101,7 @@ class PullService:
         max_count = max(1, min(max_count, MAX_PULL))
         wait_s = max(0, min(wait_ms, self.long_poll_max_ms)) / 1000
         res = self._get(topic, queue_id, offset, max_count, tags)
+        woke_ns = 0
         if wait_s > 0 and _idle(res):
             deadline = time.monotonic() + wait_s
             key = [(topic, queue_id)]
@@ -110,6 +112,7 @@ class PullService:
                 # caught up (messages of other tags skipped): hold from the end of the queue
                 offset = res.next_offset
                 await self.hold.wait(key, min(remaining, WAIT_SLICE_S))
+                woke_ns = time.monotonic_ns()
                 res = self._get(topic, queue_id, offset, max_count, tags)
         records = res.records
         if tags.tags is not None:
@@ -119,7 +122,7 @@ class PullService:
             if group:
                 self.metrics.consumer_lag.labels(group, topic, str(queue_id)).set(
                     max(0, res.max_offset - res.next_offset))
-        return PullAnswer(records, res.next_offset, res.min_offset, res.max_offset)
+        return PullAnswer(records, res.next_offset, res.min_offset, res.max_offset, woke_ns)
 
     def _get(self, topic: str, queue_id: int, offset: int, max_count: int,
              tags: TagFilter) -> GetResult:

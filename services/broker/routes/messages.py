@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
@@ -23,6 +24,7 @@ from services.broker.routes._common import (
 )
 from services.broker.routes.answers import PullAnswer, SendAnswer
 from services.common.app import reply
+from services.common.constants import TIMING_HEADER
 from services.common.openapi import TopicName, errors
 
 router = APIRouter(tags=["messages"])
@@ -60,10 +62,14 @@ class SendDoc(BaseModel):
                  ErrorCode.INVALID_BODY_ENCODING, ErrorCode.FORBIDDEN_SYSTEM_TOPIC,
                  ErrorCode.TOPIC_NOT_FOUND, ErrorCode.BROKER_BUSY, ErrorCode.DISK_FULL))
 async def send(topic: TopicName, request: Request) -> Response:
+    began = time.monotonic_ns()
     broker = broker_of(request)
     payload = await read_payload(request, broker.sender.max_request_bytes)
     results = await broker.sender.send(topic, payload, client_host(request))
-    return reply(request, {"results": results})
+    response = reply(request, {"results": results})
+    if TIMING_HEADER in request.headers:  # the latency bench: received, stored (ns)
+        response.headers[TIMING_HEADER] = f"recv={began},stored={time.monotonic_ns()}"
+    return response
 
 
 @router.get("/v1/topics/{topic}/queues/{queue_id}/messages", summary="Pull from one queue",
@@ -86,4 +92,7 @@ async def pull(
     answer = await broker.pulls.pull(topic, queue_id, offset, max, wait_ms,
                                      TagFilter.parse(tags), group=group)
     binary = wants_msgpack(request)
-    return reply(request, pull_answer(answer, lambda r: to_wire(r, binary)))
+    response = reply(request, pull_answer(answer, lambda r: to_wire(r, binary)))
+    if TIMING_HEADER in request.headers:  # the latency bench: woken, answered (ns)
+        response.headers[TIMING_HEADER] = f"woke={answer.woke_ns},answered={time.monotonic_ns()}"
+    return response

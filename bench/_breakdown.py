@@ -1,0 +1,123 @@
+"""Where the milliseconds of one message go, producer → broker → push consumer (latency bench).
+
+The SDK clients of the latency phase get a ``TimingTransport``: it asks the broker for its
+timing stamps (``X-Tidemq-Timing``, answered on send and pull) and notes, per message id, when
+the request left and when the answer came back. Every stamp is CLOCK_MONOTONIC in ns (Python's
+``perf_counter_ns`` and ``monotonic_ns`` on Linux), so the client's and the broker's stamps of
+one machine line up. One message's timeline, and the segments printed:
+
+    sent      body stamp: ``producer.send`` called
+    queue     → its batch's request handed to the HTTP transport   (SDK coalescing)
+    http_send → the broker's send route starts                     (client + HTTP + ASGI)
+    store     → stored, dispatched and the held pull woken          (group commit, dispatch)
+    wake      → the held pull's task resumes                        (broker event loop)
+    answer    → the pull's answer is built                          (read + encode)
+    pull_ret  → the answer is read by the consumer's HTTP client    (ASGI + HTTP + client)
+    handler   → the handler is called                               (SDK dispatch)
+
+A pull that was not held (the message was there when it arrived) has no wake stamp: its
+``store`` runs to the send route's end and ``wake`` is 0. Decoding the bodies in the transport
+costs the client some CPU: a measured run is a little slower than an unmeasured one would be.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgpack
+
+from services.common.constants import TIMING_HEADER
+
+SEGMENTS = ("queue", "http_send", "store", "wake", "answer", "pull_ret", "handler")
+
+
+def _stamps(value: str | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in (value or "").split(","):
+        name, _, num = part.partition("=")
+        if num.isdigit():
+            out[name] = int(num)
+    return out
+
+
+@dataclass(slots=True)
+class Timings:
+    """Per message id: the send request's stamps and the pull's."""
+
+    sends: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # left, recv, stored
+    pulls: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # woke, answered, back
+    handled: dict[str, tuple[int, int]] = field(default_factory=dict)  # sent, handler called
+
+
+class TimingTransport(httpx.AsyncBaseTransport):
+    """httpx's transport, plus the broker's timing stamps of every send and pull."""
+
+    def __init__(self, timings: Timings) -> None:
+        self.timings = timings
+        self._inner = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        is_send = request.method == "POST" and path.endswith("/messages")
+        is_pull = request.method == "GET" and "/queues/" in path
+        if not (is_send or is_pull):
+            return await self._inner.handle_async_request(request)
+        request.headers[TIMING_HEADER] = "1"
+        left = time.perf_counter_ns()
+        response = await self._inner.handle_async_request(request)
+        body = await response.aread()
+        back = time.perf_counter_ns()
+        stamps = _stamps(response.headers.get(TIMING_HEADER))
+        if response.status_code == 200 and stamps:
+            if is_send:
+                for m in msgpack.unpackb(request.content, raw=False)["messages"]:
+                    self.timings.sends[m["message_id"]] = (left, stamps["recv"],
+                                                           stamps["stored"])
+            else:
+                for m in msgpack.unpackb(body, raw=False)["messages"]:
+                    self.timings.pulls[m["message_id"]] = (stamps["woke"], stamps["answered"],
+                                                           back)
+        return httpx.Response(response.status_code, headers=response.headers, content=body,
+                              extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def segments(t: Timings, keep: int) -> dict[str, list[float]]:
+    """Each segment's durations (ms) over the last ``keep`` messages handled (by send time)."""
+    out: dict[str, list[float]] = {s: [] for s in (*SEGMENTS, "total")}
+    rows = sorted(t.handled.items(), key=lambda kv: kv[1][0])[-keep:] if keep > 0 else []
+    for mid, (sent, called) in rows:
+        if mid not in t.sends or mid not in t.pulls:
+            continue
+        left, recv, stored = t.sends[mid]
+        woke, answered, back = t.pulls[mid]
+        stored_by = min(stored, woke or answered)  # the pull saw it: it was stored by then
+        woke = max(woke, stored_by)
+        points = (sent, left, recv, stored_by, woke, answered, back, called)
+        for name, a, b in zip(SEGMENTS, points, points[1:], strict=False):
+            out[name].append((b - a) / 1e6)
+        out["total"].append((called - sent) / 1e6)
+    return out
+
+
+def pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def summary(t: Timings, keep: int) -> dict[str, Any]:
+    """``{segment: {p50_ms, p99_ms, mean_ms}}`` plus ``samples``."""
+    segs = segments(t, keep)
+    out: dict[str, Any] = {"samples": len(segs["total"])}
+    for name, values in segs.items():
+        out[name] = {"p50_ms": pct(values, 50), "p99_ms": pct(values, 99),
+                     "mean_ms": sum(values) / len(values) if values else None}
+    return out
