@@ -17,7 +17,6 @@ another group (``tidemq._fault``), and coalesces with the others going there.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from tidemq._constants import MESSAGE_OVERHEAD_BYTES
 from tidemq._exceptions import ClientClosedError, ServerError, UnexpectedResponseError
 from tidemq._message import SendResult, wire_size
+from tidemq._tasks import finish_tasks
 from tidemq.protocol import ErrorCode, OutgoingMessage
 
 log = logging.getLogger("tidemq.producer.batch")
@@ -104,14 +104,7 @@ class Coalescer:
     async def drain(self, timeout_s: float) -> None:
         """Send open batches and wait for every request; fail what is left after the timeout."""
         self.flush_all()
-        if not self._tasks:
-            return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await finish_tasks(self._tasks, timeout_s)
 
     def _flush(self, key: tuple[str, str]) -> None:
         batch = self._open.pop(key, None)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tidemq._exceptions import ConfigurationError, server_error
-from tidemq.protocol import ErrorCode, OutgoingMessage
+from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError, validate_topic_name
 from tidemq.protocol.message import DEFAULT_LIMITS, Limits
 
 
@@ -65,6 +65,18 @@ class SendResult:
     def scheduled(self) -> bool:
         """True while the message waits for its delivery time (no queue offset yet)."""
         return self.state == "scheduled"
+
+
+def check_topic(topic: str, valid: set[str]) -> None:
+    """Raise the broker's error for an invalid topic name; ``valid`` remembers the names that
+    passed, so a producer checks each of its topics once."""
+    if topic in valid:
+        return
+    try:
+        validate_topic_name(topic)
+    except ProtocolError as exc:
+        raise server_error(exc.code, exc.message) from None
+    valid.add(topic)
 
 
 def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:

@@ -9,19 +9,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, Self, TypedDict, Unpack
 
 import httpx
 
 from tidemq._batcher import Coalescer
+from tidemq._client import Client
 from tidemq._constants import (
-    BROKER_BACKOFF_INITIAL_S,
     CLOSE_TIMEOUT_S,
     PRODUCER_BROKER_BACKOFF_MAX_S,
     REQUEST_TIMEOUT_S,
@@ -37,12 +35,13 @@ from tidemq._exceptions import (
     UnexpectedResponseError,
     server_error,
 )
-from tidemq._fault import BrokerHealth, SendAttempts, Step
-from tidemq._http import DEFAULT_RETRY, NO_RETRY, HttpClient, RetryPolicy, url
-from tidemq._message import Message, SendResult, to_outgoing, wire_size
-from tidemq._routes import MessageQueue, RouteTable, TopicRoute
+from tidemq._fault import SendAttempts, Step
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, url
+from tidemq._message import Message, SendResult, check_topic, to_outgoing, wire_size
+from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
-from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError, validate_topic_name
+from tidemq._tasks import finish_tasks
+from tidemq.protocol import ErrorCode, OutgoingMessage
 from tidemq.protocol.message import DEFAULT_LIMITS
 
 log = logging.getLogger("tidemq.producer")
@@ -50,7 +49,23 @@ log = logging.getLogger("tidemq.producer")
 Body = bytes | str
 
 
-class Producer:
+class SendOptions(TypedDict, total=False):
+    """The keyword arguments of ``send`` and ``send_oneway``: each one given (not None)
+    replaces that field of the message (``Message`` says what they mean)."""
+
+    topic: str | None
+    tag: str | None
+    keys: Sequence[str] | str | None
+    properties: Mapping[str, str] | None
+    sharding_key: str | None
+    queue_id: int | None
+    delay_level: int | None
+    delay_ms: int | None
+    deliver_at_ms: int | None
+    message_id: str | None
+
+
+class Producer(Client):
     """Sends messages to the brokers serving a topic; an async context manager.
 
     Concurrent ``send`` calls for one (broker, topic) are gathered into one request; each
@@ -95,13 +110,11 @@ class Producer:
                                      f"{limits.max_batch_bytes}, got {max_batch_bytes}")
         if linger_ms < 0 or max_in_flight < 1:
             raise ConfigurationError("linger_ms must be >= 0 and max_in_flight >= 1")
-        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
-        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
-                                  refresh_interval_s=route_refresh_s)
+        self._connect(nameservers=nameservers, broker_url=broker_url,
+                      request_timeout_s=request_timeout_s, retry=retry,
+                      route_refresh_s=route_refresh_s, transport=transport,
+                      backoff_max_s=PRODUCER_BROKER_BACKOFF_MAX_S)
         self._selector = QueueSelector()
-        self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S,
-                                    max_s=PRODUCER_BROKER_BACKOFF_MAX_S,
-                                    probe_timeout_s=request_timeout_s)
         self._ordered_failover = ordered_failover
         self._coalescer = Coalescer(self._post, linger_s=linger_ms / 1000.0,
                                     max_messages=max_batch, max_bytes=max_batch_bytes,
@@ -117,7 +130,7 @@ class Producer:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> Producer:
+    async def start(self) -> Self:
         """Start the background route refresh (``send`` also starts it on first use)."""
         self._check_open()
         if not self._started:
@@ -125,87 +138,33 @@ class Producer:
             self._routes.start()
         return self
 
-    async def close(self) -> None:
-        """Send what is queued, wait (bounded) for requests in flight, release connections."""
-        if self._closed:
-            return
-        self._closed = True
+    async def _shutdown(self) -> None:
+        """On ``close``: send what is queued, wait (bounded) for requests in flight."""
         deadline = time.monotonic() + self._close_timeout_s
-        try:
-            self._coalescer.flush_all()
-            if self._oneway:  # they may still fail over and queue again
-                _, pending = await asyncio.wait(set(self._oneway),
-                                                timeout=self._close_timeout_s)
-                for task in pending:
-                    task.cancel()
-                for task in pending:
-                    with contextlib.suppress(asyncio.CancelledError, TidemqError):
-                        await task
-            await self._coalescer.drain(max(0.0, deadline - time.monotonic()))
-        finally:
-            await self._routes.close()
-            await self._http.aclose()
-
-    async def __aenter__(self) -> Producer:
-        return await self.start()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        self._coalescer.flush_all()
+        # oneway sends first: they may still fail over and queue again
+        await finish_tasks(self._oneway, self._close_timeout_s, TidemqError)
+        await self._coalescer.drain(max(0.0, deadline - time.monotonic()))
 
     # -- sending -----------------------------------------------------------------------------
 
-    async def send(
-        self,
-        message: Message | Body,
-        *,
-        topic: str | None = None,
-        tag: str | None = None,
-        keys: Sequence[str] | str | None = None,
-        properties: Mapping[str, str] | None = None,
-        sharding_key: str | None = None,
-        queue_id: int | None = None,
-        delay_level: int | None = None,
-        delay_ms: int | None = None,
-        deliver_at_ms: int | None = None,
-        message_id: str | None = None,
-    ) -> SendResult:
+    async def send(self, message: Message | Body, **options: Unpack[SendOptions]) -> SendResult:
         """Send one message and wait for the broker's acknowledgement.
 
-        ``message`` is a ``Message`` or a body; keyword arguments override its fields.
+        ``message`` is a ``Message`` or a body; keyword arguments (``SendOptions``: topic, tag,
+        keys, properties, sharding_key, queue_id, delay_level, delay_ms, deliver_at_ms,
+        message_id) override its fields.
         """
-        topic, out = await self._prepare(message, dict(
-            topic=topic, tag=tag, keys=keys, properties=properties, sharding_key=sharding_key,
-            queue_id=queue_id, delay_level=delay_level, delay_ms=delay_ms,
-            deliver_at_ms=deliver_at_ms, message_id=message_id))
+        topic, out = await self._prepare(message, options, "send")
         return await self._deliver(topic, out)
 
-    async def send_oneway(
-        self,
-        message: Message | Body,
-        *,
-        topic: str | None = None,
-        tag: str | None = None,
-        keys: Sequence[str] | str | None = None,
-        properties: Mapping[str, str] | None = None,
-        sharding_key: str | None = None,
-        queue_id: int | None = None,
-        delay_level: int | None = None,
-        delay_ms: int | None = None,
-        deliver_at_ms: int | None = None,
-        message_id: str | None = None,
-    ) -> None:
+    async def send_oneway(self, message: Message | Body, **options: Unpack[SendOptions]) -> None:
         """Queue one message without waiting for the broker; a failure is only logged.
 
-        Invalid arguments and unknown topics still raise here. ``close()`` waits (bounded)
-        for queued oneway messages.
+        Takes the arguments of ``send``. Invalid arguments and unknown topics still raise here.
+        ``close()`` waits (bounded) for queued oneway messages.
         """
-        topic, out = await self._prepare(message, dict(
-            topic=topic, tag=tag, keys=keys, properties=properties, sharding_key=sharding_key,
-            queue_id=queue_id, delay_level=delay_level, delay_ms=delay_ms,
-            deliver_at_ms=deliver_at_ms, message_id=message_id))
+        topic, out = await self._prepare(message, options, "send_oneway")
         task = asyncio.create_task(self._deliver(topic, out), name=f"tidemq-oneway-{topic}")
         self._oneway.add(task)
         task.add_done_callback(self._oneway.discard)
@@ -220,7 +179,7 @@ class Producer:
         those with ``send``, which coalesces per broker anyway.
         """
         self._check_open()
-        self._valid_topic(topic)
+        check_topic(topic, self._valid_topics)
         outs = [to_outgoing(self._as_message(m, {"topic": topic})) for m in messages]
         if not outs:
             return []
@@ -278,14 +237,17 @@ class Producer:
         return self._selector.select(route, health=self._health, avoid=avoid)
 
     async def _prepare(
-        self, message: Message | Body, overrides: dict[str, Any],
+        self, message: Message | Body, options: SendOptions, method: str,
     ) -> tuple[str, OutgoingMessage]:
         """Validate a message, start the producer and look its topic's route up."""
+        unknown = sorted(options.keys() - SendOptions.__optional_keys__)
+        if unknown:  # as Python says it for a named keyword argument
+            raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
         self._check_open()
-        msg = self._as_message(message, overrides)
+        msg = self._as_message(message, dict(options))
         if not msg.topic:
             raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
-        self._valid_topic(msg.topic)
+        check_topic(msg.topic, self._valid_topics)
         out = to_outgoing(msg)
         if not self._started:
             await self.start()
@@ -344,15 +306,6 @@ class Producer:
             return Message(body=message if isinstance(message, str) else bytes(message), **given)
         raise ConfigurationError(f"send: expected a Message, bytes or str, got "
                                  f"{type(message).__name__}")
-
-    def _valid_topic(self, topic: str) -> None:
-        if topic in self._valid_topics:
-            return
-        try:
-            validate_topic_name(topic)
-        except ProtocolError as exc:
-            raise server_error(exc.code, exc.message) from None
-        self._valid_topics.add(topic)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -42,21 +42,21 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from types import TracebackType
-from typing import Literal
+from typing import Literal, Self
 
 import httpx
 
 from tidemq import _constants as C
 from tidemq._allocate import allocate_averagely
 from tidemq._broker_api import BrokerApi
+from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
-from tidemq._fault import BrokerHealth
-from tidemq._http import DEFAULT_RETRY, HttpClient, RetryPolicy
+from tidemq._http import DEFAULT_RETRY, RetryPolicy
 from tidemq._offsets import OffsetTracker
 from tidemq._puller import Handler, PullerSettings, QueuePuller, broker_down
-from tidemq._routes import MessageQueue, RouteTable
+from tidemq._routes import MessageQueue
 from tidemq._tags import TagExpression
+from tidemq._tasks import cancel_tasks
 from tidemq.protocol import retry_topic
 
 log = logging.getLogger("tidemq.consumer")
@@ -72,7 +72,7 @@ def new_client_id() -> str:
     return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
-class PushConsumer:
+class PushConsumer(Client):
     """Pulls the queues allocated to this instance and calls ``handler`` for each message."""
 
     def __init__(
@@ -119,13 +119,11 @@ class PushConsumer:
         self._commit_interval_s = offset_commit_interval_s
         self._heartbeat_interval_s = heartbeat_interval_s
         self._close_timeout_s = close_timeout_s
-        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
-        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
-                                  refresh_interval_s=route_refresh_s)
+        self._connect(nameservers=nameservers, broker_url=broker_url,
+                      request_timeout_s=request_timeout_s, retry=retry,
+                      route_refresh_s=route_refresh_s, transport=transport,
+                      backoff_max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S)
         self._api = BrokerApi(self._http)
-        self._health = BrokerHealth(initial_s=C.BROKER_BACKOFF_INITIAL_S,
-                                    max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S,
-                                    probe_timeout_s=request_timeout_s)
         self._settings = PullerSettings(
             group=group, clustering=mode == "clustering", orderly=orderly,
             pull_batch=pull_batch, pull_wait_ms=pull_wait_ms,
@@ -174,7 +172,7 @@ class PushConsumer:
         """The group's members at the last heartbeat, sorted."""
         return list(self._members)
 
-    async def start(self) -> PushConsumer:
+    async def start(self) -> Self:
         """Join the group, take this instance's queues and start consuming."""
         if self._closed:
             raise ConfigurationError("a closed consumer cannot be started again")
@@ -191,16 +189,10 @@ class PushConsumer:
             ]
         return self
 
-    async def close(self) -> None:
-        """Stop pulling, wait (bounded) for handlers, commit offsets and leave the group."""
-        if self._closed:
-            return
-        self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def _shutdown(self) -> None:
+        """On ``close``: stop pulling, wait (bounded) for handlers, commit offsets and leave the
+        group."""
+        await cancel_tasks(self._tasks)
         async with self._rebalance_lock:
             pullers = list(self._pullers.values())
             await asyncio.gather(*(p.stop(self._close_timeout_s) for p in pullers))
@@ -208,18 +200,7 @@ class PushConsumer:
             self._pullers.clear()
         await asyncio.gather(*(self._leave(b) for b in sorted(self._brokers)
                                if self._health.usable(b)))  # a dead one expires us anyway
-        await self._routes.close()
-        await self._http.aclose()
         log.info("consumer %s of group %s closed", self.client_id, self.group)
-
-    async def __aenter__(self) -> PushConsumer:
-        return await self.start()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def commit_offsets(self) -> None:
         """Commit every queue's committable offset now (also runs periodically and on close)."""

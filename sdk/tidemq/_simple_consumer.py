@@ -25,22 +25,21 @@ or not, until it is back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterable, Sequence
-from types import TracebackType
+from typing import Self
 
 import httpx
 
 from tidemq import _constants as C
 from tidemq._broker_api import BrokerApi
+from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError
-from tidemq._fault import BrokerHealth
-from tidemq._http import DEFAULT_RETRY, NO_RETRY, HttpClient, RetryPolicy
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from tidemq._puller import broker_down
-from tidemq._routes import RouteTable
 from tidemq._tags import TagExpression
+from tidemq._tasks import cancel_tasks
 from tidemq.protocol import ReceivedMessage
 
 log = logging.getLogger("tidemq.simple_consumer")
@@ -48,7 +47,7 @@ log = logging.getLogger("tidemq.simple_consumer")
 _MAX_REMEMBERED_HANDLES = 100_000  # receipt handle → broker, for multi-broker topics
 
 
-class SimpleConsumer:
+class SimpleConsumer(Client):
     """Receive / ack / change invisibility for one group on one topic."""
 
     def __init__(
@@ -71,41 +70,25 @@ class SimpleConsumer:
         self.topic = topic
         self.tag_expression = TagExpression.parse(tag_expression)
         self.invisible_ms = invisible_ms
-        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
-        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
-                                  refresh_interval_s=route_refresh_s)
+        self._connect(nameservers=nameservers, broker_url=broker_url,
+                      request_timeout_s=request_timeout_s, retry=retry,
+                      route_refresh_s=route_refresh_s, transport=transport,
+                      backoff_max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S)
         self._api = BrokerApi(self._http)
-        self._health = BrokerHealth(initial_s=C.BROKER_BACKOFF_INITIAL_S,
-                                    max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S,
-                                    probe_timeout_s=request_timeout_s)
         self._handles: OrderedDict[str, str] = OrderedDict()  # receipt handle → broker
         self._polls: dict[str, asyncio.Task[list[ReceivedMessage]]] = {}  # broker → long poll
         self._ready: deque[ReceivedMessage] = deque()  # received by polls, not handed out yet
         self._last_error: TidemqError | None = None  # of the last broker that failed
         self._turn = 0
 
-    async def start(self) -> SimpleConsumer:
+    async def start(self) -> Self:
         self._routes.start()
         return self
 
-    async def close(self) -> None:
-        for task in self._polls.values():
-            task.cancel()
-        for task in self._polls.values():
-            with contextlib.suppress(asyncio.CancelledError, TidemqError):
-                await task
+    async def _shutdown(self) -> None:
+        """On ``close``: cancel the long polls still out."""
+        await cancel_tasks(list(self._polls.values()), TidemqError)
         self._polls.clear()
-        await self._routes.close()
-        await self._http.aclose()
-
-    async def __aenter__(self) -> SimpleConsumer:
-        return await self.start()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def receive(
         self, max: int = 16, invisible_ms: int | None = None, wait_ms: int = C.RECEIVE_WAIT_MS,

@@ -41,13 +41,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import httpx
 
+from tidemq._client import Client
 from tidemq._constants import (
-    BROKER_BACKOFF_INITIAL_S,
     CLOSE_TIMEOUT_S,
     PRODUCER_BROKER_BACKOFF_MAX_S,
     REQUEST_TIMEOUT_S,
@@ -63,10 +62,10 @@ from tidemq._exceptions import (
     UnexpectedResponseError,
     server_error,
 )
-from tidemq._fault import BrokerHealth, SendAttempts, Step
-from tidemq._http import DEFAULT_RETRY, NO_RETRY, HttpClient, RetryPolicy, url
-from tidemq._message import Message, to_outgoing
-from tidemq._routes import MessageQueue, RouteTable
+from tidemq._fault import SendAttempts, Step
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, url
+from tidemq._message import Message, check_topic, to_outgoing
+from tidemq._routes import MessageQueue
 from tidemq._selector import QueueSelector
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
@@ -116,7 +115,7 @@ class TransactionSendResult:
     end_error: TidemqError | None = None  # the end did not reach the broker (a check will)
 
 
-class TransactionProducer:
+class TransactionProducer(Client):
     """Transactional sends for one producer group; an async context manager."""
 
     def __init__(
@@ -154,9 +153,10 @@ class TransactionProducer:
         self.client_id = client_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
         self.check_immunity_s = check_immunity_s
         self.wait_for_end = wait_for_end
-        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
-        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
-                                  refresh_interval_s=route_refresh_s)
+        self._connect(nameservers=nameservers, broker_url=broker_url,
+                      request_timeout_s=request_timeout_s, retry=retry,
+                      route_refresh_s=route_refresh_s, transport=transport,
+                      backoff_max_s=PRODUCER_BROKER_BACKOFF_MAX_S)
         self._selector = QueueSelector()
         self._batcher = TxBatcher(self._post, linger_s=linger_ms / 1000, max_items=max_batch,
                                   max_in_flight=max_in_flight)
@@ -164,9 +164,6 @@ class TransactionProducer:
             self._http, group, self.client_id, self._check, nameservers=nameservers or (),
             broker_url=broker_url, heartbeat_s=heartbeat_interval_s, wait_ms=check_wait_ms,
             max_checks=check_max, concurrency=check_concurrency)
-        self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S,
-                                    max_s=PRODUCER_BROKER_BACKOFF_MAX_S,
-                                    probe_timeout_s=request_timeout_s)
         self._close_timeout_s = close_timeout_s
         self._valid_topics: set[str] = set()
         self._started = False
@@ -176,7 +173,7 @@ class TransactionProducer:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> TransactionProducer:
+    async def start(self) -> Self:
         """Start heartbeats, the check poller and route refresh."""
         if self._closed:
             raise ClientClosedError("the transaction producer is closed")
@@ -186,24 +183,11 @@ class TransactionProducer:
             self._checks.start()
         return self
 
-    async def close(self) -> None:
-        """Finish queued sends and ends (bounded), stop answering checks, leave the group."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._batcher.drain(self._close_timeout_s)
-            await self._checks.close(self._close_timeout_s)
-        finally:
-            await self._routes.close()
-            await self._http.aclose()
-
-    async def __aenter__(self) -> TransactionProducer:
-        return await self.start()
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
+    async def _shutdown(self) -> None:
+        """On ``close``: finish queued sends and ends (bounded), stop answering checks, leave
+        the group."""
+        await self._batcher.drain(self._close_timeout_s)
+        await self._checks.close(self._close_timeout_s)
 
     @property
     def checks_answered(self) -> int:
@@ -245,12 +229,7 @@ class TransactionProducer:
                                      f"{type(message).__name__}")
         if not msg.topic:
             raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
-        if msg.topic not in self._valid_topics:
-            try:
-                validate_topic_name(msg.topic)
-            except ProtocolError as exc:
-                raise server_error(exc.code, exc.message) from None
-            self._valid_topics.add(msg.topic)
+        check_topic(msg.topic, self._valid_topics)
         out = to_outgoing(msg)
         msg.message_id = out.message_id
         await self.start()

@@ -14,12 +14,12 @@ idempotent).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tidemq._exceptions import ClientClosedError, UnexpectedResponseError
+from tidemq._tasks import finish_tasks
 from tidemq.protocol import OutgoingMessage
 
 log = logging.getLogger("tidemq.transactions.batch")
@@ -77,14 +77,7 @@ class TxBatcher:
         """Send everything waiting and wait (bounded) for the requests."""
         for broker in list(self._open):
             self._flush(broker)
-        if not self._tasks:
-            return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await finish_tasks(self._tasks, timeout_s)
 
     def _batch(self, broker: str, linger_s: float) -> _Open:
         pending = self._open.get(broker)

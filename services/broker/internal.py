@@ -38,6 +38,23 @@ RECORD_FIELDS = frozenset({
 PUT_FIELDS = frozenset({"records", "dedup"})
 
 
+def records_of(payload: Any, fields: frozenset[str], what: str, verb: str, most: int
+               ) -> list[Any]:
+    """The ``records`` of an internal request body ``{records: [...], ...}`` (not yet parsed).
+
+    400 BAD_REQUEST when the body is not that object, has a field outside ``fields`` (``what``
+    names the request in the message) or lists not 1-``most`` records (``verb`` says what the
+    request does with them).
+    """
+    if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, 'the body must be {"records": [...]}')
+    reject_unknown(payload, fields, what)
+    items: list[Any] = payload["records"]
+    if not 1 <= len(items) <= most:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"{verb} 1-{most} records")
+    return items
+
+
 def _field(obj: dict[str, Any], name: str, kind: type, default: Any) -> Any:
     value = obj.get(name, default)
     if not isinstance(value, kind):
@@ -119,12 +136,7 @@ class InternalService:
         With ``dedup`` a record whose (topic, UNIQ_KEY) was stored within the window is not
         stored again (a re-put after a crash); its first result is answered.
         """
-        if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, 'the body must be {"records": [...]}')
-        reject_unknown(payload, PUT_FIELDS, "an internal write")
-        items = payload["records"]
-        if not 1 <= len(items) <= MAX_RECORDS:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"send 1-{MAX_RECORDS} records")
+        items = records_of(payload, PUT_FIELDS, "an internal write", "send", MAX_RECORDS)
         dedup = bool(payload.get("dedup", False))
         now = now_ms()
         records = []

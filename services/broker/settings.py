@@ -25,10 +25,12 @@ from services.common.constants import (
     PRODUCER_EXPIRY_S,
 )
 from services.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from services.common.discovery import split_urls
 from services.common.settings import ServiceSettings
 
 DAY_MS = 24 * 3600 * 1000
 _LIMITS = Limits()
+_WILDCARD_HOSTS = ("0.0.0.0", "", "::")  # bind addresses that mean "every interface"
 
 
 class BrokerSettings(ServiceSettings):
@@ -118,20 +120,23 @@ class BrokerSettings(ServiceSettings):
         """The base URL registered with nameservers."""
         if self.advertised_address:
             return self.advertised_address
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{self.reachable_host}:{self.port}"
 
     @property
     def grpc_address(self) -> str:
         """``host:port`` of the gRPC front door that routes give to RocketMQ clients."""
         if self.grpc_advertised_address:
             return self.grpc_advertised_address
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
-        return f"{host}:{self.grpc_port}"
+        return f"{self.reachable_host}:{self.grpc_port}"
+
+    @property
+    def reachable_host(self) -> str:
+        """The bind host as others reach it on this machine: loopback for a wildcard."""
+        return "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
 
     @property
     def nameserver_urls(self) -> list[str]:
-        return [u.strip().rstrip("/") for u in self.nameservers.split(",") if u.strip()]
+        return split_urls(self.nameservers)
 
     def limits(self) -> Limits:
         return Limits(

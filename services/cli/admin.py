@@ -16,13 +16,15 @@ from tidemq.protocol import Perm
 from services.cli import topic_groups
 from services.cli.rest import (
     CliError,
-    call,
+    JsonOption,
     cluster_view,
     console,
     endpoints,
     err_console,
     print_json,
+    printed_json,
     reports_errors,
+    request,
     segment,
 )
 
@@ -31,9 +33,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 topic_app = typer.Typer(help="Create, update and delete topics on every broker group; list and "
                              "inspect them on one broker.",
                         no_args_is_help=True)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
-
 
 GroupOption = Annotated[list[str] | None, typer.Option(
     "--group", "-g", help="Only this broker group (repeatable); default: every live group.")]
@@ -105,10 +104,8 @@ def topic_update(
 def topic_list(ctx: typer.Context, json_out: JsonOption = False) -> None:
     """List the broker's topics."""
     ep = endpoints(ctx)
-    with ep.client() as client:
-        answer = call(client, "GET", f"{ep.broker}/v1/topics")
-    if json_out:
-        print_json(answer)
+    answer = request(ep, "GET", f"{ep.broker}/v1/topics")
+    if printed_json(answer, json_out):
         return
     topics: list[Any] = answer.get("topics", [])
     table = Table("topic", "queues", "perm", title=f"{len(topics)} topic(s)", caption=ep.broker)
@@ -130,10 +127,8 @@ def topic_show(
 ) -> None:
     """Show a topic with the min and max offset of each queue."""
     ep = endpoints(ctx)
-    with ep.client() as client:
-        topic = call(client, "GET", f"{ep.broker}/v1/topics/{segment(name)}")
-    if json_out:
-        print_json(topic)
+    topic = request(ep, "GET", f"{ep.broker}/v1/topics/{segment(name)}")
+    if printed_json(topic, json_out):
         return
     table = Table("queue", "min offset", "max offset", "messages",
                   title=f"{topic.get('name', name)}: {topic.get('queues')} queue(s), "
@@ -174,8 +169,7 @@ def cluster(ctx: typer.Context, json_out: JsonOption = False) -> None:
     ep = endpoints(ctx)
     with ep.client() as client:
         url, answer = cluster_view(client, ep)
-    if json_out:
-        print_json(answer)
+    if printed_json(answer, json_out):
         return
     brokers: list[dict[str, Any]] = answer.get("brokers", [])
     if not brokers:

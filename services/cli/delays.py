@@ -13,14 +13,19 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from services.cli.rest import call, console, endpoints, print_json, reports_errors, segment
+from services.cli.rest import (
+    JsonOption,
+    console,
+    endpoints,
+    printed_json,
+    reports_errors,
+    request,
+    segment,
+)
 from services.common.delaylevels import DEFAULT_DELAY_LEVELS
 
 delay_app = typer.Typer(help="Delayed messages: list what is pending, cancel one.",
                         no_args_is_help=True)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
-
 
 def _due(ms: int | None) -> str:
     if ms is None:
@@ -46,11 +51,9 @@ def delay_list(
 ) -> None:
     """Show pending delayed messages: how many, the next due time, and per delay level."""
     ep = endpoints(ctx)
-    with ep.client() as client:
-        answer: dict[str, Any] = call(client, "GET", f"{ep.broker}/v1/scheduled",
-                                      params={"topic": topic} if topic else {})
-    if json_out:
-        print_json(answer)
+    answer: dict[str, Any] = request(ep, "GET", f"{ep.broker}/v1/scheduled",
+                                     params={"topic": topic} if topic else {})
+    if printed_json(answer, json_out):
         return
     names = DEFAULT_DELAY_LEVELS.split()
     by_level = answer.get("by_level", {})
@@ -75,9 +78,7 @@ def delay_cancel(
 ) -> None:
     """Cancel a delayed message that was not delivered yet (ALREADY_DELIVERED if too late)."""
     ep = endpoints(ctx)
-    with ep.client() as client:
-        answer = call(client, "DELETE", f"{ep.broker}/v1/messages/{segment(message_id)}/schedule")
-    if json_out:
-        print_json(answer)
+    answer = request(ep, "DELETE", f"{ep.broker}/v1/messages/{segment(message_id)}/schedule")
+    if printed_json(answer, json_out):
         return
     console.print(f"message [bold]{message_id}[/]: {answer.get('state', 'cancelled')}")

@@ -24,11 +24,13 @@ from rich.table import Table
 from services.cli.rest import (
     CliError,
     Endpoints,
+    JsonOption,
     call,
     console,
     endpoints,
     err_console,
     print_json,
+    printed_json,
     reports_errors,
     segment,
 )
@@ -37,7 +39,6 @@ from services.cli.topic_groups import choose_groups
 group_app = typer.Typer(help="Consumer groups: list, offsets and lag, reset offsets.",
                         no_args_is_help=True)
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
 GroupArgument = Annotated[str, typer.Argument(help="Consumer group.")]
 TopicOption = Annotated[str, typer.Option("--topic", "-t", help="Topic.")]
 ClusterOption = Annotated[bool, typer.Option(
@@ -67,8 +68,7 @@ def group_list(ctx: typer.Context, json_out: JsonOption = False,
         where = targets(client, ep, cluster)
         for name, url in where:
             groups += _named(call(client, "GET", f"{url}/v1/groups").get("groups", []), name)
-    if json_out:
-        print_json({"groups": groups})
+    if printed_json({"groups": groups}, json_out):
         return
     columns = ["broker"] if cluster else []
     table = Table(*columns, "group", "members", "mode", "topics",
@@ -120,8 +120,7 @@ def group_offsets(
         where = targets(client, ep, cluster)
         for name, url in where:
             rows += _named(queue_rows(client, url, group, topic), name)
-    if json_out:
-        print_json({"group": group, "offsets": rows})
+    if printed_json({"group": group, "offsets": rows}, json_out):
         return
     total = sum(int(r.get("lag", 0)) for r in rows)
     columns = ["broker"] if cluster else []

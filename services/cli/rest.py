@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -29,6 +29,9 @@ DEFAULT_NAMESERVER_URL = f"http://127.0.0.1:{NAMESERVER_PORT}"
 # The services' TOPIC_NOT_FOUND messages end with the REST call that creates the topic; on the
 # command line the hint names the command instead.
 _CREATE_CALL = re.compile(r"PUT /v1/topics/([^\s)]+)")
+
+#: The ``--json`` option of the commands that show one REST answer.
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -132,6 +135,19 @@ def call(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
     except httpx.HTTPError as exc:
         raise unreachable(url, exc) from exc
     return answer(resp)
+
+
+def request(ep: Endpoints, method: str, url: str, **kwargs: Any) -> Any:
+    """``call`` on a client of its own, for a command that makes one REST call."""
+    with ep.client() as client:
+        return call(client, method, url, **kwargs)
+
+
+def printed_json(payload: Any, json_out: bool) -> bool:
+    """With ``--json``, print ``payload`` and answer True: the command shows nothing else."""
+    if json_out:
+        print_json(payload)
+    return json_out
 
 
 def print_json(payload: Any) -> None:

@@ -10,7 +10,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from services.cli.rest import call, console, endpoints, print_json, reports_errors, segment
+from services.cli.rest import (
+    JsonOption,
+    console,
+    endpoints,
+    printed_json,
+    reports_errors,
+    request,
+    segment,
+)
 
 tx_app = typer.Typer(help="Transactional messages: what is still pending, ending one.",
                      no_args_is_help=True)
@@ -29,17 +37,15 @@ def tx_list(
                                               help="Only this producer group.")] = None,
     max_count: Annotated[int, typer.Option("--max", min=1, max=10_000,
                                            help="At most this many.")] = 1000,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")] = False,
+    json_out: JsonOption = False,
 ) -> None:
     """List pending (half) transactions with their check counts, oldest first."""
     ep = endpoints(ctx)
     params: dict[str, Any] = {"state": "pending", "max": max_count}
     if group:
         params["producer_group"] = group
-    with ep.client() as client:
-        answer = call(client, "GET", f"{ep.broker}/v1/transactions", params=params)
-    if json_out:
-        print_json(answer)
+    answer = request(ep, "GET", f"{ep.broker}/v1/transactions", params=params)
+    if printed_json(answer, json_out):
         return
     found: list[dict[str, Any]] = answer.get("transactions", [])
     now_ms = time.time() * 1000
@@ -61,16 +67,13 @@ def tx_end(
     action: Annotated[EndAction, typer.Option(help="commit or rollback.")],
     producer_group: Annotated[str, typer.Option("--producer-group", "-g",
                                                 help="The transaction's producer group.")],
-    json_out: Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")] = False,
+    json_out: JsonOption = False,
 ) -> None:
     """Commit or roll back a pending transaction (as its producer would)."""
     ep = endpoints(ctx)
-    with ep.client() as client:
-        answer = call(client, "POST",
-                      f"{ep.broker}/v1/transactions/{segment(transaction_id)}/end",
-                      json={"producer_group": producer_group, "action": action.value})
-    if json_out:
-        print_json(answer)
+    answer = request(ep, "POST", f"{ep.broker}/v1/transactions/{segment(transaction_id)}/end",
+                     json={"producer_group": producer_group, "action": action.value})
+    if printed_json(answer, json_out):
         return
     console.print(f"transaction {transaction_id}: {answer.get('state')}", markup=False,
                   highlight=False)

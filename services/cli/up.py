@@ -49,16 +49,10 @@ from services.cli.supervisor import (
     http_probe,
     redis_probe,
 )
-from services.common.constants import (
-    BROKER_GRPC_PORT,
-    BROKER_PORT,
-    CHECKER_PORT,
-    METRICS_PORT,
-    NAMESERVER_PORT,
-    SCHEDULER_PORT,
-)
 
 __all__ = ["DUPLICATE_SIGNAL_S", "Supervisor", "up"]
+
+_DEFAULTS = UpOptions()  # the defaults of the options below live in UpOptions
 
 
 class FlushChoice(StrEnum):
@@ -172,34 +166,38 @@ def stored_token(data_dir: Path) -> tuple[str, Path]:
 def up(
     broker_port: Annotated[int, typer.Option(
         min=1, max=65535, help="Port of the first group's broker; group i adds 1000*i.")
-                           ] = BROKER_PORT,
+                           ] = _DEFAULTS.broker_port,
     grpc_port: Annotated[int | None, typer.Option(
         min=0, max=65535, show_default=False,
         help="Port of the first broker's gRPC door (RocketMQ 5 clients), group i adds i; 0 = "
-             f"off. Default {BROKER_GRPC_PORT}, or off for a group whose port is busy.")] = None,
+             f"off. Default {_DEFAULTS.broker_grpc_port}, or off for a group whose port is "
+             "busy.")] = None,
     nameserver_port: Annotated[int, typer.Option(
         min=1, max=65535, help="Port of the first nameserver; nameserver j adds j.")
-                               ] = NAMESERVER_PORT,
+                               ] = _DEFAULTS.nameserver_port,
     checker_port: Annotated[int, typer.Option(
         min=1, max=65535, help="Port of the first group's checker; group i adds 1000*i.")
-                            ] = CHECKER_PORT,
+                            ] = _DEFAULTS.checker_port,
     scheduler_port: Annotated[int, typer.Option(
         min=1, max=65535, help="Port of the first group's scheduler; group i adds 1000*i.")
-                              ] = SCHEDULER_PORT,
-    metrics_port: Annotated[int, _port_option("metrics sidecar")] = METRICS_PORT,
+                              ] = _DEFAULTS.scheduler_port,
+    metrics_port: Annotated[int, _port_option("metrics sidecar")] = _DEFAULTS.metrics_port,
     groups: Annotated[int, typer.Option(
         min=1, max=MAX_GROUPS, help="Broker groups (broker-a, broker-b, …), each with its "
-                                    "broker, checker and scheduler.")] = 1,
+                                    "broker, checker and scheduler.")] = _DEFAULTS.groups,
     nameservers: Annotated[int, typer.Option(
         min=1, max=MAX_NAMESERVERS, help="Nameservers; every broker registers with all.")
-                           ] = 1,
+                           ] = _DEFAULTS.nameservers,
     data_dir: Annotated[Path, typer.Option(help="Store, Redis and logs go here.")
-                        ] = Path(".tidemq"),
-    flush: Annotated[FlushChoice, typer.Option(help="Broker flush mode.")] = FlushChoice.ASYNC,
+                        ] = _DEFAULTS.data_dir,
+    flush: Annotated[FlushChoice, typer.Option(help="Broker flush mode.")
+                 ] = FlushChoice(_DEFAULTS.flush),
     metrics: Annotated[bool, typer.Option("--metrics/--no-metrics",
-                                          help="Start the PySpark metrics sidecar.")] = True,
-    host: Annotated[str, typer.Option(help="Address every service binds.")] = "127.0.0.1",
-    cluster: Annotated[str, typer.Option(help="Cluster name.")] = "DefaultCluster",
+                                          help="Start the PySpark metrics sidecar.")
+                   ] = _DEFAULTS.metrics,
+    host: Annotated[str, typer.Option(help="Address every service binds.")
+                ] = _DEFAULTS.host,
+    cluster: Annotated[str, typer.Option(help="Cluster name.")] = _DEFAULTS.cluster,
     skip: Annotated[list[str] | None, typer.Option(
         help=f"Do not start this service (repeatable): {', '.join(SERVICE_ORDER)}.")] = None,
     start_timeout: Annotated[float, typer.Option(help="Seconds to wait for each /healthz.")
@@ -214,7 +212,7 @@ def up(
     if unknown:
         raise CliError(f"BAD_REQUEST: unknown service(s) {unknown} in --skip; "
                        f"choose from {', '.join(SERVICE_ORDER)}", 2)
-    grpc = BROKER_GRPC_PORT if grpc_port is None else grpc_port
+    grpc = _DEFAULTS.broker_grpc_port if grpc_port is None else grpc_port
     grpc_off: set[int] = set()
     if grpc_port is None and grpc and "broker" not in skipped:
         for i in range(groups):

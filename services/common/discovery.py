@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,65 +130,82 @@ class Nameservers:
         self._good = self.urls.index(url)
 
 
-def _read(url: str, resp: httpx.Response) -> dict[str, Group]:
-    if resp.status_code != 200:
-        raise ValueError(f"{url}{CLUSTER_PATH}: HTTP {resp.status_code}")
-    return parse_cluster(resp.json())
+class _Search:
+    """One pass over the nameservers, in turn, until one answers with what is wanted.
 
+    Iterating gives the URLs still to ask; ``answer``/``fail`` note what each one did, and the
+    pass ends at the first answer that lists ``want`` (any group when ``want`` is None).
+    ``result`` picks that answer, else the first answer; raises NoNameserver when no
+    nameserver answered.
+    """
 
-def _enough(groups: dict[str, Group], want: str | None) -> bool:
-    """An answer that ends the search: it lists ``want``, or any group when ``want`` is None."""
-    return want in groups if want is not None else bool(groups)
+    def __init__(self, nameservers: Nameservers, want: str | None) -> None:
+        self.nameservers = nameservers
+        self.want = want
+        self.results: list[tuple[str, Any]] = []  # (url, groups or the error text)
+        self._done = False
 
+    def __iter__(self) -> Iterator[str]:
+        for url in self.nameservers.in_turn():
+            if self._done:
+                return
+            yield url
 
-def _pick(nameservers: Nameservers, want: str | None, results: list[tuple[str, Any]]
-          ) -> dict[str, Group]:
-    """The first answer that is ``_enough``, else the first answer; raises NoNameserver when no
-    nameserver answered."""
-    answers = [(url, r) for url, r in results if isinstance(r, dict)]
-    for url, groups in answers:
-        if _enough(groups, want):
-            nameservers.answered(url)
+    def answer(self, url: str, resp: httpx.Response) -> None:
+        try:
+            if resp.status_code != 200:
+                raise ValueError(f"{url}{CLUSTER_PATH}: HTTP {resp.status_code}")
+            groups = parse_cluster(resp.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            self.fail(url, exc)
+            return
+        self.results.append((url, groups))
+        self._done = self._enough(groups)
+
+    def fail(self, url: str, exc: Exception) -> None:
+        self.results.append((url, f"{type(exc).__name__}: {exc}"))
+
+    def _enough(self, groups: dict[str, Group]) -> bool:
+        return self.want in groups if self.want is not None else bool(groups)
+
+    def result(self) -> dict[str, Group]:
+        answers = [(url, r) for url, r in self.results if isinstance(r, dict)]
+        for url, groups in answers:
+            if self._enough(groups):
+                self.nameservers.answered(url)
+                return groups
+        if answers:
+            url, groups = answers[0]
+            self.nameservers.answered(url)
             return groups
-    if answers:
-        url, groups = answers[0]
-        nameservers.answered(url)
-        return groups
-    raise NoNameserver("; ".join(f"{url}: {r}" for url, r in results) or "none configured")
+        raise NoNameserver("; ".join(f"{url}: {r}" for url, r in self.results)
+                           or "none configured")
 
 
 async def fetch_groups_async(http: httpx.AsyncClient, nameservers: Nameservers,
                              want: str | None = None) -> dict[str, Group]:
     """Ask the nameservers in turn until one answers (and lists ``want``, when given)."""
-    results: list[tuple[str, Any]] = []
-    for url in nameservers.in_turn():
+    search = _Search(nameservers, want)
+    for url in search:
         try:
-            groups = _read(url, await http.get(url + CLUSTER_PATH, headers=JSON_HEADERS))
-        except (httpx.HTTPError, ValueError) as exc:
-            results.append((url, f"{type(exc).__name__}: {exc}"))
-            continue
-        results.append((url, groups))
-        if _enough(groups, want):
-            break
-    return _pick(nameservers, want, results)
+            search.answer(url, await http.get(url + CLUSTER_PATH, headers=JSON_HEADERS))
+        except httpx.HTTPError as exc:
+            search.fail(url, exc)
+    return search.result()
 
 
 def fetch_groups(nameservers: Nameservers, timeout_s: float = DISCOVERY_TIMEOUT_S,
                  want: str | None = None, *,
                  transport: httpx.BaseTransport | None = None) -> dict[str, Group]:
     """``fetch_groups_async``, blocking (Spark's driver)."""
-    results: list[tuple[str, Any]] = []
+    search = _Search(nameservers, want)
     with httpx.Client(timeout=timeout_s, transport=transport) as http:
-        for url in nameservers.in_turn():
+        for url in search:
             try:
-                groups = _read(url, http.get(url + CLUSTER_PATH, headers=JSON_HEADERS))
-            except (httpx.HTTPError, ValueError) as exc:
-                results.append((url, f"{type(exc).__name__}: {exc}"))
-                continue
-            results.append((url, groups))
-            if _enough(groups, want):
-                break
-    return _pick(nameservers, want, results)
+                search.answer(url, http.get(url + CLUSTER_PATH, headers=JSON_HEADERS))
+            except httpx.HTTPError as exc:
+                search.fail(url, exc)
+    return search.result()
 
 
 class ClusterView:

@@ -8,8 +8,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+async def cancel_tasks(*tasks: asyncio.Task[Any] | None) -> None:
+    """Cancel every task given (None ones are skipped), then wait until each has ended.
+
+    All are cancelled before any is awaited, so they wind down together; a task's own
+    ``CancelledError`` is swallowed, any other error it ends with is raised.
+    """
+    live = [task for task in tasks if task is not None]
+    for task in live:
+        task.cancel()
+    for task in live:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class BackgroundLoop:
@@ -37,11 +52,8 @@ class BackgroundLoop:
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_tasks(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while not self._stopping:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-Perm = Literal["r", "w", "rw"]
+from services.common.answers import Perm
 
 
 class RouteQueue(BaseModel):

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.numbers import INT32_MAX, INT64_MAX
 
+from services.common.answers import Scheduled
 from services.common.app import create_app, error_response, reply, token_guard
 from services.common.bodies import StrictBody, body_doc, read_model
 from services.common.broker_client import BrokerDown, BrokerRefused
@@ -51,13 +52,6 @@ class ClockBody(StrictBody):
 class CancelAnswer(BaseModel):
     message_id: str
     state: str = Field(description='"cancelled" (also when it was cancelled before)')
-
-
-class ScheduledAnswer(BaseModel):
-    pending: int
-    next_due_ms: int | None
-    by_level: dict[str, int] = Field(description="delay level → waiting messages")
-    timers: int = Field(description="messages with delay_ms or deliver_at_ms")
 
 
 class StatusAnswer(BaseModel):
@@ -138,7 +132,7 @@ async def cancel(request: Request) -> Response:
 
 
 @router.get("/scheduled", summary="Pending delayed messages: count, next due time, by level",
-            response_model=ScheduledAnswer, responses=errors(ErrorCode.UNAVAILABLE))
+            response_model=Scheduled, responses=errors(ErrorCode.UNAVAILABLE))
 async def scheduled(request: Request,
                     topic: Annotated[str | None, Query()] = None) -> Response:
     return reply(request, await scheduler_of(request).scheduled(topic))

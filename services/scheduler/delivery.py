@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from services.common.broker_client import BrokerClient, BrokerDown, BrokerError, deliver_body
+from services.common.loop import cancel_tasks
 from services.scheduler.buckets import Mark
 from services.scheduler.clock import Clock
 from services.scheduler.metrics import SchedulerMetrics
@@ -75,13 +76,7 @@ class Deliverer:
         self._wake.set()
 
     async def stop(self) -> None:
-        for task in [self._task, *self._tasks]:
-            if task is not None:
-                task.cancel()
-        for task in [self._task, *self._tasks]:
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_tasks(self._task, *self._tasks)
         self._task = None
 
     async def _run(self) -> None:

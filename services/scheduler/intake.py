@@ -16,6 +16,7 @@ from typing import Any
 from tidemq.protocol import IntakeRow
 
 from services.common.broker_client import BrokerClient, BrokerError
+from services.common.loop import cancel_tasks
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.progress import Progress
 from services.scheduler.timers import Timer, TimerStore
@@ -45,11 +46,8 @@ class IntakeLoop:
         self._task = asyncio.create_task(self._run(), name="intake")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_tasks(self._task)
+        self._task = None
 
     async def _pull(self, offset: int) -> dict[str, Any]:
         return await self.broker.intake(offset, self.batch, self.wait_ms)

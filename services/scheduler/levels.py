@@ -23,6 +23,7 @@ from typing import Any
 import msgpack
 
 from services.common.broker_client import BrokerClient, BrokerDown, BrokerError, deliver_body
+from services.common.loop import cancel_tasks
 from services.scheduler.clock import Clock
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.progress import Progress
@@ -60,11 +61,8 @@ class LevelWalker:
         self._task = asyncio.create_task(self._run(), name="levels")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_tasks(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

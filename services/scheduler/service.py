@@ -8,7 +8,6 @@ then. Until that point cancel and inspection answer 503 UNAVAILABLE.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from typing import Any
@@ -18,6 +17,7 @@ from tidemq.protocol import ErrorCode, ProtocolError, SystemTopic
 
 from services.common.broker_client import BrokerClient
 from services.common.constants import SCHEDULER_FLOOR_OWNER
+from services.common.loop import cancel_tasks
 from services.scheduler.cancel import Canceller
 from services.scheduler.clock import Clock
 from services.scheduler.delivery import Deliverer
@@ -128,11 +128,7 @@ class Scheduler:
 
     async def stop(self) -> None:
         self.ready = False
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_tasks(*self._tasks)
         steps: list[tuple[str, Any]] = []
         if hasattr(self, "intake"):
             steps.append(("intake", self.intake.stop()))

@@ -20,7 +20,6 @@ Keys (services/common/constants.py): ``consumer_offsets_key`` (hash queue id →
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from services.common.constants import (
     consumer_offsets_index_pattern,
     consumer_offsets_key,
 )
+from services.common.loop import cancel_tasks
 from services.common.redis import REDIS_TIMEOUT_S, connect_redis, text
 
 log = logging.getLogger(__name__)
@@ -91,11 +91,8 @@ class OffsetStore:
 
     async def close(self) -> None:
         self._closed = True
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-            self._writer = None
+        await cancel_tasks(self._writer)
+        self._writer = None
         while not self._queue.empty():
             pending = self._queue.get_nowait()
             _fail(pending.done, ProtocolError(ErrorCode.UNAVAILABLE, "offset store closed"))

@@ -39,7 +39,6 @@ from tidemq.protocol import (
     is_system_topic,
     validate_topic_name,
 )
-from tidemq.protocol.message import reject_unknown
 
 from services.broker.delays.routing import (
     CANCELS_TOPIC,
@@ -52,6 +51,7 @@ from services.broker.delays.routing import (
     is_waiting,
 )
 from services.broker.delays.scheduler_api import SchedulerClient
+from services.broker.internal import records_of
 from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
 from services.broker.messaging.send import SendService, check_put, now_ms
@@ -193,12 +193,7 @@ class ScheduleService:
 
     async def deliver(self, payload: Any) -> dict[str, int]:
         """``{records: [delivery row...], strict: [index...]}`` → stored in one write."""
-        if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, 'the body must be {"records": [...]}')
-        reject_unknown(payload, DELIVER_FIELDS, "a deliver request")
-        items = payload["records"]
-        if not 1 <= len(items) <= MAX_DELIVER:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"deliver 1-{MAX_DELIVER} records")
+        items = records_of(payload, DELIVER_FIELDS, "a deliver request", "deliver", MAX_DELIVER)
         marked = payload.get("strict") or []
         if not isinstance(marked, list):
             raise ProtocolError(ErrorCode.BAD_REQUEST, "strict must be a list of record indexes")

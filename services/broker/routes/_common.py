@@ -10,16 +10,17 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Path, Query, Request
+from tidemq.protocol import ErrorCode
 
 from services.broker.messaging.convert import born_host
-from services.broker.messaging.pull import PullAnswer
+from services.broker.messaging.pull import MAX_PULL, PullAnswer
 from services.broker.service import Broker
 from services.common.app import token_guard
 from services.common.bodies import StrictBody, body_doc, read_model, read_payload
 
-__all__ = ["LONG_POLL_MAX_MS", "Offset", "QueueId", "StrictBody", "WaitMs", "body_doc",
-           "broker_of", "client_host", "internal_auth", "pull_answer", "read_model",
-           "read_payload", "wants_msgpack"]
+__all__ = ["LONG_POLL_MAX_MS", "PULL_ERRORS", "Offset", "PullMax", "QueueId", "StrictBody",
+           "WaitMs", "body_doc", "broker_of", "client_host", "internal_auth", "pull_answer",
+           "read_model", "read_payload", "wants_msgpack"]
 
 LONG_POLL_MAX_MS = 30_000  # the longest wait_ms any endpoint accepts (ms)
 
@@ -28,6 +29,10 @@ QueueId = Annotated[int, Path(ge=0, description="queue id within the topic")]
 Offset = Annotated[int, Query(ge=0, description="first queue offset to read")]
 WaitMs = Annotated[int, Query(ge=0, le=LONG_POLL_MAX_MS,
                               description="long poll at the end of the queue (ms)")]
+PullMax = Annotated[int, Query(ge=1, le=MAX_PULL, description="messages at most")]
+#: What the pull-shaped endpoints may answer besides 200 (``responses=errors(*PULL_ERRORS)``).
+PULL_ERRORS = (ErrorCode.INVALID_TOPIC_NAME, ErrorCode.OFFSET_OUT_OF_RANGE,
+               ErrorCode.TOPIC_NOT_FOUND)
 
 
 def broker_of(request: Request) -> Broker:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from services.broker.messaging.query import MessageState
 from services.broker.transactions.model import TxState
+from services.common.answers import Perm
 
 BodyEncoding = Literal["utf-8", "base64"]
 
@@ -20,7 +21,7 @@ BodyEncoding = Literal["utf-8", "base64"]
 class TopicAnswer(BaseModel):
     name: str
     queues: int
-    perm: Literal["rw", "r", "w"]
+    perm: Perm
 
 
 class TopicList(BaseModel):
@@ -52,15 +53,33 @@ class SendAnswer(BaseModel):
     results: list[SendResult] = Field(description="in request order")
 
 
-class MessageOut(BaseModel):
-    """A returned message (docs/api.md "Returned messages")."""
+class Position(BaseModel):
+    """Where a message is stored."""
 
     message_id: str
     topic: str
     queue_id: int
     queue_offset: int
+
+
+class MessageBase(Position):
+    """A message's position and body, as every answer that returns messages gives them."""
+
     body: str = Field(description="utf-8 text or base64 text (JSON); raw bytes (msgpack)")
     body_encoding: BodyEncoding | None = Field(None, description="JSON answers only")
+
+
+class QueueBounds(BaseModel):
+    """Where a page read from one consume queue ends, and the queue's bounds."""
+
+    next_offset: int = Field(description="queue offset to read from next")
+    min_offset: int = Field(description="first offset still stored")
+    max_offset: int = Field(description="offset the next record will get")
+
+
+class MessageOut(MessageBase):
+    """A returned message (docs/api.md "Returned messages")."""
+
     tag: str | None
     keys: list[str]
     properties: dict[str, str]
@@ -71,11 +90,8 @@ class MessageOut(BaseModel):
                                                        "message was first consumed from")
 
 
-class PullAnswer(BaseModel):
+class PullAnswer(QueueBounds):
     messages: list[MessageOut]
-    next_offset: int
-    min_offset: int
-    max_offset: int
 
 
 class StoredMessage(MessageOut):
@@ -187,13 +203,6 @@ class Checks(BaseModel):
 class Cancelled(BaseModel):
     message_id: str
     state: Literal["cancelled"]
-
-
-class Scheduled(BaseModel):
-    pending: int
-    next_due_ms: int | None
-    by_level: dict[str, int] = Field(description="delay level → waiting messages")
-    timers: int = Field(description="messages with delay_ms or deliver_at_ms")
 
 
 class DeletedTopic(BaseModel):

@@ -12,31 +12,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from services.broker.routes.answers import BodyEncoding
+from services.broker.routes.answers import MessageBase, Position, QueueBounds
 
 
-class PutResult(BaseModel):
-    message_id: str
-    topic: str
-    queue_id: int
-    queue_offset: int
+class PutResult(Position):
+    """Where a written record was stored."""
 
 
 class PutResults(BaseModel):
     results: list[PutResult]
 
 
-class RawRecord(BaseModel):
+class RawRecord(MessageBase):
     """A stored record with every field, raw properties included."""
 
-    message_id: str
-    topic: str
-    queue_id: int
-    queue_offset: int
     physical_offset: int
     size: int
-    body: str = Field(description="utf-8 or base64 text (JSON); raw bytes (msgpack)")
-    body_encoding: BodyEncoding | None = Field(None, description="JSON answers only")
     properties: dict[str, str]
     flag: int
     sys_flag: int
@@ -48,20 +39,14 @@ class RawRecord(BaseModel):
     prepared_tx_offset: int
 
 
-class RawPull(BaseModel):
+class RawPull(QueueBounds):
     messages: list[RawRecord]
-    next_offset: int
-    min_offset: int
-    max_offset: int
 
 
-class Bodies(BaseModel):
+class Bodies(QueueBounds):
     offsets: list[int] = Field(description="queue offset of each body")
     bodies: list[str] = Field(description="base64 text (JSON); raw bytes (msgpack)")
     body_encoding: Literal["base64", "bytes"]
-    next_offset: int
-    min_offset: int
-    max_offset: int
 
 
 # --- /internal/v1/schedule ----------------------------------------------------------------------
@@ -74,13 +59,10 @@ class ScheduleInfo(BaseModel):
     intake_topic: str
 
 
-class Intake(BaseModel):
+class Intake(QueueBounds):
     timers: list[list[int | str]] = Field(
         description="[queue offset, due ms, message id, real topic, delivery row encoded in "
                     "msgpack (raw bytes in msgpack, base64 text in JSON)]")
-    next_offset: int
-    min_offset: int
-    max_offset: int
 
 
 class DueRecord(BaseModel):
@@ -91,11 +73,8 @@ class DueRecord(BaseModel):
                                           "text in JSON)")
 
 
-class LevelDue(BaseModel):
+class LevelDue(QueueBounds):
     records: list[DueRecord]
-    next_offset: int
-    min_offset: int
-    max_offset: int
     next_due_ms: int | None = Field(description="due time of the first record not due yet")
 
 
@@ -140,19 +119,13 @@ class HalfEntry(BaseModel):
     check_immunity_s: float | None
 
 
-class Halves(BaseModel):
+class Halves(QueueBounds):
     entries: list[HalfEntry]
-    next_offset: int
-    min_offset: int
-    max_offset: int
     next_physical_offset: int
 
 
-class Ops(BaseModel):
+class Ops(QueueBounds):
     transaction_ids: list[str] = Field(description="transactions the op records end")
-    next_offset: int
-    min_offset: int
-    max_offset: int
     next_physical_offset: int
 
 

@@ -19,7 +19,7 @@ from services.broker.routes._common import (
     read_model,
     read_payload,
 )
-from services.broker.routes.answers import Cancelled, Scheduled
+from services.broker.routes.answers import Cancelled
 from services.broker.routes.answers_internal import (
     Delivered,
     Floor,
@@ -28,6 +28,7 @@ from services.broker.routes.answers_internal import (
     Pending,
     ScheduleInfo,
 )
+from services.common.answers import Scheduled
 from services.common.app import reply
 from services.common.openapi import errors
 

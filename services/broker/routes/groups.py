@@ -71,6 +71,11 @@ class InvisibilityBody(_Body):
     invisible_ms: StrictInt = Field(ge=0)
 
 
+#: What the endpoints that take receipt handles may answer besides 200.
+_HANDLE_ERRORS = (ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_RECEIPT_HANDLE,
+                  ErrorCode.UNAVAILABLE)
+
+
 
 @router.get("/v1/groups", summary="Consumer groups known to this broker",
             response_model=Groups, responses=errors(ErrorCode.UNAVAILABLE))
@@ -150,9 +155,7 @@ async def receive(group: GroupName, request: Request) -> Response:
 
 @router.post("/v1/groups/{group}/ack", openapi_extra=body_doc(AckBody),
              summary="Simple consumer: acknowledge received messages",
-             response_model=AckAnswer, responses=errors(
-                 ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_RECEIPT_HANDLE,
-                 ErrorCode.UNAVAILABLE))
+             response_model=AckAnswer, responses=errors(*_HANDLE_ERRORS))
 async def ack(group: GroupName, request: Request) -> Response:
     body = await read_model(request, AckBody)
     acked = await broker_of(request).consumers.ack(group, body.receipt_handles)
@@ -161,9 +164,7 @@ async def ack(group: GroupName, request: Request) -> Response:
 
 @router.post("/v1/groups/{group}/invisibility", openapi_extra=body_doc(InvisibilityBody),
              summary="Simple consumer: change a received message's invisibility",
-             response_model=HandleAnswer, responses=errors(
-                 ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_RECEIPT_HANDLE,
-                 ErrorCode.UNAVAILABLE))
+             response_model=HandleAnswer, responses=errors(*_HANDLE_ERRORS))
 async def invisibility(group: GroupName, request: Request) -> Response:
     body = await read_model(request, InvisibilityBody)
     handle = await broker_of(request).consumers.change_invisibility(

@@ -15,9 +15,11 @@ from tidemq.protocol import ErrorCode
 from tidemq.protocol.numbers import INT64_MAX
 
 from services.broker.messaging.convert import to_internal_wire
-from services.broker.messaging.pull import MAX_PULL, TagFilter
+from services.broker.messaging.pull import TagFilter
 from services.broker.routes._common import (
+    PULL_ERRORS,
     Offset,
+    PullMax,
     QueueId,
     StrictBody,
     WaitMs,
@@ -88,14 +90,13 @@ async def put_records(topic: TopicName, request: Request) -> Response:
 
 @router.get("/topics/{topic}/queues/{queue_id}/messages",
             summary="Pull raw records (system topics included)", response_model=RawPull,
-            responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.OFFSET_OUT_OF_RANGE,
-                             ErrorCode.TOPIC_NOT_FOUND))
+            responses=errors(*PULL_ERRORS))
 async def pull_records(
     topic: TopicName,
     request: Request,
     queue_id: QueueId,
     offset: Offset = 0,
-    max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 32,
+    max: PullMax = 32,
     wait_ms: WaitMs = 0,
     tags: Annotated[str, Query()] = "*",
 ) -> Response:

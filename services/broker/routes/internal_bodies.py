@@ -9,14 +9,14 @@ about half the time per record. msgpack answers carry raw bytes; JSON answers ca
 from __future__ import annotations
 
 import base64
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request, Response
-from tidemq.protocol import ErrorCode
+from fastapi import APIRouter, Depends, Request, Response
 
-from services.broker.messaging.pull import MAX_PULL, TagFilter
+from services.broker.messaging.pull import TagFilter
 from services.broker.routes._common import (
+    PULL_ERRORS,
     Offset,
+    PullMax,
     QueueId,
     WaitMs,
     broker_of,
@@ -34,15 +34,13 @@ _ALL = TagFilter.parse("*")
 
 @router.get("/topics/{topic}/queues/{queue_id}/bodies",
             summary="Pull record bodies and queue offsets only (system topics included)",
-            response_model=Bodies, responses=errors(
-                ErrorCode.INVALID_TOPIC_NAME, ErrorCode.OFFSET_OUT_OF_RANGE,
-                ErrorCode.TOPIC_NOT_FOUND))
+            response_model=Bodies, responses=errors(*PULL_ERRORS))
 async def pull_bodies(
     topic: TopicName,
     request: Request,
     queue_id: QueueId,
     offset: Offset = 0,
-    max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 1024,
+    max: PullMax = 1024,
     wait_ms: WaitMs = 0,
 ) -> Response:
     answer = await broker_of(request).pulls.pull(topic, queue_id, offset, max, wait_ms, _ALL,

@@ -10,9 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, validate_group_name
 
 from services.broker.messaging.convert import to_wire
-from services.broker.messaging.pull import MAX_PULL, TagFilter
+from services.broker.messaging.pull import TagFilter
 from services.broker.routes._common import (
+    PULL_ERRORS,
     Offset,
+    PullMax,
     QueueId,
     WaitMs,
     body_doc,
@@ -73,15 +75,13 @@ async def send(topic: TopicName, request: Request) -> Response:
 
 
 @router.get("/v1/topics/{topic}/queues/{queue_id}/messages", summary="Pull from one queue",
-            response_model=PullAnswer, responses=errors(
-                ErrorCode.INVALID_TOPIC_NAME, ErrorCode.OFFSET_OUT_OF_RANGE,
-                ErrorCode.TOPIC_NOT_FOUND))
+            response_model=PullAnswer, responses=errors(*PULL_ERRORS))
 async def pull(
     topic: TopicName,
     request: Request,
     queue_id: QueueId,
     offset: Offset = 0,
-    max: Annotated[int, Query(ge=1, le=MAX_PULL, description="messages at most")] = 32,
+    max: PullMax = 32,
     wait_ms: WaitMs = 0,
     tags: Annotated[str, Query(description='"*" or "tagA || tagB"')] = "*",
     group: Annotated[str | None, Query(description="consumer group (lag metrics)")] = None,

@@ -9,7 +9,6 @@ loop deletes old segments.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -32,6 +31,7 @@ from services.broker.store.types import (
     StoredRecord,
 )
 from services.broker.store.writer import GroupCommitWriter, fsync_all
+from services.common.loop import cancel_tasks
 
 log = logging.getLogger(__name__)
 
@@ -157,11 +157,7 @@ class MessageStore:
 
     async def close(self) -> None:
         await self.writer.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_tasks(*self._tasks)
         if self._checkpoint_job is not None:  # a cancelled checkpoint's thread still runs
             await asyncio.wait([self._checkpoint_job])
         if not self.log.error:

@@ -1,0 +1,72 @@
+"""The base of every client: its connections, and start / close as an async context manager.
+
+A client builds its HTTP client, route table and broker health with ``_connect``. ``close``
+runs once: the client's own ``_shutdown`` (finishing its work, bounded), then the connections
+are released even when that failed. ``async with client`` starts it and closes it on the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from tidemq._constants import BROKER_BACKOFF_INITIAL_S
+from tidemq._fault import BrokerHealth
+from tidemq._http import HttpClient, RetryPolicy
+from tidemq._routes import RouteTable
+
+
+class Client:
+    """An HTTP client, a route table (started by ``start``) and the health of each broker."""
+
+    _http: HttpClient
+    _routes: RouteTable
+    _health: BrokerHealth
+    _closed = False
+
+    def _connect(
+        self,
+        *,
+        nameservers: Sequence[str] | None,
+        broker_url: str | None,
+        request_timeout_s: float,
+        retry: RetryPolicy,
+        route_refresh_s: float,
+        transport: httpx.AsyncBaseTransport | None,
+        backoff_max_s: float,
+    ) -> None:
+        """Build the connections; a failing broker backs off up to ``backoff_max_s``."""
+        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
+        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
+                                  refresh_interval_s=route_refresh_s)
+        self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S, max_s=backoff_max_s,
+                                    probe_timeout_s=request_timeout_s)
+
+    async def start(self) -> Self:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Finish what the client is doing (bounded) and release its connections; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._shutdown()
+        finally:
+            await self._routes.close()
+            await self._http.aclose()
+
+    async def _shutdown(self) -> None:
+        """The client's part of ``close``, before its connections are released."""
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
