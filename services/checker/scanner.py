@@ -8,8 +8,9 @@ A scan (RocketMQ's ``TransactionalMessageCheckService``, reshaped):
 
    - its transaction is in ``done`` → skip it (ended);
    - not due yet → stop the scan here, since later copies are younger — except a first check
-     held back by the message's own, longer ``check_immunity_s``: that copy is *deferred*
-     (re-put at the end of the queue, unchanged) so it does not hold up the others;
+     held back by the message's own, longer ``check_immunity_s``: once that copy has waited the
+     transaction timeout at its place, it is *deferred* (re-put at the end of the queue,
+     unchanged) so it does not hold up the others;
    - checked ``check_max`` times already, or older than ``max_age_s`` → *discard*;
    - else → *check*: the broker re-puts it with check count + 1 and hands the check to one live
      producer of its group.
@@ -91,20 +92,43 @@ class ScanReport:
         return dataclasses.asdict(self)
 
 
+def first_wait_ms(entry: dict[str, Any], cfg: ScanConfig) -> int:
+    """How long after its birth a half message is first checked: its own immunity, if any."""
+    own = entry.get("check_immunity_s")
+    return int(own * 1000) if own is not None else cfg.immunity_ms
+
+
+def check_due_ms(entry: dict[str, Any], cfg: ScanConfig) -> int:
+    """When a half copy may be checked (wall ms): ``first_wait_ms`` after birth for the first
+    check, the transaction timeout after the previous check's copy was stored for the next."""
+    if int(entry.get("check_times") or 0) == 0:
+        return int(entry["born_ms"]) + first_wait_ms(entry, cfg)
+    return int(entry["store_timestamp_ms"]) + cfg.immunity_ms
+
+
+def _deferrable(entry: dict[str, Any], cfg: ScanConfig) -> bool:
+    """A first check held back by the message's own immunity, longer than the timeout."""
+    return int(entry.get("check_times") or 0) == 0 and first_wait_ms(entry, cfg) > cfg.immunity_ms
+
+
+def due_ms(entry: dict[str, Any], cfg: ScanConfig) -> int:
+    """When a scan next acts on a half copy (wall ms): checks it, or defers it once the copy has
+    waited the transaction timeout at its place (so a copy is re-put at most once per timeout,
+    however often the checker scans; copies behind it are not due before that anyway)."""
+    due = check_due_ms(entry, cfg)
+    if _deferrable(entry, cfg):
+        due = min(due, int(entry["store_timestamp_ms"]) + cfg.immunity_ms)
+    return due
+
+
 def decide(entry: dict[str, Any], now_ms: int, cfg: ScanConfig, done: bool) -> Decision:
     """What to do with one half copy (pure: the whole policy is here)."""
     if done:
         return Decision.SKIP
-    times = int(entry.get("check_times") or 0)
-    own = entry.get("check_immunity_s")
-    first_wait = int(own * 1000) if own is not None else cfg.immunity_ms
-    if times == 0:
-        due = int(entry["born_ms"]) + first_wait
-    else:
-        due = int(entry["store_timestamp_ms"]) + cfg.immunity_ms
-    if now_ms < due:
-        return Decision.DEFER if times == 0 and first_wait > cfg.immunity_ms else Decision.WAIT
-    if times >= cfg.check_max or now_ms - int(entry["born_ms"]) > cfg.max_age_ms:
+    if now_ms < check_due_ms(entry, cfg):
+        return Decision.DEFER if now_ms >= due_ms(entry, cfg) else Decision.WAIT
+    if (int(entry.get("check_times") or 0) >= cfg.check_max
+            or now_ms - int(entry["born_ms"]) > cfg.max_age_ms):
         return Decision.DISCARD
     return Decision.CHECK
 

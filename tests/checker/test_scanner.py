@@ -27,6 +27,7 @@ def entry(offset: int, txid: str, *, born: int = 0, stored: int | None = None, t
     (entry(0, "a"), 500, False, Decision.WAIT),  # younger than the immunity
     (entry(0, "a"), 1000, False, Decision.CHECK),
     (entry(0, "a", immunity=5), 2000, False, Decision.DEFER),  # its own, longer immunity
+    (entry(0, "a", immunity=5, stored=1500), 2000, False, Decision.WAIT),  # deferred lately
     (entry(0, "a", immunity=5, stored=4000), 5000, False, Decision.CHECK),  # counted from born
     (entry(0, "a", immunity=0.1), 200, False, Decision.CHECK),  # a shorter one too
     (entry(0, "a", times=1, stored=9500), 10_000, False, Decision.WAIT),  # since the last check
