@@ -30,6 +30,7 @@ from services.common.openapi import errors
 
 log = logging.getLogger(__name__)
 
+DONE_KEEP_INTERVALS = 4  # ended transaction ids are held this many check intervals
 SCAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -104,7 +105,8 @@ class Checker:
         self.progress = ProgressStore(settings.redis_url, settings.cluster)
         self.scanner = CheckScanner(self.client, self.progress, ScanConfig(
             immunity_ms=settings.transaction_timeout_ms, check_max=settings.check_max,
-            max_age_ms=int(settings.max_age_s * 1000), batch_size=settings.batch_size))
+            max_age_ms=int(settings.max_age_s * 1000), batch_size=settings.batch_size,
+            done_keep_ms=DONE_KEEP_INTERVALS * settings.check_interval_ms))
         self.watch = HalfWatch(self.client, self.scanner.cfg,
                                min_sleep_s=settings.check_min_sleep_ms / 1000,
                                slack_s=settings.check_slack_ms / 1000)

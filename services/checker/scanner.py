@@ -41,8 +41,8 @@ from services.common.constants import CHECKER_FLOOR_OWNER
 log = logging.getLogger(__name__)
 
 OP_PAGE = 2048
-DONE_KEEP_SCANS = 4  # an op's transaction id is remembered this many scans at most
-MAX_DONE = 1_000_000
+MAX_DONE = 1_000_000  # ended transaction ids held at most
+PRUNES_PER_KEEP = 4  # ended ids are pruned this many times per ``done_keep_ms``
 
 
 class Decision(StrEnum):
@@ -71,6 +71,10 @@ class ScanConfig:
     check_max: int = 15  # checks before discarding
     max_age_ms: int = 72 * 3600 * 1000  # discard half messages older than this
     batch_size: int = 512  # half copies per page
+    # an ended transaction id (read from the op queue) is held this long at least (ms): four
+    # check intervals, as when the checker scanned once per interval; scans now run as often as
+    # halves fall due, so a count of scans would forget ids a re-put copy still needs
+    done_keep_ms: int = 120_000
 
 
 @dataclass(slots=True)
@@ -145,7 +149,8 @@ class CheckScanner:
         self.loaded = False
         self.scans = 0
         self.floor = -1
-        self._done: dict[str, int] = {}  # transaction id → scan number it was read in
+        self._done: dict[str, float] = {}  # transaction id → clock() when its op was read
+        self._pruned = clock()
 
     @property
     def done_size(self) -> int:
@@ -188,8 +193,9 @@ class CheckScanner:
         """Read the op queue to its end; the physical offset of the first op not yet read."""
         while True:
             page = await self.broker.ops(self.op_offset, OP_PAGE)
+            read_at = self.clock()
             for txid in page["transaction_ids"]:
-                self._done[txid] = self.scans
+                self._done[txid] = read_at
             nxt = int(page["next_offset"])
             advanced = nxt > self.op_offset
             self.op_offset = nxt
@@ -241,11 +247,16 @@ class CheckScanner:
         return stop, floor
 
     def _prune(self) -> None:
-        """Forget op ids no half copy claimed for a few scans (their copies were passed: an
-        id still needed later costs one ``ended`` answer from the broker, nothing more)."""
-        oldest = self.scans - DONE_KEEP_SCANS
-        if len(self._done) > MAX_DONE or any(s < oldest for s in self._done.values()):
-            kept = {t: s for t, s in self._done.items() if s >= oldest}
-            if len(kept) > MAX_DONE:
-                kept = dict(list(kept.items())[-MAX_DONE:])
-            self._done = kept
+        """Forget op ids read more than ``done_keep_ms`` ago (their copies were passed: an id
+        still needed later costs one ``ended`` answer from the broker, nothing more); a walk
+        over the ids a few times per ``done_keep_ms``, not at every scan."""
+        now = self.clock()
+        keep_s = self.cfg.done_keep_ms / 1000
+        if len(self._done) <= MAX_DONE and now - self._pruned < keep_s / PRUNES_PER_KEEP:
+            return
+        self._pruned = now
+        oldest = now - keep_s
+        kept = {t: at for t, at in self._done.items() if at >= oldest}
+        if len(kept) > MAX_DONE:
+            kept = dict(list(kept.items())[-MAX_DONE:])
+        self._done = kept

@@ -141,3 +141,18 @@ async def test_progress_past_the_end_of_a_new_store_starts_over() -> None:
     await scanner.scan()
     assert [a["transaction_id"] for page in broker.acts for a in page] == ["a", "b"]
     assert scanner.half_offset == 2
+
+
+async def test_ended_ids_are_held_for_a_time_not_a_number_of_scans() -> None:
+    # many scans in quick succession (as when halves fall due often) keep what the op queue
+    # said; the ids go once they are older than done_keep_ms (CFG: the default, 120 s)
+    broker = FakeBroker([], ops=["a", "b"])
+    now = [10.0]
+    scanner = CheckScanner(broker, MemoryProgress(), CFG, clock=lambda: now[0])
+    for _ in range(20):
+        await scanner.scan()
+        now[0] += 0.2
+    assert scanner.done_size == 2
+    now[0] += 120.0
+    await scanner.scan()
+    assert scanner.done_size == 0
