@@ -19,10 +19,10 @@ on free ports with data in a temp dir, and stops them at the end. Bodies are 512
               interval, 0.5 s immunity; full: the defaults, 30 s and 6 s): the time from its
               start until all P are delivered, and its peak resident memory. Target: within
               one default check interval (30 s).
-4. orphans    (run before the sweep) O half messages nobody ends (quick 20, full 100), stored one at a time with a 1 s
-              check_immunity_s while a checker with the default interval (30 s) runs: p50/p99 of
-              the time from each one's immunity expiry to its check reaching the polling
-              producer. Target: p99 <= 1 s (see bench/_orphans.py).
+4. orphans    (run before the sweep) O half messages nobody ends (quick 20, full 100), stored
+              one at a time with a 1 s check_immunity_s while a checker with the default
+              interval (30 s) runs: p50/p99 of the time from each one's immunity expiry to its
+              check reaching the polling producer. Target: p99 <= 1 s (see bench/_orphans.py).
 
 Plain and the two txn modes alternate three times (the box is shared and noisy); the best of each
 is used. The JSON line has at least ``txn_vs_plain_ratio``, ``check_sweep_s``,
