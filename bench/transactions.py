@@ -19,10 +19,14 @@ on free ports with data in a temp dir, and stops them at the end. Bodies are 512
               interval, 0.5 s immunity; full: the defaults, 30 s and 6 s): the time from its
               start until all P are delivered, and its peak resident memory. Target: within
               one default check interval (30 s).
+4. orphans    (run before the sweep) O half messages nobody ends (quick 20, full 100), stored
+              one at a time with a 1 s check_immunity_s while a checker with the default
+              interval (30 s) runs: p50/p99 of the time from each one's immunity expiry to its
+              check reaching the polling producer. Target: p99 <= 1 s (see bench/_orphans.py).
 
 Plain and the two txn modes alternate three times (the box is shared and noisy); the best of each
-is used. The JSON line has at least ``txn_vs_plain_ratio``, ``check_sweep_s`` and
-``check_sweep_pending``.
+is used. The JSON line has at least ``txn_vs_plain_ratio``, ``check_sweep_s``,
+``check_sweep_pending`` and ``orphan_check_p99_s_over_immunity``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ import httpx
 import msgpack
 
 from bench._common import Row, err, loop_name, print_json, print_table, progress, run
+from bench._orphans import IMMUNITY_S, TARGET_LATE_S, OrphanResult, orphan_checks
+from services.common.constants import TRANSACTION_CHECK_INTERVAL_MS
 
 REPO = Path(__file__).resolve().parents[1]
 BODY = b"t" * 512
@@ -64,10 +70,13 @@ class Sizes:
     interval_ms: int
     immunity_ms: int
     rounds: int
+    orphans: int
 
 
-QUICK = Sizes(sends=10_000, pending=10_000, interval_ms=1_000, immunity_ms=500, rounds=3)
-FULL = Sizes(sends=50_000, pending=100_000, interval_ms=30_000, immunity_ms=6_000, rounds=3)
+QUICK = Sizes(sends=10_000, pending=10_000, interval_ms=1_000, immunity_ms=500, rounds=3,
+              orphans=20)
+FULL = Sizes(sends=50_000, pending=100_000, interval_ms=30_000, immunity_ms=6_000, rounds=3,
+             orphans=100)
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -273,6 +282,26 @@ async def sweep(tmp: Path, broker: str, redis_url: str, cluster: str, sizes: Siz
             "answered": answering.checks_answered}
 
 
+async def orphans(tmp: Path, broker: str, redis_url: str, cluster: str, sizes: Sizes,
+                  http: httpx.AsyncClient) -> OrphanResult:
+    """Orphaned halves under a checker with the default interval and timeout."""
+    topic = f"orphans-{uuid.uuid4().hex[:8]}"
+    await create_topic(http, broker, topic)
+
+    async def start_checker() -> Any:
+        checker = service("checker", tmp, "TIDEMQ_CHECKER_", {
+            "TIDEMQ_CHECKER_BROKER_URL": broker, "TIDEMQ_CHECKER_REDIS_URL": redis_url,
+            "TIDEMQ_CHECKER_TOKEN": TOKEN, "TIDEMQ_CHECKER_CLUSTER": cluster})
+        await asyncio.to_thread(checker.start)
+
+        async def stop() -> None:
+            await asyncio.to_thread(checker.stop)
+        return stop
+
+    return await orphan_checks(http, broker, topic, sizes.orphans,
+                               TRANSACTION_CHECK_INTERVAL_MS / 1000, start_checker)
+
+
 async def run_bench(tmp: Path, sizes: Sizes) -> dict[str, Any]:
     redis_port = free_port()
     exe = shutil.which("redis-server")
@@ -300,11 +329,15 @@ async def run_bench(tmp: Path, sizes: Sizes) -> dict[str, Any]:
                 plain.append(await plain_round(url, http, sizes.sends))
                 txn.append(await txn_round(url, http, sizes.sends, oneway=False))
                 oneway.append(await txn_round(url, http, sizes.sends, oneway=True))
+            # orphans before the sweep: the sweep ends with thousands of re-put check copies
+            # whose ends only its checker process read; a new checker waits one transaction
+            # timeout (6 s) before passing them, which is a restart's cost, not this figure
+            orphaned = await orphans(tmp, url, redis_url, cluster, sizes, http)
             swept = await sweep(tmp, url, redis_url, cluster, sizes, http)
     finally:
         await asyncio.to_thread(broker.stop)
         await asyncio.to_thread(redis.stop)
-    return {"plain": plain, "txn": txn, "oneway": oneway, "sweep": swept}
+    return {"plain": plain, "txn": txn, "oneway": oneway, "sweep": swept, "orphans": orphaned}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     total_s = time.perf_counter() - began
     plain, txn, sw = max(res["plain"]), max(res["txn"]), res["sweep"]
     oneway = max(res["oneway"])
+    orph: OrphanResult = res["orphans"]
     ratio = txn / plain if plain else 0.0
     oneway_ratio = oneway / plain if plain else 0.0
     peak = sw["checker_peak_rss"]
@@ -342,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         Row("checker peak resident memory", None if peak is None else peak / 2**20, "MiB"),
         Row("storing the pending halves (batch endpoint)",
             sw["pending"] / sw["store_halves_s"], "msgs/s"),
+        Row(f"orphaned half checked after its immunity, p50 ({orph.count} halves)", orph.p50,
+            "s"),
+        Row(f"orphaned half checked after its immunity, p99 ({orph.count} halves)", orph.p99,
+            "s", target=f"<= {TARGET_LATE_S:.0f} s", met=orph.p99 <= TARGET_LATE_S),
     ]
     notes = [f"event loop: {loop}; {os.cpu_count()} CPUs; {len(BODY)} B bodies; broker "
              f"flush=async; total {total_s:.0f} s",
@@ -350,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
              + ", ".join(f"{v:,.0f}" for v in res["oneway"]) + " msgs/s (transactions "
              "counted until committed)",
              f"sweep: checker interval {sizes.interval_ms} ms, immunity {sizes.immunity_ms} ms; "
-             f"time counted from the checker's start; {sw['answered']:,} checks answered"]
+             f"time counted from the checker's start; {sw['answered']:,} checks answered",
+             f"orphans: check_immunity_s {IMMUNITY_S:.0f} s, checker interval "
+             f"{TRANSACTION_CHECK_INTERVAL_MS} ms (default); late by (s): "
+             + ", ".join(f"{v:.2f}" for v in orph.late_s[:30])
+             + (", ..." if orph.count > 30 else "")]
     print_table(f"tidemq transactions bench ({'quick' if args.quick else 'full'})", rows,
                 caption="\n".join(notes))
     if args.json:
@@ -363,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             "check_sweep_s": sw["sweep_s"], "check_sweep_pending": sw["pending"],
             "check_sweep_checks_per_s": sw["checks_per_s"],
             "checker_peak_rss_bytes": peak, "check_interval_ms": sizes.interval_ms,
+            "orphan_check_p50_s_over_immunity": orph.p50,
+            "orphan_check_p99_s_over_immunity": orph.p99, "orphan_count": orph.count,
             "targets_met": {r.figure: r.met for r in rows if r.met is not None},
             "total_s": total_s,
         })

@@ -102,7 +102,7 @@ class Broker:
             dedup_max_entries=s.dedup_max_entries, check_hold_s=s.check_hold_s,
             max_ended=s.max_ended_transactions)
         await self.transactions.start()
-        self.tx_checking = TxChecking(self.transactions, s.broker_name)
+        self.tx_checking = TxChecking(self.transactions, s.broker_name, self.pulls)
         self.tx_checking.start_rebuild()
         self.queries.views.append(self.tx_checking.message_view)
         for loop in self._loops:

@@ -21,6 +21,7 @@ from services.common.constants import (
     BROKER_HEARTBEAT_INTERVAL_S,
     BROKER_PORT,
     CONSUMER_EXPIRY_S,
+    LONG_POLL_MAX_MS,
     MAX_BROKER_ID,
     PRODUCER_EXPIRY_S,
 )
@@ -92,7 +93,7 @@ class BrokerSettings(ServiceSettings):
     # --- consumers -----------------------------------------------------------------------------
     max_reconsume_times: int = Field(default=16, ge=0)  # retries before a message goes to the DLQ
     # longest held pull or receive (ms); longer wait_ms are cut to this
-    long_poll_max_ms: int = Field(default=30_000, ge=0, le=30_000)
+    long_poll_max_ms: int = Field(default=LONG_POLL_MAX_MS, ge=0, le=LONG_POLL_MAX_MS)
     # drop a consumer group member silent this long (s)
     consumer_expiry_s: float = Field(default=CONSUMER_EXPIRY_S, gt=0)
     producer_expiry_s: float = Field(default=PRODUCER_EXPIRY_S, gt=0)  # drop a silent producer (s)

@@ -22,6 +22,7 @@ from tidemq.protocol import ErrorCode, ProtocolError
 from services.checker.progress import ProgressStore, ProgressUnavailable
 from services.checker.scanner import CheckScanner, ScanConfig, ScanReport
 from services.checker.settings import CheckerSettings
+from services.checker.wake import HalfWatch
 from services.common.app import create_app, reply, token_guard
 from services.common.broker_client import BrokerClient, BrokerDown, BrokerError
 from services.common.loop import BackgroundLoop
@@ -29,6 +30,7 @@ from services.common.openapi import errors
 
 log = logging.getLogger(__name__)
 
+DONE_KEEP_INTERVALS = 4  # ended transaction ids are held this many check intervals
 SCAN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -103,7 +105,11 @@ class Checker:
         self.progress = ProgressStore(settings.redis_url, settings.cluster)
         self.scanner = CheckScanner(self.client, self.progress, ScanConfig(
             immunity_ms=settings.transaction_timeout_ms, check_max=settings.check_max,
-            max_age_ms=int(settings.max_age_s * 1000), batch_size=settings.batch_size))
+            max_age_ms=int(settings.max_age_s * 1000), batch_size=settings.batch_size,
+            done_keep_ms=DONE_KEEP_INTERVALS * settings.check_interval_ms))
+        self.watch = HalfWatch(self.client, self.scanner.cfg,
+                               min_sleep_s=settings.check_min_sleep_ms / 1000,
+                               slack_s=settings.check_slack_ms / 1000)
         self.metrics = CheckerMetrics(self)
         self.loop = CheckLoop(self, settings.check_interval_ms / 1000)
         self._lock = asyncio.Lock()
@@ -122,6 +128,7 @@ class Checker:
                 raise
             self.end = report.half_end
             self.last_scan = time.time()
+            self.watch.scanned(report.half_offset)
             self.metrics.observe(report)
             if report.checked or report.discarded or report.deferred:
                 log.info("scan: %d half message(s) examined, %d checked (%d with no live "
@@ -160,17 +167,38 @@ class Checker:
 
 
 class CheckLoop(BackgroundLoop):
+    """Scans, then sleeps until the earliest half message falls due (``HalfWatch``), at most
+    the check interval; after a failed scan, the check interval."""
+
     name = "transaction-check"
 
     def __init__(self, checker: Checker, interval_s: float) -> None:
         super().__init__(interval_s)
         self.checker = checker
+        self.scanned = False  # the last run scanned: its due times are worth waiting for
 
     async def run_once(self) -> None:
+        self.scanned = False
         try:
             await self.checker.scan_now()
         except (BrokerError, ProgressUnavailable) as exc:
             log.warning("scan stopped: %s; retrying in %.1fs", exc, self.interval_s)
+            return
+        self.scanned = True
+
+    async def pause(self) -> None:
+        if not self.scanned:
+            await super().pause()
+            return
+        watch = self.checker.watch
+        began = time.time()
+        try:
+            await watch.sleep(self.interval_s)
+        except BrokerError as exc:  # sleep until the due time known so far, without watching
+            rest = watch.wake_at(began, self.interval_s) - time.time()
+            log.warning("watching the half queue: %s; next scan in %.1fs", exc, max(0.0, rest))
+            if rest > 0:
+                await asyncio.sleep(rest)
 
 
 def create_checker_app(settings: CheckerSettings | None = None) -> FastAPI:

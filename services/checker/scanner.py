@@ -8,8 +8,9 @@ A scan (RocketMQ's ``TransactionalMessageCheckService``, reshaped):
 
    - its transaction is in ``done`` → skip it (ended);
    - not due yet → stop the scan here, since later copies are younger — except a first check
-     held back by the message's own, longer ``check_immunity_s``: that copy is *deferred*
-     (re-put at the end of the queue, unchanged) so it does not hold up the others;
+     held back by the message's own, longer ``check_immunity_s``: once that copy has waited the
+     transaction timeout at its place, it is *deferred* (re-put at the end of the queue,
+     unchanged) so it does not hold up the others;
    - checked ``check_max`` times already, or older than ``max_age_s`` → *discard*;
    - else → *check*: the broker re-puts it with check count + 1 and hands the check to one live
      producer of its group.
@@ -40,8 +41,8 @@ from services.common.constants import CHECKER_FLOOR_OWNER
 log = logging.getLogger(__name__)
 
 OP_PAGE = 2048
-DONE_KEEP_SCANS = 4  # an op's transaction id is remembered this many scans at most
-MAX_DONE = 1_000_000
+MAX_DONE = 1_000_000  # ended transaction ids held at most
+PRUNES_PER_KEEP = 4  # ended ids are pruned this many times per ``done_keep_ms``
 
 
 class Decision(StrEnum):
@@ -70,6 +71,10 @@ class ScanConfig:
     check_max: int = 15  # checks before discarding
     max_age_ms: int = 72 * 3600 * 1000  # discard half messages older than this
     batch_size: int = 512  # half copies per page
+    # an ended transaction id (read from the op queue) is held this long at least (ms): four
+    # check intervals, as when the checker scanned once per interval; scans now run as often as
+    # halves fall due, so a count of scans would forget ids a re-put copy still needs
+    done_keep_ms: int = 120_000
 
 
 @dataclass(slots=True)
@@ -91,20 +96,43 @@ class ScanReport:
         return dataclasses.asdict(self)
 
 
+def first_wait_ms(entry: dict[str, Any], cfg: ScanConfig) -> int:
+    """How long after its birth a half message is first checked: its own immunity, if any."""
+    own = entry.get("check_immunity_s")
+    return int(own * 1000) if own is not None else cfg.immunity_ms
+
+
+def check_due_ms(entry: dict[str, Any], cfg: ScanConfig) -> int:
+    """When a half copy may be checked (wall ms): ``first_wait_ms`` after birth for the first
+    check, the transaction timeout after the previous check's copy was stored for the next."""
+    if int(entry.get("check_times") or 0) == 0:
+        return int(entry["born_ms"]) + first_wait_ms(entry, cfg)
+    return int(entry["store_timestamp_ms"]) + cfg.immunity_ms
+
+
+def _deferrable(entry: dict[str, Any], cfg: ScanConfig) -> bool:
+    """A first check held back by the message's own immunity, longer than the timeout."""
+    return int(entry.get("check_times") or 0) == 0 and first_wait_ms(entry, cfg) > cfg.immunity_ms
+
+
+def due_ms(entry: dict[str, Any], cfg: ScanConfig) -> int:
+    """When a scan next acts on a half copy (wall ms): checks it, or defers it once the copy has
+    waited the transaction timeout at its place (so a copy is re-put at most once per timeout,
+    however often the checker scans; copies behind it are not due before that anyway)."""
+    due = check_due_ms(entry, cfg)
+    if _deferrable(entry, cfg):
+        due = min(due, int(entry["store_timestamp_ms"]) + cfg.immunity_ms)
+    return due
+
+
 def decide(entry: dict[str, Any], now_ms: int, cfg: ScanConfig, done: bool) -> Decision:
     """What to do with one half copy (pure: the whole policy is here)."""
     if done:
         return Decision.SKIP
-    times = int(entry.get("check_times") or 0)
-    own = entry.get("check_immunity_s")
-    first_wait = int(own * 1000) if own is not None else cfg.immunity_ms
-    if times == 0:
-        due = int(entry["born_ms"]) + first_wait
-    else:
-        due = int(entry["store_timestamp_ms"]) + cfg.immunity_ms
-    if now_ms < due:
-        return Decision.DEFER if times == 0 and first_wait > cfg.immunity_ms else Decision.WAIT
-    if times >= cfg.check_max or now_ms - int(entry["born_ms"]) > cfg.max_age_ms:
+    if now_ms < check_due_ms(entry, cfg):
+        return Decision.DEFER if now_ms >= due_ms(entry, cfg) else Decision.WAIT
+    if (int(entry.get("check_times") or 0) >= cfg.check_max
+            or now_ms - int(entry["born_ms"]) > cfg.max_age_ms):
         return Decision.DISCARD
     return Decision.CHECK
 
@@ -121,7 +149,8 @@ class CheckScanner:
         self.loaded = False
         self.scans = 0
         self.floor = -1
-        self._done: dict[str, int] = {}  # transaction id → scan number it was read in
+        self._done: dict[str, float] = {}  # transaction id → clock() when its op was read
+        self._pruned = clock()
 
     @property
     def done_size(self) -> int:
@@ -164,8 +193,9 @@ class CheckScanner:
         """Read the op queue to its end; the physical offset of the first op not yet read."""
         while True:
             page = await self.broker.ops(self.op_offset, OP_PAGE)
+            read_at = self.clock()
             for txid in page["transaction_ids"]:
-                self._done[txid] = self.scans
+                self._done[txid] = read_at
             nxt = int(page["next_offset"])
             advanced = nxt > self.op_offset
             self.op_offset = nxt
@@ -217,11 +247,16 @@ class CheckScanner:
         return stop, floor
 
     def _prune(self) -> None:
-        """Forget op ids no half copy claimed for a few scans (their copies were passed: an
-        id still needed later costs one ``ended`` answer from the broker, nothing more)."""
-        oldest = self.scans - DONE_KEEP_SCANS
-        if len(self._done) > MAX_DONE or any(s < oldest for s in self._done.values()):
-            kept = {t: s for t, s in self._done.items() if s >= oldest}
-            if len(kept) > MAX_DONE:
-                kept = dict(list(kept.items())[-MAX_DONE:])
-            self._done = kept
+        """Forget op ids read more than ``done_keep_ms`` ago (their copies were passed: an id
+        still needed later costs one ``ended`` answer from the broker, nothing more); a walk
+        over the ids a few times per ``done_keep_ms``, not at every scan."""
+        now = self.clock()
+        keep_s = self.cfg.done_keep_ms / 1000
+        if len(self._done) <= MAX_DONE and now - self._pruned < keep_s / PRUNES_PER_KEEP:
+            return
+        self._pruned = now
+        oldest = now - keep_s
+        kept = {t: at for t, at in self._done.items() if at >= oldest}
+        if len(kept) > MAX_DONE:
+            kept = dict(list(kept.items())[-MAX_DONE:])
+        self._done = kept

@@ -11,6 +11,8 @@ from services.common.constants import (
     CHECKER_PORT,
     TRANSACTION_CHECK_INTERVAL_MS,
     TRANSACTION_CHECK_MAX,
+    TRANSACTION_CHECK_MIN_SLEEP_MS,
+    TRANSACTION_CHECK_SLACK_MS,
     TRANSACTION_MAX_AGE_S,
     TRANSACTION_TIMEOUT_MS,
 )
@@ -25,8 +27,13 @@ class CheckerSettings(GroupServiceSettings):
 
     port: int = CHECKER_PORT  # listen port (/healthz, /metrics, /internal/v1/scan)
     redis_url: str = "redis://127.0.0.1:6379/0"  # progress (half and op offsets)
-    # scan the half queue this often (ms); RocketMQ's transactionCheckInterval
+    # scan the half queue at least this often (ms; RocketMQ's transactionCheckInterval), and
+    # sooner: at the earliest due time of the half messages watched since the last scan
     check_interval_ms: int = Field(default=TRANSACTION_CHECK_INTERVAL_MS, gt=0)
+    # least time between two scans, and between two looks at new half messages (ms)
+    check_min_sleep_ms: int = Field(default=TRANSACTION_CHECK_MIN_SLEEP_MS, ge=0)
+    # scan this long after the earliest due time (ms)
+    check_slack_ms: int = Field(default=TRANSACTION_CHECK_SLACK_MS, ge=0)
     # a half message is first checked this long after it was stored, unless it carries its own
     # check_immunity_s (ms); also the least time between two checks of one message
     transaction_timeout_ms: int = Field(default=TRANSACTION_TIMEOUT_MS, ge=0)

@@ -25,7 +25,7 @@ import msgpack
 import orjson
 from tidemq.protocol import CONTENT_MSGPACK
 
-from services.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, TOKEN_HEADER
+from services.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, LONG_POLL_MAX_MS, TOKEN_HEADER
 from services.common.discovery import BrokerResolver, GroupUnknown
 
 log = logging.getLogger(__name__)
@@ -194,10 +194,14 @@ class BrokerClient:
         answer: dict[str, Any] = await self.call("GET", "/internal/v1/transactions/info")
         return answer
 
-    async def halves(self, offset: int, max_count: int) -> dict[str, Any]:
+    async def halves(self, offset: int, max_count: int, wait_ms: int = 0) -> dict[str, Any]:
+        """A page of the half queue from ``offset``; held up to ``wait_ms`` at its end."""
+        params = {"offset": offset, "max": max_count}
+        if wait_ms > 0:
+            params["wait_ms"] = min(wait_ms, LONG_POLL_MAX_MS)
         answer: dict[str, Any] = await self.call(
-            "GET", "/internal/v1/transactions/halves", params={"offset": offset,
-                                                               "max": max_count})
+            "GET", "/internal/v1/transactions/halves", params=params,
+            timeout_s=wait_ms / 1000 + DEFAULT_TIMEOUT_S if wait_ms > 0 else None)
         return answer
 
     async def ops(self, offset: int, max_count: int) -> dict[str, Any]:

@@ -115,8 +115,15 @@ def scheduler_level_cancels_key(cluster: str, broker_name: str) -> str:
     return f"{_ns(cluster)}:scheduler-level-cancels:{broker_name}"
 
 
+LONG_POLL_MAX_MS = 30_000  # the longest wait_ms any broker endpoint accepts (ms)
+
 # --- transactional messages (broker ↔ checker) -------------------------------------------------
-TRANSACTION_CHECK_INTERVAL_MS = 30_000  # the checker scans the half queue this often (ms)
+# the checker scans at least this often; sooner when a half message falls due (ms)
+TRANSACTION_CHECK_INTERVAL_MS = 30_000
+# the checker scans and looks for new half messages at most this often (ms)
+TRANSACTION_CHECK_MIN_SLEEP_MS = 200
+# the checker wakes this long after the earliest due time (clock steps, timestamps in ms; ms)
+TRANSACTION_CHECK_SLACK_MS = 20
 TRANSACTION_TIMEOUT_MS = 6_000  # a half message is first checked after this (immunity, ms)
 TRANSACTION_CHECK_MAX = 15  # checks sent before a half message is discarded
 TRANSACTION_MAX_AGE_S = 72 * 3600.0  # a half message older than this is discarded (s)

@@ -63,6 +63,10 @@ class BackgroundLoop:
                 raise
             except Exception:
                 log.exception("%s: run failed; retrying in %.1fs", self.name, self.interval_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            await self.pause()
             self._wake.clear()
+
+    async def pause(self) -> None:
+        """Between two runs: ``interval_s``, or less when ``wakeup`` is called."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self.interval_s)

@@ -27,6 +27,7 @@ def entry(offset: int, txid: str, *, born: int = 0, stored: int | None = None, t
     (entry(0, "a"), 500, False, Decision.WAIT),  # younger than the immunity
     (entry(0, "a"), 1000, False, Decision.CHECK),
     (entry(0, "a", immunity=5), 2000, False, Decision.DEFER),  # its own, longer immunity
+    (entry(0, "a", immunity=5, stored=1500), 2000, False, Decision.WAIT),  # deferred lately
     (entry(0, "a", immunity=5, stored=4000), 5000, False, Decision.CHECK),  # counted from born
     (entry(0, "a", immunity=0.1), 200, False, Decision.CHECK),  # a shorter one too
     (entry(0, "a", times=1, stored=9500), 10_000, False, Decision.WAIT),  # since the last check
@@ -140,3 +141,18 @@ async def test_progress_past_the_end_of_a_new_store_starts_over() -> None:
     await scanner.scan()
     assert [a["transaction_id"] for page in broker.acts for a in page] == ["a", "b"]
     assert scanner.half_offset == 2
+
+
+async def test_ended_ids_are_held_for_a_time_not_a_number_of_scans() -> None:
+    # many scans in quick succession (as when halves fall due often) keep what the op queue
+    # said; the ids go once they are older than done_keep_ms (CFG: the default, 120 s)
+    broker = FakeBroker([], ops=["a", "b"])
+    now = [10.0]
+    scanner = CheckScanner(broker, MemoryProgress(), CFG, clock=lambda: now[0])
+    for _ in range(20):
+        await scanner.scan()
+        now[0] += 0.2
+    assert scanner.done_size == 2
+    now[0] += 120.0
+    await scanner.scan()
+    assert scanner.done_size == 0

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import time
 from typing import Any
 
 from tidemq import (
@@ -43,7 +44,8 @@ class Scripted:
         return TransactionState(self.execute)
 
     async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState:
-        emit({"check": message.message_id, "answer": self.check, "body": message.text})
+        emit({"check": message.message_id, "answer": self.check, "body": message.text,
+              "at": time.time()})
         return TransactionState(self.check)
 
 

@@ -17,12 +17,12 @@ from services.broker.messaging.pull import MAX_PULL, PullAnswer
 from services.broker.service import Broker
 from services.common.app import token_guard
 from services.common.bodies import StrictBody, body_doc, read_model, read_payload
+from services.common.constants import LONG_POLL_MAX_MS
 
 __all__ = ["LONG_POLL_MAX_MS", "PULL_ERRORS", "Offset", "PullMax", "QueueId", "StrictBody",
            "WaitMs", "body_doc", "broker_of", "client_host", "internal_auth", "pull_answer",
            "read_model", "read_payload", "wants_msgpack"]
 
-LONG_POLL_MAX_MS = 30_000  # the longest wait_ms any endpoint accepts (ms)
 
 #: Parameters the pull-shaped endpoints share.
 QueueId = Annotated[int, Path(ge=0, description="queue id within the topic")]

@@ -7,7 +7,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.broker.routes._common import Offset, body_doc, broker_of, internal_auth, read_payload
+from services.broker.routes._common import (
+    Offset,
+    WaitMs,
+    body_doc,
+    broker_of,
+    internal_auth,
+    read_payload,
+)
 from services.broker.routes.answers_internal import ActionResults, BrokerIdentity, Halves, Ops
 from services.broker.transactions.checker_api import MAX_PAGE
 from services.common.app import reply
@@ -41,14 +48,16 @@ async def info(request: Request) -> Response:
 PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE, description="entries at most")]
 
 
-@router.get("/halves", summary="A page of the half queue (metadata, no bodies)",
+@router.get("/halves", summary="A page of the half queue (metadata, no bodies); held up to "
+            "wait_ms at the end of the queue until a half message arrives",
             response_model=Halves)
 async def halves(
     request: Request,
     offset: Offset = 0,
     max: PageSize = 256,
+    wait_ms: WaitMs = 0,
 ) -> Response:
-    return reply(request, broker_of(request).tx_checking.halves(offset, max))
+    return reply(request, await broker_of(request).tx_checking.halves_held(offset, max, wait_ms))
 
 
 @router.get("/ops", summary="A page of the op queue: the transaction ids it ends",

@@ -1,7 +1,9 @@
 """Transactional messages, checker side: what ``/internal/v1/transactions/*`` serves.
 
 - ``halves``/``ops``: pages of the half queue (compact metadata, no bodies) and of the op queue
-  (the transaction ids they end), for the checker's scan.
+  (the transaction ids they end), for the checker's scan. ``halves`` may hold (``wait_ms``) at
+  the end of the queue until a half copy arrives: the checker learns the due time of each new
+  half while it sleeps, and wakes for the earliest.
 - ``act``: the checker's decisions, each applied under the transaction's lock against the
   durable state: ``check`` re-puts the half copy with its check count + 1 (this counts the
   check, whether or not a producer is alive) and offers the check to the group's pollers;
@@ -39,6 +41,7 @@ from tidemq.protocol import (
 from tidemq.protocol.message import reject_unknown
 from tidemq.protocol.numbers import INT64_MAX, integer
 
+from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
 from services.broker.messaging.send import now_ms
 from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
@@ -77,8 +80,10 @@ _STATE_VIEW = {TxState.HALF: MessageState.HALF, TxState.COMMITTED: MessageState.
 
 
 class TxChecking:
-    def __init__(self, service: TransactionService, broker_name: str) -> None:
+    def __init__(self, service: TransactionService, broker_name: str,
+                 pulls: PullService | None = None) -> None:
         self.tx = service
+        self.pulls = pulls  # holds a halves request at the end of the queue (None: no hold)
         self.store = service.store
         self.broker_name = broker_name
         self.rebuilt = asyncio.Event()
@@ -116,6 +121,16 @@ class TxChecking:
             })
         return {"entries": entries, "next_offset": nxt, "min_offset": lo, "max_offset": hi,
                 "next_physical_offset": next_phys}
+
+    async def halves_held(self, offset: int, max_count: int, wait_ms: int) -> dict[str, Any]:
+        """``halves``, held up to ``wait_ms`` when ``offset`` is the end of the half queue."""
+        page = self.halves(offset, max_count)
+        nxt = int(page["next_offset"])
+        if (page["entries"] or wait_ms <= 0 or self.pulls is None
+                or nxt < int(page["max_offset"])):
+            return page
+        await self.pulls.pull(HALF_TOPIC, 0, nxt, 1, wait_ms, TagFilter(None), internal=True)
+        return self.halves(offset, max_count)
 
     def ops(self, offset: int, max_count: int) -> dict[str, Any]:
         records, nxt, lo, hi, next_phys = self._page(OP_TOPIC, offset, max_count)
