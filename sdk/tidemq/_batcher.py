@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -103,8 +104,15 @@ class Coalescer:
 
     async def drain(self, timeout_s: float) -> None:
         """Send open batches and wait for every request; fail what is left after the timeout."""
-        self.flush_all()
-        await finish_tasks(self._tasks, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        # a send that fails during the drain may be resubmitted (same broker, or another
+        # group): keep waiting while new batches appear, until the deadline
+        while True:
+            self.flush_all()
+            if not self._tasks or time.monotonic() >= deadline:
+                break
+            await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
+        await finish_tasks(self._tasks, max(0.0, deadline - time.monotonic()))
 
     def _flush(self, key: tuple[str, str]) -> None:
         batch = self._open.pop(key, None)

@@ -201,9 +201,13 @@ class Producer(Client):
                 broker = self._batch_broker(route, outs, explicit,
                                             attempts.tried if attempts else ())
             for m, queue_id in zip(outs, explicit, strict=True):
+                # a keyed message takes the queue send() gives its key (over the whole
+                # route, which _batch_broker checked lands on this broker); others round robin
+                # over this broker's queues
+                keyed = m.sharding_key is not None or queue_id is not None
                 m.queue_id = self._selector.select(
                     route, sharding_key=m.sharding_key, queue_id=queue_id,
-                    broker=broker.address).queue_id
+                    broker=None if keyed else broker.address).queue_id
             try:
                 results = await self._post(broker.address, topic, outs)
             except TidemqError as exc:

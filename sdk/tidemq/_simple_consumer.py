@@ -35,7 +35,7 @@ import httpx
 from tidemq import _constants as C
 from tidemq._broker_api import BrokerApi
 from tidemq._client import Client
-from tidemq._exceptions import ConfigurationError, TidemqError
+from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from tidemq._puller import broker_down
 from tidemq._tags import TagExpression
@@ -197,7 +197,14 @@ class SimpleConsumer(Client):
         return [self._ready.popleft() for _ in range(count)]
 
     def _failed(self, broker: str, exc: TidemqError) -> None:
-        if not broker_down(exc):
+        if isinstance(exc, TopicNotFoundError):
+            # one group no longer has the topic (deleted there, or a fresh data dir): look the
+            # route up again, and keep serving the other groups meanwhile
+            self._routes.invalidate(self.topic)
+            route = self._routes.cached(self.topic)
+            if route is not None and len({b.address for b in route.brokers}) < 2:
+                raise exc
+        elif not broker_down(exc):
             raise exc
         self._last_error = exc
         if self._health.failed(broker):

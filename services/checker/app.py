@@ -128,7 +128,7 @@ class Checker:
                 raise
             self.end = report.half_end
             self.last_scan = time.time()
-            self.watch.scanned(report.half_offset)
+            self.watch.scanned(report.half_offset, report.head_due_ms)
             self.metrics.observe(report)
             if report.checked or report.discarded or report.deferred:
                 log.info("scan: %d half message(s) examined, %d checked (%d with no live "
@@ -194,7 +194,7 @@ class CheckLoop(BackgroundLoop):
         began = time.time()
         try:
             await watch.sleep(self.interval_s)
-        except BrokerError as exc:  # sleep until the due time known so far, without watching
+        except Exception as exc:  # sleep until the due time known so far, without watching
             rest = watch.wake_at(began, self.interval_s) - time.time()
             log.warning("watching the half queue: %s; next scan in %.1fs", exc, max(0.0, rest))
             if rest > 0:

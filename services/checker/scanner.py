@@ -87,6 +87,7 @@ class ScanReport:
     stale: int = 0  # the broker answered ended / superseded / not_found
     no_producer: int = 0  # checks counted while no producer of the group was alive
     stopped_early: bool = False
+    head_due_ms: int | None = None  # when the copy the scan stopped at falls due (wall ms)
     half_offset: int = 0
     half_end: int = 0
     seconds: float = 0.0
@@ -219,6 +220,7 @@ class CheckScanner:
             decision = decide(entry, now, self.cfg, txid in self._done)
             if decision is Decision.WAIT:
                 stop, nxt, floor = True, offset, int(entry["physical_offset"])
+                report.head_due_ms = due_ms(entry, self.cfg)
                 break
             report.examined += 1
             if decision is Decision.SKIP:

@@ -71,11 +71,16 @@ class HalfWatch:
         self.clock = clock
         self.offset = 0  # next half queue offset to look at
         self.dues = DueTimes()
+        self.head_due_ms: int | None = None  # due time of the copy the last scan stopped at
 
-    def scanned(self, half_offset: int) -> None:
-        """A scan finished with its progress at ``half_offset``."""
+    def scanned(self, half_offset: int, head_due_ms: int | None = None) -> None:
+        """A scan finished with its progress at ``half_offset``, stopped (if it did) at a
+        copy due at ``head_due_ms``: a scan cannot pass that copy before then, so copies behind
+        it that fall due sooner (a shorter own immunity, a producer's clock ahead) must not make
+        the checker rescan every ``min_sleep``."""
         self.dues.passed(half_offset)
         self.offset = max(self.offset, half_offset)
+        self.head_due_ms = head_due_ms
 
     def wake_at(self, began: float, longest_s: float) -> float:
         """The wall time to scan again, for a sleep that began at ``began``."""
@@ -83,6 +88,8 @@ class HalfWatch:
         earliest = self.dues.earliest()
         if earliest is None:
             return latest
+        if self.head_due_ms is not None:
+            earliest = max(earliest, self.head_due_ms)
         return min(latest, max(began + self.min_sleep_s, earliest / 1000 + self.slack_s))
 
     async def sleep(self, longest_s: float) -> None:

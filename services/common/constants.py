@@ -17,6 +17,7 @@ SCHEDULER_PORT = 10931  # scheduler's internal API, /healthz and /metrics
 # --- cross-service timings --------------------------------------------------------------------
 BROKER_HEARTBEAT_INTERVAL_S = 30.0  # broker → nameserver
 BROKER_EXPIRY_S = 120.0  # nameserver drops a broker silent this long
+BROKER_HEARTBEAT_RETRY_S = 1.0  # broker → a nameserver that missed the last heartbeat (s)
 CONSUMER_HEARTBEAT_INTERVAL_S = 10.0  # consumer → broker
 CONSUMER_EXPIRY_S = 30.0  # broker drops a group member silent this long
 PRODUCER_EXPIRY_S = 30.0  # broker sends no checks to a producer silent this long

@@ -63,7 +63,13 @@ class BackgroundLoop:
                 raise
             except Exception:
                 log.exception("%s: run failed; retrying in %.1fs", self.name, self.interval_s)
-            await self.pause()
+            try:
+                await self.pause()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a broken pause must not end the loop for good
+                log.exception("%s: pause failed; waiting %.1fs", self.name, self.interval_s)
+                await BackgroundLoop.pause(self)
             self._wake.clear()
 
     async def pause(self) -> None:

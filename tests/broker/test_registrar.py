@@ -139,3 +139,21 @@ async def wait_for_route(url: str, topic: str, timeout_s: float = 5.0) -> None:
     while (await route(url, topic)).status_code != 200:
         assert time.monotonic() < deadline, f"no route for {topic} on {url}"
         await asyncio.sleep(0.05)
+
+
+async def test_a_missed_heartbeat_is_retried_within_seconds_not_an_interval(
+        tmp_path: Path) -> None:
+    port = free_port()
+    ns = ServiceProcess("nameserver", port, {"TIDEMQ_NAMESRV_PORT": str(port),
+                                             "TIDEMQ_NAMESRV_WARMUP_S": "0"}, tmp_path)
+    registrar = make_registrar([ns.url], "reg-f", Topics(**{"reg-retry": 1}), interval_s=30.0)
+    registrar.start()  # the first heartbeat finds nobody listening
+    try:
+        await asyncio.sleep(0.3)
+        assert not registrar.all_registered()
+        ns.start()
+        await wait_for_route(ns.url, "reg-retry", timeout_s=5.0)  # far below the 30 s interval
+        assert registrar.all_registered()
+    finally:
+        await registrar.stop()
+        ns.stop()

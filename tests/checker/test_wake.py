@@ -74,6 +74,17 @@ def test_wake_at_is_bounded_by_the_least_sleep_and_the_interval() -> None:
     assert w.wake_at(100.0, 30.0) == 130.0 and w.offset == 2
 
 
+
+def test_a_copy_due_sooner_behind_the_scans_stop_does_not_wake_it_early() -> None:
+    w = watch_of(Source([]))
+    w.scanned(0, head_due_ms=105_000)  # the scan stopped at a copy due at 105 s
+    w.dues.add(0, 105_000)
+    w.dues.add(1, 101_000)  # behind it, due sooner: the scan cannot reach it before 105 s
+    assert w.wake_at(100.0, 30.0) == 105.02
+    w.scanned(2)  # a later scan passed everything: no stop, back to the watched due times
+    w.dues.add(3, 110_000)
+    assert w.wake_at(100.0, 30.0) == 110.02
+
 async def test_sleep_wakes_for_a_half_that_arrives_meanwhile() -> None:
     # a half born at 101 s with a 2 s immunity arrives while the checker sleeps for 30 s
     source = Source([(101.0, entry(0, "a", born=101_000, immunity=2))])

@@ -52,6 +52,11 @@ PUT_ERRORS: dict[PutStatus, tuple[ErrorCode, str]] = {
                           "the broker's disk is full and nothing can be deleted; writes refused"),
     PutStatus.UNAVAILABLE: (ErrorCode.UNAVAILABLE,
                             "the store is closed or unavailable; retry on another broker"),
+    # 500, not 503: the batch may be partly on disk, so a client retries here (dedup answers
+    # the first result) instead of moving the message to another broker group
+    PutStatus.WRITE_FAILED: (ErrorCode.INTERNAL_ERROR,
+                             "the store's write failed and the broker stopped writing; part of "
+                             "the request may be stored: retry with the same message ids"),
     PutStatus.TOO_LARGE: (ErrorCode.MESSAGE_TOO_LARGE,
                           "a record is larger than a commit log segment can hold"),
     PutStatus.INVALID: (ErrorCode.BAD_REQUEST,

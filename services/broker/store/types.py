@@ -30,7 +30,8 @@ class PutStatus(StrEnum):
     OK = "ok"  # written (and flushed, under flush=sync)
     BUSY = "busy"  # flow control: write queue too deep or its head waited too long
     DISK_FULL = "disk_full"  # disk past the full mark and nothing deletable
-    UNAVAILABLE = "unavailable"  # store closed or in a sticky error state
+    UNAVAILABLE = "unavailable"  # store closed or in a sticky error state: nothing written
+    WRITE_FAILED = "write_failed"  # the write or fsync covering it failed: part may be stored
     TOO_LARGE = "too_large"  # a record larger than a commit log segment can hold
     INVALID = "invalid"  # a record field its slot in the layout cannot hold (record.check_fits)
 

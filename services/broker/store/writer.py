@@ -167,7 +167,7 @@ class GroupCommitWriter:
             except Exception as exc:  # a bug: make it sticky rather than write past it
                 log.exception("store writer failed")
                 self.log.error = f"writer failed: {exc}"
-                self._finish(batch, PutResult(PutStatus.UNAVAILABLE, message=self.log.error))
+                self._finish(batch, PutResult(PutStatus.WRITE_FAILED, message=self.log.error))
                 continue
             touched = self.dispatcher.write_pending()
             if touched:
@@ -232,7 +232,7 @@ class GroupCommitWriter:
                 log.error("%s; the store refuses further writes", self.log.error)
                 while self._sync_waits:
                     self._finish(self._sync_waits.popleft().requests,
-                                 PutResult(PutStatus.UNAVAILABLE, message=self.log.error))
+                                 PutResult(PutStatus.WRITE_FAILED, message=self.log.error))
                 continue
             while self._sync_waits and self._sync_waits[0].end_offset <= target:
                 self._finish(self._sync_waits.popleft().requests)

@@ -1,8 +1,8 @@
 """A record whose fields the layout cannot hold fails its own put and never stops the writer.
 
-Before the writer packed a batch, a field past its slot (e.g. reconsume_times 2**31 in an i32)
-raised inside the writer task, which made the failure sticky: every later put answered
-UNAVAILABLE until a restart. Now ``put`` packs each header once first.
+A field past its slot (e.g. reconsume_times 2**31 in an i32) raised inside the writer task
+would make the failure sticky: every later put would answer UNAVAILABLE until a restart. So
+``put`` packs each header once, before the record can reach a batch.
 """
 
 from __future__ import annotations
