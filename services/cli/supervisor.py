@@ -3,9 +3,17 @@
 A child that dies while the cluster runs is restarted with the same command and environment
 after a back-off (``RESTART_BACKOFF_S`` doubling up to ``MAX_BACKOFF_S``) and one line says so
 (``scheduler exited by SIGKILL; restarted (2nd time)``); the others keep running. A service
-that dies ``CRASH_LOOP_DEATHS`` times within ``CRASH_LOOP_WINDOW_S`` is in a crash loop:
-supervision ends and `tidemq up` stops everything. Restarts never block: the loop keeps
-watching the other children while one waits for its back-off or its health check.
+whose runs keep failing is in a crash loop: ``CRASH_LOOP_DEATHS`` failed runs within
+``CRASH_LOOP_WINDOW_S`` end supervision and `tidemq up` stops everything. A run failed when it
+never became healthy or died before living ``STABLE_RUN_S``; a death after a stable run (say an
+operator's SIGKILL) is only restarted, and a stable run clears the count of earlier failures.
+Restarts never block: the loop keeps watching the other children while one waits for its
+back-off or its health check.
+
+A running child that was healthy is probed every ``HEALTH_CHECK_S``. When it answers "unhealthy"
+(HTTP 503, ``Unhealthy``) for ``UNHEALTHY_RESTART_S`` in a row, say a broker whose store writer
+stopped, it is sent SIGTERM (SIGKILL after the stop timeout) with a line saying why, and the
+restart path above takes over. A probe that gets no answer neither starts nor ends that streak.
 
 One stop request gives every child its whole graceful timeout, however many signals carry it:
 ``make up`` forwards the SIGTERM its process group already got, so a second signal often arrives
@@ -39,15 +47,23 @@ LOG_TAIL_LINES = 30
 DUPLICATE_SIGNAL_S = 2.0  # signals this soon after the first one are the same stop request
 RESTART_BACKOFF_S = 0.5  # wait before the first restart; doubles with each recent death (s)
 MAX_BACKOFF_S = 8.0  # longest wait before a restart (s)
-CRASH_LOOP_DEATHS = 5  # this many deaths of one service …
+CRASH_LOOP_DEATHS = 5  # this many failed runs of one service …
 CRASH_LOOP_WINDOW_S = 60.0  # … within this window (s) stop everything
+STABLE_RUN_S = 5.0  # a healthy run that lived this long did not fail, whatever ended it (s)
+HEALTH_CHECK_S = 1.0  # how often a running, healthy child's health is probed (s)
+UNHEALTHY_RESTART_S = 10.0  # restart a child that answers "unhealthy" (503) this long (s)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 Probe = Callable[[], bool]  # True once the child serves (may raise while it does not)
+HEALTHY, UNHEALTHY, UNREACHABLE = "healthy", "unhealthy", "unreachable"  # check() outcomes
 
 
 class Interrupted(Exception):
     """A stop was requested (Ctrl-C or SIGTERM) while starting."""
+
+
+class Unhealthy(Exception):
+    """Raised by a probe whose child answered that it cannot work (HTTP 503); says why."""
 
 
 def _die_with_parent() -> None:
@@ -58,8 +74,20 @@ def _die_with_parent() -> None:
 
 def http_probe(url: str) -> Probe:
     def probe() -> bool:
-        return httpx.get(url, timeout=PROBE_TIMEOUT_S).status_code == 200
+        response = httpx.get(url, timeout=PROBE_TIMEOUT_S)
+        if response.status_code == 503:
+            raise Unhealthy(_error_text(response))
+        return response.status_code == 200
     return probe
+
+
+def _error_text(response: httpx.Response) -> str:
+    """``UNAVAILABLE: store writer stopped`` from a ``{code, message}`` answer."""
+    try:
+        body = response.json()
+        return f"{body['code']}: {body['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}"
 
 
 def redis_probe(host: str, port: int) -> Probe:
@@ -72,11 +100,18 @@ def redis_probe(host: str, port: int) -> Probe:
     return probe
 
 
-def probe_ok(probe: Probe) -> bool:
+def check(probe: Probe) -> tuple[str, str]:
+    """(HEALTHY | UNHEALTHY | UNREACHABLE, why): UNHEALTHY only when the child answered so."""
     try:
-        return probe()
-    except (httpx.HTTPError, redis.RedisError, OSError):
-        return False
+        return (HEALTHY, "") if probe() else (UNREACHABLE, "not ready")
+    except Unhealthy as exc:
+        return UNHEALTHY, str(exc)
+    except (httpx.HTTPError, redis.RedisError, OSError) as exc:
+        return UNREACHABLE, type(exc).__name__
+
+
+def probe_ok(probe: Probe) -> bool:
+    return check(probe)[0] == HEALTHY
 
 
 def exit_words(code: int | None) -> str:
@@ -119,10 +154,16 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     log_start: int = 0  # where this run's output begins in the log file
     restarts: int = 0
-    deaths: deque[float] = field(default_factory=deque)  # monotonic times of recent deaths
+    deaths: deque[float] = field(default_factory=deque)  # monotonic times of recent failed runs
     restart_at: float | None = None  # dead, to be restarted at this monotonic time
     how: str = ""  # how the last run ended (exit_words)
     recovering_since: float | None = None  # restarted, not yet healthy again
+    # this run, in monotonic seconds
+    started_at: float = 0.0  # spawned
+    healthy_at: float | None = None  # first passed its probe (None: not yet)
+    checked_at: float = 0.0  # last health probe while running
+    unhealthy_since: float | None = None  # first of the current streak of "unhealthy" answers
+    terminated_at: float | None = None  # sent SIGTERM for being unhealthy (SIGKILL later)
 
     def tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
         try:
@@ -180,6 +221,8 @@ class Supervisor:
             log.write(f"\n=== tidemq up: {child.name} {what} at {time.ctime()} ===\n".encode())
             log.flush()
             child.log_start = log.tell()
+            child.started_at = child.checked_at = time.monotonic()
+            child.healthy_at = child.unhealthy_since = child.terminated_at = None
             child.proc = subprocess.Popen(child.argv, env=child.env, stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True, preexec_fn=_die_with_parent)
@@ -205,6 +248,7 @@ class Supervisor:
                     raise CliError(f"{child.name} exited while starting "
                                    f"(log: {child.log_path})")
                 if probe_ok(child.probe):
+                    child.healthy_at = time.monotonic()
                     break
                 if time.monotonic() - started > self.start_timeout_s:
                     self.report_death(child, "is not healthy")
@@ -228,24 +272,59 @@ class Supervisor:
                     crash_loop = self._died(child, now)
                     if crash_loop:
                         return crash_loop
-                elif child.recovering_since is not None and probe_ok(child.probe):
-                    console.print(f"[green]✓[/] {child.name} ready again at {child.url} "
-                                  f"({now - child.recovering_since:.1f} s)")
-                    child.recovering_since = None
+                elif child.recovering_since is not None:
+                    if probe_ok(child.probe):
+                        console.print(f"[green]✓[/] {child.name} ready again at {child.url} "
+                                      f"({now - child.recovering_since:.1f} s)")
+                        child.recovering_since = None
+                        child.healthy_at = now
+                else:
+                    self._watch_health(child, now)
+                if (child.deaths and child.healthy_at is not None and child.running()
+                        and now - child.started_at >= STABLE_RUN_S):
+                    child.deaths.clear()  # a stable run: earlier failures are forgiven
             time.sleep(WATCH_S)
         return None
+
+    def _watch_health(self, child: Child, now: float) -> None:
+        """Probe a running, healthy child now and then; stop it (to be restarted) once it has
+        answered "unhealthy" for ``UNHEALTHY_RESTART_S``."""
+        assert child.proc is not None
+        if child.terminated_at is not None:
+            if now - child.terminated_at >= self.stop_timeout_s:
+                err_console.print(f"{child.name} did not stop in time: killing it",
+                                  style="yellow", highlight=False)
+                child.proc.kill()
+                child.terminated_at = now  # do not kill again while it goes
+            return
+        if now - child.checked_at < HEALTH_CHECK_S:
+            return
+        child.checked_at = now
+        state, why = check(child.probe)
+        if state == HEALTHY:
+            child.unhealthy_since = None
+        elif state == UNHEALTHY:
+            if child.unhealthy_since is None:
+                child.unhealthy_since = now
+            elif now - child.unhealthy_since >= UNHEALTHY_RESTART_S:
+                err_console.print(f"{child.name} unhealthy for {now - child.unhealthy_since:.0f}"
+                                  f" s ({why}): stopping it to restart it", style="yellow",
+                                  highlight=False, soft_wrap=True)
+                child.proc.send_signal(signal.SIGTERM)
+                child.terminated_at = now
 
     def _died(self, child: Child, now: float) -> str | None:
         assert child.proc is not None
         child.how = exit_words(child.proc.returncode)
-        child.deaths.append(now)
+        if child.healthy_at is None or now - child.started_at < STABLE_RUN_S:
+            child.deaths.append(now)  # a failed run: it counts toward a crash loop
         while child.deaths and now - child.deaths[0] > CRASH_LOOP_WINDOW_S:
             child.deaths.popleft()
         if len(child.deaths) >= CRASH_LOOP_DEATHS:
             self.report_death(child)
-            return (f"{child.name} exited {child.how}, its {ordinal(len(child.deaths))} death "
-                    f"within {CRASH_LOOP_WINDOW_S:.0f} s (a crash loop)")
-        delay = min(MAX_BACKOFF_S, RESTART_BACKOFF_S * 2 ** (len(child.deaths) - 1))
+            return (f"{child.name} exited {child.how}, its {ordinal(len(child.deaths))} failed "
+                    f"run within {CRASH_LOOP_WINDOW_S:.0f} s (a crash loop)")
+        delay = min(MAX_BACKOFF_S, RESTART_BACKOFF_S * 2 ** max(0, len(child.deaths) - 1))
         child.restart_at = now + delay
         if delay >= 1:
             err_console.print(f"{child.name} exited {child.how}; restarting in {delay:.0f} s "

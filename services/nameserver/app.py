@@ -1,6 +1,9 @@
 """The nameserver's HTTP API (docs/api.md, "Nameserver"): broker heartbeats in, topic routes out.
 
 Thin routes over ``BrokerRegistry``; an ``ExpiryLoop`` sweeps silent brokers in the background.
+Its state is memory only: for ``warmup_s`` after start, until every broker has heartbeated again,
+an unknown topic answers 503 UNAVAILABLE (retriable) rather than 404 TOPIC_NOT_FOUND, which
+clients would take for a deleted topic.
 Registering and deregistering a broker rewrites every client's routes, so both take the cluster
 token (``X-Tidemq-Token``, 401 UNAUTHORIZED without it); reading routes stays open.
 """
@@ -8,7 +11,9 @@ token (``X-Tidemq-Token``, 401 UNAUTHORIZED without it); reading routes stays op
 from __future__ import annotations
 
 import logging
+import math
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
@@ -18,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 
-from services.common.app import create_app, reply, token_guard
+from services.common.app import create_app, error_response, reply, token_guard
 from services.common.bodies import body_doc, read_model
 from services.common.constants import MAX_BROKER_ID
 from services.common.loop import BackgroundLoop
@@ -98,11 +103,11 @@ class Metrics:
         self.heartbeats = Counter("tidemq_nameserver_heartbeats",
                                   "Broker heartbeats accepted", registry=self.registry)
         self.route_lookups = Counter("tidemq_nameserver_route_lookups",
-                                     "Route lookups by outcome (found, not_found)", ["result"],
-                                     registry=self.registry)
+                                     "Route lookups by outcome (found, not_found, warming_up)",
+                                     ["result"], registry=self.registry)
         self.expired = Counter("tidemq_nameserver_brokers_expired",
                                "Brokers dropped after missing heartbeats", registry=self.registry)
-        for result in ("found", "not_found"):
+        for result in ("found", "not_found", "warming_up"):
             self.route_lookups.labels(result)
 
 
@@ -122,10 +127,20 @@ class ExpiryLoop(BackgroundLoop):
             self.metrics.expired.inc(len(expired))
 
 
+def warming_up(topic: str, age_s: float, warmup_s: float) -> Response:
+    """503 UNAVAILABLE for a topic no broker has (re-)registered yet this soon after start."""
+    return error_response(
+        ErrorCode.UNAVAILABLE,
+        f"no live broker serves topic {topic!r} yet, but this nameserver started {age_s:.0f} s "
+        f"ago and brokers re-register within {warmup_s:.0f} s: retry",
+        {"Retry-After": str(max(1, math.ceil(warmup_s - age_s)))})
+
+
 def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = None) -> FastAPI:
     brokers = brokers or BrokerRegistry(expiry_ms=int(settings.broker_expiry_s * 1000))
     metrics = Metrics(brokers)
     expiry = ExpiryLoop(brokers, metrics, settings.expiry_check_interval_s)
+    started = [time.monotonic()]  # reset when serving starts: the warm-up counts from there
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -133,9 +148,10 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
             log.warning("no cluster token set (TIDEMQ_NAMESRV_TOKEN): any local process can "
                         "register or remove brokers")
         expiry.start()
-        log.info("nameserver ready on %s:%d (broker expiry %.1f s, swept every %.1f s)",
-                 settings.host, settings.port, settings.broker_expiry_s,
-                 settings.expiry_check_interval_s)
+        started[0] = time.monotonic()
+        log.info("nameserver ready on %s:%d (broker expiry %.1f s, swept every %.1f s, "
+                 "warm-up %.1f s)", settings.host, settings.port, settings.broker_expiry_s,
+                 settings.expiry_check_interval_s, settings.warmup_s)
         try:
             yield
         finally:
@@ -184,12 +200,19 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
         return reply(request, {})
 
     @app.get("/v1/routes/{topic}", tags=["routes"], response_model=Routes,
-             responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TOPIC_NOT_FOUND))
+             responses=errors(ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TOPIC_NOT_FOUND,
+                              ErrorCode.UNAVAILABLE))
     async def routes(request: Request, topic: TopicName) -> Response:
         """Every group whose live primary serves ``topic``: its address, queue count,
-        permission and readable copies (``replicas``)."""
+        permission and readable copies (``replicas``). A topic no live broker serves is
+        404 TOPIC_NOT_FOUND, or 503 UNAVAILABLE with Retry-After during the warm-up after
+        start (TIDEMQ_NAMESRV_WARMUP_S), while brokers may not have re-registered yet."""
         validate_topic_name(topic)
         queues = brokers.routes(topic)
+        age_s = time.monotonic() - started[0]
+        if not queues and age_s < settings.warmup_s:
+            metrics.route_lookups.labels("warming_up").inc()
+            return warming_up(topic, age_s, settings.warmup_s)
         if not queues:
             metrics.route_lookups.labels("not_found").inc()
             raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND,

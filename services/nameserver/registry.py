@@ -1,14 +1,16 @@
 """The nameserver's whole state: live broker registrations and the topic routes they imply.
 
-Pure and synchronous (no I/O, no asyncio), with an injectable clock so tests can move time.
+Pure and synchronous (no I/O, no asyncio), with injectable clocks so tests can move time.
+Liveness is measured on a monotonic clock, so a step of the wall clock (NTP, a resumed VM) does
+not expire every broker at once; the wall clock only stamps ``last_heartbeat_ms`` for display.
 
 - A broker group is a ``broker_name``; its members differ by ``broker_id`` (0 while primary).
   A registration is keyed by ``(broker_name, broker_id)`` (DESIGN §10).
 - A heartbeat *replaces* that member's registration, topic set included: a topic the broker no
   longer reports disappears from its routes at once.
-- A broker whose last heartbeat is ``expiry_ms`` or more old is dead: reads never show it, and
-  ``expire()`` removes it for good (the service calls it periodically). A clean stop
-  (``unregister``) removes it at once.
+- A broker whose last heartbeat is ``expiry_ms`` or more old (monotonic) is dead: reads never
+  show it, and ``expire()`` removes it for good (the service calls it periodically). A clean
+  stop (``unregister``) removes it at once.
 - A route has one entry per group that has a live primary serving the topic: the primary's
   address, queue count and permission, plus the addresses of the group's live replicas that
   serve the topic too (readable copies).
@@ -24,7 +26,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], int]  # wall-clock milliseconds since the epoch
+Clock = Callable[[], int]  # milliseconds: since the epoch (wall) or an arbitrary start (monotonic)
 
 PRIMARY = "primary"
 REPLICA = "replica"
@@ -34,6 +36,10 @@ BrokerKey = tuple[str, int]  # (broker_name, broker_id)
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,7 @@ class BrokerRegistration:
     epoch: int = 0  # the group's leadership term (0 without replication)
     grpc_address: str | None = None  # host:port of its gRPC door, None when it has none
     max_offset: int = 0  # commit log max physical offset at the heartbeat (bytes)
+    seen_ms: int = 0  # monotonic clock of the last heartbeat (ms): liveness, never shown
 
     @property
     def key(self) -> BrokerKey:
@@ -99,11 +106,13 @@ class QueueRoute:
 class BrokerRegistry:
     """Broker registrations keyed by (broker name, broker id), with expiry of silent brokers."""
 
-    def __init__(self, expiry_ms: int, clock: Clock = wall_clock_ms) -> None:
+    def __init__(self, expiry_ms: int, clock: Clock = wall_clock_ms,
+                 monotonic: Clock = monotonic_ms) -> None:
         if expiry_ms <= 0:
             raise ValueError(f"expiry_ms must be positive, got {expiry_ms}")
         self.expiry_ms = expiry_ms
-        self._clock = clock
+        self._clock = clock  # stamps last_heartbeat_ms
+        self._monotonic = monotonic  # decides liveness
         self._brokers: dict[BrokerKey, BrokerRegistration] = {}
 
     # --- writes -------------------------------------------------------------------------------
@@ -113,13 +122,13 @@ class BrokerRegistry:
                   epoch: int = 0, grpc_address: str | None = None,
                   max_offset: int = 0) -> BrokerRegistration:
         """Record a heartbeat: the member's registration (and topic set) becomes exactly this."""
-        now = self._clock()
+        now = self._monotonic()
         key = (broker_name, broker_id)
         previous = self._brokers.get(key)
         registration = BrokerRegistration(
             cluster=cluster, broker_name=broker_name, address=address, topics=dict(topics),
-            last_heartbeat_ms=now, broker_id=broker_id, role=role, epoch=epoch,
-            grpc_address=grpc_address, max_offset=max_offset)
+            last_heartbeat_ms=self._clock(), broker_id=broker_id, role=role, epoch=epoch,
+            grpc_address=grpc_address, max_offset=max_offset, seen_ms=now)
         self._brokers[key] = registration
         who = f"{broker_name}/{broker_id}"
         if previous is None or not self._alive(previous, now):
@@ -154,20 +163,20 @@ class BrokerRegistry:
 
     def expire(self) -> list[BrokerRegistration]:
         """Remove every broker silent for ``expiry_ms`` or longer; return the removed ones."""
-        now = self._clock()
+        now = self._monotonic()
         dead = [b for b in self._brokers.values() if not self._alive(b, now)]
         for broker in dead:
             del self._brokers[broker.key]
             log.warning("broker %s/%d (%s) expired: no heartbeat for %.1f s", broker.broker_name,
                         broker.broker_id, broker.address,
-                        (now - broker.last_heartbeat_ms) / 1000)
+                        (now - broker.seen_ms) / 1000)
         return dead
 
     # --- reads (never show a broker that is already past its expiry) -------------------------
 
     def brokers(self) -> list[BrokerRegistration]:
         """Live brokers, sorted by cluster, name, then id."""
-        now = self._clock()
+        now = self._monotonic()
         live = [b for b in self._brokers.values() if self._alive(b, now)]
         return sorted(live, key=lambda b: (b.cluster, b.broker_name, b.broker_id))
 
@@ -200,4 +209,4 @@ class BrokerRegistry:
         return len(self.brokers())
 
     def _alive(self, broker: BrokerRegistration, now: int) -> bool:
-        return now - broker.last_heartbeat_ms < self.expiry_ms
+        return now - broker.seen_ms < self.expiry_ms

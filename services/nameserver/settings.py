@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import PositiveFloat
+from pydantic import NonNegativeFloat, PositiveFloat
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import BROKER_EXPIRY_S, NAMESERVER_PORT
+from services.common.constants import (
+    BROKER_EXPIRY_S,
+    BROKER_HEARTBEAT_INTERVAL_S,
+    NAMESERVER_PORT,
+)
 from services.common.settings import ServiceSettings
 
 
@@ -17,6 +21,9 @@ class NameserverSettings(ServiceSettings):
     port: int = NAMESERVER_PORT  # listen port
     broker_expiry_s: PositiveFloat = BROKER_EXPIRY_S  # drop a broker silent this long (s)
     expiry_check_interval_s: PositiveFloat = 10.0  # how often silent brokers are swept (s)
+    # for this long after start an unknown topic answers 503 UNAVAILABLE, not 404: brokers
+    # re-register with a restarted nameserver within one heartbeat interval (s; 0 = never)
+    warmup_s: NonNegativeFloat = BROKER_HEARTBEAT_INTERVAL_S
     # comma-separated base URLs of every nameserver of the cluster, this one included, as
     # GET /v1/cluster lists them for clients ("" = none listed)
     peers: str = ""

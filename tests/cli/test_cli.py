@@ -26,6 +26,7 @@ from services.cli.plan import (
     resolve_token,
 )
 from tests.support.procs import REPO, ServiceProcess, free_port
+from tests.support.up import NO_WARMUP
 
 WIDE = {"COLUMNS": "200"}  # rich tables must not truncate what the tests look for
 
@@ -223,7 +224,7 @@ class UpProcess:
             args += ["--skip", name]
         with self.out.open("wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *args],
-                                         cwd=REPO, env={**env, **WIDE}, stdout=out,
+                                         cwd=REPO, env={**env, **NO_WARMUP, **WIDE}, stdout=out,
                                          stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -314,7 +315,7 @@ def test_client_commands_against_tidemq_up(tmp_path: Path, runner: CliRunner) ->
             [sys.executable, "-m", "services.cli", "up", "--nameserver-port", str(ns_port),
              "--broker-port", str(broker_port), "--data-dir", str(tmp_path / "data"),
              "--skip", "checker", "--skip", "scheduler", "--no-metrics"],
-            cwd=REPO, env={**env, **WIDE}, stdout=sink, stderr=subprocess.STDOUT)
+            cwd=REPO, env={**env, **NO_WARMUP, **WIDE}, stdout=sink, stderr=subprocess.STDOUT)
     urls = ["--broker", f"http://127.0.0.1:{broker_port}",
             "--nameserver", f"http://127.0.0.1:{ns_port}"]
     try:

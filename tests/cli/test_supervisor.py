@@ -92,7 +92,7 @@ def test_a_crash_loop_ends_supervision(tmp_path: Path, monkeypatch: pytest.Monke
     finally:
         sup.stop_all()
     assert reason is not None and "crashy exited with status 3" in reason
-    assert f"its {sup_module.CRASH_LOOP_DEATHS}th death" in reason
+    assert f"its {sup_module.CRASH_LOOP_DEATHS}th failed run" in reason
     assert time.monotonic() - started < 10
     assert crashy.restarts == sup_module.CRASH_LOOP_DEATHS - 1
     assert other.restarts == 0

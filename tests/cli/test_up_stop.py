@@ -19,6 +19,7 @@ import pytest
 from services.broker.store.checkpoint import Checkpoint
 from services.cli.up import DUPLICATE_SIGNAL_S, Supervisor
 from tests.support.procs import REPO, free_port
+from tests.support.up import NO_WARMUP
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,7 @@ class Up:
         with self.out.open("wb") as sink:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "up", "--data-dir", str(self.data_dir),
-                 *args], cwd=REPO, env={**base, **WIDE, **(env or {})}, stdout=sink,
+                 *args], cwd=REPO, env={**base, **NO_WARMUP, **WIDE, **(env or {})}, stdout=sink,
                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:

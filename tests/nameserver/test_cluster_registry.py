@@ -6,20 +6,10 @@ from __future__ import annotations
 import pytest
 
 from services.nameserver.registry import BrokerRegistry, QueueRoute, TopicInfo
+from tests.nameserver.clocks import FakeClock
 
 EXPIRY_MS = 120_000
 RW8 = TopicInfo(queues=8, perm="rw")
-
-
-class FakeClock:
-    def __init__(self, now_ms: int = 1_700_000_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, seconds: float) -> None:
-        self.now_ms += int(seconds * 1000)
 
 
 @pytest.fixture
@@ -29,7 +19,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def registry(clock: FakeClock) -> BrokerRegistry:
-    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock)
+    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock, monotonic=clock.monotonic)
 
 
 def test_members_of_one_group_are_kept_apart(registry: BrokerRegistry) -> None:

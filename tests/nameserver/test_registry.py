@@ -5,20 +5,10 @@ from __future__ import annotations
 import pytest
 
 from services.nameserver.registry import BrokerRegistry, QueueRoute, TopicInfo
+from tests.nameserver.clocks import FakeClock
 
 EXPIRY_MS = 120_000
 RW8 = TopicInfo(queues=8, perm="rw")
-
-
-class FakeClock:
-    def __init__(self, now_ms: int = 1_700_000_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, seconds: float) -> None:
-        self.now_ms += int(seconds * 1000)
 
 
 @pytest.fixture
@@ -28,7 +18,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def registry(clock: FakeClock) -> BrokerRegistry:
-    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock)
+    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock, monotonic=clock.monotonic)
 
 
 def test_heartbeat_registers_broker_and_its_routes(registry: BrokerRegistry,
@@ -153,3 +143,27 @@ def test_unregister_only_matching_address(registry: BrokerRegistry) -> None:
 def test_expiry_must_be_positive(clock: FakeClock) -> None:
     with pytest.raises(ValueError, match="positive"):
         BrokerRegistry(expiry_ms=0, clock=clock)
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_a_wall_clock_step_neither_expires_nor_keeps_brokers(registry: BrokerRegistry,
+                                                             clock: FakeClock,
+                                                             step_s: float) -> None:
+    registry.heartbeat("c1", "broker-a", "http://a:1", {"orders": RW8})
+    stamped = clock.now_ms
+
+    clock.step_wall(step_s)  # NTP step or a resumed VM: the monotonic clock did not move
+    assert registry.expire() == []
+    assert [r.broker_name for r in registry.routes("orders")] == ["broker-a"]
+    assert registry.brokers()[0].last_heartbeat_ms == stamped  # shown as it was stamped
+
+    clock.advance(120)  # 120 s of real silence still expires it, wherever the wall clock is
+    assert registry.routes("orders") == []
+    assert [b.broker_name for b in registry.expire()] == ["broker-a"]
+
+
+def test_last_heartbeat_shows_the_wall_clock(registry: BrokerRegistry, clock: FakeClock) -> None:
+    clock.step_wall(-10)
+    registry.heartbeat("c1", "broker-a", "http://a:1", {})
+    assert registry.brokers()[0].to_wire()["last_heartbeat_ms"] == clock.now_ms
+    assert "seen_ms" not in registry.brokers()[0].to_wire()

@@ -94,6 +94,8 @@ class ServiceProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         if self.name == "broker":  # gRPC off unless a test asks: brokers must not race for 8081
             env.setdefault("TIDEMQ_BROKER_GRPC_PORT", "0")
+        if self.name == "nameserver":  # unknown topics are 404 at once unless a test asks
+            env.setdefault("TIDEMQ_NAMESRV_WARMUP_S", "0")
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
                                          cwd=REPO, env=env, stdout=log, stderr=log)

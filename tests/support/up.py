@@ -16,6 +16,7 @@ import psutil
 from tests.support.procs import REPO, free_port
 
 WIDE = {"COLUMNS": "200"}  # rich tables must not truncate what the tests look for
+NO_WARMUP = {"TIDEMQ_NAMESRV_WARMUP_S": "0"}  # nameservers answer 404 for unknown topics at once
 
 
 def port_free(port: int) -> bool:
@@ -47,7 +48,7 @@ class UpRun:
         with self.out.open("wb") as sink:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "up", "--data-dir", str(self.data_dir),
-                 *args], cwd=REPO, env={**base, **WIDE, **(env or {})}, stdout=sink,
+                 *args], cwd=REPO, env={**base, **NO_WARMUP, **WIDE, **(env or {})}, stdout=sink,
                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:
