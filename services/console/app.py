@@ -112,28 +112,27 @@ def create_console_app(settings: ConsoleSettings,
         except ApiError as exc:
             return back(path, failed=f"{exc.code}: {exc.message}", **keep)
 
-    html = {"response_class": HTMLResponse, "include_in_schema": False}
 
-    @app.get("/", **html)
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def cluster(request: Request) -> Response:
         return await render(request, "cluster", lambda: views.cluster_view(
             c, settings.checker_urls, settings.scheduler_urls))
 
-    @app.get("/topics", **html)
+    @app.get("/topics", response_class=HTMLResponse, include_in_schema=False)
     async def topics(request: Request, topic: str = "") -> Response:
         return await render(request, "topics", lambda: views.topics_view(c, topic))
 
-    @app.post("/topics", **html)
+    @app.post("/topics", response_class=HTMLResponse, include_in_schema=False)
     async def topic_create(broker: str = Form(...), topic: str = Form(...),
                            queues: int = Form(8)) -> Response:
         return await act("/topics", views.create_topic(c, broker, topic.strip(), queues),
                          topic=topic.strip())
 
-    @app.get("/groups", **html)
+    @app.get("/groups", response_class=HTMLResponse, include_in_schema=False)
     async def groups(request: Request, group: str = "") -> Response:
         return await render(request, "groups", lambda: views.groups_view(c, group))
 
-    @app.post("/groups/reset", **html)
+    @app.post("/groups/reset", response_class=HTMLResponse, include_in_schema=False)
     async def group_reset(request: Request, group: str = Form(...), topic: str = Form(...),
                           to: str = Form("latest"), at: str = Form(""),
                           confirm: str = Form("")) -> Response:
@@ -149,7 +148,7 @@ def create_console_app(settings: ConsoleSettings,
                 return back("/groups", failed=str(exc), group=group)
         return await render(request, "reset", gather)
 
-    @app.get("/messages", **html)
+    @app.get("/messages", response_class=HTMLResponse, include_in_schema=False)
     async def messages(request: Request, id: str = "", topic: str = "", key: str = "",
                        begin: str = "", end: str = "") -> Response:
         async def gather() -> dict[str, Any]:
@@ -164,12 +163,12 @@ def create_console_app(settings: ConsoleSettings,
 
         return await render(request, "messages", gather)
 
-    @app.get("/transactions", **html)
+    @app.get("/transactions", response_class=HTMLResponse, include_in_schema=False)
     async def transactions(request: Request, producer_group: str = "") -> Response:
         return await render(request, "transactions", lambda: views.transactions_view(
             c, producer_group.strip(), page_size))
 
-    @app.get("/timers", **html)
+    @app.get("/timers", response_class=HTMLResponse, include_in_schema=False)
     async def timers(request: Request, id: str = "") -> Response:
         async def gather() -> dict[str, Any]:
             out: dict[str, Any] = {"rows": await views.timers_view(c), "found": None,
@@ -180,11 +179,11 @@ def create_console_app(settings: ConsoleSettings,
 
         return await render(request, "timers", gather)
 
-    @app.post("/timers/cancel", **html)
+    @app.post("/timers/cancel", response_class=HTMLResponse, include_in_schema=False)
     async def timer_cancel(message_id: str = Form(...)) -> Response:
         return await act("/timers", views.cancel_timer(c, message_id.strip()), id=message_id)
 
-    @app.get("/dlq", **html)
+    @app.get("/dlq", response_class=HTMLResponse, include_in_schema=False)
     async def dlq(request: Request, group: str = "") -> Response:
         async def gather() -> dict[str, Any]:
             rows = await views.dlq_view(c, group.strip(), page_size) if group else None
@@ -192,7 +191,7 @@ def create_console_app(settings: ConsoleSettings,
 
         return await render(request, "dlq", gather)
 
-    @app.post("/dlq/resend", **html)
+    @app.post("/dlq/resend", response_class=HTMLResponse, include_in_schema=False)
     async def dlq_resend(group: str = Form(...), message_id: str = Form("")) -> Response:
         async def action() -> str:
             outcomes = await views.resend(c, group.strip(), message_id.strip())

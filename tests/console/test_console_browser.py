@@ -48,7 +48,8 @@ def system(tmp_path_factory: pytest.TempPathFactory,
     with ExitStack() as stack:
         ns_port = free_port()
         ns = ServiceProcess("nameserver", ns_port, {
-            "TIDEMQ_NAMESRV_PORT": str(ns_port), "TIDEMQ_NAMESRV_TOKEN": TOKEN, "TIDEMQ_NAMESRV_LOG_LEVEL": "warning"}, workdir)
+            "TIDEMQ_NAMESRV_PORT": str(ns_port), "TIDEMQ_NAMESRV_TOKEN": TOKEN,
+            "TIDEMQ_NAMESRV_LOG_LEVEL": "warning"}, workdir)
         stack.callback(ns.start().stop)
         sched_port = free_port()
         broker = stack.enter_context(run_broker(
@@ -56,14 +57,16 @@ def system(tmp_path_factory: pytest.TempPathFactory,
             scheduler_url=f"http://127.0.0.1:{sched_port}", max_reconsume_times=0,
             long_poll_max_ms=100))
         sched = ServiceProcess("scheduler", sched_port, {
-            "TIDEMQ_SCHEDULER_PORT": str(sched_port), "TIDEMQ_SCHEDULER_BROKER_URL": broker.url, "TIDEMQ_SCHEDULER_TOKEN": TOKEN,
+            "TIDEMQ_SCHEDULER_PORT": str(sched_port), "TIDEMQ_SCHEDULER_BROKER_URL": broker.url,
+            "TIDEMQ_SCHEDULER_TOKEN": TOKEN,
             "TIDEMQ_SCHEDULER_REDIS_URL": redis_server.url, "TIDEMQ_SCHEDULER_CLUSTER": cluster,
             "TIDEMQ_SCHEDULER_DATA_DIR": str(workdir / "scheduler"),
             "TIDEMQ_SCHEDULER_LOG_LEVEL": "warning"}, workdir)
         stack.callback(sched.start().stop)
         console_port = free_port()
         console = ServiceProcess("console", console_port, {
-            "TIDEMQ_CONSOLE_PORT": str(console_port), "TIDEMQ_CONSOLE_NAMESERVERS": ns.url, "TIDEMQ_CONSOLE_TOKEN": TOKEN,
+            "TIDEMQ_CONSOLE_PORT": str(console_port), "TIDEMQ_CONSOLE_NAMESERVERS": ns.url,
+            "TIDEMQ_CONSOLE_TOKEN": TOKEN,
             "TIDEMQ_CONSOLE_SCHEDULERS": sched.url}, workdir)
         stack.callback(console.start().stop)
         s = System(broker, console)
@@ -207,7 +210,8 @@ def test_an_unreachable_nameserver_is_shown_in_the_page(page: Any, system: Syste
                                                         tmp_path: Path) -> None:
     port = free_port()
     console = ServiceProcess("console", port, {
-        "TIDEMQ_CONSOLE_PORT": str(port), "TIDEMQ_CONSOLE_NAMESERVERS": f"http://127.0.0.1:{free_port()}"}, tmp_path).start()
+        "TIDEMQ_CONSOLE_PORT": str(port),
+        "TIDEMQ_CONSOLE_NAMESERVERS": f"http://127.0.0.1:{free_port()}"}, tmp_path).start()
     try:
         page.goto(console.url + "/topics")
         assert "UNAVAILABLE" in page.locator(".error").inner_text()
