@@ -1,10 +1,6 @@
 """`tidemq dlq resend`: send dead-lettered messages of a group back to their original topics.
 
-A message lands in ``%DLQ%{group}`` after too many failed consumes; the broker shows its
-original topic as ``origin_topic``. Resending stores a new message in that topic with the same
-body, tag, keys and user properties, a message id derived from the DLQ copy (so running the
-command again within the dedup window stores nothing twice) and the property
-``dlq_message_id`` naming the dead-lettered message. The DLQ copy stays where it is.
+What a resend stores is decided in services.common.dlq (shared with the web console).
 
 ``--all`` resends from the group's committed offset on its DLQ (the start when there is none)
 to the end, then commits the offset past the last message resent without a failure before
@@ -13,8 +9,6 @@ it, so the next ``--all`` continues there.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import httpx
@@ -33,59 +27,17 @@ from services.cli.rest import (
     reports_errors,
     segment,
 )
+from services.common.dlq import PAGE, Outcome, plan_resend
 
 dlq_app = typer.Typer(help="Dead-letter queues: resend dead-lettered messages.",
                       no_args_is_help=True)
 
-PAGE = 256  # messages per pull of the DLQ
-RESENT_FROM = "dlq_message_id"  # user property of a resent message: the DLQ message's id
-
-
-@dataclass
-class Outcome:
-    queue_id: int
-    queue_offset: int
-    message_id: str
-    topic: str  # the original topic ("" when the DLQ copy does not name one)
-    result: dict[str, Any] | None = None  # the send result
-    error: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"dlq_queue_id": self.queue_id,
-                               "dlq_queue_offset": self.queue_offset,
-                               "message_id": self.message_id, "topic": self.topic}
-        if self.result is not None:
-            out["resent"] = self.result
-        else:
-            out["error"] = self.error
-        return out
-
-
-def resent_id(message_id: str, dlq: str, queue_id: int, offset: int) -> str:
-    """A stable id for the resent copy of one DLQ entry (≤ 64 characters)."""
-    digest = hashlib.sha256(f"{message_id}|{dlq}|{queue_id}|{offset}".encode()).hexdigest()
-    return f"dlq-{digest[:40]}"
-
-
 def resend_one(client: httpx.Client, ep: Endpoints, dlq: str, m: dict[str, Any]) -> Outcome:
-    qid, offset = int(m.get("queue_id", 0)), int(m.get("queue_offset", 0))
-    mid = str(m.get("message_id", ""))
-    origin = str(m.get("origin_topic") or "")
-    outcome = Outcome(qid, offset, mid, origin)
-    if not origin:
-        outcome.error = "NO_ORIGIN: the DLQ copy does not name its original topic"
+    outcome, message = plan_resend(dlq, m)
+    if message is None:
         return outcome
-    message: dict[str, Any] = {
-        "message_id": resent_id(mid, dlq, qid, offset), "body": m.get("body", ""),
-        "properties": {**(m.get("properties") or {}), RESENT_FROM: mid}}
-    if m.get("body_encoding") == "base64":
-        message["body_encoding"] = "base64"
-    if m.get("tag"):
-        message["tag"] = m["tag"]
-    if m.get("keys"):
-        message["keys"] = m["keys"]
     try:
-        answer = call(client, "POST", f"{ep.broker}/v1/topics/{segment(origin)}/messages",
+        answer = call(client, "POST", f"{ep.broker}/v1/topics/{segment(outcome.topic)}/messages",
                       json={"messages": [message]})
         outcome.result = answer.get("results", [{}])[0]
     except CliError as exc:

@@ -17,6 +17,7 @@ from services.common.constants import (
     BROKER_GRPC_PORT,
     BROKER_PORT,
     CHECKER_PORT,
+    CONSOLE_PORT,
     METRICS_PORT,
     NAMESERVER_PORT,
     SCHEDULER_PORT,
@@ -24,7 +25,7 @@ from services.common.constants import (
 
 # Start order by kind; stopped in reverse. The first two are required, the rest start when
 # present. Several broker groups start every broker, then every checker, then every scheduler.
-SERVICE_ORDER = ("nameserver", "broker", "checker", "scheduler", "metrics")
+SERVICE_ORDER = ("nameserver", "broker", "checker", "scheduler", "metrics", "console")
 REQUIRED_SERVICES = frozenset({"nameserver", "broker"})
 GROUP_SERVICES = ("broker", "checker", "scheduler")  # one of each per broker group
 
@@ -34,6 +35,7 @@ ENV_PREFIX = {
     "checker": "TIDEMQ_CHECKER_",
     "scheduler": "TIDEMQ_SCHEDULER_",
     "metrics": "TIDEMQ_METRICS_",
+    "console": "TIDEMQ_CONSOLE_",
 }
 
 # Predictable ports of a cluster on one host: group i (0-based) serves REST on the base port +
@@ -65,6 +67,7 @@ class UpOptions:
     checker_port: int = CHECKER_PORT
     scheduler_port: int = SCHEDULER_PORT
     metrics_port: int = METRICS_PORT
+    console_port: int = CONSOLE_PORT  # the web console
     flush: str = "async"  # broker flush mode: async or sync
     metrics: bool = True  # start the PySpark metrics sidecar (slow to start)
     skip: frozenset[str] = frozenset()  # services not to start (e.g. run one in a debugger)
@@ -191,6 +194,7 @@ def check_topology(opts: UpOptions) -> None:
         if opts.grpc_port(i):
             ports.append((f"{opts.label('broker', i)} gRPC", opts.grpc_port(i)))
     ports.append(("metrics", opts.metrics_port))
+    ports.append(("console", opts.console_port))
     for name, port in ports:
         if not 1 <= port <= 65535:
             raise ValueError(f"{name} would listen on port {port}: choose lower base ports "
@@ -244,6 +248,13 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                 "BROKER_URL": group_url("broker", 0), "NAMESERVERS": nameservers,
                 "REDIS_URL": redis_url, "TOKEN": token,
                 "DATA_DIR": str(data_dir / "metrics")}))
+        elif kind == "console":  # finds every broker through the nameservers
+            env = {"NAMESERVERS": nameservers, "TOKEN": token}
+            for sidecar in ("checker", "scheduler"):
+                if sidecar in kinds:
+                    env[f"{sidecar.upper()}S"] = ",".join(
+                        group_url(sidecar, i) for i in range(opts.groups))
+            specs.append(spec(kind, 0, opts.console_port, env))
         elif kind == "broker":
             for i in range(opts.groups):
                 env = {"BROKER_NAME": group_name(i), "NAMESERVERS": nameservers,

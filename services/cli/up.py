@@ -182,6 +182,7 @@ def up(
         min=1, max=65535, help="Port of the first group's scheduler; group i adds 1000*i.")
                               ] = _DEFAULTS.scheduler_port,
     metrics_port: Annotated[int, _port_option("metrics sidecar")] = _DEFAULTS.metrics_port,
+    console_port: Annotated[int, _port_option("web console")] = _DEFAULTS.console_port,
     groups: Annotated[int, typer.Option(
         min=1, max=MAX_GROUPS, help="Broker groups (broker-a, broker-b, …), each with its "
                                     "broker, checker and scheduler.")] = _DEFAULTS.groups,
@@ -224,6 +225,7 @@ def up(
                      nameserver_port=nameserver_port, broker_port=broker_port,
                      broker_grpc_port=grpc, checker_port=checker_port,
                      scheduler_port=scheduler_port, metrics_port=metrics_port,
+                     console_port=console_port,
                      flush=flush.value, metrics=metrics, skip=skipped, groups=groups,
                      nameservers=nameservers, grpc_off=frozenset(grpc_off))
     if os.environ.get("TIDEMQ_TOKEN"):

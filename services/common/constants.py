@@ -13,6 +13,7 @@ BROKER_GRPC_PORT = 8081
 METRICS_PORT = 9464
 CHECKER_PORT = 10921  # checker's own /healthz and /metrics
 SCHEDULER_PORT = 10931  # scheduler's internal API, /healthz and /metrics
+CONSOLE_PORT = 8080  # the web console (HTML pages, /healthz, /metrics)
 
 # --- cross-service timings --------------------------------------------------------------------
 BROKER_HEARTBEAT_INTERVAL_S = 30.0  # broker → nameserver

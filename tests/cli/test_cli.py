@@ -129,11 +129,13 @@ def everything(_: str) -> bool:
 
 def test_plan_starts_every_service_in_order_with_its_env(tmp_path: Path) -> None:
     opts = UpOptions(data_dir=tmp_path / "d", broker_port=1001, nameserver_port=1002,
-                     checker_port=1003, scheduler_port=1004, metrics_port=1005, flush="sync")
+                     checker_port=1003, scheduler_port=1004, metrics_port=1005,
+                     console_port=1006, flush="sync")
     specs = plan_services(opts, redis_url="redis://127.0.0.1:7/0", token="tok",
                           available=everything)
 
-    assert [s.name for s in specs] == ["nameserver", "broker", "checker", "scheduler", "metrics"]
+    assert [s.name for s in specs] == ["nameserver", "broker", "checker", "scheduler", "metrics",
+                                       "console"]
     assert [s.module for s in specs] == [f"services.{s.name}" for s in specs]
     env = {s.name: dict(s.env) for s in specs}
     data = (tmp_path / "d").resolve()
@@ -160,6 +162,15 @@ def test_plan_starts_every_service_in_order_with_its_env(tmp_path: Path) -> None
         assert env[name][prefix + "TOKEN"] == "tok"
         assert env[name][prefix + "PORT"] == port
     assert env["scheduler"]["TIDEMQ_SCHEDULER_DATA_DIR"] == str(data / "scheduler")
+    assert env["console"] == {
+        "TIDEMQ_CONSOLE_HOST": "127.0.0.1", "TIDEMQ_CONSOLE_PORT": "1006",
+        "TIDEMQ_CONSOLE_CLUSTER": "DefaultCluster", "TIDEMQ_CONSOLE_TOKEN": "tok",
+        "TIDEMQ_CONSOLE_NAMESERVERS": "http://127.0.0.1:1002",
+        "TIDEMQ_CONSOLE_CHECKERS": "http://127.0.0.1:1003",
+        "TIDEMQ_CONSOLE_SCHEDULERS": "http://127.0.0.1:1004"}
+    skipped = plan_services(UpOptions(skip=frozenset({"console"})), redis_url="redis://r",
+                            token="t", available=everything)
+    assert "console" not in [s.name for s in skipped]
     assert specs[1].health_url == "http://127.0.0.1:1001/healthz"
     assert specs[1].docs_url == "http://127.0.0.1:1001/docs"
 
@@ -211,7 +222,7 @@ def test_managed_redis_is_append_only_under_the_data_dir(tmp_path: Path) -> None
 # --- `tidemq up` as a real process (nameserver and managed Redis only) ------------------------
 
 class UpProcess:
-    SKIP = ("broker", "checker", "scheduler", "metrics")
+    SKIP = ("broker", "checker", "scheduler", "metrics", "console")
 
     def __init__(self, tmp_path: Path) -> None:
         self.port = free_port()

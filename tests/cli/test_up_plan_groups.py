@@ -24,7 +24,7 @@ def test_two_groups_two_nameservers(tmp_path: Path) -> None:
         ("broker-a", 10911, 8081), ("broker-b", 11911, 8082),
         ("checker-a", 10921, 0), ("checker-b", 11921, 0),
         ("scheduler-a", 10931, 0), ("scheduler-b", 11931, 0),
-        ("metrics", 9464, 0)]
+        ("metrics", 9464, 0), ("console", 8080, 0)]
     env = {s.name: dict(s.env) for s in specs}
     nameservers = "http://127.0.0.1:9876,http://127.0.0.1:9877"
     for name in ("nameserver-1", "nameserver-2"):
@@ -46,12 +46,16 @@ def test_two_groups_two_nameservers(tmp_path: Path) -> None:
     assert env["scheduler-a"]["TIDEMQ_SCHEDULER_DATA_DIR"] == str(data / "scheduler")
     assert env["scheduler-b"]["TIDEMQ_SCHEDULER_DATA_DIR"] == str(data / "scheduler-b")
     assert env["metrics"]["TIDEMQ_METRICS_NAMESERVERS"] == nameservers
+    assert env["console"]["TIDEMQ_CONSOLE_NAMESERVERS"] == nameservers
+    assert env["console"]["TIDEMQ_CONSOLE_SCHEDULERS"] == (
+        "http://127.0.0.1:10931,http://127.0.0.1:11931")
     assert {s.group for s in specs if s.service == "checker"} == {"broker-a", "broker-b"}
 
 
 def test_one_group_keeps_the_single_names_and_paths() -> None:
     specs = plan_services(UpOptions(), redis_url="redis://r", token="t", available=everything)
-    assert [s.name for s in specs] == ["nameserver", "broker", "checker", "scheduler", "metrics"]
+    assert [s.name for s in specs] == ["nameserver", "broker", "checker", "scheduler", "metrics",
+                                       "console"]
     assert specs[1].env["TIDEMQ_BROKER_DATA_DIR"].endswith("/broker")
     assert specs[2].env["TIDEMQ_CHECKER_BROKER_NAME"] == "broker-a"
 
@@ -90,4 +94,4 @@ def test_skip_applies_to_every_group() -> None:
     opts = UpOptions(groups=2, skip=frozenset({"checker"}), metrics=False)
     specs = plan_services(opts, redis_url="redis://r", token="t", available=everything)
     assert [s.name for s in specs] == ["nameserver", "broker-a", "broker-b", "scheduler-a",
-                                       "scheduler-b"]
+                                       "scheduler-b", "console"]

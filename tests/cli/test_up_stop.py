@@ -79,7 +79,7 @@ def test_two_sigterms_to_the_group_still_stop_every_child_gracefully(tmp_path: P
     ns_port, broker_port, grpc_port = free_port(), free_port(), free_port()
     up = Up(tmp_path, "--nameserver-port", str(ns_port), "--broker-port", str(broker_port),
             "--grpc-port", str(grpc_port), "--skip", "checker", "--skip", "scheduler",
-            "--no-metrics", "--stop-timeout", "20")
+            "--skip", "console", "--no-metrics", "--stop-timeout", "20")
     try:
         up.wait_ready()
         # the endpoints table shows the gRPC port the broker really listens on
@@ -106,7 +106,7 @@ def test_two_sigterms_to_the_group_still_stop_every_child_gracefully(tmp_path: P
 
 def test_the_cluster_token_is_kept_in_the_data_dir(tmp_path: Path) -> None:
     args = ["--nameserver-port", str(free_port()), "--skip", "broker", "--skip", "checker",
-            "--skip", "scheduler", "--no-metrics"]
+            "--skip", "scheduler", "--skip", "console", "--no-metrics"]
     first = Up(tmp_path, *args)
     try:
         first.wait_ready()

@@ -19,7 +19,7 @@ NAMESERVERS = {"nameserver-1": "9876", "nameserver-2": "9877"}
 # compose service → the tidemq service it runs
 TIDEMQ = {**dict.fromkeys(NAMESERVERS, "nameserver"),
           **{f"{kind}-{g}": kind for kind in ("broker", "checker", "scheduler") for g in GROUPS},
-          "metrics": "metrics"}
+          "metrics": "metrics", "console": "console"}
 NAMESERVER_LIST = "http://nameserver-1:9876,http://nameserver-2:9877"
 
 

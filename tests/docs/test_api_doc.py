@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from services.common.constants import (
     BROKER_PORT,
     CHECKER_PORT,
+    CONSOLE_PORT,
     METRICS_PORT,
     NAMESERVER_PORT,
     SCHEDULER_PORT,
@@ -39,7 +40,7 @@ MENTION = re.compile(rf"\b({METHODS}) (/[\w{{}}/%.-]*)")
 Endpoint = tuple[str, str]  # (METHOD, OpenAPI path template)
 SERVICE_OF_PORT = {NAMESERVER_PORT: "nameserver", BROKER_PORT: "broker",
                    CHECKER_PORT: "checker", SCHEDULER_PORT: "scheduler",
-                   METRICS_PORT: "metrics"}
+                   METRICS_PORT: "metrics", CONSOLE_PORT: "console"}
 EVERY = "every service"
 
 
@@ -73,9 +74,15 @@ def _metrics() -> FastAPI:
     return create_sidecar_app(MetricsSettings())
 
 
+def _console() -> FastAPI:  # its HTML pages stay out of the OpenAPI: /healthz, /metrics
+    from services.console.app import create_console_app
+    from services.console.settings import ConsoleSettings
+    return create_console_app(ConsoleSettings())
+
+
 BUILDERS: dict[str, Callable[[], FastAPI]] = {
     "nameserver": _nameserver, "broker": _broker, "checker": _checker,
-    "scheduler": _scheduler, "metrics": _metrics,
+    "scheduler": _scheduler, "metrics": _metrics, "console": _console,
 }
 
 

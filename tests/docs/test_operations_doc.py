@@ -13,6 +13,7 @@ from services.broker.settings import BrokerSettings
 from services.checker.settings import CheckerSettings
 from services.common import constants
 from services.common.settings import ServiceSettings
+from services.console.settings import ConsoleSettings
 from services.metrics.settings import MetricsSettings
 from services.nameserver.settings import NameserverSettings
 from services.scheduler.settings import SchedulerSettings
@@ -20,7 +21,7 @@ from tests.support.procs import REPO
 
 DOC = (REPO / "docs" / "operations.md").read_text()
 SERVICES: list[type[BaseSettings]] = [NameserverSettings, BrokerSettings, CheckerSettings,
-                                      SchedulerSettings, MetricsSettings]
+                                      SchedulerSettings, MetricsSettings, ConsoleSettings]
 COMMON = set(ServiceSettings.model_fields)  # documented once, as `…HOST` etc.
 VARIABLE = re.compile(r"`(TIDEMQ_[A-Z]+_[A-Z0-9_]+)`")
 

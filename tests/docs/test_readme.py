@@ -89,7 +89,8 @@ def system(tmp_path_factory: pytest.TempPathFactory,
                      checker_port=free_port(), scheduler_port=free_port(),
                      broker_grpc_port=0, metrics=False)
     specs = plan_services(opts, redis_url=redis_server.url, token=uuid.uuid4().hex)
-    assert [s.name for s in specs] == ["nameserver", "broker", "checker", "scheduler"]
+    assert [s.name for s in specs] == ["nameserver", "broker", "checker", "scheduler",
+                                       "console"]
     started: list[ServiceProcess] = []
     urls = {}
     try:

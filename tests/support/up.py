@@ -48,6 +48,7 @@ class UpRun:
         with self.out.open("wb") as sink:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "up", "--data-dir", str(self.data_dir),
+                 "--console-port", str(free_port()),  # never 8080: tests run side by side
                  *args], cwd=REPO, env={**base, **NO_WARMUP, **WIDE, **(env or {})}, stdout=sink,
                 stderr=subprocess.STDOUT, start_new_session=True)
 

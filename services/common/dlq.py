@@ -1,0 +1,67 @@
+"""Resending dead letters, shared by `tidemq dlq resend` and the web console (no I/O here).
+
+A message lands in ``%DLQ%{group}`` after too many failed consumes; the broker shows its
+original topic (the ``RETRY_TOPIC`` property) as ``origin_topic``. Resending stores a new message
+in that topic with the same body, tag, keys and user properties, a message id derived from the
+DLQ copy (so resending again within the dedup window stores nothing twice) and the property
+``dlq_message_id`` naming the dead-lettered message. The DLQ copy stays where it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+PAGE = 256  # messages per pull of a DLQ
+RESENT_FROM = "dlq_message_id"  # user property of a resent message: the DLQ message's id
+NO_ORIGIN = "NO_ORIGIN: the DLQ copy does not name its original topic"
+
+
+@dataclass
+class Outcome:
+    """What resending one DLQ entry did: ``result`` (the send result) or ``error``."""
+
+    queue_id: int
+    queue_offset: int
+    message_id: str
+    topic: str  # the original topic ("" when the DLQ copy does not name one)
+    result: dict[str, Any] | None = None
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"dlq_queue_id": self.queue_id,
+                               "dlq_queue_offset": self.queue_offset,
+                               "message_id": self.message_id, "topic": self.topic}
+        if self.result is not None:
+            out["resent"] = self.result
+        else:
+            out["error"] = self.error
+        return out
+
+
+def resent_id(message_id: str, dlq: str, queue_id: int, offset: int) -> str:
+    """A stable id for the resent copy of one DLQ entry (≤ 64 characters)."""
+    digest = hashlib.sha256(f"{message_id}|{dlq}|{queue_id}|{offset}".encode()).hexdigest()
+    return f"dlq-{digest[:40]}"
+
+
+def plan_resend(dlq: str, m: dict[str, Any]) -> tuple[Outcome, dict[str, Any] | None]:
+    """The outcome to fill in and the message to send to ``outcome.topic`` for the pulled DLQ
+    message ``m``; no message (and ``outcome.error`` set) when it names no original topic."""
+    qid, offset = int(m.get("queue_id", 0)), int(m.get("queue_offset", 0))
+    mid = str(m.get("message_id", ""))
+    outcome = Outcome(qid, offset, mid, str(m.get("origin_topic") or ""))
+    if not outcome.topic:
+        outcome.error = NO_ORIGIN
+        return outcome, None
+    message: dict[str, Any] = {
+        "message_id": resent_id(mid, dlq, qid, offset), "body": m.get("body", ""),
+        "properties": {**(m.get("properties") or {}), RESENT_FROM: mid}}
+    if m.get("body_encoding") == "base64":
+        message["body_encoding"] = "base64"
+    if m.get("tag"):
+        message["tag"] = m["tag"]
+    if m.get("keys"):
+        message["keys"] = m["keys"]
+    return outcome, message
