@@ -16,6 +16,13 @@ OFFSET_COMMIT_INTERVAL_S = 5.0  # push consumer commits offsets this often (and 
 ROUTE_REFRESH_INTERVAL_S = 30.0  # cached topic routes are refreshed this often
 
 REQUEST_TIMEOUT_S = 10.0  # one plain HTTP request, connect to last byte
+# One client's HTTP connection pool (connections). Every held long poll takes a connection, so
+# the cap must exceed a consumer's queues. Note: httpcore 1.0 closes an idle connection whenever
+# the pool holds more connections *in all* than the keep-alive figure (it counts all, not idle
+# ones); raising it to the cap was measured and did not win (the pool's per-request scan grows
+# with every connection kept), so it stays where it was.
+HTTP_MAX_CONNECTIONS = 256
+HTTP_MAX_KEEPALIVE_CONNECTIONS = 64
 NAMESERVER_TIMEOUT_S = 3.0  # one route lookup on one nameserver (a dead one costs this much)
 
 # A broker (group) that failed a request is avoided this long, doubling with each failure in a

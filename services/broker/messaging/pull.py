@@ -21,6 +21,7 @@ from services.broker.store.store import MessageStore
 from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
 
 MAX_PULL = 1024  # messages per pull
+DEFAULT_PULL = 32  # messages per pull when a request names no max
 WAIT_SLICE_S = 5.0  # a held pull re-reads its queue at least this often (belt and braces)
 
 

@@ -15,7 +15,7 @@ from tidemq.protocol import ErrorCode
 from tidemq.protocol.numbers import INT64_MAX
 
 from services.broker.messaging.convert import to_internal_wire
-from services.broker.messaging.pull import TagFilter
+from services.broker.messaging.pull import DEFAULT_PULL, TagFilter
 from services.broker.routes._common import (
     PULL_ERRORS,
     Offset,
@@ -96,7 +96,7 @@ async def pull_records(
     request: Request,
     queue_id: QueueId,
     offset: Offset = 0,
-    max: PullMax = 32,
+    max: PullMax = DEFAULT_PULL,
     wait_ms: WaitMs = 0,
     tags: Annotated[str, Query()] = "*",
 ) -> Response:

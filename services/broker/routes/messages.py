@@ -1,17 +1,19 @@
-"""Send and pull: the two hot paths. Bodies are decoded by hand (no pydantic on the way in)."""
+"""Send and pull: the two hot paths. Bodies are decoded by hand (no pydantic on the way in), and
+parameters too (``LeanRoute``: FastAPI documents them and answers the invalid ones)."""
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, validate_group_name
 
 from services.broker.messaging.convert import to_wire
-from services.broker.messaging.pull import TagFilter
+from services.broker.messaging.pull import DEFAULT_PULL, MAX_PULL, TagFilter
 from services.broker.routes._common import (
+    LONG_POLL_MAX_MS,
     PULL_ERRORS,
     Offset,
     PullMax,
@@ -27,9 +29,29 @@ from services.broker.routes._common import (
 from services.broker.routes.answers import PullAnswer, SendAnswer
 from services.common.app import reply
 from services.common.constants import TIMING_HEADER
+from services.common.lean import LeanRoute, lean, plain_int
 from services.common.openapi import TopicName, errors
 
-router = APIRouter(tags=["messages"])
+router = APIRouter(tags=["messages"], route_class=LeanRoute)
+
+
+def send_params(request: Request) -> dict[str, Any]:
+    """``send``'s parameters: the topic is any path segment (the sender validates the name)."""
+    return {"topic": request.path_params["topic"]}
+
+
+def pull_params(request: Request) -> dict[str, Any] | None:
+    """``pull``'s parameters when all are plain and in range (as its signature declares)."""
+    query = request.query_params
+    queue_id = plain_int(request.path_params["queue_id"], 0)
+    offset = plain_int(query.get("offset", "0"), 0)
+    max_ = plain_int(query.get("max", str(DEFAULT_PULL)), 1, MAX_PULL)
+    wait_ms = plain_int(query.get("wait_ms", "0"), 0, LONG_POLL_MAX_MS)
+    if queue_id is None or offset is None or max_ is None or wait_ms is None:
+        return None
+    return {"topic": request.path_params["topic"], "queue_id": queue_id, "offset": offset,
+            "max": max_, "wait_ms": wait_ms, "tags": query.get("tags", "*"),
+            "group": query.get("group")}
 
 
 class MessageDoc(BaseModel):
@@ -63,6 +85,7 @@ class SendDoc(BaseModel):
                  ErrorCode.INVALID_TOPIC_NAME, ErrorCode.INVALID_DELAY,
                  ErrorCode.INVALID_BODY_ENCODING, ErrorCode.FORBIDDEN_SYSTEM_TOPIC,
                  ErrorCode.TOPIC_NOT_FOUND, ErrorCode.BROKER_BUSY, ErrorCode.DISK_FULL))
+@lean(send_params)
 async def send(topic: TopicName, request: Request) -> Response:
     began = time.monotonic_ns()
     broker = broker_of(request)
@@ -76,12 +99,13 @@ async def send(topic: TopicName, request: Request) -> Response:
 
 @router.get("/v1/topics/{topic}/queues/{queue_id}/messages", summary="Pull from one queue",
             response_model=PullAnswer, responses=errors(*PULL_ERRORS))
+@lean(pull_params)
 async def pull(
     topic: TopicName,
     request: Request,
     queue_id: QueueId,
     offset: Offset = 0,
-    max: PullMax = 32,
+    max: PullMax = DEFAULT_PULL,
     wait_ms: WaitMs = 0,
     tags: Annotated[str, Query(description='"*" or "tagA || tagB"')] = "*",
     group: Annotated[str | None, Query(description="consumer group (lag metrics)")] = None,
