@@ -174,7 +174,8 @@ async def send_timers(s: System, http: httpx.AsyncClient, topics: list[str], n: 
             for j, start in enumerate(starts[k::SENDERS]):
                 topic = topics[(k + j * SENDERS) % len(topics)]
                 msgs = [{"message_id": f"timer-{i}", "body": BODY, "delay_ms": delay_of(i, n),
-                         "keys": [f"tk-{i % 997}"]} for i in range(start, min(n, start + SEND_BATCH))]
+                         "keys": [f"tk-{i % 997}"]}
+                        for i in range(start, min(n, start + SEND_BATCH))]
                 await post(http, f"{s.url}/v1/topics/{topic}/messages", headers=MSGPACK,
                            content=msgpack.packb({"messages": msgs}, use_bin_type=True))
                 bar.advance(task, len(msgs))
