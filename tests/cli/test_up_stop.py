@@ -44,7 +44,8 @@ class Up:
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while "tidemq is up" not in self.output():
+        # the token line follows the endpoints table: wait for both
+        while not all(line in self.output() for line in ("tidemq is up", "cluster token")):
             assert self.proc.poll() is None, self.output()
             assert time.monotonic() < deadline, self.output()
             time.sleep(0.1)

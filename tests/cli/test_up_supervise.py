@@ -17,7 +17,7 @@ from tests.support.up import UpRun
 
 pytestmark = pytest.mark.integration
 
-KILLED_IN_TURN = ("nameserver", "broker", "checker", "scheduler", "metrics", "redis")
+KILLED_IN_TURN = ("nameserver", "broker", "checker", "scheduler", "metrics", "console", "redis")
 TOPIC = "supervised"
 GROUP = "supervised-readers"
 
