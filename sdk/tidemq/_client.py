@@ -7,6 +7,7 @@ are released even when that failed. ``async with client`` starts it and closes i
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
@@ -19,7 +20,7 @@ from tidemq._http import HttpClient, RetryPolicy
 from tidemq._routes import RouteTable
 
 
-class Client:
+class Client(ABC):
     """An HTTP client, a route table (started by ``start``) and the health of each broker."""
 
     _http: HttpClient
@@ -45,8 +46,9 @@ class Client:
         self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S, max_s=backoff_max_s,
                                     probe_timeout_s=request_timeout_s)
 
+    @abstractmethod
     async def start(self) -> Self:
-        raise NotImplementedError
+        """Open what the client needs (routes, loops); each client says what."""
 
     async def close(self) -> None:
         """Finish what the client is doing (bounded) and release its connections; idempotent."""
@@ -59,6 +61,7 @@ class Client:
             await self._routes.close()
             await self._http.aclose()
 
+    @abstractmethod
     async def _shutdown(self) -> None:
         """The client's part of ``close``, before its connections are released."""
 

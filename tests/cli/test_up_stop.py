@@ -9,7 +9,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,36 +18,16 @@ import pytest
 from services.broker.store.checkpoint import Checkpoint
 from services.cli.up import DUPLICATE_SIGNAL_S, Supervisor
 from tests.support.procs import REPO, free_port
-from tests.support.up import NO_WARMUP
+from tests.support.up import UpRun
 
 pytestmark = pytest.mark.integration
 
-WIDE = {"COLUMNS": "200"}
-
-
-class Up:
+class Up(UpRun):
     """`tidemq up` started in its own process group, as `make up` runs it."""
 
-    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.data_dir = tmp_path / "data"
-        self.out = tmp_path / f"up-{time.monotonic_ns()}.out"
-        base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "TIDEMQ_TOKEN")}
-        with self.out.open("wb") as sink:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "up", "--data-dir", str(self.data_dir),
-                 *args], cwd=REPO, env={**base, **NO_WARMUP, **WIDE, **(env or {})}, stdout=sink,
-                stderr=subprocess.STDOUT, start_new_session=True)
-
-    def output(self) -> str:
-        return self.out.read_text(errors="replace")
-
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        # the token line follows the endpoints table: wait for both
-        while not all(line in self.output() for line in ("tidemq is up", "cluster token")):
-            assert self.proc.poll() is None, self.output()
-            assert time.monotonic() < deadline, self.output()
-            time.sleep(0.1)
+        self.wait_for("tidemq is up", timeout_s)
+        self.wait_for("cluster token", timeout_s)  # the token line follows the endpoints table
 
     def stop_group(self, times: int = 1) -> int:
         """SIGTERM the group ``times`` times. A repeat is sent once the stop has begun (two
@@ -64,11 +43,6 @@ class Up:
         except subprocess.TimeoutExpired:
             self.kill()
             raise
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
 
     def token(self) -> str:
         found = re.search(r"cluster token (\S+)", self.output())

@@ -157,6 +157,17 @@ class OffsetStore:
             raise unavailable(f"reading offsets of {group}/{topic}", exc) from exc
         return {int(text(q)): int(text(o)) for q, o in raw.items()}
 
+    async def get_many(self, group: str, topics: list[str]) -> list[dict[int, int]]:
+        """``get`` for several topics of a group in one pipelined round trip."""
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for topic in topics:
+                    pipe.hgetall(self._key(group, topic))
+                raws = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise unavailable(f"reading offsets of group {group}", exc) from exc
+        return [{int(text(q)): int(text(o)) for q, o in raw.items()} for raw in raws]
+
     async def topics(self, group: str) -> list[str]:
         """Topics the group has committed offsets for, sorted."""
         try:

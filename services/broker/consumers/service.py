@@ -73,8 +73,8 @@ class ConsumerService:
         validate_group_name(group)
         topics = [topic] if topic else await self.offsets.topics(group)
         out: list[dict[str, Any]] = []
-        for name in topics:
-            committed = await self.offsets.get(group, name)
+        for name, committed in zip(topics, await self.offsets.get_many(group, topics),
+                                   strict=True):
             for queue_id in sorted(committed):
                 offset = committed[queue_id]
                 _, high = self.store.queue_offsets(name, queue_id)
