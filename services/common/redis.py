@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -161,6 +161,22 @@ class FailoverRetry(Retry):
                 await sleep(min(pause, deadline - now))
 
 
+class MasterConnection(SentinelManagedConnection):
+    """A connection to the master the sentinels name, on every (re)connect.
+
+    redis-py reconnects a dropped connection on its next send through ``connect_check_health``,
+    which dials the address the connection had: after a failover, the dead master again until
+    the retries run out. Here that path asks the sentinels first, as ``connect`` does.
+    """
+
+    async def connect_check_health(self, check_health: bool = True,
+                                   retry_socket_connect: bool = True) -> None:
+        if not self.is_connected and retry_socket_connect:  # not from connect_to: resolve
+            await self.connect()
+            return
+        await super().connect_check_health(check_health, retry_socket_connect)
+
+
 class SentinelRedis(Redis):
     """A client of the current master; closing it closes its sentinel clients too."""
 
@@ -197,7 +213,8 @@ def _connect_sentinel(target: SentinelTarget, timeout_s: float) -> Redis:
         sentinel_kwargs["password"] = target.sentinel_password
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
     client = sentinel.master_for(
-        target.master, redis_class=SentinelRedis, db=target.db, username=target.username,
+        target.master, redis_class=SentinelRedis, connection_class=MasterConnection,
+        db=target.db, username=target.username,
         password=target.password, decode_responses=True, socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s, retry=FailoverRetry(target.failover_wait_s),
         health_check_interval=30)

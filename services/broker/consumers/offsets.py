@@ -93,6 +93,7 @@ class OffsetStore:
         self.wait_timeout_ms = wait_timeout_ms
         self._replicas_seen = 0  # replicas the master listed at the last ROLE (auto mode)
         self._replicas_checked = -1.0  # monotonic time of that ROLE (-1: never)
+        self._replicas_of: tuple[str, int] | None = None  # the server that answered it
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self._migrator: asyncio.Task[None] | None = None
@@ -302,11 +303,12 @@ class OffsetStore:
         if self.wait_replicas >= 0:
             return self.wait_replicas
         now = time.monotonic()
-        if self._replicas_checked < 0 or now - self._replicas_checked >= REDIS_REPLICA_CHECK_S:
-            await conn.send_command("ROLE")
+        if (self._replicas_checked < 0 or now - self._replicas_checked >= REDIS_REPLICA_CHECK_S
+                or not conn.is_connected or self._replicas_of != _address(conn)):
+            await conn.send_command("ROLE")  # connects first when needed (to the master now)
             role = await conn.read_response()
             self._replicas_seen = len(role[2]) if text(role[0]) == "master" else 0
-            self._replicas_checked = now
+            self._replicas_checked, self._replicas_of = now, _address(conn)
         return min(1, self._replicas_seen)
 
     # --- keys written before the hash tag ------------------------------------------------------
@@ -335,6 +337,12 @@ class OffsetStore:
             log.info("renamed %d consumer-state key(s) of broker %s to their hash-tagged names",
                      renamed, self.broker_name)
         return renamed
+
+
+def _address(conn: AbstractConnection) -> tuple[str, int] | None:
+    """Host and port of a TCP connection (a failover changes them under Sentinel)."""
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    return (str(host), int(port)) if host is not None and port is not None else None
 
 
 def _flat(mapping: dict[str, int]) -> list[EncodableT]:
