@@ -1,9 +1,12 @@
-"""A Sentinel-managed Redis for tests: one master, one replica and three sentinels, real
-``redis-server`` processes on free loopback ports (``redis-server sentinel.conf --sentinel``, so
-only redis-server is needed).
+"""Redis topologies for high-availability tests, real ``redis-server`` processes on free
+loopback ports (only redis-server is needed: sentinels run as ``redis-server sentinel.conf
+--sentinel``).
 
-The sentinels use a short ``down-after-milliseconds`` and ``failover-timeout`` so a SIGKILLed
-master is replaced within a few seconds. ``url`` is the ``redis+sentinel://`` URL services take.
+- ``SentinelGroup``: one master, one replica and three sentinels with a short
+  ``down-after-milliseconds`` and ``failover-timeout``, so a SIGKILLed master is replaced within a
+  few seconds; ``url`` is the ``redis+sentinel://`` URL services take.
+- ``start_cluster_node``: a one-node Redis Cluster owning every slot, which refuses (CROSSSLOT)
+  any multi-key command or transaction whose keys are in different slots.
 """
 
 from __future__ import annotations
@@ -212,3 +215,23 @@ class SentinelGroup:
         return (int(state["port"]) == master_port
                 and int(state["num-slaves"]) >= self.replica_count
                 and int(state["num-other-sentinels"]) >= self.sentinel_count - 1)
+
+
+def start_cluster_node(workdir: Path, timeout: float = 15.0) -> Node:
+    """A cluster-enabled redis-server that owns all 16384 slots; its URL is plain redis://."""
+    port = free_port()
+    node = Node(workdir, ["--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                          "--cluster-config-file", "nodes.conf", "--save", "",
+                          "--appendonly", "no", "--protected-mode", "no"], port).start()
+    try:
+        with node.client() as c:
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+            deadline = time.monotonic() + timeout
+            while "cluster_state:ok" not in str(c.execute_command("CLUSTER", "INFO")):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cluster node {port} not ok within {timeout}s")
+                time.sleep(0.05)
+    except BaseException:
+        node.stop()
+        raise
+    return node

@@ -331,8 +331,12 @@ class OffsetStore:
         for pattern, old, new in legacy_consumer_key_patterns(self.cluster, self.broker_name):
             async for raw in self._redis.scan_iter(match=pattern, count=SCAN_COUNT):
                 key = text(raw)
-                if key.startswith(old) and await self._redis.renamenx(key, new + key[len(old):]):
-                    renamed += 1
+                if not key.startswith(old):
+                    continue
+                try:
+                    renamed += bool(await self._redis.renamenx(key, new + key[len(old):]))
+                except ResponseError as exc:  # e.g. CROSSSLOT on Redis Cluster: leave it
+                    log.warning("cannot rename %s to its hash-tagged name: %s", key, exc)
         if renamed:
             log.info("renamed %d consumer-state key(s) of broker %s to their hash-tagged names",
                      renamed, self.broker_name)
