@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -177,10 +177,26 @@ class MasterConnection(SentinelManagedConnection):
         await super().connect_check_health(check_health, retry_socket_connect)
 
 
+class Sentinels(Sentinel):
+    """redis-py's sentinel manager, with a short error when no sentinel names a master."""
+
+    def __init__(self, addresses: list[tuple[str, int]], **kwargs: Any) -> None:
+        super().__init__(addresses, **kwargs)
+        self.addresses = ",".join(f"{host}:{port}" for host, port in addresses)
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)
+        except MasterNotFoundError:
+            raise MasterNotFoundError(
+                f"no master for {service_name!r}: the sentinels at {self.addresses} name no "
+                "healthy one (a failover in progress, or no sentinel reachable)") from None
+
+
 class SentinelRedis(Redis):
     """A client of the current master; closing it closes its sentinel clients too."""
 
-    sentinels: Sentinel | None = None
+    sentinels: Sentinels | None = None
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         await super().aclose(close_connection_pool)
@@ -206,12 +222,15 @@ def connect_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> Redis:
 
 
 def _connect_sentinel(target: SentinelTarget, timeout_s: float) -> Redis:
+    # A sentinel that does not answer is passed over at once (the next one is asked): no
+    # retries of its own, the master connection's retry paces the rounds.
     sentinel_kwargs: dict[str, Any] = {"socket_timeout": timeout_s,
                                        "socket_connect_timeout": timeout_s,
-                                       "decode_responses": True}
+                                       "decode_responses": True,
+                                       "retry": Retry(NoBackoff(), 0)}
     if target.sentinel_password:
         sentinel_kwargs["password"] = target.sentinel_password
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
+    sentinel = Sentinels(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
     client = sentinel.master_for(
         target.master, redis_class=SentinelRedis, connection_class=MasterConnection,
         db=target.db, username=target.username,

@@ -104,7 +104,8 @@ class RecordingPipeline:
     """Records the keys each pipeline touches (a fake of one redis-py object, for this module)."""
 
     def __init__(self, log: list[tuple[bool, list[str]]], transaction: bool) -> None:
-        self.log, self.transaction, self.keys = log, transaction, []  # type: list[str]
+        self.log, self.transaction = log, transaction
+        self.keys: list[str] = []
 
     async def __aenter__(self) -> RecordingPipeline:
         return self
