@@ -16,6 +16,9 @@ once ``n`` replicas have it (``wait_replicas``: -1 = 1 when the master has a rep
 as its ``ROLE`` says; 0 = never wait). A batch the replicas did not confirm in time fails with
 ``UNAVAILABLE`` (it is applied on the master; a retried commit writes the same values again), so
 a Sentinel failover, which promotes the replica with the most data, loses no answered commit.
+Under Sentinel a master found without a replica (by ROLE, or by a WAIT that timed out) is checked
+against the sentinels: one they no longer name (cut off, or demoted by a switchover and not yet
+reconfigured) is left for the one they name, so no commit is answered on a stale master's word.
 
 Redis down → ``ProtocolError(UNAVAILABLE)`` within the socket timeout; the client reconnects on
 its own when Redis is back, and a failed batch only fails the requests in it (the writer lives on).
@@ -37,6 +40,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.typing import EncodableT
 from tidemq.protocol import ErrorCode, ProtocolError
@@ -289,6 +294,9 @@ class OffsetStore:
                     timeout=self._timeout_s + self.wait_timeout_ms / 1000))
                 if acked < replicas:
                     self._replicas_checked = -1.0  # ask the master again before the next batch
+                    if await self._master_moved(conn):
+                        raise RedisConnectionError(f"{_address(conn)} lost its replica and the "
+                                                   "sentinels name another master")
                     raise NotReplicated(f"written to the Redis master but acknowledged by "
                                         f"{acked} of {replicas} replica(s) within "
                                         f"{self.wait_timeout_ms} ms")
@@ -309,7 +317,26 @@ class OffsetStore:
             role = await conn.read_response()
             self._replicas_seen = len(role[2]) if text(role[0]) == "master" else 0
             self._replicas_checked, self._replicas_of = now, _address(conn)
+            if self._replicas_seen == 0 and await self._master_moved(conn):
+                # a master cut off from its replica, or demoted by a switchover, keeps taking
+                # writes until the sentinels reconfigure it; never answer on its word alone
+                self._replicas_checked = -1.0
+                raise RedisConnectionError(f"{_address(conn)} has no replica and the sentinels "
+                                           "name another master")
         return min(1, self._replicas_seen)
+
+    async def _master_moved(self, conn: AbstractConnection) -> bool:
+        """Under Sentinel: do the sentinels name another master than ``conn``'s (or none, a
+        failover being under way)? Always False for a plain ``redis://`` URL."""
+        sentinels = getattr(self._redis, "sentinels", None)
+        pool = self._redis.connection_pool
+        if sentinels is None or not isinstance(pool, SentinelConnectionPool):
+            return False
+        try:
+            host, port = await sentinels.discover_master(pool.service_name)
+        except RedisConnectionError:
+            return True
+        return (str(host), int(port)) != _address(conn)
 
     # --- keys written before the hash tag ------------------------------------------------------
 
