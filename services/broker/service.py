@@ -71,7 +71,9 @@ class Broker:
         await asyncio.to_thread(self.topics.load)
         self.store = await MessageStore.open(s.store_config())
         self.store.add_listener(self.hold.notify)
-        self.offsets = OffsetStore(s.redis_url, s.cluster, s.broker_name)
+        self.offsets = OffsetStore(s.redis_url, s.cluster, s.broker_name,
+                                   wait_replicas=s.redis_wait_replicas,
+                                   wait_timeout_ms=s.redis_wait_timeout_ms)
         await self.offsets.start()
         self.simple = SimpleConsumerService(self.store, s.redis_url, s.cluster, self.hold,
                                             self.offsets)

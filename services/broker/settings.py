@@ -24,10 +24,12 @@ from services.common.constants import (
     LONG_POLL_MAX_MS,
     MAX_BROKER_ID,
     PRODUCER_EXPIRY_S,
+    REDIS_WAIT_REPLICAS,
+    REDIS_WAIT_TIMEOUT_MS,
 )
 from services.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from services.common.discovery import split_urls
-from services.common.settings import ServiceSettings
+from services.common.settings import RedisUrl, ServiceSettings
 
 DAY_MS = 24 * 3600 * 1000
 _LIMITS = Limits()
@@ -45,7 +47,12 @@ class BrokerSettings(ServiceSettings):
     nameservers: str = ""  # comma-separated nameserver base URLs ("" = register nowhere)
     # nameserver heartbeat period (s)
     register_interval_s: float = Field(default=BROKER_HEARTBEAT_INTERVAL_S, gt=0)
-    redis_url: str = "redis://127.0.0.1:6379/0"  # consumer offsets, simple-consumer state
+    redis_url: RedisUrl = "redis://127.0.0.1:6379/0"  # consumer offsets, simple-consumer state
+    # an offset commit is answered once this many Redis replicas have it (WAIT); -1 = 1 when the
+    # master has a replica connected, else 0; 0 = never wait
+    redis_wait_replicas: int = Field(default=REDIS_WAIT_REPLICAS, ge=-1, le=16)
+    # longest wait for those replicas; past it the commit is answered 503 UNAVAILABLE (ms)
+    redis_wait_timeout_ms: int = Field(default=REDIS_WAIT_TIMEOUT_MS, gt=0, le=60_000)
 
     # --- store (see services/broker/store/config.py) -----------------------------------------
     data_dir: Path = Path("tidemq-data/broker")  # store files and topics.json live here

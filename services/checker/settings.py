@@ -16,7 +16,7 @@ from services.common.constants import (
     TRANSACTION_MAX_AGE_S,
     TRANSACTION_TIMEOUT_MS,
 )
-from services.common.settings import GroupServiceSettings
+from services.common.settings import GroupServiceSettings, RedisUrl
 
 
 class CheckerSettings(GroupServiceSettings):
@@ -26,7 +26,7 @@ class CheckerSettings(GroupServiceSettings):
     model_config = SettingsConfigDict(env_prefix="TIDEMQ_CHECKER_", extra="ignore")
 
     port: int = CHECKER_PORT  # listen port (/healthz, /metrics, /internal/v1/scan)
-    redis_url: str = "redis://127.0.0.1:6379/0"  # progress (half and op offsets)
+    redis_url: RedisUrl = "redis://127.0.0.1:6379/0"  # progress (half and op offsets)
     # scan the half queue at least this often (ms; RocketMQ's transactionCheckInterval), and
     # sooner: at the earliest due time of the half messages watched since the last scan
     check_interval_ms: int = Field(default=TRANSACTION_CHECK_INTERVAL_MS, gt=0)

@@ -47,14 +47,37 @@ HTTP_SERVER_KEEP_ALIVE_S = 5  # every service closes a connection idle this long
 HTTP_CLIENT_KEEP_ALIVE_S = 2.0
 
 
+# --- Redis high availability (services/common/redis.py) ----------------------------------------
+REDIS_SENTINEL_PORT = 26379  # a sentinel's port when a redis+sentinel:// URL leaves it out
+# a request caught by a failover retries against the master the sentinels name this long (s)
+REDIS_FAILOVER_WAIT_S = 10.0
+REDIS_FAILOVER_BACKOFF_MIN_S = 0.05  # first pause between two retries during a failover (s)
+REDIS_FAILOVER_BACKOFF_MAX_S = 0.5  # longest pause between two retries (s)
+# an offset commit waits for this many replicas to acknowledge it (WAIT): -1 = 1 when the master
+# has a replica connected, else 0 (off)
+REDIS_WAIT_REPLICAS = -1
+REDIS_WAIT_TIMEOUT_MS = 1_000  # longest WAIT for the replicas of one commit batch (ms)
+REDIS_REPLICA_CHECK_S = 5.0  # WAIT auto mode asks the master (ROLE) for its replicas this often (s)
+
+# --- Redis keys ---------------------------------------------------------------------------------
+# Redis Cluster safety: every multi-key operation (a MULTI pipeline, a Lua script) touches keys of
+# one hash slot. Consumer state is per broker (group): queue ids are per broker, and several
+# broker groups may share one Redis; its keys carry the hash tag ``{cluster:broker}``, so all of
+# a broker's consumer state (offsets of every group, their index, simple-consumer state) is in
+# one slot, and one commit batch of many groups is one transaction. Keys written by one
+# single-key command at a time (checker and scheduler progress) need no tag.
+
+
 def _ns(cluster: str) -> str:
     return f"tidemq:{cluster}"
 
 
-# Consumer state is per broker (group): queue ids are per broker, and several broker groups may
-# share one Redis. These keys carry the broker name after the cluster's.
 def _broker_ns(cluster: str, broker_name: str) -> str:
-    return f"{_ns(cluster)}:{broker_name}"
+    return f"tidemq:{{{cluster}:{broker_name}}}"
+
+
+def _legacy_broker_ns(cluster: str, broker_name: str) -> str:
+    return f"{_ns(cluster)}:{broker_name}"  # before the hash tag (renamed at broker start)
 
 
 def consumer_offsets_key(cluster: str, broker_name: str, group: str, topic: str) -> str:
@@ -71,9 +94,20 @@ def consumer_offsets_index_pattern(cluster: str, broker_name: str) -> str:
     """SCAN pattern matching every group's ``consumer_offsets_index_key`` on one broker (glob
     chars of the cluster and broker names escaped); a key minus
     ``consumer_offsets_index_key(cluster, broker_name, "")`` is its group."""
-    escaped = "".join(f"\\{c}" if c in "*?[]\\" else c
-                      for c in _broker_ns(cluster, broker_name))
-    return f"{escaped}:offset-topics:*"
+    return f"{_glob_escape(_broker_ns(cluster, broker_name))}:offset-topics:*"
+
+
+def legacy_consumer_key_patterns(cluster: str, broker_name: str) -> list[tuple[str, str, str]]:
+    """(SCAN pattern, old prefix, new prefix) for the consumer-state keys one broker wrote
+    before its keys carried a hash tag: the broker renames them once at start."""
+    old, new = _legacy_broker_ns(cluster, broker_name), _broker_ns(cluster, broker_name)
+    escaped = _glob_escape(old)
+    return [(f"{escaped}:{kind}:*", f"{old}:{kind}:", f"{new}:{kind}:")
+            for kind in ("offsets", "offset-topics", "inflight", "receive-cursor")]
+
+
+def _glob_escape(value: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in value)
 
 
 def inflight_key(cluster: str, broker_name: str, group: str, topic: str) -> str:

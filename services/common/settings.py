@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Annotated, Self
 
-from pydantic import field_validator, model_validator
+from pydantic import AfterValidator, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.constants import BROKER_PORT
 from services.common.discovery import BrokerResolver, split_urls
+from services.common.redis import check_redis_url
+
+# redis://host:port/db, or redis+sentinel://host1:26379,host2:26379/master-name/db (see
+# services/common/redis.py and docs/operations.md)
+RedisUrl = Annotated[str, AfterValidator(check_redis_url)]
 
 
 class ServiceSettings(BaseSettings):

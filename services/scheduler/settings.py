@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.constants import SCHEDULER_PORT
-from services.common.settings import GroupServiceSettings
+from services.common.settings import GroupServiceSettings, RedisUrl
 
 MiB = 1024 * 1024
 
@@ -25,7 +25,7 @@ class SchedulerSettings(GroupServiceSettings):
     model_config = SettingsConfigDict(env_prefix="TIDEMQ_SCHEDULER_", extra="ignore")
 
     port: int = SCHEDULER_PORT  # internal API, /healthz and /metrics
-    redis_url: str = "redis://127.0.0.1:6379/0"  # progress per level and on the intake topic
+    redis_url: RedisUrl = "redis://127.0.0.1:6379/0"  # progress per level and on the intake topic
     data_dir: Path = Path("tidemq-data/scheduler")  # timer log, bucket files, checkpoint
 
     # --- the timer store ---------------------------------------------------------------------

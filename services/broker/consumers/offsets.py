@@ -10,52 +10,75 @@ future; one writer task drains everything queued, sends it as one pipeline (one 
 resolves the futures. Resets and group deletes travel the same queue, so they apply in order with
 the commits around them.
 
+Durable means replicated when Redis has replicas: the batch goes as ``MULTI … EXEC`` followed
+by ``WAIT n timeout`` on the same connection, in one round trip, and the requests are answered only
+once ``n`` replicas have it (``wait_replicas``: -1 = 1 when the master has a replica connected,
+as its ``ROLE`` says; 0 = never wait). A batch the replicas did not confirm in time fails with
+``UNAVAILABLE`` (it is applied on the master; a retried commit writes the same values again), so
+a Sentinel failover, which promotes the replica with the most data, loses no answered commit.
+Under Sentinel a master found without a replica (by ROLE, or by a WAIT that timed out) is checked
+against the sentinels: one they no longer name (cut off, or demoted by a switchover and not yet
+reconfigured) is left for the one they name, so no commit is answered on a stale master's word.
+
 Redis down → ``ProtocolError(UNAVAILABLE)`` within the socket timeout; the client reconnects on
 its own when Redis is back, and a failed batch only fails the requests in it (the writer lives on).
+Under Sentinel (services/common/redis.py) a connection error or READONLY reply sends the whole
+batch again to the master the sentinels name, for up to the URL's ``failover_wait_s``: every
+command in it sets values (HSET, SADD, SREM, DEL), so applying it twice is applying it once.
 
 Keys (services/common/constants.py): ``consumer_offsets_key`` (hash queue id → offset) per
-(broker, group, topic), ``consumer_offsets_index_key`` (set of topics) per (broker, group).
+(broker, group, topic), ``consumer_offsets_index_key`` (set of topics) per (broker, group); both
+carry the broker's hash tag, so a batch of many groups is one Redis Cluster slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
-from redis.exceptions import RedisError
-from redis.typing import EncodableT, FieldT
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.typing import EncodableT
 from tidemq.protocol import ErrorCode, ProtocolError
 
 from services.common.constants import (
+    REDIS_REPLICA_CHECK_S,
+    REDIS_WAIT_REPLICAS,
+    REDIS_WAIT_TIMEOUT_MS,
     consumer_offsets_index_key,
     consumer_offsets_index_pattern,
     consumer_offsets_key,
+    legacy_consumer_key_patterns,
 )
 from services.common.loop import cancel_tasks
-from services.common.redis import REDIS_TIMEOUT_S, connect_redis, text
+from services.common.redis import REDIS_TIMEOUT_S, NotReplicated, connect_redis, text
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 1024  # commits sent in one pipeline at most
 SCAN_COUNT = 500  # keys Redis looks at per SCAN step when listing groups
+MIGRATE_RETRY_S = 2.0  # renaming pre-hash-tag keys is tried again this often until Redis answers
 
 
 def unavailable(what: str, exc: BaseException) -> ProtocolError:
     """The error a request gets when Redis cannot be reached (or answers with an error)."""
+    if isinstance(exc, NotReplicated):
+        return ProtocolError(ErrorCode.UNAVAILABLE, f"{what}: {exc}; retry later")
     return ProtocolError(ErrorCode.UNAVAILABLE,
                          f"{what}: Redis unreachable ({type(exc).__name__}: {exc}); retry later")
 
 
-PipelineOp = Callable[[Pipeline], None]
+Command = tuple[EncodableT, ...]  # one Redis command: name, key, arguments
 
 
 @dataclass(slots=True)
 class _Pending:
-    op: PipelineOp  # adds this request's commands to the batch pipeline
+    commands: list[Command]  # this request's writes, sent inside the batch's MULTI
     done: asyncio.Future[None]
 
 
@@ -63,16 +86,26 @@ class OffsetStore:
     """Committed consumer offsets, with concurrent commits coalesced into one round trip."""
 
     def __init__(self, redis_url: str, cluster: str, broker_name: str, *,
-                 client: Redis | None = None, timeout_s: float = REDIS_TIMEOUT_S) -> None:
+                 client: Redis | None = None, timeout_s: float = REDIS_TIMEOUT_S,
+                 wait_replicas: int = REDIS_WAIT_REPLICAS,
+                 wait_timeout_ms: int = REDIS_WAIT_TIMEOUT_MS) -> None:
         self.cluster = cluster
         self.broker_name = broker_name
         self._redis = client if client is not None else connect_redis(redis_url, timeout_s)
         self._owns_client = client is None
+        self._timeout_s = timeout_s
+        self.wait_replicas = wait_replicas  # -1: 1 when the master has a replica, else 0
+        self.wait_timeout_ms = wait_timeout_ms
+        self._replicas_seen = 0  # replicas the master listed at the last ROLE (auto mode)
+        self._replicas_checked = -1.0  # monotonic time of that ROLE (-1: never)
+        self._replicas_of: tuple[str, int] | None = None  # the server that answered it
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
+        self._migrator: asyncio.Task[None] | None = None
         self._closed = False
-        self.round_trips = 0  # pipelines sent by the writer (tests and metrics read it)
+        self.round_trips = 0  # batches sent by the writer (tests and metrics read it)
         self.commits = 0  # commit/reset/delete requests written
+        self.migrated = 0  # keys renamed from their pre-hash-tag names
 
     @property
     def redis(self) -> Redis:
@@ -88,11 +121,13 @@ class OffsetStore:
         if self._writer is None:
             self._closed = False
             self._writer = asyncio.create_task(self._write_loop(), name="offset-writer")
+        if self._migrator is None:
+            self._migrator = asyncio.create_task(self._migrate_loop(), name="offset-key-rename")
 
     async def close(self) -> None:
         self._closed = True
-        await cancel_tasks(self._writer)
-        self._writer = None
+        await cancel_tasks(self._writer, self._migrator)
+        self._writer = self._migrator = None
         while not self._queue.empty():
             pending = self._queue.get_nowait()
             _fail(pending.done, ProtocolError(ErrorCode.UNAVAILABLE, "offset store closed"))
@@ -103,49 +138,43 @@ class OffsetStore:
 
     async def commit(self, group: str, offsets: list[tuple[str, int, int]]) -> None:
         """Store (topic, queue id, next offset) triples; returns once Redis has them."""
-        by_topic: dict[str, dict[FieldT, EncodableT]] = {}
+        by_topic: dict[str, dict[str, int]] = {}
         for topic, queue_id, offset in offsets:
             if queue_id < 0 or offset < 0:
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
                                     f"offset {offset} for {topic} queue {queue_id}: "
                                     "queue id and offset must be >= 0")
             by_topic.setdefault(topic, {})[str(queue_id)] = offset
-        if not by_topic:
-            return
+        if by_topic:
+            await self._submit(self.commit_commands(group, by_topic))
 
-        def op(pipe: Pipeline) -> None:
-            for topic, mapping in by_topic.items():
-                pipe.hset(self._key(group, topic), mapping=mapping)
-            pipe.sadd(self._index(group), *by_topic)
-
-        await self._submit(op)
+    def commit_commands(self, group: str, by_topic: dict[str, dict[str, int]]) -> list[Command]:
+        """The writes of one commit: topic → {queue id: offset}."""
+        commands: list[Command] = [("HSET", self._key(group, topic), *_flat(mapping))
+                                   for topic, mapping in by_topic.items()]
+        commands.append(("SADD", self._index(group), *by_topic))
+        return commands
 
     async def reset(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         """Replace a (group, topic)'s offsets with exactly ``offsets`` (empty: forget the topic)."""
+        await self._submit(self.reset_commands(group, topic, offsets))
+
+    def reset_commands(self, group: str, topic: str, offsets: dict[int, int]) -> list[Command]:
         key = self._key(group, topic)
-        index = self._index(group)
-        mapping: dict[FieldT, EncodableT] = {str(q): o for q, o in offsets.items()}
-
-        def op(pipe: Pipeline) -> None:
-            pipe.delete(key)
-            if mapping:
-                pipe.hset(key, mapping=mapping)
-                pipe.sadd(index, topic)
-            else:
-                pipe.srem(index, topic)
-
-        await self._submit(op)
+        commands: list[Command] = [("DEL", key)]
+        if offsets:
+            commands.append(("HSET", key, *_flat({str(q): o for q, o in offsets.items()})))
+            commands.append(("SADD", self._index(group), topic))
+        else:
+            commands.append(("SREM", self._index(group), topic))
+        return commands
 
     async def delete_group(self, group: str) -> None:
         """Forget every committed offset of a group."""
-        topics = await self.topics(group)
-        keys = [self._key(group, t) for t in topics]
-        keys.append(self._index(group))
+        await self._submit(self.delete_commands(group, await self.topics(group)))
 
-        def op(pipe: Pipeline) -> None:
-            pipe.delete(*keys)
-
-        await self._submit(op)
+    def delete_commands(self, group: str, topics: list[str]) -> list[Command]:
+        return [("DEL", *(self._key(group, t) for t in topics), self._index(group))]
 
     # --- reads: straight to Redis ------------------------------------------------------------
 
@@ -196,14 +225,14 @@ class OffsetStore:
 
     # --- the writer --------------------------------------------------------------------------
 
-    async def _submit(self, op: PipelineOp) -> None:
+    async def _submit(self, commands: list[Command]) -> None:
         # Enqueued before the first await: writes reach Redis in the order they were submitted.
         if self._closed:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "offset store is closed")
         if self._writer is None or self._writer.done():  # not started yet (or died): start it
             self._writer = asyncio.create_task(self._write_loop(), name="offset-writer")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(op, done))
+        self._queue.put_nowait(_Pending(commands, done))
         # shield: a cancelled request must not cancel the future the writer resolves.
         await asyncio.shield(done)
 
@@ -219,8 +248,8 @@ class OffsetStore:
                     _fail(pending.done, ProtocolError(ErrorCode.UNAVAILABLE, "offset store closed"))
                 raise
             except (RedisError, OSError) as exc:
-                log.warning("offset commit of %d request(s) failed: Redis unreachable (%s)",
-                            len(batch), exc)
+                log.warning("offset commit of %d request(s) failed: %s: %s",
+                            len(batch), type(exc).__name__, exc)
                 err = unavailable("committing offsets", exc)
                 for pending in batch:
                     _fail(pending.done, err)
@@ -235,12 +264,120 @@ class OffsetStore:
                         pending.done.set_result(None)
 
     async def _write(self, batch: list[_Pending]) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            for pending in batch:
-                pending.op(pipe)
-            self.round_trips += 1
-            await pipe.execute()
+        """One transaction for the batch, then WAIT for the replicas, on one connection in one
+        round trip (WAIT counts the writes of its own connection)."""
+        commands = [c for pending in batch for c in pending.commands]
+        pool = self._redis.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.retry.call_with_retry(lambda: self._transact(conn, commands),
+                                             lambda _error: conn.disconnect())
+        finally:
+            await pool.release(conn)
         self.commits += len(batch)
+
+    async def _transact(self, conn: AbstractConnection, commands: list[Command]) -> None:
+        try:
+            replicas = await self._replicas_wanted(conn)
+            wait: list[Command] = [("WAIT", replicas, self.wait_timeout_ms)] if replicas else []
+            self.round_trips += 1
+            await conn.send_packed_command(
+                conn.pack_commands([("MULTI",), *commands, ("EXEC",), *wait]))
+            await conn.read_response()  # OK
+            for _ in commands:
+                await conn.read_response()  # QUEUED (or the error that aborts the EXEC)
+            for result in await conn.read_response() or []:
+                if isinstance(result, ResponseError):
+                    raise result
+            if wait:
+                acked = int(await conn.read_response(
+                    timeout=self._timeout_s + self.wait_timeout_ms / 1000))
+                if acked < replicas:
+                    self._replicas_checked = -1.0  # ask the master again before the next batch
+                    if await self._master_moved(conn):
+                        raise RedisConnectionError(f"{_address(conn)} lost its replica and the "
+                                                   "sentinels name another master")
+                    raise NotReplicated(f"written to the Redis master but acknowledged by "
+                                        f"{acked} of {replicas} replica(s) within "
+                                        f"{self.wait_timeout_ms} ms")
+        except BaseException:
+            self._replicas_checked = -1.0  # maybe another master now: ask again
+            await conn.disconnect()  # unread replies may be left: never reuse this connection
+            raise
+
+    async def _replicas_wanted(self, conn: AbstractConnection) -> int:
+        """Replicas a batch waits for: the setting, or in auto mode (-1) 1 when the master's
+        ROLE lists a replica (asked every ``REDIS_REPLICA_CHECK_S`` and after a failure)."""
+        if self.wait_replicas >= 0:
+            return self.wait_replicas
+        now = time.monotonic()
+        if (self._replicas_checked < 0 or now - self._replicas_checked >= REDIS_REPLICA_CHECK_S
+                or not conn.is_connected or self._replicas_of != _address(conn)):
+            await conn.send_command("ROLE")  # connects first when needed (to the master now)
+            role = await conn.read_response()
+            self._replicas_seen = len(role[2]) if text(role[0]) == "master" else 0
+            self._replicas_checked, self._replicas_of = now, _address(conn)
+            if self._replicas_seen == 0 and await self._master_moved(conn):
+                # a master cut off from its replica, or demoted by a switchover, keeps taking
+                # writes until the sentinels reconfigure it; never answer on its word alone
+                self._replicas_checked = -1.0
+                raise RedisConnectionError(f"{_address(conn)} has no replica and the sentinels "
+                                           "name another master")
+        return min(1, self._replicas_seen)
+
+    async def _master_moved(self, conn: AbstractConnection) -> bool:
+        """Under Sentinel: do the sentinels name another master than ``conn``'s (or none, a
+        failover being under way)? Always False for a plain ``redis://`` URL."""
+        sentinels = getattr(self._redis, "sentinels", None)
+        pool = self._redis.connection_pool
+        if sentinels is None or not isinstance(pool, SentinelConnectionPool):
+            return False
+        try:
+            host, port = await sentinels.discover_master(pool.service_name)
+        except RedisConnectionError:
+            return True
+        return (str(host), int(port)) != _address(conn)
+
+    # --- keys written before the hash tag ------------------------------------------------------
+
+    async def _migrate_loop(self) -> None:
+        while True:
+            try:
+                self.migrated += await self.migrate_legacy_keys()
+                return
+            except (RedisError, OSError) as exc:
+                log.warning("renaming pre-hash-tag offset keys failed (%s); retrying in %.0fs",
+                            exc, MIGRATE_RETRY_S)
+                await asyncio.sleep(MIGRATE_RETRY_S)
+
+    async def migrate_legacy_keys(self) -> int:
+        """Rename this broker's consumer-state keys from their names before the hash tag
+        (``tidemq:{cluster}:{broker}:…``) to the tagged ones; a key whose new name exists
+        already is newer state and wins. Returns how many were renamed."""
+        renamed = 0
+        for pattern, old, new in legacy_consumer_key_patterns(self.cluster, self.broker_name):
+            async for raw in self._redis.scan_iter(match=pattern, count=SCAN_COUNT):
+                key = text(raw)
+                if not key.startswith(old):
+                    continue
+                try:
+                    renamed += bool(await self._redis.renamenx(key, new + key[len(old):]))
+                except ResponseError as exc:  # e.g. CROSSSLOT on Redis Cluster: leave it
+                    log.warning("cannot rename %s to its hash-tagged name: %s", key, exc)
+        if renamed:
+            log.info("renamed %d consumer-state key(s) of broker %s to their hash-tagged names",
+                     renamed, self.broker_name)
+        return renamed
+
+
+def _address(conn: AbstractConnection) -> tuple[str, int] | None:
+    """Host and port of a TCP connection (a failover changes them under Sentinel)."""
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    return (str(host), int(port)) if host is not None and port is not None else None
+
+
+def _flat(mapping: dict[str, int]) -> list[EncodableT]:
+    return [item for pair in mapping.items() for item in pair]
 
 
 def _fail(done: asyncio.Future[None], exc: BaseException) -> None:
