@@ -247,25 +247,30 @@ async def timers_view(c: ConsoleClient) -> dict[str, Any]:
     rows = []
     hists: dict[str, dict[int, int]] = {"hour": {}, "day": {}}
     errors: list[str] = []
-    for b in await c.brokers():
+
+    async def ask(address: str, path: str, params: dict[str, str] | None = None) -> Any:
         try:
-            rows.append({"broker": b.name,
-                         **await c.call("GET", f"{b.address}/v1/scheduled")})
+            return await c.call("GET", f"{address}{path}", params=params)
         except ApiError as exc:
-            rows.append({"broker": b.name, "error": str(exc)})
+            return exc
+
+    for b in await c.brokers():
+        counts, *by = await asyncio.gather(
+            ask(b.address, "/v1/scheduled"),
+            *(ask(b.address, "/v1/scheduled/histogram", {"by": h}) for h in hists))
+        if isinstance(counts, ApiError):
+            rows.append({"broker": b.name, "error": str(counts)})
             continue
-        for by, counts in hists.items():
-            try:
-                answer = await c.call("GET", f"{b.address}/v1/scheduled/histogram",
-                                      params={"by": by})
-            except ApiError as exc:
-                errors.append(f"{b.name}: histogram by {by}: {exc}")
+        rows.append({"broker": b.name, **counts})
+        for h, answer in zip(hists, by, strict=True):
+            if isinstance(answer, ApiError):
+                errors.append(f"{b.name}: histogram by {h}: {answer}")
                 continue
             for bucket in answer.get("buckets", []):
                 start = int(bucket["start_ms"])
-                counts[start] = counts.get(start, 0) + int(bucket["count"])
-    charts = {by: timer_bars([{"start_ms": k, "count": v} for k, v in counts.items()], by)
-              for by, counts in hists.items()}
+                hists[h][start] = hists[h].get(start, 0) + int(bucket["count"])
+    charts = {h: timer_bars([{"start_ms": k, "count": v} for k, v in counts.items()], h)
+              for h, counts in hists.items()}
     return {"rows": rows, "charts": charts, "hist_errors": errors,
             "hist_total": sum(hists["day"].values())}
 

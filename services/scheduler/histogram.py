@@ -11,6 +11,7 @@ counted; delay-level messages and timers still in the broker's intake topic are 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 
 from services.scheduler.buckets import ENTRY, ENTRY_SIZE, FINAL
@@ -19,22 +20,34 @@ from services.scheduler.timers import TimerStore
 WIDTHS_MS = {"hour": 3_600_000, "day": 86_400_000}
 
 
-def _final_count(store: TimerStore, bucket: int) -> int:
+def _with_marks(store: TimerStore) -> set[int]:
+    """Buckets with a marks file (one directory listing: most far buckets have none)."""
+    try:
+        names = os.listdir(store.buckets.dir)
+    except FileNotFoundError:
+        return set()
+    return {int(n[:-5]) for n in names if n.endswith(".done") and n[:-5].isdigit()}
+
+
+def _final_count(store: TimerStore, bucket: int, marked: set[int]) -> int:
+    if bucket not in marked:
+        return 0
     return sum(1 for mark in store.buckets.read_marks(bucket).values() if mark in FINAL)
 
 
 def _count(store: TimerStore, width_ms: int, sizes: dict[int, int], live: dict[int, int]
            ) -> dict[int, int]:
     whole = width_ms % store.buckets.width_ms == 0
+    marked = _with_marks(store)
     counts: Counter[int] = Counter()
     for bucket, size in sorted(sizes.items()):
         if whole:
-            n = live[bucket] if bucket in live else size // ENTRY_SIZE - _final_count(store,
-                                                                                        bucket)
+            n = (live[bucket] if bucket in live
+                 else size // ENTRY_SIZE - _final_count(store, bucket, marked))
             if n > 0:
                 counts[bucket - bucket % width_ms] += n
             continue
-        marks = store.buckets.read_marks(bucket)
+        marks = store.buckets.read_marks(bucket) if bucket in marked else {}
         for due, pos, _, _, _ in ENTRY.iter_unpack(store.buckets.read_index(bucket, size)):
             if marks.get(pos) not in FINAL:
                 counts[due - due % width_ms] += 1
