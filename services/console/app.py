@@ -125,6 +125,10 @@ def create_console_app(settings: ConsoleSettings,
         except ValueError as exc:  # a malformed form value (a time, a number)
             ctx["error"] = f"BAD_REQUEST: {exc}"
             pages.labels(name, "error").inc()
+        except Exception as exc:  # an answer of an unexpected shape: say so, never a blank page
+            log.exception("console: page %s failed", name)
+            ctx["error"] = f"INTERNAL_ERROR: {type(exc).__name__}: {exc}"
+            pages.labels(name, "error").inc()
         ctx["elapsed_ms"] = round((time.perf_counter() - start) * 1000)
         seconds.labels(name).observe(time.perf_counter() - start)
         return templates.TemplateResponse(request, f"{name}.html", ctx)
@@ -138,6 +142,9 @@ def create_console_app(settings: ConsoleSettings,
             return back(path, done=await action, **keep)
         except ApiError as exc:
             return back(path, failed=f"{exc.code}: {exc.message}", **keep)
+        except Exception as exc:  # never a blank page
+            log.exception("console: action on %s failed", path)
+            return back(path, failed=f"INTERNAL_ERROR: {type(exc).__name__}: {exc}", **keep)
 
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

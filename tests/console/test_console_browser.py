@@ -120,6 +120,7 @@ def _seed(s: System) -> None:
     assert resp.status_code == 200, resp.text
     s.ids["to-commit"] = _half(b, s, check=1, discard=True)
     s.ids["to-drop"] = _half(b, s, discard=True)
+    s.ids["conflict"] = _half(b, s, discard=True)
     # far timers: two due on one day, one on the next
     s.day0 = int(time.time() * 1000) // DAY_MS * DAY_MS + 2 * DAY_MS
     b.send(s.topic, *({"body": f"far {i}", "deliver_at_ms": s.day0 + (i + 1) * 3_600_000}
@@ -301,6 +302,8 @@ def test_transactions_view(page: Any, system: System) -> None:
     assert system.producer_group in pending and system.ids["half"] in pending
     discarded = page.locator("table.discarded").inner_text()
     assert system.ids["to-commit"] in discarded and system.ids["to-drop"] in discarded
+    row = page.locator("table.discarded tr", has_text=system.ids["to-commit"])
+    assert system.ids["tx:" + system.ids["to-commit"]] in row.inner_text()
 
 
 def _resolve(page: Any, system: System, mid: str, action: str) -> None:
@@ -332,6 +335,19 @@ def test_resolving_discarded_transactions(page: Any, system: System) -> None:
     assert "committed" in cells and "dropped" in cells
     page.goto(system.console.url + f"/messages?id={dropped}")
     assert "resolved by an operator: dropped" in page.locator("ol.trace").inner_text()
+
+
+def test_a_refused_resolve_is_shown_in_the_page(page: Any, system: System) -> None:
+    mid = system.ids["conflict"]
+    page.goto(system.console.url + "/transactions")
+    page.locator("table.discarded tr", has_text=mid).locator("button[value=commit]").click()
+    assert "Confirm" in page.locator("h1").inner_text()
+    resp = system.broker.http.post(f"/v1/transactions/{system.ids['tx:' + mid]}/resolve",
+                                   json={"action": "drop"})  # somebody else, meanwhile
+    assert resp.status_code == 200, resp.text
+    page.click("#confirm button")
+    assert "TRANSACTION_ALREADY_ENDED" in page.locator(".error").inner_text()
+    assert system.broker.http.get(f"/v1/messages/{mid}").json()["state"] == "discarded"
 
 
 def test_timers_view_and_cancel(page: Any, system: System) -> None:
