@@ -31,6 +31,7 @@ LOG_MAX = "tidemq_broker_store_commitlog_max_offset"
 DISK_RATIO = "tidemq_broker_store_disk_used_ratio"
 WANTED = {SENT, PULLED, RECEIVED, LOG_MIN, LOG_MAX, DISK_RATIO}
 CONCURRENCY = 4  # requests in flight at once per sampling round
+MAX_GROUPS = 256  # consumer groups whose lag one round samples per broker (by name)
 
 
 @dataclass
@@ -159,7 +160,7 @@ class Sampler:
         try:
             async with self._gate:
                 groups = await self.client.call("GET", f"{b.address}/v1/groups")
-            names = [str(g["group"]) for g in groups.get("groups", [])]
+            names = sorted(str(g["group"]) for g in groups.get("groups", []))[:MAX_GROUPS]
             totals = await asyncio.gather(*(self._group_lag(b, g) for g in names))
             for g, total in zip(names, totals, strict=True):
                 lags[g] = lags.get(g, 0) + total

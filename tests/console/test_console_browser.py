@@ -191,7 +191,7 @@ def _sampled(system: System, rounds: int = 2) -> None:
     wait_until(lambda: count() >= start + rounds, 15, "console samples")
 
 
-def _rate_shows_sends(page: Any, system: System, path: str, row: Any) -> str:
+def _rate_shows_sends(page: Any, system: System, path: str, row: Any, shot: str) -> str:
     """Send to queue 1 of the test topic while reloading ``path`` until the send rate in
     ``row`` is above zero (a rate spans the console's last two samples); the rate shown."""
     deadline = time.monotonic() + 15
@@ -202,6 +202,7 @@ def _rate_shows_sends(page: Any, system: System, path: str, row: Any) -> str:
         shown = str(row.locator("td.send").inner_text())
         assert shown == "—" or shown.endswith("/s"), shown
         if shown != "—" and float(shown.split("/")[0].replace(",", "")) > 0:
+            page.screenshot(path=str(SHOTS / f"{shot}.png"), full_page=True)
             return shown
         time.sleep(0.2)
     raise AssertionError("the send rate stayed at zero while messages were sent")
@@ -210,8 +211,7 @@ def _rate_shows_sends(page: Any, system: System, path: str, row: Any) -> str:
 def test_cluster_view(page: Any, system: System) -> None:
     _sampled(system)
     row = page.locator("tr.broker")
-    assert _rate_shows_sends(page, system, "/", row)
-    _open(page, system, "/", "cluster")
+    assert _rate_shows_sends(page, system, "/", row, "cluster")
     assert row.count() == 1
     assert system.broker.url in row.inner_text() and "primary" in row.inner_text()
     assert "ok" in row.inner_text()
@@ -230,9 +230,8 @@ def test_topics_view_and_create(page: Any, system: System) -> None:
     offsets = page.locator("table.offsets").inner_text()
     for q in system.broker.http.get(f"/v1/topics/{system.topic}").json()["offsets"]:
         assert f"\t{q['queue_id']}\t{q['min']}\t{q['max']}\t" in offsets, (q, offsets)
-    _open(page, system, f"/topics?topic={system.topic}", "topics")
     assert _rate_shows_sends(page, system, f"/topics?topic={system.topic}",
-                             page.locator("table.topics tr", has_text=system.topic))
+                             page.locator("table.topics tr", has_text=system.topic), "topics")
     new = unique("Created")
     page.fill("#create-topic input[name=topic]", new)
     page.fill("#create-topic input[name=queues]", "3")
@@ -293,6 +292,8 @@ def test_full_trace_of_a_checked_committed_transaction(page: Any, system: System
     assert any(s.startswith(f"stored in {system.topic}") for s in steps), steps
     page.click("details summary")
     assert page.locator("table.copies tr", has_text="half").count() == 3
+    details = [t.strip() for t in page.locator("table.copies tr td:last-child").all_inner_texts()]
+    assert details == ["checks 0", "checks 1", "checks 2", ""], details
     page.screenshot(path=str(SHOTS / "messages.png"), full_page=True)
 
 
