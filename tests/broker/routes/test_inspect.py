@@ -153,3 +153,22 @@ def test_timers_histogram_by_hour_and_day(cluster: DelayCluster) -> None:
     assert days[base] == 3 and days[base + DAY_MS] == 1
     cluster.broker.error(cluster.http.get("/v1/scheduled/histogram", params={"by": "week"}),
                          400, "BAD_REQUEST")
+
+
+def test_a_resolution_survives_a_broker_restart(cluster: DelayCluster) -> None:
+    """Last in the module: it restarts the broker."""
+    topic, group = cluster.broker.create_topic(queues=1), unique("PG")
+    committed, mid = half(cluster, topic, group)
+    dropped, _ = half(cluster, topic, group)
+    for txid in (committed, dropped):
+        act(cluster, txid, "discard")
+    assert resolve(cluster, committed, "commit").status_code == 200
+    assert resolve(cluster, dropped, "drop").status_code == 200
+    cluster.broker.restart()
+    view = cluster.http.get(f"/v1/transactions/{committed}").json()
+    assert view["state"] == "discarded" and view["resolution"] == "committed"
+    assert resolve(cluster, committed, "commit").json()["resolution"] == "committed"
+    cluster.broker.error(resolve(cluster, dropped, "commit"), 409, "TRANSACTION_ALREADY_ENDED")
+    [msg] = cluster.broker.pull(topic, 0)["messages"]  # still delivered exactly once
+    assert msg["message_id"] == mid
+    assert cluster.state(mid) == "committed"
