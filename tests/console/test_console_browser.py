@@ -36,8 +36,10 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
 
 
 class System:
-    def __init__(self, broker: BrokerHandle, console: ServiceProcess) -> None:
+    def __init__(self, broker: BrokerHandle, console: ServiceProcess, nameserver: str,
+                 cluster: str) -> None:
         self.broker, self.console = broker, console
+        self.nameserver, self.cluster = nameserver, cluster
         self.topic = unique("Orders")
         self.group = unique("billing")
         self.dlq_group = unique("dlqg")
@@ -81,7 +83,7 @@ def system(tmp_path_factory: pytest.TempPathFactory,
             "TIDEMQ_CONSOLE_TOKEN": TOKEN, "TIDEMQ_CONSOLE_SAMPLE_INTERVAL_S": "0.5",
             "TIDEMQ_CONSOLE_SCHEDULERS": sched.url}, workdir)
         stack.callback(console.start().stop)
-        s = System(broker, console)
+        s = System(broker, console, ns.url, cluster)
         _seed(s)
         yield s
 
@@ -225,6 +227,31 @@ def test_cluster_view(page: Any, system: System) -> None:
     assert "iB" in row.locator("td.log").inner_text()  # the commit log holds the seeded data
     assert row.locator("td.disk").inner_text().endswith("%")
     assert "scheduler" in page.locator("main").inner_text()
+
+
+def test_cluster_view_shows_each_member_with_role_epoch_and_id(page: Any,
+                                                               system: System) -> None:
+    """What GET /v1/cluster gives is shown: a replica registered beside the primary (at an
+    address where nothing answers, so its health shows the failure)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    heartbeat = {"cluster": system.cluster, "broker_name": "broker-a", "address": dead,
+                 "broker_id": 2, "role": "replica", "epoch": 7, "topics": {}}
+    resp = httpx.post(f"{system.nameserver}/v1/brokers/heartbeat", json=heartbeat,
+                      headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    try:
+        _open(page, system, "/")
+        rows = page.locator("tr.broker")
+        assert rows.count() == 2
+        replica = page.locator("tr.broker", has_text=dead)
+        assert replica.locator("td.role").inner_text() == "replica"
+        assert replica.locator("td.epoch").inner_text() == "7"
+        assert replica.locator("td.broker-id").inner_text() == "2"
+        assert "UNAVAILABLE" in replica.inner_text()  # its health check failed, and says so
+    finally:
+        resp = httpx.delete(f"{system.nameserver}/v1/brokers/broker-a",
+                            params={"broker_id": 2}, headers=AUTH)
+        assert resp.status_code == 200, resp.text
 
 
 def test_topics_view_and_create(page: Any, system: System) -> None:
