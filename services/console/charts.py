@@ -95,3 +95,13 @@ def line_chart(samples: list[tuple[int, int]], width: int = 480, plot_h: int = 1
         dots.append((x, y, f"{stamp}: lag {v}"))
     return LineChart(width, base + 25, " ".join(f"{x},{y}" for x, y, _ in dots),
                      max(v for _, v in samples), first, last, dots)
+
+
+def sparkline(samples: list[tuple[int, int]], width: int = 120, height: int = 24) -> str:
+    """SVG polyline points of a small lag-over-time line ("" with fewer than two samples)."""
+    if len(samples) < 2:
+        return ""
+    peak = max(v for _, v in samples) or 1
+    first, span = samples[0][0], max(1, samples[-1][0] - samples[0][0])
+    return " ".join(f"{round((width - 2) * (t - first) / span) + 1},"
+                    f"{height - 1 - round((height - 2) * v / peak)}" for t, v in samples)

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from services.console.charts import line_chart, timer_bars
+from services.console.charts import line_chart, sparkline, timer_bars
 from services.console.client import ApiError, Broker, ConsoleClient, segment
 from services.console.deadletters import tail
 from services.console.sampler import Sampler
@@ -115,6 +115,7 @@ async def groups_view(c: ConsoleClient, group: str, sampler: Sampler) -> dict[st
     for row in groups.values():
         history = sampler.history(row["group"])
         row["lag_now"] = history[-1][1] if history else None
+        row["spark"] = sparkline(history)
     return {"groups": sorted(groups.values(), key=lambda g: g["group"]), "group": group,
             "offsets": offsets, "chart": chart, "peak": peak, "sampler": sampler,
             "history": line_chart(sampler.history(group)) if group else None,

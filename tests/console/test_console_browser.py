@@ -278,6 +278,8 @@ def test_groups_view_and_reset(page: Any, system: System) -> None:
     lag = int(page.locator("h2").first.inner_text().split("total lag ")[1].rstrip(")"))
     assert lag >= 3  # 3 seeded behind queue 1, plus what the rate tests sent
     assert page.locator("svg.lagchart rect").count() == 1
+    listed = page.locator("table.groups tr", has_text=system.group)
+    assert listed.locator("svg.spark polyline").count() == 1  # lag over time in the list too
     dots = page.locator("svg.lagline circle")
     assert dots.count() >= 3  # lag over time: one dot per sample
     assert f"lag {lag}" in dots.last.locator("title").text_content()
