@@ -21,3 +21,17 @@ class Scheduled(BaseModel):
     next_due_ms: int | None
     by_level: dict[str, int] = Field(description="delay level → waiting messages")
     timers: int = Field(description="messages with delay_ms or deliver_at_ms")
+
+
+class HistogramBucket(BaseModel):
+    start_ms: int = Field(description="start of the hour or day (UTC, epoch ms)")
+    count: int
+
+
+class Histogram(BaseModel):
+    """Pending timers by due time: the scheduler counts them, the broker passes them on."""
+
+    by: Literal["hour", "day"]
+    width_ms: int
+    buckets: list[HistogramBucket] = Field(description="earliest first; empty ones left out")
+    timers: int = Field(description="timers counted (those the scheduler has taken in)")

@@ -24,9 +24,11 @@ from fastapi.templating import Jinja2Templates
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.app import create_app
-from services.console import views
+from services.console import deadletters, views
 from services.console.client import ApiError, ConsoleClient
+from services.console.sampler import Sampler
 from services.console.settings import ConsoleSettings
+from services.console.timeline import full_trace
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -47,6 +49,23 @@ def fmt_age(ms: Any, now_ms: int) -> str:
         return ""
     s = max(0, (now_ms - int(ms)) // 1000)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def fmt_rate(value: float | None) -> str:
+    """Messages per second ("—" until two samples were taken)."""
+    if value is None:
+        return "—"
+    return f"{value:.1f}/s" if value < 100 else f"{value:,.0f}/s"
+
+
+def fmt_bytes(value: float | None) -> str:
+    if value is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 def parse_ms(value: str) -> int | None:
@@ -70,17 +89,25 @@ def create_console_app(settings: ConsoleSettings,
     c = client or ConsoleClient(settings.nameserver_urls, settings.token,
                                 settings.request_timeout_s)
 
+    rounds = Counter("tidemq_console_sample_rounds", "Rounds of sampling the brokers' metrics "
+                     "and the groups' lag", registry=registry)
+    sampler = Sampler(c, settings.sample_interval_s, settings.history_samples, rounds)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await c.close()
+        sampler.start()
+        try:
+            yield
+        finally:
+            await sampler.stop()
+            await c.close()
 
     app = create_app("tidemq console", registry, lifespan)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["ms"] = fmt_ms
     templates.env.globals.update(nav=NAV, age=fmt_age, body_views=views.body_views,
-                                 trace=views.trace)
+                                 rate=fmt_rate, size=fmt_bytes)
     page_size = settings.page_messages
 
     async def render(request: Request, name: str, gather: Callable[[], Awaitable[dict[str, Any]]]
@@ -98,6 +125,10 @@ def create_console_app(settings: ConsoleSettings,
         except ValueError as exc:  # a malformed form value (a time, a number)
             ctx["error"] = f"BAD_REQUEST: {exc}"
             pages.labels(name, "error").inc()
+        except Exception as exc:  # an answer of an unexpected shape: say so, never a blank page
+            log.exception("console: page %s failed", name)
+            ctx["error"] = f"INTERNAL_ERROR: {type(exc).__name__}: {exc}"
+            pages.labels(name, "error").inc()
         ctx["elapsed_ms"] = round((time.perf_counter() - start) * 1000)
         seconds.labels(name).observe(time.perf_counter() - start)
         return templates.TemplateResponse(request, f"{name}.html", ctx)
@@ -111,16 +142,19 @@ def create_console_app(settings: ConsoleSettings,
             return back(path, done=await action, **keep)
         except ApiError as exc:
             return back(path, failed=f"{exc.code}: {exc.message}", **keep)
+        except Exception as exc:  # never a blank page
+            log.exception("console: action on %s failed", path)
+            return back(path, failed=f"INTERNAL_ERROR: {type(exc).__name__}: {exc}", **keep)
 
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def cluster(request: Request) -> Response:
         return await render(request, "cluster", lambda: views.cluster_view(
-            c, settings.checker_urls, settings.scheduler_urls))
+            c, settings.checker_urls, settings.scheduler_urls, sampler))
 
     @app.get("/topics", response_class=HTMLResponse, include_in_schema=False)
     async def topics(request: Request, topic: str = "") -> Response:
-        return await render(request, "topics", lambda: views.topics_view(c, topic))
+        return await render(request, "topics", lambda: views.topics_view(c, topic, sampler))
 
     @app.post("/topics", response_class=HTMLResponse, include_in_schema=False)
     async def topic_create(broker: str = Form(...), topic: str = Form(...),
@@ -130,7 +164,7 @@ def create_console_app(settings: ConsoleSettings,
 
     @app.get("/groups", response_class=HTMLResponse, include_in_schema=False)
     async def groups(request: Request, group: str = "") -> Response:
-        return await render(request, "groups", lambda: views.groups_view(c, group))
+        return await render(request, "groups", lambda: views.groups_view(c, group, sampler))
 
     @app.post("/groups/reset", response_class=HTMLResponse, include_in_schema=False)
     async def group_reset(request: Request, group: str = Form(...), topic: str = Form(...),
@@ -156,6 +190,7 @@ def create_console_app(settings: ConsoleSettings,
             if id:
                 broker, m = await views.find_message(c, id.strip())
                 out["found"], out["broker"] = m, broker.name
+                out["tr"] = await full_trace(c, broker, id.strip())
             elif topic:
                 out["results"] = await views.search_messages(
                     c, topic.strip(), key.strip(), parse_ms(begin), parse_ms(end), page_size)
@@ -168,13 +203,28 @@ def create_console_app(settings: ConsoleSettings,
         return await render(request, "transactions", lambda: views.transactions_view(
             c, producer_group.strip(), page_size))
 
+    @app.post("/transactions/resolve", response_class=HTMLResponse, include_in_schema=False)
+    async def transaction_resolve(request: Request, broker: str = Form(...),
+                                  transaction_id: str = Form(...), action: str = Form(...),
+                                  confirm: str = Form("")) -> Response:
+        if confirm == "yes":
+            return await act("/transactions", views.resolve_discarded(
+                c, broker, transaction_id.strip(), action))
+
+        async def gather() -> dict[str, Any]:
+            tx = await views.discarded_tx(c, broker, transaction_id.strip())
+            return {"tx": tx, "broker": broker, "action": action}
+
+        return await render(request, "resolve", gather)
+
     @app.get("/timers", response_class=HTMLResponse, include_in_schema=False)
     async def timers(request: Request, id: str = "") -> Response:
         async def gather() -> dict[str, Any]:
-            out: dict[str, Any] = {"rows": await views.timers_view(c), "found": None,
+            out: dict[str, Any] = {**await views.timers_view(c), "found": None,
                                    "now_ms": views.now_ms()}
             if id:
-                _, out["found"] = await views.find_message(c, id.strip())
+                broker, out["found"] = await views.find_message(c, id.strip())
+                out["tr"] = await full_trace(c, broker, id.strip())
             return out
 
         return await render(request, "timers", gather)
@@ -186,7 +236,8 @@ def create_console_app(settings: ConsoleSettings,
     @app.get("/dlq", response_class=HTMLResponse, include_in_schema=False)
     async def dlq(request: Request, group: str = "") -> Response:
         async def gather() -> dict[str, Any]:
-            rows = await views.dlq_view(c, group.strip(), page_size) if group else None
+            rows = (await deadletters.dlq_view(c, group.strip(), page_size) if group
+                    else None)
             return {"group": group, "rows": rows}
 
         return await render(request, "dlq", gather)
@@ -194,12 +245,8 @@ def create_console_app(settings: ConsoleSettings,
     @app.post("/dlq/resend", response_class=HTMLResponse, include_in_schema=False)
     async def dlq_resend(group: str = Form(...), message_id: str = Form("")) -> Response:
         async def action() -> str:
-            outcomes = await views.resend(c, group.strip(), message_id.strip())
-            parts = [f"{o.message_id} → {o.topic or '?'}: "
-                     + (f"sent as {o.result.get('message_id')}" if o.result is not None
-                        else o.error) for o in outcomes]
-            ok = sum(o.result is not None for o in outcomes)
-            return f"{ok} resent, {len(outcomes) - ok} failed. " + "; ".join(parts)
+            outcomes = await deadletters.resend(c, group.strip(), message_id.strip())
+            return deadletters.summary(outcomes)
 
         return await act("/dlq", action(), group=group)
 

@@ -35,6 +35,7 @@ class Broker:
     last_heartbeat_ms: int
     topics: dict[str, Any]
     max_offset: int
+    epoch: int = 0
 
 
 def segment(name: str) -> str:
@@ -96,7 +97,7 @@ class ConsoleClient:
         found = [Broker(str(b.get("broker_name", "")), str(b.get("address", "")),
                         str(b.get("role", "primary")), int(b.get("broker_id", 0)),
                         int(b.get("last_heartbeat_ms", 0)), dict(b.get("topics") or {}),
-                        int(b.get("max_offset", 0)))
+                        int(b.get("max_offset", 0)), int(b.get("epoch") or 0))
                  for b in answer.get("brokers", [])]
         if primaries_only:
             found = [b for b in found if b.role == "primary"]

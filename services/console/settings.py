@@ -25,6 +25,9 @@ class ConsoleSettings(ServiceSettings):
     schedulers: str = ""  # comma-separated scheduler base URLs, shown likewise ("" = none)
     request_timeout_s: float = Field(default=5.0, gt=0)  # one request to a service (s)
     page_messages: int = Field(default=50, ge=1, le=1024)  # messages shown per list (DLQ, ...)
+    # how often the brokers' /metrics and every group's lag are sampled (s): rates, lag history
+    sample_interval_s: float = Field(default=10.0, gt=0)
+    history_samples: int = Field(default=360, ge=2, le=100_000)  # lag samples kept per group
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @property

@@ -10,13 +10,14 @@ import json
 import time
 from typing import Any
 
-from tidemq.protocol import dlq_topic
-
-from services.common.dlq import PAGE, Outcome, plan_resend
+from services.console.charts import line_chart, sparkline, timer_bars
 from services.console.client import ApiError, Broker, ConsoleClient, segment
+from services.console.deadletters import tail
+from services.console.sampler import Sampler
 
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 CHART_BARS = 40  # queues in a group's lag chart at most (those with the most lag)
+LOOKUPS = 8  # trace lookups in flight at once (discarded halves)
 
 
 def now_ms() -> int:
@@ -35,8 +36,8 @@ def body_views(m: dict[str, Any]) -> dict[str, str]:
     return {"text": text, "json": pretty, "hex": data.hex(" ")}
 
 
-async def cluster_view(c: ConsoleClient, checkers: list[str], schedulers: list[str]
-                       ) -> dict[str, Any]:
+async def cluster_view(c: ConsoleClient, checkers: list[str], schedulers: list[str],
+                       sampler: Sampler) -> dict[str, Any]:
     ns_url, answer = await c.cluster()
     brokers = (await c.brokers(primaries_only=False))
     nameservers = list(dict.fromkeys([*c.nameservers, *answer.get("nameservers", [])]))
@@ -49,16 +50,27 @@ async def cluster_view(c: ConsoleClient, checkers: list[str], schedulers: list[s
     for b in brokers:
         groups.setdefault(b.name, []).append(b)
     return {"asked": ns_url, "groups": groups, "health": health, "nameservers": nameservers,
-            "checkers": checkers, "schedulers": schedulers, "now_ms": now_ms()}
+            "checkers": checkers, "schedulers": schedulers, "now_ms": now_ms(),
+            "rates": {b.address: sampler.rates(b.address) for b in brokers},
+            "sampler": sampler}
 
 
-async def topics_view(c: ConsoleClient, topic: str) -> dict[str, Any]:
+async def topics_view(c: ConsoleClient, topic: str, sampler: Sampler) -> dict[str, Any]:
     brokers = await c.brokers()
     rows: dict[str, dict[str, Any]] = {}
+    measured = False
     for b in brokers:
+        r = sampler.rates(b.address)
+        by_topic = r.by_topic if r is not None and r.send is not None else {}
+        measured |= bool(r is not None and r.send is not None)
         for name, info in b.topics.items():
-            rows.setdefault(name, {"name": name, "groups": []})["groups"].append(
+            row = rows.setdefault(name, {"name": name, "groups": [], "send": 0.0,
+                                         "receive": 0.0})
+            row["groups"].append(
                 {"broker": b.name, "queues": info.get("queues"), "perm": info.get("perm")})
+            send, receive = by_topic.get(name, (0.0, 0.0))
+            row["send"] += send
+            row["receive"] += receive
     detail: list[dict[str, Any]] = []
     if topic:
         for b in brokers:
@@ -69,7 +81,8 @@ async def topics_view(c: ConsoleClient, topic: str) -> dict[str, Any]:
                 if exc.code != "TOPIC_NOT_FOUND":
                     detail.append({"broker": b.name, "error": str(exc), "offsets": []})
     return {"topics": sorted(rows.values(), key=lambda r: r["name"]), "topic": topic,
-            "detail": detail, "brokers": [b.name for b in brokers]}
+            "detail": detail, "brokers": [b.name for b in brokers], "measured": measured,
+            "sampler": sampler}
 
 
 async def create_topic(c: ConsoleClient, broker: str, topic: str, queues: int) -> str:
@@ -81,7 +94,7 @@ async def create_topic(c: ConsoleClient, broker: str, topic: str, queues: int) -
     raise ApiError("BROKER_NOT_FOUND", f"no live broker group {broker!r}")
 
 
-async def groups_view(c: ConsoleClient, group: str) -> dict[str, Any]:
+async def groups_view(c: ConsoleClient, group: str, sampler: Sampler) -> dict[str, Any]:
     brokers = await c.brokers()
     groups: dict[str, dict[str, Any]] = {}
     for b in brokers:
@@ -99,8 +112,13 @@ async def groups_view(c: ConsoleClient, group: str) -> dict[str, Any]:
     # made a 56,000 px wide chart, most of the page's bytes and of its render time)
     chart = (offsets if len(offsets) <= CHART_BARS else
              sorted(offsets, key=lambda o: -int(o.get("lag", 0)))[:CHART_BARS])
+    for row in groups.values():
+        history = sampler.history(row["group"])
+        row["lag_now"] = history[-1][1] if history else None
+        row["spark"] = sparkline(history)
     return {"groups": sorted(groups.values(), key=lambda g: g["group"]), "group": group,
-            "offsets": offsets, "chart": chart, "peak": peak,
+            "offsets": offsets, "chart": chart, "peak": peak, "sampler": sampler,
+            "history": line_chart(sampler.history(group)) if group else None,
             "total_lag": sum(int(o.get("lag", 0)) for o in offsets)}
 
 
@@ -148,31 +166,6 @@ async def find_message(c: ConsoleClient, message_id: str) -> tuple[Broker, dict[
     raise ApiError("MESSAGE_NOT_FOUND", f"no broker has a message with id {message_id!r}")
 
 
-def trace(m: dict[str, Any]) -> list[str]:
-    """The message's path as far as its copy tells it."""
-    steps = [f"stored in {m.get('topic')} queue {m.get('queue_id')} offset "
-             f"{m.get('queue_offset')}"]
-    state = m.get("state", "")
-    if state in ("half", "committed", "rolled_back", "discarded"):
-        steps.insert(0, "half message stored (transaction)")
-        steps.append({"half": "waiting for commit or rollback (checked back if not ended)",
-                      "committed": "committed: consumable",
-                      "rolled_back": "rolled back: never delivered",
-                      "discarded": "discarded after too many checks"}[state])
-    elif state == "scheduled":
-        steps.append("delayed: waiting for its time")
-    elif state == "cancelled":
-        steps.append("delayed, then cancelled before delivery")
-    else:
-        steps.append("consumable")
-    if m.get("reconsume_times"):
-        steps.append(f"retried {m['reconsume_times']} time(s)"
-                     + (f", from {m['origin_topic']}" if m.get("origin_topic") else ""))
-    if str(m.get("topic", "")).startswith("%DLQ%"):
-        steps.append(f"in the dead-letter queue {m['topic']}")
-    return steps
-
-
 async def search_messages(c: ConsoleClient, topic: str, key: str, begin_ms: int | None,
                           end_ms: int | None, limit: int) -> list[dict[str, Any]]:
     params: dict[str, Any] = {"topic": topic, "max": limit}
@@ -190,22 +183,6 @@ async def search_messages(c: ConsoleClient, topic: str, key: str, begin_ms: int 
     return found
 
 
-async def tail(c: ConsoleClient, address: str, topic: str, limit: int
-               ) -> list[dict[str, Any]]:
-    """The last ``limit`` messages of every queue of ``topic`` on one broker (public pull)."""
-    info = await c.call("GET", f"{address}/v1/topics/{segment(topic)}")
-    out: list[dict[str, Any]] = []
-    for q in info.get("offsets", []):
-        start = max(int(q["min"]), int(q["max"]) - limit)
-        if start >= int(q["max"]):
-            continue
-        page = await c.call("GET", f"{address}/v1/topics/{segment(topic)}/queues/"
-                            f"{q['queue_id']}/messages",
-                            params={"offset": start, "max": min(limit, 1024), "wait_ms": 0})
-        out += page.get("messages", [])
-    return out
-
-
 async def transactions_view(c: ConsoleClient, producer_group: str, limit: int
                             ) -> dict[str, Any]:
     pending: list[dict[str, Any]] = []
@@ -218,72 +195,88 @@ async def transactions_view(c: ConsoleClient, producer_group: str, limit: int
         answer = await c.call("GET", f"{b.address}/v1/transactions", params=params)
         pending += [{**t, "broker": b.name} for t in answer.get("transactions", [])]
         try:
-            discarded += [{**m, "broker": b.name}
-                          for m in await tail(c, b.address, DISCARD_TOPIC, limit)]
+            found = await tail(c, b.address, DISCARD_TOPIC, limit)
         except ApiError as exc:
             if exc.code != "TOPIC_NOT_FOUND":
                 errors.append(f"{b.name}: {exc}")
+            continue
+        gate = asyncio.Semaphore(LOOKUPS)
+        txs = await asyncio.gather(*(_discarded_tx(c, b, m, gate) for m in found))
+        discarded += [{**m, "broker": b.name, "tx": tx} for m, tx in zip(found, txs,
+                                                                          strict=True)]
     by_group: dict[str, list[dict[str, Any]]] = {}
     for t in sorted(pending, key=lambda t: t.get("born_timestamp_ms", 0)):
         by_group.setdefault(str(t.get("producer_group")), []).append(t)
-    return {"by_group": by_group, "discarded": discarded, "errors": errors,
+    return {"by_group": by_group, "discarded": discarded[::-1], "errors": errors,
             "producer_group": producer_group, "now_ms": now_ms()}
 
 
-async def timers_view(c: ConsoleClient) -> list[dict[str, Any]]:
-    rows = []
-    for b in await c.brokers():
+async def _discarded_tx(c: ConsoleClient, b: Broker, m: dict[str, Any],
+                        gate: asyncio.Semaphore) -> dict[str, Any]:
+    """The transaction of a discarded message (with its resolution), from its trace."""
+    async with gate:
         try:
-            rows.append({"broker": b.name,
-                         **await c.call("GET", f"{b.address}/v1/scheduled")})
+            t = await c.call("GET", f"{b.address}/v1/messages/"
+                             f"{segment(str(m.get('message_id')))}/trace")
         except ApiError as exc:
-            rows.append({"broker": b.name, "error": str(exc)})
-    return rows
+            return {"error": str(exc)}
+    tx: dict[str, Any] = t.get("transaction") or {"error": "no transaction found"}
+    return tx
+
+
+async def resolve_discarded(c: ConsoleClient, broker: str, txid: str, action: str) -> str:
+    for b in await c.brokers():
+        if b.name == broker:
+            answer = await c.call("POST", f"{b.address}/v1/transactions/{segment(txid)}/"
+                                  "resolve", json={"action": action})
+            return (f"transaction {txid} (message {answer.get('message_id')}): "
+                    f"{answer.get('resolution')}")
+    raise ApiError("BROKER_NOT_FOUND", f"no live broker group {broker!r}")
+
+
+async def discarded_tx(c: ConsoleClient, broker: str, txid: str) -> dict[str, Any]:
+    """One transaction for the resolve confirmation page."""
+    for b in await c.brokers():
+        if b.name == broker:
+            tx: dict[str, Any] = await c.call("GET",
+                                              f"{b.address}/v1/transactions/{segment(txid)}")
+            return tx
+    raise ApiError("BROKER_NOT_FOUND", f"no live broker group {broker!r}")
+
+
+async def timers_view(c: ConsoleClient) -> dict[str, Any]:
+    rows = []
+    hists: dict[str, dict[int, int]] = {"hour": {}, "day": {}}
+    errors: list[str] = []
+
+    async def ask(address: str, path: str, params: dict[str, str] | None = None) -> Any:
+        try:
+            return await c.call("GET", f"{address}{path}", params=params)
+        except ApiError as exc:
+            return exc
+
+    for b in await c.brokers():
+        counts, *by = await asyncio.gather(
+            ask(b.address, "/v1/scheduled"),
+            *(ask(b.address, "/v1/scheduled/histogram", {"by": h}) for h in hists))
+        if isinstance(counts, ApiError):
+            rows.append({"broker": b.name, "error": str(counts)})
+            continue
+        rows.append({"broker": b.name, **counts})
+        for h, answer in zip(hists, by, strict=True):
+            if isinstance(answer, ApiError):
+                errors.append(f"{b.name}: histogram by {h}: {answer}")
+                continue
+            for bucket in answer.get("buckets", []):
+                start = int(bucket["start_ms"])
+                hists[h][start] = hists[h].get(start, 0) + int(bucket["count"])
+    charts = {h: timer_bars([{"start_ms": k, "count": v} for k, v in counts.items()], h)
+              for h, counts in hists.items()}
+    return {"rows": rows, "charts": charts, "hist_errors": errors,
+            "hist_total": sum(hists["day"].values())}
 
 
 async def cancel_timer(c: ConsoleClient, message_id: str) -> str:
     broker, _ = await find_message(c, message_id)
     answer = await c.call("DELETE", f"{broker.address}/v1/messages/{segment(message_id)}/schedule")
     return f"timer {answer.get('message_id')} {answer.get('state')}"
-
-
-async def dlq_view(c: ConsoleClient, group: str, limit: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for b in await c.brokers():
-        try:
-            out += [{**m, "broker": b.name} for m in await tail(c, b.address, dlq_topic(group),
-                                                                   limit)]
-        except ApiError as exc:
-            if exc.code != "TOPIC_NOT_FOUND":
-                raise
-    return out
-
-
-async def resend(c: ConsoleClient, group: str, message_id: str) -> list[Outcome]:
-    """Resend one DLQ entry (``message_id``) or, when it is "", every entry of the group's
-    DLQ, to the original topics; the DLQ copies stay."""
-    dlq = dlq_topic(group)
-    outcomes: list[Outcome] = []
-    for b in await c.brokers():
-        try:
-            messages = await tail(c, b.address, dlq, PAGE)
-        except ApiError as exc:
-            if exc.code == "TOPIC_NOT_FOUND":
-                continue
-            raise
-        for m in messages:
-            if message_id and m.get("message_id") != message_id:
-                continue
-            outcome, message = plan_resend(dlq, m)
-            if message is not None:
-                try:
-                    answer = await c.call(
-                        "POST", f"{b.address}/v1/topics/{segment(outcome.topic)}/messages",
-                        json={"messages": [message]})
-                    outcome.result = answer.get("results", [{}])[0]
-                except ApiError as exc:
-                    outcome.error = str(exc)
-            outcomes.append(outcome)
-    if message_id and not outcomes:
-        raise ApiError("MESSAGE_NOT_FOUND", f"no message {message_id!r} in {dlq}")
-    return outcomes

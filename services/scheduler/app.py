@@ -11,19 +11,20 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from pydantic import BaseModel, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.numbers import INT32_MAX, INT64_MAX
 
-from services.common.answers import Scheduled
+from services.common.answers import Histogram, Scheduled
 from services.common.app import create_app, error_response, reply, token_guard
 from services.common.bodies import StrictBody, body_doc, read_model
 from services.common.broker_client import BrokerDown, BrokerRefused
 from services.common.openapi import errors
 from services.scheduler.cancel import Outcome
+from services.scheduler.histogram import histogram
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.service import Scheduler
 from services.scheduler.settings import SchedulerSettings
@@ -136,6 +137,17 @@ async def cancel(request: Request) -> Response:
 async def scheduled(request: Request,
                     topic: Annotated[str | None, Query()] = None) -> Response:
     return reply(request, await scheduler_of(request).scheduled(topic))
+
+
+@router.get("/scheduled/histogram", summary="Pending timers by hour or day of due time",
+            response_model=Histogram, responses=errors(ErrorCode.UNAVAILABLE))
+async def scheduled_histogram(
+    request: Request,
+    by: Annotated[Literal["hour", "day"], Query(description="bucket width")] = "hour",
+) -> Response:
+    scheduler = scheduler_of(request)
+    scheduler.require_ready()
+    return reply(request, await histogram(scheduler.store, by))
 
 
 @router.get("/status", summary="Clock, progress and memory (for operators and tests)",

@@ -102,6 +102,8 @@ def test_real_answers_match_the_documents(all_services: Cluster) -> None:
 
     # delays, as clients and as the scheduler see them
     broker.call("GET", "/v1/scheduled", params={"topic": topic})
+    broker.call("GET", "/v1/scheduled/histogram", params={"by": "day"})
+    broker.call("GET", "/v1/messages/{message_id}/trace", f"/v1/messages/{timer_id}/trace")
     broker.call("GET", "/internal/v1/schedule/info")
     broker.call("GET", "/internal/v1/schedule/intake", params={"offset": 0, "max": 4096})
     due = broker.call("POST", "/internal/v1/schedule/levels/due",
@@ -136,6 +138,21 @@ def test_real_answers_match_the_documents(all_services: Cluster) -> None:
     broker.call("POST", "/v1/transactions/end", json={"producer_group": producers, "ends": [
         {"transaction_id": half["transaction_id"], "action": "commit"}]})
     broker.call("GET", "/internal/v1/transactions/ops", params={"max": 1024})
+    # a discarded transaction, seen and resolved by an operator
+    dropped = broker.call("POST", "/v1/transactions", both=False, json={
+        "producer_group": producers, "topic": topic, "message": {"body": "dropped"}})
+    halves = broker.call("GET", "/internal/v1/transactions/halves", params={"max": 1024})
+    (entry,) = [e for e in halves["entries"] if e["transaction_id"] == dropped["transaction_id"]]
+    broker.call("POST", "/internal/v1/transactions/actions", both=False, json={"actions": [
+        {"transaction_id": entry["transaction_id"], "physical_offset": entry["physical_offset"],
+         "action": "discard"}]})
+    broker.call("GET", "/v1/transactions/{transaction_id}",
+                f"/v1/transactions/{dropped['transaction_id']}")
+    broker.call("POST", "/v1/transactions/{transaction_id}/resolve",
+                f"/v1/transactions/{dropped['transaction_id']}/resolve",
+                json={"action": "drop"})
+    broker.call("GET", "/v1/messages/{message_id}/trace",
+                f"/v1/messages/{dropped['message_id']}/trace")
     broker.call("DELETE", "/v1/producers/{group}/members/{client_id}",
                 f"/v1/producers/{producers}/members/p1")
 
@@ -171,6 +188,7 @@ def test_real_answers_match_the_documents(all_services: Cluster) -> None:
     scheduler = Service(all_services.scheduler.url)
     scheduler.call("GET", "/internal/v1/status")
     scheduler.call("GET", "/internal/v1/scheduled")
+    scheduler.call("GET", "/internal/v1/scheduled/histogram", params={"by": "hour"})
     scheduler.call("POST", "/internal/v1/clock", json={"advance_ms": 0})
 
     checker = Service(all_services.checker.url)

@@ -32,6 +32,9 @@ class SchedulerClient:
         params = {"topic": topic} if topic else {}
         return await self._call("GET", "/internal/v1/scheduled", params=params)
 
+    async def histogram(self, by: str) -> dict[str, Any]:
+        return await self._call("GET", "/internal/v1/scheduled/histogram", params={"by": by})
+
     async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
             resp = await self.http.request(method, path, **kwargs)

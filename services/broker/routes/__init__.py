@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from services.broker.routes import (
     delays,
     groups,
+    inspect,
     internal,
     internal_bodies,
     messages,
@@ -18,7 +19,7 @@ from services.broker.routes import (
 
 ROUTERS: list[APIRouter] = [
     topics.router, messages.router, groups.router, query.router, internal.router,
-    internal_bodies.router,
+    internal_bodies.router, inspect.router,
     transactions.router, transactions_internal.router, delays.router, delays.internal,
 ]
 

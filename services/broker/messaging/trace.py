@@ -1,0 +1,97 @@
+"""A message's trace (``GET /v1/messages/{id}/trace``): every stored copy of it, each named by
+what it was, with the transaction and delay it went through.
+
+The broker finds every copy by message id (the index) and names each one: ``half`` (a half
+copy: one more per check), ``discarded``, ``committed``, ``delayed`` (waiting for its time),
+``cancelled``, ``delivered`` (stored in its topic after a delay), ``stored`` (a plain send),
+``retry`` (a copy a consumer group sent back, waiting or in its retry topic) and ``dlq``. The
+transaction (check count, state, an operator's resolution) comes from the transaction table;
+which consumer groups consumed the message is for the caller to tell from the groups' offsets
+against ``consumable`` (the copy consumers read).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidemq.protocol import TRAN_MSG, TRANSACTION_ID, ProtocolError
+from tidemq.protocol.topics import DLQ_PREFIX
+
+from services.broker.delays.routing import CANCELS_TOPIC, due_of, is_waiting
+from services.broker.messaging.query import QueryService, is_retry_copy, retry_history
+from services.broker.store.types import StoredRecord
+from services.broker.transactions.model import (
+    DISCARD_TOPIC,
+    HALF_TOPIC,
+    check_times_of,
+    is_commit_copy,
+)
+from services.broker.transactions.resolve import describe
+from services.broker.transactions.service import TransactionService
+
+
+def kind_of(rec: StoredRecord, txid: str, after_wait: bool) -> str:
+    if is_retry_copy(rec):
+        return "dlq" if rec.topic.startswith(DLQ_PREFIX) else "retry"
+    if rec.topic == HALF_TOPIC:
+        return "half"
+    if rec.topic == DISCARD_TOPIC:
+        return "discarded"
+    if rec.topic == CANCELS_TOPIC:
+        return "cancelled"
+    if is_waiting(rec):
+        return "delayed"
+    if txid and is_commit_copy(rec, txid) and not after_wait:
+        return "committed"
+    return "delivered" if after_wait else "stored"
+
+
+def copy_entry(rec: StoredRecord, kind: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"kind": kind, "topic": rec.topic, "queue_id": rec.queue_id,
+                             "queue_offset": rec.queue_offset,
+                             "store_timestamp_ms": rec.store_timestamp}
+    if kind == "half":
+        entry["check_times"] = check_times_of(rec)
+    elif kind == "delayed":
+        entry["deliver_at_ms"] = due_of(rec)
+    elif kind in ("retry", "dlq"):
+        entry["reconsume_times"] = rec.reconsume_times
+    return entry
+
+
+def trace(queries: QueryService, tx: TransactionService, message_id: str) -> dict[str, Any]:
+    copies = queries.copies(message_id)  # 404 MESSAGE_NOT_FOUND
+    shown, state = queries.copies_state(copies)
+    txid = next((c.properties.get(TRANSACTION_ID, "") for c in reversed(copies)
+                 if c.properties.get(TRAN_MSG) == "true" and c.properties.get(TRANSACTION_ID)),
+                "")
+    entries: list[dict[str, Any]] = []
+    waited = False
+    consumable: StoredRecord | None = None
+    delay: dict[str, Any] | None = None
+    for rec in copies:  # oldest first
+        kind = kind_of(rec, txid, waited)
+        entries.append(copy_entry(rec, kind))
+        if kind == "delayed":
+            waited = True
+            delay = {"deliver_at_ms": due_of(rec), "state": "scheduled"}
+        elif kind == "cancelled" and delay is not None:
+            delay["state"] = "cancelled"
+        elif kind in ("stored", "committed", "delivered"):
+            consumable = rec
+            if kind == "delivered" and delay is not None:
+                delay.update(state="delivered", delivered_ms=rec.store_timestamp)
+    transaction = None
+    if txid:
+        try:
+            transaction = describe(tx, txid)
+        except ProtocolError:  # past retention: the copies still tell the story
+            transaction = {"transaction_id": txid}
+    return {
+        "message_id": message_id, "topic": shown.topic, "state": state.value,
+        "born_timestamp_ms": shown.born_timestamp, "transaction": transaction, "delay": delay,
+        "consumable": None if consumable is None else {
+            "topic": consumable.topic, "queue_id": consumable.queue_id,
+            "queue_offset": consumable.queue_offset},
+        "retries": retry_history(copies), "copies": entries,
+    }
