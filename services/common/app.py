@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any
@@ -19,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse as FastAPIJSONResponse
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import APIKeyHeader
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.codec import encode_payload, is_msgpack
@@ -106,6 +107,7 @@ def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | Non
                   default_response_class=JSONResponse, docs_url=None, redoc_url=None)
     install_docs(app)
     finish_openapi(app)
+    _record_start(registry)
 
     @app.exception_handler(ProtocolError)
     async def _protocol_error(_: Request, exc: ProtocolError) -> Response:
@@ -148,6 +150,19 @@ def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | Non
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+#: When the service started (Unix seconds): the console shows each service's uptime from it.
+START_TIME_METRIC = "tidemq_service_start_time_seconds"
+
+
+def _record_start(registry: CollectorRegistry) -> None:
+    try:
+        started = Gauge(START_TIME_METRIC, "when this service process started (Unix seconds)",
+                        registry=registry)
+    except ValueError:  # a second app on the same registry (tests): the first start stands
+        return
+    started.set(time.time())
 
 
 async def no_lifespan(_: FastAPI) -> AsyncIterator[None]:

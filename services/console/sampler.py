@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.common.app import START_TIME_METRIC
 from services.console.client import ApiError, Broker, ConsoleClient, segment
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ RECEIVED = "tidemq_broker_simple_delivered"  # messages handed out by simple-con
 LOG_MIN = "tidemq_broker_store_commitlog_min_offset"
 LOG_MAX = "tidemq_broker_store_commitlog_max_offset"
 DISK_RATIO = "tidemq_broker_store_disk_used_ratio"
-WANTED = {SENT, PULLED, RECEIVED, LOG_MIN, LOG_MAX, DISK_RATIO}
+STARTED = START_TIME_METRIC  # Unix seconds: the broker process's start, for its uptime
+WANTED = {SENT, PULLED, RECEIVED, LOG_MIN, LOG_MAX, DISK_RATIO, STARTED}
 CONCURRENCY = 4  # requests in flight at once per sampling round
 MAX_GROUPS = 256  # consumer groups whose lag one round samples per broker (by name)
 
@@ -42,6 +44,7 @@ class BrokerSample:
     received: float = 0.0
     log_bytes: float = 0.0
     disk_used_ratio: float | None = None
+    started_s: float | None = None  # Unix seconds
 
 
 def parse_metrics(text: str, at: float) -> BrokerSample:
@@ -63,6 +66,8 @@ def parse_metrics(text: str, at: float) -> BrokerSample:
                 s.log_bytes += sample.value
             elif name == DISK_RATIO:
                 s.disk_used_ratio = sample.value
+            elif name == STARTED:
+                s.started_s = sample.value
     return s
 
 
@@ -75,6 +80,7 @@ class Rates:
     by_topic: dict[str, tuple[float, float]]  # topic → (send, receive) per second
     log_bytes: float
     disk_used_ratio: float | None
+    started_s: float | None = None  # the broker process's start (Unix seconds)
 
 
 def rates(pair: deque[BrokerSample]) -> Rates | None:
@@ -82,7 +88,7 @@ def rates(pair: deque[BrokerSample]) -> Rates | None:
         return None
     new = pair[-1]
     if len(pair) < 2 or new.at <= pair[0].at:
-        return Rates(None, None, {}, new.log_bytes, new.disk_used_ratio)
+        return Rates(None, None, {}, new.log_bytes, new.disk_used_ratio, new.started_s)
     old, dt = pair[0], new.at - pair[0].at
 
     def per_s(a: float, b: float) -> float:
@@ -93,7 +99,7 @@ def rates(pair: deque[BrokerSample]) -> Rates | None:
                 for t in set(new.sent) | set(new.consumed)}
     send = sum(v[0] for v in by_topic.values())
     receive = sum(v[1] for v in by_topic.values()) + per_s(old.received, new.received)
-    return Rates(send, receive, by_topic, new.log_bytes, new.disk_used_ratio)
+    return Rates(send, receive, by_topic, new.log_bytes, new.disk_used_ratio, new.started_s)
 
 
 class Sampler:

@@ -226,6 +226,7 @@ def test_cluster_view(page: Any, system: System) -> None:
     assert row.locator("td.broker-id").inner_text() == "0"
     assert "iB" in row.locator("td.log").inner_text()  # the commit log holds the seeded data
     assert row.locator("td.disk").inner_text().endswith("%")
+    assert row.locator("td.uptime").inner_text()[-1] in "sm"  # e.g. 0m42s, from its /metrics
     assert "scheduler" in page.locator("main").inner_text()
 
 

@@ -26,6 +26,7 @@ def exposition(sent: dict[str, int], pulled: dict[str, int], received: int, log:
     Gauge("tidemq_broker_store_commitlog_max_offset", "x", registry=r).set(log[1])
     Gauge("tidemq_broker_store_disk_used_ratio", "x", registry=r).set(disk)
     Gauge("tidemq_broker_unrelated", "x", registry=r).set(7)
+    Gauge("tidemq_service_start_time_seconds", "x", registry=r).set(1_800_000_000)
     return generate_latest(r).decode()
 
 
@@ -33,6 +34,7 @@ def test_rates_over_two_samples() -> None:
     first = parse_metrics(exposition({"A": 10, "B": 5}, {"A": 4}, 2, (100, 1100), 0.25), 10.0)
     assert first.sent == {"A": 10, "B": 5} and first.consumed == {"A": 4}
     assert first.log_bytes == 1000 and first.disk_used_ratio == 0.25
+    assert first.started_s == 1_800_000_000
     pair: deque[BrokerSample] = deque([first], maxlen=2)
     one = rates(pair)
     assert one is not None and one.send is None and one.log_bytes == 1000  # one sample: no rate
@@ -43,6 +45,7 @@ def test_rates_over_two_samples() -> None:
     assert two.send == (20 + 0 + 4) / 2 and two.receive == (10 + 4) / 2
     assert two.by_topic["A"] == (10.0, 5.0) and two.by_topic["C"] == (2.0, 0.0)
     assert two.log_bytes == 3000 and two.disk_used_ratio == 0.5
+    assert two.started_s == 1_800_000_000  # the broker's start, for its uptime
 
 
 def test_timer_bars_are_contiguous_and_count_what_lies_beyond() -> None:
