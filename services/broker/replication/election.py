@@ -198,8 +198,11 @@ class Elector:
                 self._error = str(exc)
             except Exception:
                 log.exception("election step failed")
+            # asyncio.timeout, not wait_for: 3.11's wait_for may swallow a cancel that
+            # arrives together with a wakeup, and stop() would wait forever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def _watch_group(self) -> None:
