@@ -27,6 +27,8 @@ from services.broker.messaging.send import SendService, now_ms
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.registrar import NameserverRegistrar
+from services.broker.replication.epochs import EpochFile
+from services.broker.replication.role import BrokerRole, static_role
 from services.broker.settings import BrokerSettings
 from services.broker.store.store import MessageStore
 from services.broker.transactions.checker_api import TxChecking
@@ -34,6 +36,7 @@ from services.broker.transactions.service import TransactionService
 
 log = logging.getLogger(__name__)
 
+EPOCH_FILE = "epochs.json"  # the epoch history, in the data directory (replicated groups only)
 REGISTER_TIMEOUT_S = 5.0  # a topic create waits this long for the nameservers at most
 
 
@@ -53,6 +56,7 @@ class Broker:
     transactions: TransactionService
     tx_checking: TxChecking
     schedule: ScheduleService
+    role: BrokerRole
 
     def __init__(self, settings: BrokerSettings, metrics: BrokerMetrics | None = None) -> None:
         self.settings = settings
@@ -71,6 +75,11 @@ class Broker:
         await asyncio.to_thread(self.topics.load)
         self.store = await MessageStore.open(s.store_config())
         self.store.add_listener(self.hold.notify)
+        store = self.store
+        self.role = await asyncio.to_thread(
+            static_role, EpochFile(s.data_dir / EPOCH_FILE), s.address,
+            lambda: store.log.write_offset, s.role, s.broker_id, s.primary_address,
+            s.replicated)
         self.offsets = OffsetStore(s.redis_url, s.cluster, s.broker_name)
         await self.offsets.start()
         self.simple = SimpleConsumerService(self.store, s.redis_url, s.cluster, self.hold,
@@ -107,13 +116,14 @@ class Broker:
         self.queries.views.append(self.tx_checking.message_view)
         for loop in self._loops:
             loop.start()
-        store = self.store
         self.registrar = NameserverRegistrar(
             s.nameserver_urls, s.cluster, s.broker_name, s.address, self.topics.route_table,
             s.register_interval_s, token=s.token, broker_id=s.broker_id,
+            role=self.role.role.value, epoch=self.role.epoch,
             grpc_address=s.grpc_address if s.grpc_enabled and s.grpc_port else None,
             max_offset_provider=lambda: store.log.write_offset)
         self.topics.add_listener(self._topic_changed)
+        self.role.add_listener(self._role_changed)
         self.registrar.start()
         self.metrics.add_stats("tidemq_broker_store_", self.store.stats, "store")
         self.metrics.add_stats("tidemq_broker_", self.stats, "broker")
@@ -161,6 +171,12 @@ class Broker:
                         "heartbeat will retry", REGISTER_TIMEOUT_S)
 
     def _topic_changed(self, cfg: TopicConfig) -> None:
+        self.registrar.request_heartbeat()
+
+    def _role_changed(self) -> None:
+        """Tell the nameservers at once who this broker is now."""
+        self.registrar.role = self.role.role.value
+        self.registrar.epoch = self.role.epoch
         self.registrar.request_heartbeat()
 
     def health(self) -> str | None:

@@ -109,6 +109,27 @@ class BrokerSettings(ServiceSettings):
     # invisibility of a message received without one (push consumers) (ms)
     grpc_invisible_ms: int = Field(default=60_000, gt=0)
 
+    # --- replication inside the group (services/broker/replication) ---------------------------
+    # copies of this group's log, the primary included (1 = no replication, nothing changes)
+    replicas: int = Field(default=1, ge=1, le=MAX_BROKER_ID + 1)
+    # static role until a failover controller drives it ("" = primary when broker_id is 0);
+    # read from TIDEMQ_BROKER_ROLE
+    role: Literal["", "primary", "replica"] = ""
+    primary_address: str = ""  # a replica's primary (base URL) while no controller tells it
+    # "sync": a send is acknowledged once min_insync copies hold it; "async": at once
+    replication: Literal["sync", "async"] = "sync"
+    # copies (the primary included) that must hold a record before a sync send is acknowledged
+    # and before consumers see it; fewer live in-sync copies → NOT_ENOUGH_REPLICAS (0 = majority)
+    min_insync: int = Field(default=0, ge=0, le=MAX_BROKER_ID + 1)
+    # a replica is in sync while it caught up with the primary's end within this time (ms)
+    replica_lag_max_ms: int = Field(default=5000, gt=0)
+    # a replica's fetch at the primary's end is held this long for new records (ms)
+    replica_fetch_wait_ms: int = Field(default=500, ge=0, le=LONG_POLL_MAX_MS)
+    replica_fetch_max_bytes: int = Field(default=4 * MiB, ge=64 * 1024)  # one fetch answer (B)
+    replica_retry_ms: int = Field(default=200, gt=0)  # a failed fetch is retried after (ms)
+    # a sync send waits this long for min_insync copies before NOT_ENOUGH_REPLICAS (ms)
+    sync_ack_timeout_ms: int = Field(default=5000, gt=0)
+
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @field_validator("advertised_address")
@@ -148,6 +169,18 @@ class BrokerSettings(ServiceSettings):
             max_delay_ms=self.max_delay_ms,
             max_delay_level=len(self.delay_levels_ms),
         )
+
+    @property
+    def replicated(self) -> bool:
+        """Whether this group replicates (more than one copy)."""
+        return self.replicas > 1
+
+    @property
+    def quorum(self) -> int:
+        """Copies that must hold a record before it is acknowledged (sync) and visible."""
+        if self.min_insync:
+            return min(self.min_insync, self.replicas)
+        return self.replicas // 2 + 1
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:
