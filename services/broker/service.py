@@ -27,6 +27,7 @@ from services.broker.messaging.send import SendService, now_ms
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.registrar import NameserverRegistrar
+from services.broker.replication.election import Elector, elector_for
 from services.broker.replication.epochs import EpochFile
 from services.broker.replication.role import BrokerRole, static_role
 from services.broker.settings import BrokerSettings
@@ -78,7 +79,9 @@ class Broker:
         store = self.store
         self.role = await asyncio.to_thread(
             static_role, EpochFile(s.data_dir / EPOCH_FILE), s.address,
-            lambda: store.log.write_offset, s.role, s.broker_id, s.primary_address,
+            lambda: store.log.write_offset,
+            # with etcd every member starts as a replica; the election picks the primary
+            s.role or ("replica" if s.etcd_urls else ""), s.broker_id, s.primary_address,
             s.replicated)
         self.offsets = OffsetStore(s.redis_url, s.cluster, s.broker_name)
         await self.offsets.start()
@@ -125,6 +128,9 @@ class Broker:
         self.topics.add_listener(self._topic_changed)
         self.role.add_listener(self._role_changed)
         self.registrar.start()
+        self.elector: Elector | None = elector_for(s, self.role)
+        if self.elector is not None:
+            self.elector.start()
         self.metrics.add_stats("tidemq_broker_store_", self.store.stats, "store")
         self.metrics.add_stats("tidemq_broker_", self.stats, "broker")
         self.metrics.add_stats("tidemq_broker_transactions_", self.transactions.stats,
@@ -147,6 +153,7 @@ class Broker:
         self.started = False
         self.begin_shutdown()
         steps: list[tuple[str, Any]] = [
+            *((("election", self.elector.close()),) if self.elector is not None else ()),
             ("nameserver registrar", self.registrar.stop()),
             *((f"loop {loop.name}", loop.stop()) for loop in self._loops),
             ("transaction rebuild", self.tx_checking.stop()),

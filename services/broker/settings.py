@@ -10,7 +10,7 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 from tidemq.protocol import Limits
 
@@ -46,6 +46,15 @@ class BrokerSettings(ServiceSettings):
     # nameserver heartbeat period (s)
     register_interval_s: float = Field(default=BROKER_HEARTBEAT_INTERVAL_S, gt=0)
     redis_url: str = "redis://127.0.0.1:6379/0"  # consumer offsets, simple-consumer state
+
+    # --- failover: etcd decides which member leads (services/broker/replication/election.py) --
+    # comma-separated etcd client URLs ("" = no automatic failover: roles stay as configured)
+    etcd_endpoints: str = ""
+    # the primary's etcd lease TTL (s, whole seconds): a dead primary is replaced after about this
+    lease_s: float = Field(default=6.0, ge=1)
+    # the primary stops acknowledging writes this long before its lease could lapse in etcd (s)
+    lease_margin_s: float = Field(default=1.0, ge=0)
+    election_interval_s: float = Field(default=1.0, gt=0)  # lease renewal / election step (s)
 
     # --- store (see services/broker/store/config.py) -----------------------------------------
     data_dir: Path = Path("tidemq-data/broker")  # store files and topics.json live here
@@ -169,6 +178,18 @@ class BrokerSettings(ServiceSettings):
             max_delay_ms=self.max_delay_ms,
             max_delay_level=len(self.delay_levels_ms),
         )
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> BrokerSettings:
+        if self.lease_margin_s + self.election_interval_s >= self.lease_s:
+            raise ValueError(f"lease_margin_s ({self.lease_margin_s}) + election_interval_s "
+                             f"({self.election_interval_s}) must be shorter than lease_s "
+                             f"({self.lease_s}): the primary must renew before its fence shuts")
+        return self
+
+    @property
+    def etcd_urls(self) -> list[str]:
+        return split_urls(self.etcd_endpoints)
 
     @property
     def replicated(self) -> bool:

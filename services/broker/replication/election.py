@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from services.broker.settings import BrokerSettings
 from services.common.etcd import (
     EtcdClient,
     EtcdError,
@@ -58,6 +59,7 @@ class RoleSeam(Protocol):
     """What the election drives: the broker's replication role (replication/role.py)."""
 
     fence: Callable[[], bool]
+    epoch: int  # the epoch this broker last led or followed under
 
     async def promote(self, epoch: int) -> None: ...
 
@@ -113,6 +115,16 @@ class Claim:
         except (ValueError, KeyError, TypeError):
             log.error("unreadable election value at %s: %r", kv.key, kv.value[:200])
             return None
+
+
+def elector_for(settings: BrokerSettings, role: RoleSeam) -> Elector | None:
+    """The broker's elector when ``etcd_endpoints`` is set (None: static roles)."""
+    if not settings.etcd_urls:
+        return None
+    return Elector(EtcdClient(settings.etcd_urls), role, cluster=settings.cluster,
+                   broker_name=settings.broker_name, broker_id=settings.broker_id,
+                   address=settings.address, lease_s=settings.lease_s,
+                   margin_s=settings.lease_margin_s, interval_s=settings.election_interval_s)
 
 
 def best_member(members: list[Claim]) -> Claim | None:
@@ -182,6 +194,10 @@ class Elector:
             if was_leading:
                 log.info("gave up the lead of %s (epoch %d)", self.keys.broker_name, self.epoch)
         self.lease = 0
+
+    async def close(self) -> None:
+        await self.stop()
+        await self.client.close()
 
     async def _run(self) -> None:
         while True:
@@ -271,6 +287,10 @@ class Elector:
         log.info("following %s/%d at %s (epoch %d)", self.keys.broker_name, primary.broker_id,
                  primary.address, primary.epoch)
         self.epoch = max(self.epoch, primary.epoch)
+        if primary.epoch < self.role.epoch:
+            log.error("etcd names %s (epoch %d) primary, but this broker knows epoch %d: "
+                      "not following it", primary.address, primary.epoch, self.role.epoch)
+            return
         await self.role.demote(primary.address, primary.epoch)
         self.following = primary
         if self.on_change is not None:
@@ -297,7 +317,7 @@ class Elector:
             current = int(stored.value) if stored is not None else 0
         except ValueError:
             current = 0
-        epoch = max(current, self.epoch) + 1
+        epoch = max(current, self.epoch, self.role.epoch) + 1
         sent = self.clock()
         me = Claim(self.broker_id, self.address, epoch, self.role.last_offset())
         won = await self.client.txn(

@@ -26,15 +26,18 @@ class FakeRole:
 
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
+        self.epoch = 0
         self.fence: Callable[[], bool] = lambda: False
         self.promoted: list[tuple[int, float]] = []  # (epoch, monotonic time)
         self.demoted: list[tuple[str, int]] = []
 
     async def promote(self, epoch: int) -> None:
         self.promoted.append((epoch, time.monotonic()))
+        self.epoch = epoch
 
     async def demote(self, primary_address: str, epoch: int) -> None:
         self.demoted.append((primary_address, epoch))
+        self.epoch = epoch
 
     def last_offset(self) -> int:
         return self.offset
@@ -203,3 +206,20 @@ async def test_fence_is_false_without_etcd(tmp_path: Path) -> None:
     finally:
         await e.stop()
         await c.close()
+
+
+async def test_a_new_epoch_is_past_the_one_the_broker_recorded(client: EtcdClient) -> None:
+    """etcd's counter may be behind the broker's own epoch history (a fresh etcd): the new
+    epoch is past both."""
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    role = FakeRole()
+    role.epoch = 7
+    e = _elector(client, role, group, 0)
+    e.start()
+    try:
+        await _until(lambda: bool(role.promoted))
+        assert role.promoted[0][0] == 8
+        stored = await client.get(GroupKeys("test", group).epoch)
+        assert stored is not None and stored.value == b"8"
+    finally:
+        await e.stop()
