@@ -29,6 +29,7 @@ from services.broker.observability import BrokerMetrics
 from services.broker.registrar import NameserverRegistrar
 from services.broker.replication.election import Elector, elector_for
 from services.broker.replication.epochs import EpochFile
+from services.broker.replication.manager import ReplicationManager
 from services.broker.replication.role import BrokerRole, static_role
 from services.broker.settings import BrokerSettings
 from services.broker.store.store import MessageStore
@@ -58,6 +59,7 @@ class Broker:
     tx_checking: TxChecking
     schedule: ScheduleService
     role: BrokerRole
+    replication: ReplicationManager
 
     def __init__(self, settings: BrokerSettings, metrics: BrokerMetrics | None = None) -> None:
         self.settings = settings
@@ -75,7 +77,6 @@ class Broker:
         s.data_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self.topics.load)
         self.store = await MessageStore.open(s.store_config())
-        self.store.add_listener(self.hold.notify)
         store = self.store
         self.role = await asyncio.to_thread(
             static_role, EpochFile(s.data_dir / EPOCH_FILE), s.address,
@@ -83,6 +84,10 @@ class Broker:
             # with etcd every member starts as a replica; the election picks the primary
             s.role or ("replica" if s.etcd_urls else ""), s.broker_id, s.primary_address,
             s.replicated)
+        self.replication = ReplicationManager(s, store, self.role, self.topics, self.hold.notify)
+        # a replicated store wakes long polls only once records are below the high-water mark
+        self.store.add_listener(self.replication.visibility.on_write if s.replicated
+                                else self.hold.notify)
         self.offsets = OffsetStore(s.redis_url, s.cluster, s.broker_name)
         await self.offsets.start()
         self.simple = SimpleConsumerService(self.store, s.redis_url, s.cluster, self.hold,
@@ -127,6 +132,10 @@ class Broker:
             max_offset_provider=lambda: store.log.write_offset)
         self.topics.add_listener(self._topic_changed)
         self.role.add_listener(self._role_changed)
+        if s.replicated:
+            self.replication.on_promoted = self._promoted
+            self.replication.register_metrics(self.metrics.registry)
+            await self.replication.start()
         self.registrar.start()
         self.elector: Elector | None = elector_for(s, self.role)
         if self.elector is not None:
@@ -154,6 +163,7 @@ class Broker:
         self.begin_shutdown()
         steps: list[tuple[str, Any]] = [
             *((("election", self.elector.close()),) if self.elector is not None else ()),
+            ("replication", self.replication.close()),
             ("nameserver registrar", self.registrar.stop()),
             *((f"loop {loop.name}", loop.stop()) for loop in self._loops),
             ("transaction rebuild", self.tx_checking.stop()),
@@ -180,6 +190,14 @@ class Broker:
     def _topic_changed(self, cfg: TopicConfig) -> None:
         self.registrar.request_heartbeat()
 
+    async def _promoted(self) -> None:
+        """A replica became primary: derived state learns what the log holds (the dedup map
+        consults the index for a window; pending transactions are loaded again)."""
+        self.sender.dedup.mark_incomplete(now_ms())
+        await self.tx_checking.stop()
+        self.tx_checking.rebuilt.clear()
+        self.tx_checking.start_rebuild()
+
     def _role_changed(self) -> None:
         """Tell the nameservers at once who this broker is now."""
         self.registrar.role = self.role.role.value
@@ -193,7 +211,7 @@ class Broker:
             return None
         failure = self.store.failure
         if not failure:
-            return None
+            return self.replication.health() if self.settings.replicated else None
         return f"store writer stopped, every write is refused until a restart: {failure}"
 
     def stats(self) -> dict[str, float]:
