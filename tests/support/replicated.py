@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.support.procs import ServiceProcess, free_port
 
 LEASE_S = 2  # the primary's etcd lease in these tests (s)
 GROUP = "broker-a"
+START_TIMEOUT_S = 60.0  # a broker start on a busy machine (s)
 STATUS_PATH = "/internal/v1/replication/status"
 
 
@@ -62,8 +64,9 @@ class ReplicatedGroup:
             port = free_port()
             proc = ServiceProcess("broker", port, self.broker_env(broker_id, port), self.workdir)
             self.brokers.append(proc)
-        for proc in self.brokers:  # all at once: the election waits for none of them
-            proc.start()
+        # all at once (each start waits for its /healthz): the election waits for none
+        with ThreadPoolExecutor(len(self.brokers)) as pool:
+            list(pool.map(lambda proc: proc.start(START_TIMEOUT_S), self.brokers))
 
     def status(self, broker_id: int) -> dict[str, Any] | None:
         proc = self.brokers[broker_id]
@@ -103,7 +106,11 @@ class ReplicatedGroup:
     def restart(self, broker_id: int) -> None:
         proc = self.brokers[broker_id]
         proc.stop()
-        proc.start()
+        proc.start(START_TIMEOUT_S)
+
+    def revive(self, broker_id: int) -> None:
+        """Start a stopped (killed) member again: it rejoins as a replica."""
+        self.brokers[broker_id].start(START_TIMEOUT_S)
 
     def logs(self) -> str:
         return "\n".join(f"--- broker {i}\n{p.logs()[-3000:]}" for i, p in

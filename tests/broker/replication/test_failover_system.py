@@ -131,14 +131,13 @@ async def test_sigkill_the_primary_ten_rounds_under_sync_sends(group: Replicated
             new, new_epoch = await asyncio.to_thread(group.wait_primary, 15, epoch)
             elections.append(time.monotonic() - killed_at)
             assert new != primary and new_epoch > epoch, f"round {n}"
-            await asyncio.to_thread(group.brokers[primary].start)  # rejoins as a replica
+            await asyncio.to_thread(group.revive, primary)  # rejoins as a replica
 
     await traffic.run(rounds)
     final, _ = group.wait_primary(15)
     wait_for(lambda: _all_in_sync(group, final), 20, "three copies in sync at the end")
     stored = stored_ids(group, final)
     assert traffic.errors == []
-    assert len(stored) == len(set(stored))  or len(set(stored)) >= len(set(traffic.acked))
     lost = set(traffic.acked) - set(stored)
     vanished = traffic.consumed - set(stored)
     assert len(traffic.acked) > ROUNDS * 20
