@@ -6,6 +6,7 @@ the one place that spells the variables the CLI passes to each of them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import secrets
@@ -18,6 +19,7 @@ from services.common.constants import (
     BROKER_PORT,
     CHECKER_PORT,
     CONSOLE_PORT,
+    ETCD_PORT,
     METRICS_PORT,
     NAMESERVER_PORT,
     SCHEDULER_PORT,
@@ -74,6 +76,7 @@ class UpOptions:
     groups: int = 1  # broker groups: one broker, checker and scheduler each
     nameservers: int = 1
     grpc_off: frozenset[int] = frozenset()  # groups whose gRPC door stays off (port busy)
+    etcd_port: int = ETCD_PORT  # client port of the etcd started for replicated groups
 
     def nameserver_ports(self) -> list[int]:
         return [self.nameserver_port + NAMESERVER_PORT_STEP * j
@@ -275,6 +278,23 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                     env["DATA_DIR"] = str(data_dir / opts.data_subdir(kind, i))
                 specs.append(spec(kind, i, opts.group_port(kind, i), env))
     return specs
+
+
+def etcd_command(exe: str, host: str, client_port: int, data_dir: Path) -> list[str]:
+    """A managed single-member etcd: client URL on ``client_port``, peers on the next port,
+    data under ``data_dir`` (kept across runs)."""
+    client, peer = f"http://{host}:{client_port}", f"http://{host}:{client_port + 1}"
+    return [exe, "--name", "tidemq", "--data-dir", str(data_dir),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"tidemq={peer}", "--log-level", "warn"]
+
+
+def with_etcd(specs: list[ServiceSpec], etcd_url: str) -> list[ServiceSpec]:
+    """Every broker of ``specs`` told where etcd is (automatic failover in its group)."""
+    return [dataclasses.replace(s, env={**s.env, ENV_PREFIX["broker"] + "ETCD_ENDPOINTS":
+                                        etcd_url})
+            if s.service == "broker" else s for s in specs]
 
 
 def redis_command(exe: str, port: int, host: str, data_dir: Path) -> list[str]:

@@ -118,8 +118,9 @@ class Claim:
 
 
 def elector_for(settings: BrokerSettings, role: RoleSeam) -> Elector | None:
-    """The broker's elector when ``etcd_endpoints`` is set (None: static roles)."""
-    if not settings.etcd_urls:
+    """The broker's elector when its group replicates and ``etcd_endpoints`` is set (None:
+    static roles)."""
+    if not settings.etcd_urls or not settings.replicated:
         return None
     return Elector(EtcdClient(settings.etcd_urls), role, cluster=settings.cluster,
                    broker_name=settings.broker_name, broker_id=settings.broker_id,
