@@ -30,6 +30,7 @@ import typer
 from services.cli.plan import (
     MAX_GROUPS,
     MAX_NAMESERVERS,
+    MAX_REPLICAS,
     SERVICE_ORDER,
     TOKEN_FILE,
     ServiceSpec,
@@ -189,6 +190,10 @@ def up(
     nameservers: Annotated[int, typer.Option(
         min=1, max=MAX_NAMESERVERS, help="Nameservers; every broker registers with all.")
                            ] = _DEFAULTS.nameservers,
+    replicas: Annotated[int, typer.Option(
+        min=1, max=MAX_REPLICAS, help="Copies of each group's log: broker_id 0 is primary, "
+                                      "replica j listens on the broker port + 100*j.")
+                        ] = _DEFAULTS.replicas,
     data_dir: Annotated[Path, typer.Option(help="Store, Redis and logs go here.")
                         ] = _DEFAULTS.data_dir,
     flush: Annotated[FlushChoice, typer.Option(help="Broker flush mode.")
@@ -227,7 +232,7 @@ def up(
                      scheduler_port=scheduler_port, metrics_port=metrics_port,
                      console_port=console_port,
                      flush=flush.value, metrics=metrics, skip=skipped, groups=groups,
-                     nameservers=nameservers, grpc_off=frozenset(grpc_off))
+                     nameservers=nameservers, grpc_off=frozenset(grpc_off), replicas=replicas)
     if os.environ.get("TIDEMQ_TOKEN"):
         token, token_origin = resolve_token(os.environ), "from TIDEMQ_TOKEN"
     else:
