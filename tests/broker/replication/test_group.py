@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import RedisServer
-from tests.support.broker import BrokerHandle, unique
+from tests.support.broker import TOKEN, BrokerHandle, unique
+from tests.support.procs import ServiceProcess, free_port
 from tests.support.replication import (
     read_log,
     run_group,
@@ -75,21 +77,48 @@ def test_sync_sends_are_byte_identical_at_the_same_offsets_on_every_copy(
         assert 'tidemq_broker_replication_replica_lag_bytes{address=' in metrics
 
 
-def test_a_replica_refuses_writes_naming_the_primary(tmp_path: Path,
-                                                     redis_server: RedisServer) -> None:
-    with run_group(tmp_path, redis_server.url, 2) as (primary, replica):
-        wait_in_sync(primary, 2)
-        topic = primary.create_topic(queues=1)
-        wait_until(lambda: replica.http.get(f"/v1/topics/{topic}").status_code == 200,
-                   what="the topic reaches the replica")
-        message = replica.error(send_raw(replica, topic, {"body": "x"}), 503, "NOT_PRIMARY")
-        assert primary.url in message
-        resp = replica.http.put(f"/v1/topics/{unique('T')}", json={"queues": 1})
-        assert primary.url in replica.error(resp, 503, "NOT_PRIMARY")
-        resp = replica.http.post("/v1/transactions", json={"producer_group": "g", "messages": [
-            {"body": "half"}], "topic": topic})
-        assert resp.status_code in (400, 503)  # never stored
-        assert replica.pull(topic, 0)["max_offset"] == 0
+def test_a_replica_registers_as_one_and_refuses_writes_naming_the_primary(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    port = free_port()
+    nameserver = ServiceProcess("nameserver", port, {
+        "TIDEMQ_NAMESRV_PORT": str(port), "TIDEMQ_NAMESRV_TOKEN": TOKEN}, tmp_path).start()
+    try:
+        with run_group(tmp_path, redis_server.url, 2, nameservers=nameserver.url,
+                       register_interval_s=0.5) as (primary, replica):
+            wait_in_sync(primary, 2)
+            topic = primary.create_topic(queues=1)
+            wait_until(lambda: replica.http.get(f"/v1/topics/{topic}").status_code == 200,
+                       what="the topic reaches the replica")
+            route: dict[str, Any] = {}
+
+            def routed() -> bool:
+                resp = httpx.get(f"{nameserver.url}/v1/routes/{topic}")
+                route.update(resp.json() if resp.status_code == 200 else {})
+                return bool(route.get("queues")) and bool(route["queues"][0]["replicas"])
+
+            wait_until(routed, what="the route lists the replica")
+            assert [(q["address"], q["replicas"]) for q in route["queues"]] == [
+                (primary.url, [replica.url])]
+            members = {b["address"]: b for b in
+                       httpx.get(f"{nameserver.url}/v1/cluster").json()["brokers"]}
+            assert (members[replica.url]["role"], members[replica.url]["broker_id"],
+                    members[replica.url]["epoch"]) == ("replica", 1, 1)
+            assert (members[primary.url]["role"], members[primary.url]["epoch"]) == (
+                "primary", 1)
+            refuses_writes(primary, replica, topic)
+    finally:
+        nameserver.stop()
+
+
+def refuses_writes(primary: BrokerHandle, replica: BrokerHandle, topic: str) -> None:
+    message = replica.error(send_raw(replica, topic, {"body": "x"}), 503, "NOT_PRIMARY")
+    assert primary.url in message
+    resp = replica.http.put(f"/v1/topics/{unique('T')}", json={"queues": 1})
+    assert primary.url in replica.error(resp, 503, "NOT_PRIMARY")
+    resp = replica.http.post("/v1/transactions", json={"producer_group": "g", "topic": topic,
+                                                       "message": {"body": "half"}})
+    replica.error(resp, 503, "NOT_PRIMARY")
+    assert replica.pull(topic, 0)["max_offset"] == 0
 
 
 def test_replicas_dying_and_coming_back(tmp_path: Path, redis_server: RedisServer) -> None:
