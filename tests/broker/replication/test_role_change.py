@@ -71,3 +71,30 @@ def test_failover_through_the_seam_truncates_the_divergent_tail(
                                 json={"messages": [{"body": "E"}]})
         assert "newer epoch" in new.error(refused, 503, "NOT_PRIMARY")
         assert [m["body"] for m in new.pull(topic, 0, 0)["messages"]] == ["A", "C"]
+
+
+def test_a_promoted_replica_ends_transactions_and_dedups_what_its_primary_stored(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    with run_group(tmp_path, redis_server.url, 3) as (old, r1, r2):
+        wait_in_sync(old, 3)
+        topic = old.create_topic(queues=1)
+        half = old.http.post("/v1/transactions", json={
+            "producer_group": "pg", "topic": topic, "message": {"body": "tx"}})
+        assert half.status_code == 200, half.text
+        txid = half.json()["transaction_id"]
+        first = old.send(topic, {"body": "once", "message_id": "dup-1"})[0]
+        end = status(old)["log_end"]
+        wait_until(lambda: status(r1)["hwm"] == end and status(r2)["log_end"] == end,
+                   what="both replicas hold everything")
+        old.proc.kill()
+        set_role(r1, "primary", 2)
+        set_role(r2, "replica", 2, r1.url)
+        wait_in_sync(r1, 2)
+        ended = r1.http.post(f"/v1/transactions/{txid}/end",
+                             json={"producer_group": "pg", "action": "commit"})
+        assert ended.status_code == 200 and ended.json()["state"] == "committed", ended.text
+        again = r1.send(topic, {"body": "once", "message_id": "dup-1"})[0]
+        assert again["queue_offset"] == first["queue_offset"]  # answered, not stored twice
+        assert [m["body"] for m in r1.pull(topic, 0, 0)["messages"]] == ["once", "tx"]
+        wait_until(lambda: [m["body"] for m in r2.pull(topic, 0, 0)["messages"]] ==
+                   ["once", "tx"], what="the other replica follows the new primary")
