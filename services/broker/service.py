@@ -35,6 +35,7 @@ from services.broker.settings import BrokerSettings
 from services.broker.store.store import MessageStore
 from services.broker.transactions.checker_api import TxChecking
 from services.broker.transactions.service import TransactionService
+from services.broker.transactions.table import HalfDedup, TxTable
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +192,15 @@ class Broker:
         self.registrar.request_heartbeat()
 
     async def _promoted(self) -> None:
-        """A replica became primary: derived state learns what the log holds (the dedup map
-        consults the index for a window; pending transactions are loaded again)."""
-        self.sender.dedup.mark_incomplete(now_ms())
+        """A replica became primary: derived state learns what the log holds, as after a
+        restart (the dedup maps consult the index for a window; the transaction table starts
+        empty and loads from the log; pending transactions are found again)."""
+        now = now_ms()
+        s = self.settings
+        self.sender.dedup.mark_incomplete(now)
+        tx = self.transactions  # a replica's table may hold loads the log has since moved past
+        tx.table = TxTable(self.store, s.max_ended_transactions)
+        tx.dedup = HalfDedup(self.store, int(s.dedup_window_s * 1000), s.dedup_max_entries, now)
         await self.tx_checking.stop()
         self.tx_checking.rebuilt.clear()
         self.tx_checking.start_rebuild()

@@ -30,6 +30,7 @@ import typer
 from services.cli.plan import (
     MAX_GROUPS,
     MAX_NAMESERVERS,
+    MAX_REPLICAS,
     SERVICE_ORDER,
     TOKEN_FILE,
     ServiceSpec,
@@ -112,11 +113,6 @@ def start_etcd(sup: Supervisor, host: str, port: int) -> str:
     sup.start("etcd", etcd_command(exe, host, port, data), dict(os.environ), url, "",
               http_probe(url + "/health"))
     return url
-
-
-def replicas_of(opts: UpOptions) -> int:
-    """Copies per group (``--replicas``; 1 when this build has no such option)."""
-    return int(getattr(opts, "replicas", 1))
 
 
 def start_service(sup: Supervisor, spec: ServiceSpec) -> None:
@@ -218,6 +214,10 @@ def up(
     nameservers: Annotated[int, typer.Option(
         min=1, max=MAX_NAMESERVERS, help="Nameservers; every broker registers with all.")
                            ] = _DEFAULTS.nameservers,
+    replicas: Annotated[int, typer.Option(
+        min=1, max=MAX_REPLICAS, help="Copies of each group's log: broker_id 0 is primary, "
+                                      "replica j listens on the broker port + 100*j.")
+                        ] = _DEFAULTS.replicas,
     data_dir: Annotated[Path, typer.Option(help="Store, Redis and logs go here.")
                         ] = _DEFAULTS.data_dir,
     flush: Annotated[FlushChoice, typer.Option(help="Broker flush mode.")
@@ -256,7 +256,7 @@ def up(
                      scheduler_port=scheduler_port, metrics_port=metrics_port,
                      console_port=console_port, etcd_port=etcd_port,
                      flush=flush.value, metrics=metrics, skip=skipped, groups=groups,
-                     nameservers=nameservers, grpc_off=frozenset(grpc_off))
+                     nameservers=nameservers, grpc_off=frozenset(grpc_off), replicas=replicas)
     if os.environ.get("TIDEMQ_TOKEN"):
         token, token_origin = resolve_token(os.environ), "from TIDEMQ_TOKEN"
     else:
@@ -273,7 +273,7 @@ def up(
             raise CliError(str(exc)) from None
         except ValueError as exc:
             raise CliError(f"BAD_REQUEST: {exc}", 2) from None
-        if replicas_of(opts) > 1 and "broker" not in skipped:
+        if opts.replicas > 1 and "broker" not in skipped:
             specs = with_etcd(specs, start_etcd(sup, host, opts.etcd_port))
         for spec in specs:
             start_service(sup, spec)

@@ -11,7 +11,7 @@ import pytest
 
 from services.cli.plan import UpOptions, etcd_command, plan_services, with_etcd
 from services.cli.supervisor import Supervisor
-from services.cli.up import replicas_of, start_etcd
+from services.cli.up import start_etcd
 from services.common.constants import ETCD_PORT
 
 
@@ -31,7 +31,7 @@ def _free_pair() -> int:
 
 
 def test_brokers_and_only_brokers_get_the_etcd_endpoints() -> None:
-    opts = UpOptions(groups=2, metrics=False)
+    opts = UpOptions(groups=2, metrics=False, replicas=3)
     specs = plan_services(opts, redis_url="redis://x:1/0", token="t")
     changed = with_etcd(specs, "http://127.0.0.1:2379")
     for before, after in zip(specs, changed, strict=True):
@@ -41,8 +41,8 @@ def test_brokers_and_only_brokers_get_the_etcd_endpoints() -> None:
                     if k != "TIDEMQ_BROKER_ETCD_ENDPOINTS"} == dict(before.env)
         else:
             assert after == before
-    assert sum(s.service == "broker" for s in changed) == 2
-    assert opts.etcd_port == ETCD_PORT and replicas_of(opts) >= 1
+    assert sum(s.service == "broker" for s in changed) == 6  # 2 groups of 3 copies
+    assert opts.etcd_port == ETCD_PORT
 
 
 def test_etcd_command_names_its_ports_and_data_dir(tmp_path: Path) -> None:

@@ -80,6 +80,7 @@ class ReplicationManager:
         self.topics.write_guard = self._topic_guard
         self.role.hooks = self
         self._tasks.append(asyncio.create_task(self._tick(), name="repl-tick"))
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per fetch
         if self.role.role == Role.REPLICA:
             if self.role.primary_address:
                 await self.follower.start(self.role.primary_address)

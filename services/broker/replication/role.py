@@ -149,6 +149,8 @@ class BrokerRole:
                                       "is already known")
             await self.hooks.stop_following()
             start = self._log_end()
+            # terms learned past the bytes actually held (a fetch cut short) do not count
+            await asyncio.to_thread(self.epochs.truncate, start)
             if epoch > self.epochs.last_epoch:
                 await asyncio.to_thread(self.epochs.begin, epoch, start)
             self.epoch = epoch

@@ -45,7 +45,8 @@ def read_chunk(store: MessageStore, offset: int, max_bytes: int) -> bytes:
         raise ChunkError(f"offset {offset} is not a record boundary (segment {seg.name} ends "
                          f"at {seg_end})")
     want = min(seg_end - offset, max_bytes)
-    buf = clog.read_bytes(offset, seg_end - offset if want < record.PREFIX.size else want)
+    # at least a record prefix: enough to see a blank or the first record's size and magic
+    buf = clog.read_bytes(offset, max(want, min(record.PREFIX.size, seg_end - offset)))
     view = memoryview(buf)
     p = 0
     while p < len(view):
@@ -55,6 +56,9 @@ def read_chunk(store: MessageStore, offset: int, max_bytes: int) -> bytes:
         if len(view) - p < 4:
             break
         size = int.from_bytes(view[p:p + 4], "big")
+        if p == 0 and (len(view) < record.PREFIX.size or record.PREFIX.unpack_from(view, 0)[1]
+                       & 0xFFFF_0000 != record.MAGIC_BASE):
+            raise ChunkError(f"offset {offset} is not a record boundary")
         if size < record.MIN_RECORD_SIZE:
             raise ChunkError(f"no record at offset {offset + p} (size {size})")
         if p + size > len(view):

@@ -89,3 +89,10 @@ def test_fence_and_depose(tmp_path: Path) -> None:
     assert p.may_write()
     p.depose(2)
     assert p.deposed and not p.may_write() and "newer epoch" in p.why_not_writable()
+
+
+async def test_promote_forgets_terms_learned_past_the_bytes_held(tmp_path: Path) -> None:
+    r = make(tmp_path, "replica", broker_id=1, end=500)
+    r.epochs.adopt([EpochEntry(1, 0), EpochEntry(2, 800)], upto=900)  # then the chunk failed
+    await r.promote(3)
+    assert r.epochs.entries == [EpochEntry(1, 0), EpochEntry(3, 500)]
