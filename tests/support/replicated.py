@@ -23,6 +23,7 @@ from tests.support.etcd import EtcdServer
 from tests.support.procs import ServiceProcess, free_port
 
 LEASE_S = 2  # the primary's etcd lease in these tests (s)
+ELECTION_BOUND_S = LEASE_S + 4.0  # a new primary within the lease plus a few seconds (s)
 GROUP = "broker-a"
 START_TIMEOUT_S = 60.0  # a broker start on a busy machine (s)
 STATUS_PATH = "/internal/v1/replication/status"

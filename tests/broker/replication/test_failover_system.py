@@ -23,14 +23,18 @@ import pytest
 from tidemq import ConsumeResult, Producer, PushConsumer, ReceivedMessage
 
 from tests.support.procs import RedisServer
-from tests.support.replicated import LEASE_S, ReplicatedGroup, run_replicated_group, wait_for
+from tests.support.replicated import (
+    ELECTION_BOUND_S,
+    ReplicatedGroup,
+    run_replicated_group,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "orders"
 QUEUES = 2
 ROUNDS = 10
-ELECTION_BOUND_S = LEASE_S + 4.0  # a new primary within the lease plus a few seconds
 
 
 @pytest.fixture
