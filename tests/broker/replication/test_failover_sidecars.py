@@ -1,6 +1,8 @@
-"""Half messages and timers stored on a killed primary are checked and delivered by its
-successor: a 3-copy group elected by a real etcd, with its checker and scheduler processes
-finding the primary through the nameserver by broker name (never by a fixed URL)."""
+"""What a killed primary held is carried on by its successor: half messages are checked and
+timers delivered (a 3-copy group elected by a real etcd, with its checker and scheduler
+processes finding the primary through the nameserver by broker name, never by a fixed URL);
+simple-consumer messages in flight stay invisible and their receipts ack on the successor; a
+send repeated with the same message id is answered from the dedup window, stored once."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from tests.support.replicated import (
 pytestmark = pytest.mark.integration
 
 TOPIC = "payments"
+INFLIGHT = "inflight"
+CONSUMERS = "workers"
 PRODUCER_GROUP = "payers"
 DELAY_MS = 6_000
 
@@ -82,6 +86,16 @@ def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_prim
         {"body": "timer on the old primary", "delay_ms": DELAY_MS}]})
     assert timer.status_code == 200, timer.text
     timer_id = timer.json()["results"][0]["message_id"]
+    first = group.http.post(f"{url}/v1/topics/{TOPIC}/messages", json={"messages": [
+        {"body": "once", "message_id": "dedup-1"}]}).json()["results"][0]
+    assert group.http.put(f"{url}/v1/topics/{INFLIGHT}", json={"queues": 1}).status_code == 200
+    for body in ("w1", "w2"):
+        assert group.http.post(f"{url}/v1/topics/{INFLIGHT}/messages",
+                               json={"messages": [{"body": body}]}).status_code == 200
+    received = group.http.post(f"{url}/v1/groups/{CONSUMERS}/receive", json={
+        "topic": INFLIGHT, "max": 16, "invisible_ms": 60_000, "wait_ms": 2000}).json()
+    handles = [m["receipt_handle"] for m in received["messages"]]
+    assert len(handles) == 2
     wait_for(lambda: (group.status(old) or {}).get("in_sync_copies") == 3, 15,
              "both records on every copy")
 
@@ -89,6 +103,22 @@ def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_prim
     killed = time.monotonic()
     new, _ = group.wait_primary(ELECTION_BOUND_S + 5, epoch)
     assert new != old and time.monotonic() - killed < ELECTION_BOUND_S
+    new_url = group.brokers[new].url
+
+    def resend() -> dict[str, Any] | None:
+        resp = group.http.post(f"{new_url}/v1/topics/{TOPIC}/messages", json={"messages": [
+            {"body": "once", "message_id": "dedup-1"}]})
+        return resp.json()["results"][0] if resp.status_code == 200 else None
+
+    again = wait_for(resend, 15, "the new primary taking sends")
+    assert (again["queue_id"], again["queue_offset"]) == (first["queue_id"],
+                                                          first["queue_offset"])
+    still = group.http.post(f"{new_url}/v1/groups/{CONSUMERS}/receive", json={
+        "topic": INFLIGHT, "max": 16, "invisible_ms": 60_000, "wait_ms": 0})
+    assert still.status_code == 200 and still.json()["messages"] == []  # still in flight
+    acked = group.http.post(f"{new_url}/v1/groups/{CONSUMERS}/ack",
+                            json={"receipt_handles": handles})
+    assert acked.status_code == 200 and acked.json()["acked"] == 2, acked.text
     with CheckAnswerer(lambda: _primary_url(group), PRODUCER_GROUP) as answerer:
         wait_for(lambda: txid in answerer.answered_ids(), 40,
                  "the checker to ask the producer about the half through the new primary")
@@ -101,3 +131,4 @@ def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_prim
     assert found[timer_id]["store_timestamp_ms"] >= sent_ms + DELAY_MS  # never early
     ids = [m["message_id"] for m in _messages(group, new)]
     assert ids.count(half_id) == 1 and ids.count(timer_id) == 1  # never twice
+    assert ids.count("dedup-1") == 1
