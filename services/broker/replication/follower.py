@@ -62,6 +62,7 @@ class Follower:
         self.out_of_range: str | None = None  # why this copy cannot catch up (None: it can)
         self.last_error: str | None = None
         self.primary_end = 0
+        self.known_hwm = -1  # the primary's HWM in its last answer (-1: none yet)
         self.meta_version = ""
         self.stats = {"fetches": 0, "fetched_bytes": 0, "fetched_records": 0, "errors": 0,
                       "truncated_bytes": 0}
@@ -76,6 +77,7 @@ class Follower:
     async def start(self, primary: str) -> None:
         await self.stop()
         self.primary = primary.rstrip("/")
+        self.known_hwm = -1
         self._task = asyncio.create_task(self._run(self.primary), name="repl-follow")
 
     async def stop(self) -> None:
@@ -141,7 +143,7 @@ class Follower:
         params: dict[str, str | int] = {
             "broker_id": cfg.broker_id, "address": cfg.self_address, "from": start,
             "flushed": min(store.log.synced_offset, start), "epoch": self.role.epoch,
-            "wait_ms": cfg.wait_ms, "max_bytes": cfg.max_bytes}
+            "wait_ms": cfg.wait_ms, "max_bytes": cfg.max_bytes, "hwm": self.known_hwm}
         resp = await self._client.get(primary + FETCH_PATH, params=params)
         if resp.status_code != 200:
             return self._refused(primary, resp)
@@ -172,7 +174,8 @@ class Follower:
                 await store.sync_log()
         self.stats["fetches"] += 1
         self.primary_end = int(h["log_end"])
-        self.on_hwm(min(int(h["hwm"]), store.log.write_offset))
+        self.known_hwm = int(h["hwm"])
+        self.on_hwm(min(self.known_hwm, store.log.write_offset))
         version = str(h["meta_version"])
         if version != self.meta_version:
             await self.on_meta(primary, version)

@@ -52,6 +52,7 @@ class ReplicationManager:
         self.quorum.add_listener(self.visibility.advance)
         self.source = FetchSource(store, role, self.quorum, self.meta_version,
                                   s.replica_fetch_max_bytes, s.replicated)
+        self.quorum.add_listener(self.source.wake)  # replicas learn a new HWM at once
         self.gate = WriteGate(store.put, role, self.quorum, self._wrote,
                               s.sync_ack_timeout_ms / 1000)
         self.follower = Follower(

@@ -54,13 +54,14 @@ class FetchSource:
         self._grew = asyncio.Event()
         self.stats = {"fetches": 0, "fetched_bytes": 0, "refused": 0}
 
-    def wake(self) -> None:
-        """The log grew: answer the fetches held at its end."""
+    def wake(self, *_: object) -> None:
+        """The log grew or the HWM moved: answer the fetches held at the log end."""
         self._grew.set()
         self._grew = asyncio.Event()
 
     async def fetch(self, broker_id: int, address: str, start: int, flushed: int, epoch: int,
-                    wait_s: float, max_bytes: int | None = None) -> Fetched:
+                    wait_s: float, max_bytes: int | None = None, known_hwm: int = -1
+                    ) -> Fetched:
         role, store = self.role, self.store
         if not role.is_primary:
             raise self._refuse("not_primary", role.why_not_writable())
@@ -78,7 +79,8 @@ class FetchSource:
                                f"{log_end}: truncate to the common epoch point first")
         r = self.quorum.on_fetch(broker_id, address, start, flushed, epoch, log_end)
         self.quorum.advance(log_end)
-        if start == log_end and wait_s > 0:
+        # held only while there is nothing to send: no bytes, and no newer HWM to learn
+        if start == log_end and wait_s > 0 and known_hwm >= self.quorum.hwm:
             try:
                 await asyncio.wait_for(self._grew.wait(), wait_s)
             except TimeoutError:

@@ -118,11 +118,14 @@ async def fetch(
     epoch: Annotated[int, Query(ge=0, le=INT64_MAX, description="the replica's epoch")] = 0,
     wait_ms: Annotated[int, Query(ge=0, le=LONG_POLL_MAX_MS)] = 0,
     max_bytes: MaxBytes = 4 * 1024 * 1024,
+    hwm: Annotated[int, Query(ge=-1, le=INT64_MAX, description="the high-water mark the "
+                              "replica knows: the fetch is held only while nothing is newer")
+                   ] = -1,
 ) -> Response:
     repl = broker_of(request).replication
     try:
         got = await repl.source.fetch(broker_id, address, start, flushed, epoch, wait_ms / 1000,
-                                      max_bytes)
+                                      max_bytes, hwm)
     except FetchRefused as exc:
         return _refused(exc)
     return reply(request, {
