@@ -164,6 +164,7 @@ class Elector:
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._error = ""
+        self._refused: Claim | None = None  # a primary claim older than our epoch (logged once)
         role.fence = self.fence
 
     # --- the fence ----------------------------------------------------------------------------
@@ -270,6 +271,25 @@ class Elector:
         self.lease = await self.client.grant(self.lease_ttl)
         self.deadline = sent + self.lease_ttl - self.margin_s
 
+    async def _renewing(self, change: Awaitable[None]) -> None:
+        """Run a role change (a promotion rebuilds state from the log and may take a while)
+        while the lease keeps being renewed, so it cannot lapse meanwhile."""
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                try:
+                    await self._renew()
+                except EtcdError as exc:
+                    log.warning("lease renewal during a role change failed: %s", exc)
+
+        task = asyncio.create_task(renew(), name="election-renew")
+        try:
+            await change
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     def _lost(self, why: str) -> None:
         if self.leading:
             log.warning("lost the lead of %s (epoch %d): %s; writes are refused",
@@ -289,10 +309,12 @@ class Elector:
                  primary.address, primary.epoch)
         self.epoch = max(self.epoch, primary.epoch)
         if primary.epoch < self.role.epoch:
-            log.error("etcd names %s (epoch %d) primary, but this broker knows epoch %d: "
-                      "not following it", primary.address, primary.epoch, self.role.epoch)
+            if self._refused != primary:
+                log.error("etcd names %s (epoch %d) primary, but this broker knows epoch %d: "
+                          "not following it", primary.address, primary.epoch, self.role.epoch)
+            self._refused = primary
             return
-        await self.role.demote(primary.address, primary.epoch)
+        await self._renewing(self.role.demote(primary.address, primary.epoch))
         self.following = primary
         if self.on_change is not None:
             await self.on_change(False, primary.epoch)
@@ -334,7 +356,7 @@ class Elector:
                     epoch, me.last_offset)
         self.epoch = epoch
         self.following = None
-        await self.role.promote(epoch)
+        await self._renewing(self.role.promote(epoch))
         self.leading = True
         self.elections += 1
         if self.on_change is not None:

@@ -223,3 +223,27 @@ async def test_a_new_epoch_is_past_the_one_the_broker_recorded(client: EtcdClien
         assert stored is not None and stored.value == b"8"
     finally:
         await e.stop()
+
+
+class SlowRole(FakeRole):
+    """A promotion that takes longer than the lease (a large log to rebuild from)."""
+
+    async def promote(self, epoch: int) -> None:
+        await asyncio.sleep(LEASE_S * 1.5)
+        await super().promote(epoch)
+
+
+async def test_a_slow_promotion_keeps_its_lease(client: EtcdClient) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    slow, other = SlowRole(offset=10), FakeRole(offset=0)
+    first, second = _elector(client, slow, group, 0), _elector(client, other, group, 1)
+    first.start()
+    second.start()
+    try:
+        await _until(lambda: bool(slow.promoted), within=LEASE_S * 4)
+        await asyncio.sleep(LEASE_S)
+        assert slow.fence() and other.promoted == []
+        assert other.demoted[-1] == ("http://127.0.0.1:20000", 1)
+    finally:
+        await first.stop()
+        await second.stop()
