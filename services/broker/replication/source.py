@@ -33,6 +33,7 @@ class Fetched:
     meta_version: str
     segment_bytes: int
     epochs: list[list[int]] = field(default_factory=list)
+    floors: dict[str, int] = field(default_factory=dict)  # retention floors (owner → offset)
 
 
 class FetchRefused(Exception):
@@ -98,7 +99,8 @@ class FetchSource:
         self.stats["fetches"] += 1
         self.stats["fetched_bytes"] += len(data)
         return Fetched(data, role.epoch, self.quorum.hwm, end, store.log.min_offset,
-                       self.meta_version(), store.log.segment_bytes, role.epochs.to_wire())
+                       self.meta_version(), store.log.segment_bytes, role.epochs.to_wire(),
+                       dict(store.floors))
 
     def _refuse(self, reason: str, message: str) -> FetchRefused:
         self.stats["refused"] += 1
