@@ -64,8 +64,9 @@ PUT_ERRORS: dict[PutStatus, tuple[ErrorCode, str]] = {
     PutStatus.NOT_PRIMARY: (ErrorCode.NOT_PRIMARY,
                             "this broker does not take writes; send to the group's primary"),
     PutStatus.NOT_ENOUGH_REPLICAS: (ErrorCode.NOT_ENOUGH_REPLICAS,
-                                    "fewer in-sync copies than min_insync hold the records; "
-                                    "retry with the same message ids"),
+                                    "fewer in-sync copies than min_insync hold the records, so "
+                                    "they are not acknowledged; retry later (a record written "
+                                    "on the primary only may then be stored twice)"),
 }
 
 

@@ -106,7 +106,7 @@ class Follower:
                 self.last_error = None
             except asyncio.CancelledError:
                 raise
-            except (httpx.HTTPError, ChunkError, ValueError, OSError) as exc:
+            except Exception as exc:  # any failure: say it once, retry; never stop following
                 self.stats["errors"] += 1
                 text = f"{type(exc).__name__}: {exc}"
                 if text != self.last_error:
@@ -173,6 +173,9 @@ class Follower:
             if cfg.durable:
                 await store.sync_log()
         self.stats["fetches"] += 1
+        for owner, offset in dict(h.get("floors") or {}).items():
+            if store.floors.get(owner) != offset:  # keep what the primary keeps (timers)
+                store.set_retention_floor(str(owner), int(offset))
         self.primary_end = int(h["log_end"])
         self.known_hwm = int(h["hwm"])
         self.on_hwm(min(self.known_hwm, store.log.write_offset))

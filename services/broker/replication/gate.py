@@ -7,8 +7,9 @@ in-sync copies than the quorum answers NOT_ENOUGH_REPLICAS with nothing written.
 After the write: the fetches waiting at the log end are woken; a sync write waits until the
 high-water mark covers it (NOT_ENOUGH_REPLICAS when the copies drop below the quorum or
 ``timeout_s`` passes: the records are then stored here but may not survive a failover, and a
-retry with the same message ids is answered by de-duplication); and right before the answer the
-fence is asked again, so a primary that lost its lease meanwhile acknowledges nothing.
+retry may store them twice, as Kafka's NotEnoughReplicasAfterAppend); and right before the
+answer the fence is asked again, so a primary that lost its lease meanwhile acknowledges
+nothing.
 """
 
 from __future__ import annotations

@@ -29,11 +29,13 @@ from services.broker.settings import BrokerSettings
 from services.broker.store.config import FlushMode
 from services.broker.store.store import MessageStore
 from services.common.constants import TOKEN_HEADER
+from services.common.files import write_atomic
 from services.common.loop import cancel_tasks
 
 log = logging.getLogger(__name__)
 
 METADATA_PATH = "/internal/v1/replication/metadata"
+HWM_FILE = "hwm"  # the last high-water mark, in the data directory (text: one integer)
 
 
 class ReplicationManager:
@@ -66,6 +68,8 @@ class ReplicationManager:
         self._client = httpx.AsyncClient(headers=headers, timeout=5.0)
         self.on_promoted: Callable[[], Awaitable[None]] | None = None  # derived state rebuild
         self._meta_version: str | None = None
+        self._hwm_path = s.data_dir / HWM_FILE
+        self._saved_hwm = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -75,7 +79,12 @@ class ReplicationManager:
     async def start(self) -> None:
         """Turn replication on (a replicated group only): the store's writes pass the gate,
         its reads stop at the HWM, its listeners hear of records once they are visible."""
+        saved = await asyncio.to_thread(self._load_hwm)
+        self.visibility.reset(saved)
+        self.quorum.hwm = saved
+        self._saved_hwm = saved
         self.store.put = self.gate.put  # type: ignore[method-assign]
+        self.store.add_listener(self.source.wake)  # right after each write: ship it at once
         self.visibility.activate()
         self.topics.add_listener(self._topics_changed)
         self.topics.write_guard = self._topic_guard
@@ -102,12 +111,28 @@ class ReplicationManager:
         await self._client.aclose()
 
     async def _tick(self) -> None:
-        """Re-evaluate the in-sync set as time passes (replicas that went silent)."""
+        """Re-evaluate the in-sync set as time passes (replicas that went silent); keep the
+        HWM on disk, so that a restart serves at once what consumers could already see."""
         interval = max(0.01, self.settings.replica_lag_max_ms / 4000)
         while True:
             await asyncio.sleep(interval)
             if self.role.is_primary:
                 self.quorum.advance(self.store.log.write_offset)
+            hwm = self.visibility.hwm
+            if hwm != self._saved_hwm:
+                try:
+                    await asyncio.to_thread(write_atomic, self._hwm_path, str(hwm))
+                    self._saved_hwm = hwm
+                except OSError:
+                    log.exception("saving the high-water mark failed; retrying")
+
+    def _load_hwm(self) -> int:
+        """The HWM saved by the previous run, never past the log end (0 when none)."""
+        try:
+            saved = int(self._hwm_path.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+        return max(0, min(saved, self.store.log.write_offset))
 
     def _wrote(self) -> None:
         self.source.wake()

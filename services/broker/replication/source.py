@@ -33,6 +33,7 @@ class Fetched:
     meta_version: str
     segment_bytes: int
     epochs: list[list[int]] = field(default_factory=list)
+    floors: dict[str, int] = field(default_factory=dict)  # retention floors (owner → offset)
 
 
 class FetchRefused(Exception):
@@ -88,9 +89,8 @@ class FetchSource:
             if not role.is_primary:
                 raise self._refuse("not_primary", role.why_not_writable())
         snapshot = store.log.write_offset  # a replica reaching this next time is caught up
-        try:
-            data = await asyncio.to_thread(store.read_chunk, start,
-                                           min(max_bytes or self.max_bytes, self.max_bytes))
+        try:  # inline: bytes just written are in the page cache, a thread hop costs more
+            data = store.read_chunk(start, min(max_bytes or self.max_bytes, self.max_bytes))
         except ChunkError as exc:
             raise self._refuse("diverged", str(exc)) from exc
         end = store.log.write_offset
@@ -98,7 +98,8 @@ class FetchSource:
         self.stats["fetches"] += 1
         self.stats["fetched_bytes"] += len(data)
         return Fetched(data, role.epoch, self.quorum.hwm, end, store.log.min_offset,
-                       self.meta_version(), store.log.segment_bytes, role.epochs.to_wire())
+                       self.meta_version(), store.log.segment_bytes, role.epochs.to_wire(),
+                       dict(store.floors))
 
     def _refuse(self, reason: str, message: str) -> FetchRefused:
         self.stats["refused"] += 1

@@ -22,10 +22,12 @@ class Visibility:
         self.store = store
         self.notify = notify
         self.hwm = 0
+        self.active = False  # reads stop at the HWM only in a replicated group
         self._pending: deque[tuple[int, set[Key]]] = deque()
 
     def activate(self) -> None:
         """From now on reads stop at the HWM (a replicated store only)."""
+        self.active = True
         self.store.visible_offset = self.hwm
 
     def on_write(self, touched: set[Key]) -> None:
@@ -40,7 +42,8 @@ class Visibility:
         if hwm <= self.hwm:
             return
         self.hwm = hwm
-        self.store.visible_offset = hwm
+        if self.active:
+            self.store.visible_offset = hwm
         woken: set[Key] = set()
         while self._pending and self._pending[0][0] <= hwm:
             woken |= self._pending.popleft()[1]
@@ -50,5 +53,6 @@ class Visibility:
     def reset(self, hwm: int) -> None:
         """A truncation or a new term: the mark restarts at ``hwm``."""
         self.hwm = hwm
-        self.store.visible_offset = hwm
+        if self.active:
+            self.store.visible_offset = hwm
         self._pending = deque((e, k) for e, k in self._pending if e <= hwm)

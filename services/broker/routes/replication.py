@@ -63,6 +63,8 @@ class FetchAnswer(BaseModel):
     min_offset: int
     meta_version: str = Field(description="changes whenever the topic table changes")
     segment_bytes: int
+    floors: dict[str, int] = Field(description="retention floors (owner → physical offset): "
+                                               "a replica keeps what its primary keeps")
 
 
 class LogAnswer(BaseModel):
@@ -131,7 +133,7 @@ async def fetch(
     return reply(request, {
         "data": got.data, "epoch": got.epoch, "epochs": got.epochs, "hwm": got.hwm,
         "log_end": got.log_end, "min_offset": got.min_offset, "meta_version": got.meta_version,
-        "segment_bytes": got.segment_bytes})
+        "segment_bytes": got.segment_bytes, "floors": got.floors})
 
 
 @router.get("/log", summary="Raw commit log bytes from an offset (acknowledges nothing)",

@@ -3,6 +3,7 @@ under flush=sync the acknowledgement counts what the replica fsynced."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -59,3 +60,12 @@ def test_flush_sync_acknowledges_what_the_replica_fsynced(tmp_path: Path,
                    what="the replica reports its fsync")
         wait_until(lambda: [m["body"] for m in replica.pull(topic, 0, 0)["messages"]] == [
             f"m{i}" for i in range(5)], timeout=2.0, what="the replica learns the HWM at once")
+        # a retention floor set on the primary (a scheduler's progress) holds on the replica
+        resp = primary.http.post("/internal/v1/retention-floor",
+                                 json={"owner": "scheduler-x", "physical_offset": 0},
+                                 headers={"x-tidemq-token": primary.env["TIDEMQ_BROKER_TOKEN"]})
+        assert resp.status_code == 200, resp.text
+        primary.send(topic, {"body": "wake the fetch"})
+        checkpoint = replica.data_dir / "store" / "checkpoint"
+        wait_until(lambda: json.loads(checkpoint.read_text())["retention_floors"].get(
+            "scheduler-x") == 0, what="the replica keeps the primary's floor")

@@ -168,3 +168,11 @@ def test_visibility_holds_wakeups_until_the_hwm_passes() -> None:
     vis.reset(180)
     vis.on_write({("T", 2)})
     assert store.visible_offset == 180 and len(woken) == 2
+
+
+def test_an_inactive_visibility_never_limits_reads() -> None:
+    store = Store()
+    vis = Visibility(store, lambda keys: None)  # type: ignore[arg-type]
+    vis.advance(500)  # a fetch on a broker without replication moves the mark...
+    vis.reset(100)
+    assert store.visible_offset is None  # ...but its reads stay unlimited
