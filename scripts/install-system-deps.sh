@@ -9,6 +9,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)  # promtool: expositio
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)  # offline compose validation
 command -v curl >/dev/null 2>&1 || need+=(curl)  # the README's examples (and their test)
 command -v jq >/dev/null 2>&1 || need+=(jq)
+[ -x /usr/bin/etcd ] || command -v etcd >/dev/null 2>&1 || need+=(etcd-server)  # failover
 [ -x /usr/bin/chromium ] || need+=(chromium)  # the console's browser tests (Playwright)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""

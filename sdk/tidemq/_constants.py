@@ -31,6 +31,10 @@ NAMESERVER_TIMEOUT_S = 3.0  # one route lookup on one nameserver (a dead one cos
 BROKER_BACKOFF_INITIAL_S = 0.5
 PRODUCER_BROKER_BACKOFF_MAX_S = 10.0
 CONSUMER_BROKER_BACKOFF_MAX_S = 5.0
+# While a replicated group elects a new primary (its primary is unreachable or answers
+# NOT_PRIMARY / NOT_ENOUGH_REPLICAS), a send asks for its route again this often, within the
+# retry policy's deadline rather than its attempt count (s)
+PRIMARY_WAIT_POLL_S = 0.25
 LONG_POLL_MAX_WAIT_MS = 30_000  # the broker holds a pull at most this long
 PULL_WAIT_MS = 20_000  # push consumer long-poll wait per pull
 RECEIVE_WAIT_MS = 20_000  # simple consumer long-poll wait per receive

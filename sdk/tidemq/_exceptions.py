@@ -29,7 +29,9 @@
         ├── InternalServerError           500 INTERNAL_ERROR (retriable)
         ├── BrokerBusyError               503 BROKER_BUSY (retriable, honours Retry-After)
         ├── DiskFullError                 503 DISK_FULL
-        └── UnavailableError              503 UNAVAILABLE (retriable)
+        ├── UnavailableError              503 UNAVAILABLE (retriable)
+        ├── NotPrimaryError               503 NOT_PRIMARY (retriable: at the group's primary)
+        └── NotEnoughReplicasError        503 NOT_ENOUGH_REPLICAS (retriable)
 
 Every class has ``retriable``: whether sending the same request again may succeed. For a
 ``ServerError`` subclass it is taken from ``ErrorCode.retriable`` of the shared protocol, so the
@@ -229,6 +231,14 @@ class DiskFullError(ServerError):
 
 class UnavailableError(ServerError):
     error_code = ErrorCode.UNAVAILABLE
+
+
+class NotPrimaryError(ServerError):
+    error_code = ErrorCode.NOT_PRIMARY
+
+
+class NotEnoughReplicasError(ServerError):
+    error_code = ErrorCode.NOT_ENOUGH_REPLICAS
 
 
 _BY_CODE: dict[ErrorCode, type[ServerError]] = {

@@ -21,7 +21,11 @@ others keep avoiding the broker. A success forgets everything.
 - an answer that is final for that broker (disk full, topic missing) moves a send to another
   group, and is raised when there is none;
 - when every group has failed this send, pause (the retry policy's back-off, honouring
-  ``Retry-After``) and start over; ``max_attempts`` and ``deadline_s`` bound it all.
+  ``Retry-After``) and start over; ``max_attempts`` and ``deadline_s`` bound it all;
+- a failure that means "this group is replacing its primary" (``electing``: the group has
+  replicas and its primary cannot be reached, or it answers NOT_PRIMARY / NOT_ENOUGH_REPLICAS)
+  is waited out: the send polls for the new primary every ``PRIMARY_WAIT_POLL_S`` until the
+  deadline, whatever ``max_attempts`` says.
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import Enum
 
-from tidemq._exceptions import ServerError, TidemqError, TopicNotFoundError, TransportError
+from tidemq._constants import PRIMARY_WAIT_POLL_S
+from tidemq._exceptions import (
+    NotEnoughReplicasError,
+    NotPrimaryError,
+    ServerError,
+    TidemqError,
+    TopicNotFoundError,
+    TransportError,
+)
 from tidemq._http import RetryPolicy
 
 log = logging.getLogger("tidemq.fault")
@@ -121,6 +133,13 @@ def outcome(exc: BaseException) -> Outcome:
     return Outcome.FINAL
 
 
+def electing(exc: BaseException, replicated: bool) -> bool:
+    """Whether ``exc`` means the group is replacing (or re-gathering behind) its primary."""
+    if isinstance(exc, NotPrimaryError | NotEnoughReplicasError):
+        return True
+    return replicated and outcome(exc) is not Outcome.FINAL
+
+
 class Step(Enum):
     SAME = "same"  # send to the same queue again now
     SELECT = "select"  # select a queue again, avoiding ``SendAttempts.tried``
@@ -152,10 +171,13 @@ class SendAttempts:
         return bool(self.uncertain - {stored_on})
 
     async def after_failure(self, exc: TidemqError, broker: str,
-                            groups: Collection[str]) -> Step:
-        """What to do after ``exc`` from ``broker``; ``groups`` are the route's writable ones."""
+                            groups: Collection[str], *, replicated: bool = False) -> Step:
+        """What to do after ``exc`` from ``broker``; ``groups`` are the route's writable ones;
+        ``replicated``: ``broker``'s group has replicas (a lost primary gets a successor)."""
         kind = outcome(exc)
-        if kind is Outcome.FINAL or self._attempts >= self.policy.max_attempts:
+        waiting = electing(exc, replicated) and self.policy.deadline_s is not None
+        if kind is Outcome.FINAL or (self._attempts >= self.policy.max_attempts
+                                     and not waiting):
             raise exc
         self._attempts += 1
         if kind is Outcome.MAYBE_STORED:
@@ -173,6 +195,8 @@ class SendAttempts:
         if not exc.retriable:
             raise exc  # disk full, topic missing: only another group could have taken it
         pause = self.policy.backoff_s(self._pauses + 1, getattr(exc, "retry_after", None))
+        if waiting:
+            pause = min(pause, PRIMARY_WAIT_POLL_S)  # the new primary is a route refresh away
         elapsed = time.monotonic() - self._started
         if self.policy.deadline_s is not None and elapsed + pause > self.policy.deadline_s:
             raise exc

@@ -21,6 +21,7 @@ from tidemq._batcher import Coalescer
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
+    PRIMARY_WAIT_POLL_S,
     PRODUCER_BROKER_BACKOFF_MAX_S,
     REQUEST_TIMEOUT_S,
     ROUTE_REFRESH_INTERVAL_S,
@@ -35,7 +36,7 @@ from tidemq._exceptions import (
     UnexpectedResponseError,
     server_error,
 )
-from tidemq._fault import SendAttempts, Step
+from tidemq._fault import SendAttempts, Step, electing
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, url
 from tidemq._message import Message, SendResult, check_topic, to_outgoing, wire_size
 from tidemq._routes import MessageQueue, TopicRoute
@@ -196,7 +197,7 @@ class Producer(Client):
         attempts: SendAttempts | None = None
         step, broker = Step.SELECT, None
         while True:
-            route = await self._routes.get(topic)
+            route = await self._write_route(topic)
             if step is Step.SELECT or broker is None:
                 broker = self._batch_broker(route, outs, explicit,
                                             attempts.tried if attempts else ())
@@ -215,8 +216,11 @@ class Producer(Client):
                     attempts = SendAttempts(self._health, self._http.retry, movable=not pinned,
                                             first=broker.broker_name,
                                             what=f"batch of {len(outs)} to {topic!r}")
-                step = await attempts.after_failure(exc, broker.broker_name,
-                                                    route.write_groups())
+                replicated = route.replicated(broker.broker_name)
+                if electing(exc, replicated):
+                    self._routes.invalidate(topic)  # the nameservers name the new primary
+                step = await attempts.after_failure(exc, broker.broker_name, route.write_groups(),
+                                                    replicated=replicated)
                 continue
             if len(results) != len(outs):
                 raise UnexpectedResponseError(
@@ -225,6 +229,25 @@ class Producer(Client):
             return results
 
     # -- internals ---------------------------------------------------------------------------
+
+    async def _write_route(self, topic: str) -> TopicRoute:
+        """The topic's route; while every group serving it is electing a primary (the route is
+        readable only), ask again every ``PRIMARY_WAIT_POLL_S`` within the send deadline."""
+        route = await self._routes.get(topic)
+        if not route.electing():
+            return route
+        wait_s = self._http.retry.deadline_s or 0.0
+        give_up = time.monotonic() + wait_s
+        log.info("no group serving %r has a primary: waiting up to %.1fs for one", topic,
+                 wait_s)
+        while route.electing():
+            if time.monotonic() >= give_up:
+                raise server_error(ErrorCode.NOT_PRIMARY, f"no group serving topic {topic!r} "
+                                   f"has a primary after {wait_s:.1f}s")
+            await asyncio.sleep(PRIMARY_WAIT_POLL_S)
+            self._routes.invalidate(topic)
+            route = await self._routes.get(topic)
+        return route
 
     def _batch_broker(self, route: TopicRoute, outs: list[OutgoingMessage],
                       explicit: list[int | None], avoid: set[str] | tuple[()]) -> MessageQueue:
@@ -265,7 +288,7 @@ class Producer(Client):
         attempts: SendAttempts | None = None
         step, queue = Step.SELECT, None
         while True:
-            route = await self._routes.get(topic)
+            route = await self._write_route(topic)
             if step is Step.SELECT or queue is None:
                 queue = self._selector.select(
                     route, sharding_key=out.sharding_key, queue_id=explicit,
@@ -281,8 +304,11 @@ class Producer(Client):
                     attempts = SendAttempts(self._health, self._http.retry, movable=movable,
                                             first=queue.broker_name,
                                             what=f"message {out.message_id}")
-                step = await attempts.after_failure(exc, queue.broker_name,
-                                                    route.write_groups())
+                replicated = route.replicated(queue.broker_name)
+                if electing(exc, replicated):
+                    self._routes.invalidate(topic)  # the nameservers name the new primary
+                step = await attempts.after_failure(exc, queue.broker_name, route.write_groups(),
+                                                    replicated=replicated)
                 continue
             self._stored(queue, attempts, 1)
             return result

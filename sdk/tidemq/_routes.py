@@ -52,6 +52,7 @@ class BrokerRoute:
     address: str
     queues: int
     perm: str = "rw"
+    replicas: tuple[str, ...] = ()  # base URLs of the group's replicas (readable copies)
 
     @property
     def readable(self) -> bool:
@@ -83,6 +84,14 @@ class TopicRoute:
         """Readable (broker, queue) pairs sorted by (broker name, queue id)."""
         return self._read
 
+    def replicated(self, broker_name: str) -> bool:
+        """Whether the group ``broker_name`` has replicas: a primary it loses is replaced."""
+        return any(b.replicas for b in self.brokers if b.broker_name == broker_name)
+
+    def electing(self) -> bool:
+        """Some group serves the topic but none takes writes: a primary is being elected."""
+        return not self._write and bool(self._read)
+
     def write_groups(self) -> frozenset[str]:
         """Names of the brokers (groups) that accept writes."""
         return frozenset(q.broker_name for q in self._write)
@@ -105,7 +114,8 @@ def parse_route(topic: str, payload: Any) -> TopicRoute:
     try:
         brokers = tuple(
             BrokerRoute(str(q["broker_name"]), normalize_address(str(q["address"])),
-                        int(q["queues"]), str(q.get("perm", "rw")))
+                        int(q["queues"]), str(q.get("perm", "rw")),
+                        tuple(normalize_address(str(r)) for r in q.get("replicas") or ()))
             for q in payload["queues"]
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -27,13 +27,19 @@ from services.broker.messaging.send import SendService, now_ms
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.registrar import NameserverRegistrar
+from services.broker.replication.election import Elector, elector_for
+from services.broker.replication.epochs import EpochFile
+from services.broker.replication.manager import ReplicationManager
+from services.broker.replication.role import BrokerRole, static_role
 from services.broker.settings import BrokerSettings
 from services.broker.store.store import MessageStore
 from services.broker.transactions.checker_api import TxChecking
 from services.broker.transactions.service import TransactionService
+from services.broker.transactions.table import HalfDedup, TxTable
 
 log = logging.getLogger(__name__)
 
+EPOCH_FILE = "epochs.json"  # the epoch history, in the data directory (replicated groups only)
 REGISTER_TIMEOUT_S = 5.0  # a topic create waits this long for the nameservers at most
 
 
@@ -53,6 +59,8 @@ class Broker:
     transactions: TransactionService
     tx_checking: TxChecking
     schedule: ScheduleService
+    role: BrokerRole
+    replication: ReplicationManager
 
     def __init__(self, settings: BrokerSettings, metrics: BrokerMetrics | None = None) -> None:
         self.settings = settings
@@ -70,7 +78,17 @@ class Broker:
         s.data_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self.topics.load)
         self.store = await MessageStore.open(s.store_config())
-        self.store.add_listener(self.hold.notify)
+        store = self.store
+        self.role = await asyncio.to_thread(
+            static_role, EpochFile(s.data_dir / EPOCH_FILE), s.address,
+            lambda: store.log.write_offset,
+            # with etcd every member starts as a replica; the election picks the primary
+            s.role or ("replica" if s.etcd_urls else ""), s.broker_id, s.primary_address,
+            s.replicated)
+        self.replication = ReplicationManager(s, store, self.role, self.topics, self.hold.notify)
+        # a replicated store wakes long polls only once records are below the high-water mark
+        self.store.add_listener(self.replication.visibility.on_write if s.replicated
+                                else self.hold.notify)
         self.offsets = OffsetStore(s.redis_url, s.cluster, s.broker_name,
                                    wait_replicas=s.redis_wait_replicas,
                                    wait_timeout_ms=s.redis_wait_timeout_ms)
@@ -109,14 +127,22 @@ class Broker:
         self.queries.views.append(self.tx_checking.message_view)
         for loop in self._loops:
             loop.start()
-        store = self.store
         self.registrar = NameserverRegistrar(
             s.nameserver_urls, s.cluster, s.broker_name, s.address, self.topics.route_table,
             s.register_interval_s, token=s.token, broker_id=s.broker_id,
+            role=self.role.role.value, epoch=self.role.epoch,
             grpc_address=s.grpc_address if s.grpc_enabled and s.grpc_port else None,
             max_offset_provider=lambda: store.log.write_offset)
         self.topics.add_listener(self._topic_changed)
+        self.role.add_listener(self._role_changed)
+        if s.replicated:
+            self.replication.on_promoted = self._promoted
+            self.replication.register_metrics(self.metrics.registry)
+            await self.replication.start()
         self.registrar.start()
+        self.elector: Elector | None = elector_for(s, self.role)
+        if self.elector is not None:
+            self.elector.start()
         self.metrics.add_stats("tidemq_broker_store_", self.store.stats, "store")
         self.metrics.add_stats("tidemq_broker_", self.stats, "broker")
         self.metrics.add_stats("tidemq_broker_transactions_", self.transactions.stats,
@@ -139,6 +165,8 @@ class Broker:
         self.started = False
         self.begin_shutdown()
         steps: list[tuple[str, Any]] = [
+            *((("election", self.elector.close()),) if self.elector is not None else ()),
+            ("replication", self.replication.close()),
             ("nameserver registrar", self.registrar.stop()),
             *((f"loop {loop.name}", loop.stop()) for loop in self._loops),
             ("transaction rebuild", self.tx_checking.stop()),
@@ -165,6 +193,26 @@ class Broker:
     def _topic_changed(self, cfg: TopicConfig) -> None:
         self.registrar.request_heartbeat()
 
+    async def _promoted(self) -> None:
+        """A replica became primary: derived state learns what the log holds, as after a
+        restart (the dedup maps consult the index for a window; the transaction table starts
+        empty and loads from the log; pending transactions are found again)."""
+        now = now_ms()
+        s = self.settings
+        self.sender.dedup.mark_incomplete(now)
+        tx = self.transactions  # a replica's table may hold loads the log has since moved past
+        tx.table = TxTable(self.store, s.max_ended_transactions)
+        tx.dedup = HalfDedup(self.store, int(s.dedup_window_s * 1000), s.dedup_max_entries, now)
+        await self.tx_checking.stop()
+        self.tx_checking.rebuilt.clear()
+        self.tx_checking.start_rebuild()
+
+    def _role_changed(self) -> None:
+        """Tell the nameservers at once who this broker is now."""
+        self.registrar.role = self.role.role.value
+        self.registrar.epoch = self.role.epoch
+        self.registrar.request_heartbeat()
+
     def health(self) -> str | None:
         """Why this broker cannot take writes until it is restarted (its /healthz fails), or
         None. Refusals that pass by themselves (busy, disk full) are not failures."""
@@ -172,7 +220,7 @@ class Broker:
             return None
         failure = self.store.failure
         if not failure:
-            return None
+            return self.replication.health() if self.settings.replicated else None
         return f"store writer stopped, every write is refused until a restart: {failure}"
 
     def stats(self) -> dict[str, float]:

@@ -10,7 +10,7 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 from tidemq.protocol import Limits
 
@@ -53,6 +53,15 @@ class BrokerSettings(ServiceSettings):
     redis_wait_replicas: int = Field(default=REDIS_WAIT_REPLICAS, ge=-1, le=16)
     # longest wait for those replicas; past it the commit is answered 503 UNAVAILABLE (ms)
     redis_wait_timeout_ms: int = Field(default=REDIS_WAIT_TIMEOUT_MS, gt=0, le=60_000)
+
+    # --- failover: etcd decides which member leads (services/broker/replication/election.py) --
+    # comma-separated etcd client URLs ("" = no automatic failover: roles stay as configured)
+    etcd_endpoints: str = ""
+    # the primary's etcd lease TTL (s, whole seconds): a dead primary is replaced after about this
+    lease_s: float = Field(default=6.0, ge=1)
+    # the primary stops acknowledging writes this long before its lease could lapse in etcd (s)
+    lease_margin_s: float = Field(default=1.0, ge=0)
+    election_interval_s: float = Field(default=1.0, gt=0)  # lease renewal / election step (s)
 
     # --- store (see services/broker/store/config.py) -----------------------------------------
     data_dir: Path = Path("tidemq-data/broker")  # store files and topics.json live here
@@ -116,6 +125,27 @@ class BrokerSettings(ServiceSettings):
     # invisibility of a message received without one (push consumers) (ms)
     grpc_invisible_ms: int = Field(default=60_000, gt=0)
 
+    # --- replication inside the group (services/broker/replication) ---------------------------
+    # copies of this group's log, the primary included (1 = no replication, nothing changes)
+    replicas: int = Field(default=1, ge=1, le=MAX_BROKER_ID + 1)
+    # static role until a failover controller drives it ("" = primary when broker_id is 0);
+    # read from TIDEMQ_BROKER_ROLE
+    role: Literal["", "primary", "replica"] = ""
+    primary_address: str = ""  # a replica's primary (base URL) while no controller tells it
+    # "sync": a send is acknowledged once min_insync copies hold it; "async": at once
+    replication: Literal["sync", "async"] = "sync"
+    # copies (the primary included) that must hold a record before a sync send is acknowledged
+    # and before consumers see it; fewer live in-sync copies → NOT_ENOUGH_REPLICAS (0 = majority)
+    min_insync: int = Field(default=0, ge=0, le=MAX_BROKER_ID + 1)
+    # a replica is in sync while it caught up with the primary's end within this time (ms)
+    replica_lag_max_ms: int = Field(default=5000, gt=0)
+    # a replica's fetch at the primary's end is held this long for new records (ms)
+    replica_fetch_wait_ms: int = Field(default=500, ge=0, le=LONG_POLL_MAX_MS)
+    replica_fetch_max_bytes: int = Field(default=4 * MiB, ge=64 * 1024)  # one fetch answer (B)
+    replica_retry_ms: int = Field(default=200, gt=0)  # a failed fetch is retried after (ms)
+    # a sync send waits this long for min_insync copies before NOT_ENOUGH_REPLICAS (ms)
+    sync_ack_timeout_ms: int = Field(default=5000, gt=0)
+
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @field_validator("advertised_address")
@@ -155,6 +185,30 @@ class BrokerSettings(ServiceSettings):
             max_delay_ms=self.max_delay_ms,
             max_delay_level=len(self.delay_levels_ms),
         )
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> BrokerSettings:
+        if self.lease_margin_s + self.election_interval_s >= self.lease_s:
+            raise ValueError(f"lease_margin_s ({self.lease_margin_s}) + election_interval_s "
+                             f"({self.election_interval_s}) must be shorter than lease_s "
+                             f"({self.lease_s}): the primary must renew before its fence shuts")
+        return self
+
+    @property
+    def etcd_urls(self) -> list[str]:
+        return split_urls(self.etcd_endpoints)
+
+    @property
+    def replicated(self) -> bool:
+        """Whether this group replicates (more than one copy)."""
+        return self.replicas > 1
+
+    @property
+    def quorum(self) -> int:
+        """Copies that must hold a record before it is acknowledged (sync) and visible."""
+        if self.min_insync:
+            return min(self.min_insync, self.replicas)
+        return self.replicas // 2 + 1
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:

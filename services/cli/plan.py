@@ -6,6 +6,7 @@ the one place that spells the variables the CLI passes to each of them.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import secrets
@@ -18,6 +19,7 @@ from services.common.constants import (
     BROKER_PORT,
     CHECKER_PORT,
     CONSOLE_PORT,
+    ETCD_PORT,
     METRICS_PORT,
     NAMESERVER_PORT,
     SCHEDULER_PORT,
@@ -47,6 +49,11 @@ GRPC_PORT_STEP = 1
 NAMESERVER_PORT_STEP = 1
 MAX_GROUPS = 26  # broker-a … broker-z
 MAX_NAMESERVERS = 9
+# With --replicas R, replica j (broker_id 1 … R-1) of group i serves REST on the group's broker
+# port + REPLICA_PORT_STEP * j (10911 → 11011, 11111; group b 11911 → 12011, …); replicas have
+# no gRPC door (RocketMQ clients reach the primary).
+REPLICA_PORT_STEP = 100
+MAX_REPLICAS = 9
 
 
 def group_name(index: int) -> str:
@@ -74,6 +81,16 @@ class UpOptions:
     groups: int = 1  # broker groups: one broker, checker and scheduler each
     nameservers: int = 1
     grpc_off: frozenset[int] = frozenset()  # groups whose gRPC door stays off (port busy)
+    etcd_port: int = ETCD_PORT  # client port of the etcd started for replicated groups
+    replicas: int = 1  # copies of each group's log (1 = no replication)
+
+    def replica_port(self, index: int, broker_id: int) -> int:
+        """REST port of group ``index``'s member ``broker_id`` (0 = the primary)."""
+        return self.group_port("broker", index) + REPLICA_PORT_STEP * broker_id
+
+    def replica_label(self, index: int, broker_id: int) -> str:
+        """``broker-r1``, ``broker-b-r2``, …: a replica's name in the output and its log."""
+        return f"{self.label('broker', index)}-r{broker_id}"
 
     def nameserver_ports(self) -> list[int]:
         return [self.nameserver_port + NAMESERVER_PORT_STEP * j
@@ -185,12 +202,16 @@ def check_topology(opts: UpOptions) -> None:
     they imply are impossible (out of range, or two services on one port)."""
     if not 1 <= opts.groups <= MAX_GROUPS:
         raise ValueError(f"--groups must be 1 to {MAX_GROUPS}, got {opts.groups}")
+    if not 1 <= opts.replicas <= MAX_REPLICAS:
+        raise ValueError(f"--replicas must be 1 to {MAX_REPLICAS}, got {opts.replicas}")
     if not 1 <= opts.nameservers <= MAX_NAMESERVERS:
         raise ValueError(f"--nameservers must be 1 to {MAX_NAMESERVERS}, got {opts.nameservers}")
     owners: dict[int, str] = {}
     ports = [(opts.label("nameserver", j), p) for j, p in enumerate(opts.nameserver_ports())]
     for i in range(opts.groups):
         ports += [(opts.label(kind, i), opts.group_port(kind, i)) for kind in GROUP_SERVICES]
+        ports += [(opts.replica_label(i, j), opts.replica_port(i, j))
+                  for j in range(1, opts.replicas)]
         if opts.grpc_port(i):
             ports.append((f"{opts.label('broker', i)} gRPC", opts.grpc_port(i)))
     ports.append(("metrics", opts.metrics_port))
@@ -265,7 +286,18 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                        "GRPC_PORT": str(opts.grpc_port(i))}
                 if "scheduler" in kinds:  # cancel and /v1/scheduled ask its group's scheduler
                     env["SCHEDULER_URL"] = group_url("scheduler", i)
+                if opts.replicas > 1:
+                    env["REPLICAS"] = str(opts.replicas)
                 specs.append(spec(kind, i, opts.group_port(kind, i), env, opts.grpc_port(i)))
+                for j in range(1, opts.replicas):  # static replicas following broker_id 0
+                    port = opts.replica_port(i, j)
+                    replica = {**env, "BROKER_ID": str(j), "PRIMARY_ADDRESS":
+                               group_url("broker", i), "GRPC_PORT": "0",
+                               "DATA_DIR": f"{env['DATA_DIR']}-r{j}"}
+                    member = spec(kind, i, port, replica)
+                    specs.append(ServiceSpec(
+                        name=opts.replica_label(i, j), module=member.module, host=member.host,
+                        port=port, env=member.env, kind=kind, group=member.group))
         else:  # checker, scheduler: one per group, finding its broker by name (or URL)
             for i in range(opts.groups):
                 env = {"BROKER_NAME": group_name(i), "NAMESERVERS": nameservers,
@@ -275,6 +307,23 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                     env["DATA_DIR"] = str(data_dir / opts.data_subdir(kind, i))
                 specs.append(spec(kind, i, opts.group_port(kind, i), env))
     return specs
+
+
+def etcd_command(exe: str, host: str, client_port: int, data_dir: Path) -> list[str]:
+    """A managed single-member etcd: client URL on ``client_port``, peers on the next port,
+    data under ``data_dir`` (kept across runs)."""
+    client, peer = f"http://{host}:{client_port}", f"http://{host}:{client_port + 1}"
+    return [exe, "--name", "tidemq", "--data-dir", str(data_dir),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"tidemq={peer}", "--log-level", "warn"]
+
+
+def with_etcd(specs: list[ServiceSpec], etcd_url: str) -> list[ServiceSpec]:
+    """Every broker of ``specs`` told where etcd is (automatic failover in its group)."""
+    return [dataclasses.replace(s, env={**s.env, ENV_PREFIX["broker"] + "ETCD_ENDPOINTS":
+                                        etcd_url})
+            if s.service == "broker" else s for s in specs]
 
 
 def redis_command(exe: str, port: int, host: str, data_dir: Path) -> list[str]:

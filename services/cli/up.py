@@ -30,15 +30,18 @@ import typer
 from services.cli.plan import (
     MAX_GROUPS,
     MAX_NAMESERVERS,
+    MAX_REPLICAS,
     SERVICE_ORDER,
     TOKEN_FILE,
     ServiceSpec,
     UpOptions,
     child_env,
+    etcd_command,
     group_name,
     plan_services,
     redis_command,
     resolve_token,
+    with_etcd,
 )
 from services.cli.rest import CliError, console, err_console, reports_errors
 from services.cli.supervisor import (
@@ -89,6 +92,26 @@ def start_redis(sup: Supervisor, host: str) -> str:
     url = f"redis://{host}:{port}/0"
     sup.start("redis", redis_command(exe, port, host, data), dict(os.environ), url, "",
               redis_probe(host, port))
+    return url
+
+
+def start_etcd(sup: Supervisor, host: str, port: int) -> str:
+    """A managed etcd for replicated groups: client port ``port`` (peers on ``port + 1``),
+    data under ``<data dir>/etcd`` (kept across runs). Answers its client URL."""
+    exe = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+    if exe is None:
+        raise CliError("etcd is not installed: replicated groups need it for failover; "
+                       "install it (scripts/install-system-deps.sh, or apt-get install "
+                       "etcd-server)")
+    for p in (port, port + 1):
+        if port_in_use(host, p):
+            raise CliError(f"port {p} on {host} is in use, so etcd cannot start: choose "
+                           "another with --etcd-port (its peer port is the next one)")
+    data = sup.data_dir / "etcd"
+    data.mkdir(parents=True, exist_ok=True)
+    url = f"http://{host}:{port}"
+    sup.start("etcd", etcd_command(exe, host, port, data), dict(os.environ), url, "",
+              http_probe(url + "/health"))
     return url
 
 
@@ -183,12 +206,18 @@ def up(
                               ] = _DEFAULTS.scheduler_port,
     metrics_port: Annotated[int, _port_option("metrics sidecar")] = _DEFAULTS.metrics_port,
     console_port: Annotated[int, _port_option("web console")] = _DEFAULTS.console_port,
+    etcd_port: Annotated[int, _port_option("etcd started for replicated groups (its peer "
+                                           "port is the next one)")] = _DEFAULTS.etcd_port,
     groups: Annotated[int, typer.Option(
         min=1, max=MAX_GROUPS, help="Broker groups (broker-a, broker-b, …), each with its "
                                     "broker, checker and scheduler.")] = _DEFAULTS.groups,
     nameservers: Annotated[int, typer.Option(
         min=1, max=MAX_NAMESERVERS, help="Nameservers; every broker registers with all.")
                            ] = _DEFAULTS.nameservers,
+    replicas: Annotated[int, typer.Option(
+        min=1, max=MAX_REPLICAS, help="Copies of each group's log: broker_id 0 is primary, "
+                                      "replica j listens on the broker port + 100*j.")
+                        ] = _DEFAULTS.replicas,
     data_dir: Annotated[Path, typer.Option(help="Store, Redis and logs go here.")
                         ] = _DEFAULTS.data_dir,
     flush: Annotated[FlushChoice, typer.Option(help="Broker flush mode.")
@@ -225,9 +254,9 @@ def up(
                      nameserver_port=nameserver_port, broker_port=broker_port,
                      broker_grpc_port=grpc, checker_port=checker_port,
                      scheduler_port=scheduler_port, metrics_port=metrics_port,
-                     console_port=console_port,
+                     console_port=console_port, etcd_port=etcd_port,
                      flush=flush.value, metrics=metrics, skip=skipped, groups=groups,
-                     nameservers=nameservers, grpc_off=frozenset(grpc_off))
+                     nameservers=nameservers, grpc_off=frozenset(grpc_off), replicas=replicas)
     if os.environ.get("TIDEMQ_TOKEN"):
         token, token_origin = resolve_token(os.environ), "from TIDEMQ_TOKEN"
     else:
@@ -244,6 +273,8 @@ def up(
             raise CliError(str(exc)) from None
         except ValueError as exc:
             raise CliError(f"BAD_REQUEST: {exc}", 2) from None
+        if opts.replicas > 1 and "broker" not in skipped:
+            specs = with_etcd(specs, start_etcd(sup, host, opts.etcd_port))
         for spec in specs:
             start_service(sup, spec)
         kinds = {spec.service for spec in specs}

@@ -14,6 +14,8 @@ METRICS_PORT = 9464
 CHECKER_PORT = 10921  # checker's own /healthz and /metrics
 SCHEDULER_PORT = 10931  # scheduler's internal API, /healthz and /metrics
 CONSOLE_PORT = 8080  # the web console (HTML pages, /healthz, /metrics)
+# etcd started by `tidemq up --replicas R` (R > 1): client port; its peer port is the next one
+ETCD_PORT = 2379
 
 # --- cross-service timings --------------------------------------------------------------------
 BROKER_HEARTBEAT_INTERVAL_S = 30.0  # broker → nameserver

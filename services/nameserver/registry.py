@@ -13,7 +13,11 @@ not expire every broker at once; the wall clock only stamps ``last_heartbeat_ms`
   stop (``unregister``) removes it at once.
 - A route has one entry per group that has a live primary serving the topic: the primary's
   address, queue count and permission, plus the addresses of the group's live replicas that
-  serve the topic too (readable copies).
+  serve the topic too (readable copies). A group whose primary is gone while a successor is
+  elected is routed read-only (perm "r") at its most caught-up replica: consumers keep reading
+  (RocketMQ's slave read) and producers wait for the new primary.
+- A primary registering under a newer epoch drops every older primary claim of its group at
+  once (the deposed or dead primary), so routes switch without waiting for its expiry.
 """
 
 from __future__ import annotations
@@ -131,6 +135,8 @@ class BrokerRegistry:
             grpc_address=grpc_address, max_offset=max_offset, seen_ms=now)
         self._brokers[key] = registration
         who = f"{broker_name}/{broker_id}"
+        if role == PRIMARY and epoch > 0:
+            self._drop_older_primaries(registration)
         if previous is None or not self._alive(previous, now):
             log.info("broker %s registered: cluster %s, %s at %s, %d topic(s)",
                      who, cluster, role, address, len(topics))
@@ -145,6 +151,16 @@ class BrokerRegistry:
             if added or removed:
                 log.info("broker %s topics changed: +%s -%s", who, added, removed)
         return registration
+
+    def _drop_older_primaries(self, primary: BrokerRegistration) -> None:
+        stale = [b for b in self._brokers.values()
+                 if b.broker_name == primary.broker_name and b.key != primary.key
+                 and b.role == PRIMARY and b.epoch < primary.epoch]
+        for old in stale:
+            del self._brokers[old.key]
+            log.warning("broker %s/%d (%s) no longer leads: %s/%d is primary under epoch %d "
+                        "(was %d)", old.broker_name, old.broker_id, old.address,
+                        primary.broker_name, primary.broker_id, primary.epoch, old.epoch)
 
     def unregister(self, broker_name: str, address: str | None = None,
                    broker_id: int | None = None) -> bool:
@@ -191,12 +207,19 @@ class BrokerRegistry:
         for name in sorted(groups):
             members = groups[name]
             primaries = [b for b in members if b.role == PRIMARY]
+            replicas = tuple(b.address for b in members if b.role == REPLICA)
             if not primaries:
-                continue  # no writable member: a group of replicas alone is not routed
+                # electing a new primary: read-only at the most caught-up replica
+                best = max((b for b in members if b.role == REPLICA),
+                           key=lambda b: (b.max_offset, -b.broker_id))
+                info = best.topics[topic]
+                if "r" in info.perm:
+                    routes.append(QueueRoute(broker_name=name, address=best.address,
+                                             queues=info.queues, perm="r", replicas=replicas))
+                continue
             # two primaries only during a failover: the newer term wins
             primary = max(primaries, key=lambda b: (b.epoch, -b.broker_id))
             info = primary.topics[topic]
-            replicas = tuple(b.address for b in members if b.role == REPLICA)
             routes.append(QueueRoute(broker_name=name, address=primary.address,
                                      queues=info.queues, perm=info.perm, replicas=replicas))
         return routes

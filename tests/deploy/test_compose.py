@@ -35,7 +35,7 @@ def test_docker_compose_accepts_the_file() -> None:
 def test_every_service_is_there_with_health_restart_and_volumes() -> None:
     compose = load_compose()
     services = compose["services"]
-    assert set(services) == set(TIDEMQ) | {"redis", "prometheus", "grafana"}
+    assert set(services) == set(TIDEMQ) | {"redis", "etcd", "prometheus", "grafana"}
     assert set(TIDEMQ.values()) == set(SERVICE_ORDER)
     for name, svc in services.items():
         assert svc.get("restart") == "unless-stopped", name
@@ -58,6 +58,12 @@ def test_every_service_is_there_with_health_restart_and_volumes() -> None:
         broker = env_of(services[f"broker-{group}"])
         assert volumes[store] == broker["TIDEMQ_BROKER_DATA_DIR"]
     assert volumes["redis-data"] == "/data"
+    assert volumes["etcd-data"] == "/etcd-data"
+    etcd = services["etcd"]["command"]
+    assert etcd[etcd.index("--data-dir") + 1] == "/etcd-data"
+    for group in GROUPS:  # every broker knows where etcd is (failover once replicated)
+        assert env_of(services[f"broker-{group}"])["TIDEMQ_BROKER_ETCD_ENDPOINTS"] == (
+            "http://etcd:2379")
     assert set(compose["volumes"]) >= {"broker-store", "broker-b-store", "scheduler-data",
                                        "scheduler-b-data", "redis-data", "metrics-data"}
 

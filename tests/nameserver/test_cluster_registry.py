@@ -50,15 +50,38 @@ def test_route_merges_every_group(registry: BrokerRegistry) -> None:
     assert sum(q.queues for q in route) == 12
 
 
-def test_a_group_without_live_primary_is_not_routed(registry: BrokerRegistry,
-                                                    clock: FakeClock) -> None:
+def test_a_group_without_live_primary_is_read_only_at_its_best_replica(
+        registry: BrokerRegistry, clock: FakeClock) -> None:
     registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8})
     clock.advance(100)
     registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": RW8}, broker_id=1,
-                       role="replica")
-    clock.advance(20)  # the primary is 120 s silent, the replica 20 s
-    assert registry.routes("orders") == []
-    assert [(b.broker_id, b.role) for b in registry.brokers()] == [(1, "replica")]
+                       role="replica", max_offset=500)
+    registry.heartbeat("c1", "broker-a", "http://a2:1", {"orders": RW8}, broker_id=2,
+                       role="replica", max_offset=900)
+    clock.advance(20)  # the primary is 120 s silent, the replicas 20 s
+    assert registry.routes("orders") == [
+        QueueRoute("broker-a", "http://a2:1", 8, "r", replicas=("http://a1:1", "http://a2:1"))]
+    assert [(b.broker_id, b.role) for b in registry.brokers()] == [(1, "replica"),
+                                                                    (2, "replica")]
+    registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": TopicInfo(8, "w")},
+                       broker_id=1, role="replica", max_offset=950)
+    assert registry.routes("orders") == []  # a write-only topic has nothing to read
+
+
+def test_a_newer_primary_drops_the_deposed_claim_at_once(registry: BrokerRegistry) -> None:
+    registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8}, epoch=3)
+    registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": RW8}, broker_id=1,
+                       role="replica", epoch=3)
+    registry.heartbeat("c1", "broker-a", "http://a2:1", {"orders": RW8}, broker_id=2,
+                       epoch=4)
+    assert [(b.broker_id, b.role, b.epoch) for b in registry.brokers()] == [
+        (1, "replica", 3), (2, "primary", 4)]
+    assert registry.routes("orders") == [
+        QueueRoute("broker-a", "http://a2:1", 8, "rw", replicas=("http://a1:1",))]
+    # the deposed primary, back as a replica, is listed again
+    registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8}, role="replica",
+                       epoch=4)
+    assert registry.routes("orders")[0].replicas == ("http://a0:1", "http://a1:1")
 
 
 def test_newer_epoch_wins_between_two_primaries(registry: BrokerRegistry) -> None:

@@ -170,6 +170,13 @@ def test_real_answers_match_the_documents(all_services: Cluster) -> None:
                 f"/internal/v1/topics/{topic}/queues/0/bodies")
     broker.call("POST", "/internal/v1/retention-floor",
                 json={"owner": unique("owner"), "physical_offset": 0})
+    # replication endpoints answer on a broker without replication too (a primary at epoch 0)
+    broker.call("GET", "/internal/v1/replication/fetch", params={"from": 0, "broker_id": 1})
+    broker.call("GET", "/internal/v1/replication/log", params={"from": 0})
+    broker.call("GET", "/internal/v1/replication/epochs")
+    broker.call("GET", "/internal/v1/replication/metadata")
+    broker.call("GET", "/internal/v1/replication/status")
+    broker.call("POST", "/internal/v1/replication/role", json={"role": "primary", "epoch": 0})
     broker.call("DELETE", "/v1/topics/{topic}", f"/v1/topics/{topic}", both=False)
     for ops in ("/healthz", "/metrics"):
         resp = broker.http.get(ops)

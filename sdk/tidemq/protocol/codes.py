@@ -32,6 +32,8 @@ class ErrorCode(StrEnum):
     BROKER_BUSY = "BROKER_BUSY"  # flow control; retry after Retry-After
     DISK_FULL = "DISK_FULL"  # store refuses writes; nothing deletable
     UNAVAILABLE = "UNAVAILABLE"  # dependency down or service shutting down
+    NOT_PRIMARY = "NOT_PRIMARY"  # a replica (or deposed primary) was asked to write
+    NOT_ENOUGH_REPLICAS = "NOT_ENOUGH_REPLICAS"  # fewer in-sync copies than min_insync
     INTERNAL_ERROR = "INTERNAL_ERROR"  # a bug: the server logged it
 
     @property
@@ -65,10 +67,13 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.BROKER_BUSY: 503,
     ErrorCode.DISK_FULL: 503,
     ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.NOT_PRIMARY: 503,
+    ErrorCode.NOT_ENOUGH_REPLICAS: 503,
     ErrorCode.INTERNAL_ERROR: 500,
 }
 
-_RETRIABLE = frozenset({ErrorCode.BROKER_BUSY, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL_ERROR})
+_RETRIABLE = frozenset({ErrorCode.BROKER_BUSY, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL_ERROR,
+                        ErrorCode.NOT_PRIMARY, ErrorCode.NOT_ENOUGH_REPLICAS})
 
 
 class ProtocolError(Exception):

@@ -6,7 +6,8 @@ transactional messages) and the gRPC endpoint of the group that holds it. This b
 queues come from its own topic table; the other groups' from the nameservers' cluster view
 (``GET /v1/cluster``: each group's topics and ``grpc_address``, cached for
 ``GRPC_ROUTE_CACHE_S``). A group without a gRPC address is left out: clients could not reach it.
-Without nameservers a route lists this broker alone.
+Without nameservers a route lists this broker alone. A replica's door (replicated groups) lists
+its group's primary instead of itself, so clients follow a failover.
 
 Consumers receive from a whole topic on a broker (the simple consumer semantics of docs/api.md),
 so an assignment is one queue per group with id -1, as RocketMQ 5's proxy answers for pop
@@ -108,6 +109,12 @@ async def shares(door: Door, topic: str) -> list[Share]:
     answer is TOPIC_NOT_FOUND."""
     remote = [s for g in await other_groups(door) if (s := remote_share(g, topic))]
     broker = door.broker
+    if door.cluster is not None and not broker.role.is_primary:
+        # a replica's door sends clients to its group's primary, as the nameservers name it
+        primary = (await door.cluster.groups()).get(broker.settings.broker_name)
+        own_share = remote_share(primary, topic) if primary is not None else None
+        if own_share is not None:
+            return [own_share, *remote]
     if broker.topics.get(topic) is None and remote and not broker.settings.auto_create_topics:
         return remote
     cfg = await topic_config(door, topic)

@@ -51,6 +51,11 @@ class DedupCache:
     def __len__(self) -> int:
         return len(self._recent)
 
+    def mark_incomplete(self, now_ms: int) -> None:
+        """The store now holds writes this process did not make (a replica was promoted):
+        consult the index for the next window, as after a start."""
+        self._complete_since_ms = max(self._complete_since_ms, now_ms)
+
     def needs_index(self, now_ms: int) -> bool:
         """True while a key within the window may be missing from memory."""
         return self.enabled and now_ms - self.window_ms < self._complete_since_ms

@@ -61,6 +61,12 @@ PUT_ERRORS: dict[PutStatus, tuple[ErrorCode, str]] = {
                           "a record is larger than a commit log segment can hold"),
     PutStatus.INVALID: (ErrorCode.BAD_REQUEST,
                         "a record field is out of the range the store keeps; nothing was stored"),
+    PutStatus.NOT_PRIMARY: (ErrorCode.NOT_PRIMARY,
+                            "this broker does not take writes; send to the group's primary"),
+    PutStatus.NOT_ENOUGH_REPLICAS: (ErrorCode.NOT_ENOUGH_REPLICAS,
+                                    "fewer in-sync copies than min_insync hold the records, so "
+                                    "they are not acknowledged; retry later (a record written "
+                                    "on the primary only may then be stored twice)"),
 }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +101,8 @@ class TopicManager:
         self._topics: dict[str, TopicConfig] = {}
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[TopicConfig], None]] = []
+        # raises when this broker may not change its topics (a replica: NOT_PRIMARY)
+        self.write_guard: Callable[[], None] | None = None
 
     def add_listener(self, callback: Callable[[TopicConfig], None]) -> None:
         """Called after every create, update or delete (e.g. to heartbeat the nameservers)."""
@@ -163,6 +165,8 @@ class TopicManager:
     async def put(self, name: str, queues: int, perm: Perm) -> tuple[TopicConfig, bool]:
         """Create or update an ordinary topic; returns (config, changed)."""
         self.check_creatable(name)
+        if self.write_guard is not None:
+            self.write_guard()
         return await self._set(TopicConfig(name, check_queues(queues), perm))
 
     async def ensure_system(self, name: str, queues: int | None = None) -> tuple[TopicConfig, bool]:
@@ -180,6 +184,8 @@ class TopicManager:
         403 FORBIDDEN_SYSTEM_TOPIC for a system topic, 404 TOPIC_NOT_FOUND for an unknown one.
         """
         self.check_creatable(name)
+        if self.write_guard is not None:
+            self.write_guard()
         async with self._lock:
             cfg = self._topics.get(name)
             if cfg is None:
@@ -207,6 +213,21 @@ class TopicManager:
                      previous.queues, cfg.queues, previous.perm, cfg.perm)
         self._notify(cfg)
         return cfg, True
+
+    async def replace(self, configs: Sequence[TopicConfig]) -> bool:
+        """Make the table exactly ``configs`` (a replica takes its primary's); True when it
+        changed. Listeners hear of every topic added, changed or removed."""
+        new = {c.name: c for c in configs}
+        async with self._lock:
+            old = self._topics
+            if new == old:
+                return False
+            await asyncio.to_thread(self._write, new)
+            self._topics = new
+        for cfg in [*(c for n, c in new.items() if old.get(n) != c),
+                    *(c for n, c in old.items() if n not in new)]:
+            self._notify(cfg)
+        return True
 
     def _notify(self, cfg: TopicConfig) -> None:
         for callback in self._listeners:

@@ -12,6 +12,7 @@ from services.broker.routes import (
     internal_bodies,
     messages,
     query,
+    replication,
     topics,
     transactions,
     transactions_internal,
@@ -21,6 +22,7 @@ ROUTERS: list[APIRouter] = [
     topics.router, messages.router, groups.router, query.router, internal.router,
     internal_bodies.router, inspect.router,
     transactions.router, transactions_internal.router, delays.router, delays.internal,
+    replication.router,
 ]
 
 __all__ = ["ROUTERS"]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from services.broker.store import record
+from services.broker.store import record, replicated
 from services.broker.store.checkpoint import Checkpoint
 from services.broker.store.commitlog import CLOSED, CommitLog
 from services.broker.store.config import StoreConfig
@@ -62,6 +62,8 @@ class MessageStore:
         self._checkpoint_job: asyncio.Future[None] | None = None  # the thread of a checkpoint
         self.recovery_seconds = 0.0
         self.recovered_records = 0
+        # replication: records at or past this physical offset are not served (None: all)
+        self.visible_offset: int | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -185,6 +187,27 @@ class MessageStore:
         """A system consumer's progress: segments at or past it are never deleted."""
         self.floors[owner] = physical_offset
 
+    # --- replication (services/broker/store/replicated.py) ------------------------------------
+    def read_chunk(self, offset: int, max_bytes: int) -> bytes:
+        """Raw whole records from ``offset`` for a replica (at most one segment)."""
+        return replicated.read_chunk(self, offset, max_bytes)
+
+    def append_replicated(self, data: bytes, at_offset: int) -> int:
+        """A replica writes its primary's bytes at the same offset and dispatches them."""
+        return replicated.append_chunk(self, data, at_offset)
+
+    def truncate(self, offset: int) -> int:
+        """Cut the log and its derived data back to ``offset`` (a diverged tail)."""
+        return replicated.truncate(self, offset)
+
+    async def sync_log(self) -> int:
+        """fsync the commit log now; the offset it made durable."""
+        async with self._sync_lock:
+            target, fds = self.log.take_dirty()
+            await asyncio.to_thread(fsync_all, fds)
+            self.log.mark_synced(target)
+            return target
+
     # --- reading ---------------------------------------------------------------------------
     def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         cq = self.dispatcher.queues.get((topic, queue_id))
@@ -209,8 +232,13 @@ class MessageStore:
         nbytes = 0
         next_offset = offset
         min_phys = self.log.min_offset
+        limit = self.visible_offset
+        held = False
         for phys, size, tag in units:
             if len(wanted) >= max_count or nbytes >= self.config.max_read_bytes:
+                break
+            if limit is not None and phys >= limit:
+                held = True  # not yet held by the in-sync quorum: as if not written yet
                 break
             next_offset += 1
             if size <= 0 or phys < min_phys:
@@ -220,8 +248,12 @@ class MessageStore:
             wanted.append((phys, size))
             nbytes += size
         records = self.read_many(wanted)
+        if held:
+            hi = next_offset  # consumers see the queue end at the high-water mark
         status = (GetStatus.OFFSET_TOO_SMALL if corrected else
-                  GetStatus.FOUND if records else GetStatus.NO_MATCHED)
+                  GetStatus.FOUND if records else
+                  GetStatus.NO_MESSAGE if held and next_offset == offset else
+                  GetStatus.NO_MATCHED)
         return GetResult(status, records, next_offset, lo, hi)
 
     def read(self, physical_offset: int) -> StoredRecord | None:
@@ -253,7 +285,10 @@ class MessageStore:
     def _verified(self, offsets: list[int], keep: Callable[[StoredRecord], bool]
                   ) -> list[StoredRecord]:
         out = []
+        limit = self.visible_offset
         for phys in sorted(offsets):
+            if limit is not None and phys >= limit:
+                continue
             rec = self.log.read(phys)
             if rec is not None and keep(rec):
                 out.append(rec)

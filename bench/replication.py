@@ -1,0 +1,291 @@
+"""Replication benchmark: produce throughput by copy count and mode, and failover time.
+
+Run ``python -m bench.replication [--quick] [--json]``.
+
+Real processes on free ports (data in a temp dir): one redis-server, one nameserver, one etcd
+(Debian's ``etcd-server``) and the brokers of one group (``broker-a``). The client is this one
+process (the SDK).
+
+1. throughput   for each of R=1, R=2 sync, R=3 sync and R=3 async a fresh group is started;
+                a topic with 8 queues; SENDERS coroutines x WINDOW sends in flight share N
+                messages of 1 KiB (quick 4k, full 40k), each acknowledged as the mode says
+                (sync: once ``min_insync`` = a majority of the copies hold it). All copies
+                share this machine's cores with the client, so the ratios show replication's
+                cost *here*, not on separate hosts.
+2. failover     on a R=3 sync group with a 2 s lease, a producer sends continuously (16
+                coroutines, each awaiting its send) while the primary is SIGKILLed, ROUNDS
+                times (quick 3, full 10); the killed member is started again and caught up
+                before the next round. Failover seconds: from the kill to the first send
+                acknowledged by the new primary. The application sees no error (counted).
+                At the end every acknowledged id is looked up in the primary's queues: lost
+                = acknowledged but not stored (must be 0).
+
+Targets (this machine): R=3 sync >= 0.5x and R=3 async >= 0.8x of R=1; lost = 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tidemq import Producer
+
+from bench._common import Row, err, loop_name, print_json, print_table, run
+from bench._peers import BODY_BYTES, Child, free_port, make_bodies, redis_server
+
+TOKEN = "bench-token"
+QUEUES = 8
+SENDERS = 32
+WINDOW = 8
+LEASE_S = 2
+FAILOVER_SENDERS = 16
+CONFIGS = (("R=1", 1, "sync"), ("R=2 sync", 2, "sync"), ("R=3 sync", 3, "sync"),
+           ("R=3 async", 3, "async"))
+
+
+class Group:
+    """etcd + nameserver + ``copies`` brokers of broker-a."""
+
+    def __init__(self, workdir: Path, redis_url: str, copies: int, replication: str) -> None:
+        self.workdir = workdir
+        self.copies = copies
+        port, peer = free_port(), free_port()
+        url, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
+        self.etcd = Child("etcd", [shutil.which("etcd") or "/usr/bin/etcd", "--name", "b",
+                                   "--data-dir", str(workdir / "etcd"),
+                                   "--listen-client-urls", url, "--advertise-client-urls", url,
+                                   "--listen-peer-urls", peer_url,
+                                   "--initial-advertise-peer-urls", peer_url,
+                                   "--initial-cluster", f"b={peer_url}", "--log-level", "warn"],
+                          port, workdir, health="/health")
+        ns = free_port()
+        self.ns_url = f"http://127.0.0.1:{ns}"
+        self.nameserver = Child("nameserver", [sys.executable, "-m", "services.nameserver"], ns,
+                                workdir, {"TIDEMQ_NAMESRV_PORT": str(ns),
+                                          "TIDEMQ_NAMESRV_TOKEN": TOKEN,
+                                          "TIDEMQ_NAMESRV_WARMUP_S": "0",
+                                          "TIDEMQ_NAMESRV_LOG_LEVEL": "warning"}, "/healthz")
+        cluster = f"bench-{uuid.uuid4().hex[:6]}"
+        self.brokers = []
+        for broker_id in range(copies):
+            bport = free_port()
+            env = {"TIDEMQ_BROKER_PORT": str(bport), "TIDEMQ_BROKER_BROKER_ID": str(broker_id),
+                   "TIDEMQ_BROKER_BROKER_NAME": "broker-a", "TIDEMQ_BROKER_CLUSTER": cluster,
+                   "TIDEMQ_BROKER_DATA_DIR": str(workdir / f"broker-{broker_id}"),
+                   "TIDEMQ_BROKER_REDIS_URL": redis_url, "TIDEMQ_BROKER_TOKEN": TOKEN,
+                   "TIDEMQ_BROKER_NAMESERVERS": self.ns_url,
+                   "TIDEMQ_BROKER_REGISTER_INTERVAL_S": "1", "TIDEMQ_BROKER_GRPC_PORT": "0",
+                   "TIDEMQ_BROKER_REPLICAS": str(copies),
+                   "TIDEMQ_BROKER_REPLICATION": replication,
+                   "TIDEMQ_BROKER_ETCD_ENDPOINTS": url, "TIDEMQ_BROKER_LEASE_S": str(LEASE_S),
+                   "TIDEMQ_BROKER_LEASE_MARGIN_S": "0.5",
+                   "TIDEMQ_BROKER_ELECTION_INTERVAL_S": "0.25",
+                   "TIDEMQ_BROKER_REPLICA_RETRY_MS": "100",
+                   "TIDEMQ_BROKER_SEGMENT_BYTES": str(256 * 1024 * 1024),
+                   "TIDEMQ_BROKER_LOG_LEVEL": "warning"}
+            self.brokers.append(Child(f"broker-{broker_id}",
+                                      [sys.executable, "-m", "services.broker"], bport,
+                                      workdir, env, "/healthz"))
+        self.http = httpx.Client(timeout=3.0, headers={"X-Tidemq-Token": TOKEN})
+
+    def start(self) -> None:
+        self.etcd.start()
+        self.nameserver.start()
+        for b in self.brokers:
+            b.start(90)
+
+    def stop(self) -> None:
+        for child in (*self.brokers, self.nameserver, self.etcd):
+            child.stop()
+        self.http.close()
+
+    def url(self, broker_id: int) -> str:
+        return f"http://127.0.0.1:{self.brokers[broker_id].port}"
+
+    def status(self, broker_id: int) -> dict[str, Any] | None:
+        proc = self.brokers[broker_id].proc
+        if proc is None or proc.poll() is not None:
+            return None
+        try:
+            resp = self.http.get(self.url(broker_id) + "/internal/v1/replication/status",
+                                 timeout=1.0)
+        except httpx.HTTPError:
+            return None
+        return resp.json() if resp.status_code == 200 else None
+
+    def primary(self, newer_than: int = -1, timeout: float = 60.0) -> tuple[int, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i in range(self.copies):
+                st = self.status(i)
+                if st and st["role"] == "primary" and not st["deposed"] \
+                        and st["epoch"] > newer_than:
+                    return i, int(st["epoch"])
+            time.sleep(0.05)
+        raise TimeoutError("no primary")
+
+    def in_sync(self, primary: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status(primary)
+            if self.copies == 1 or (st and st.get("in_sync_copies") == self.copies):
+                return
+            time.sleep(0.1)
+        raise TimeoutError("copies not in sync")
+
+    def create_topic(self, topic: str) -> None:
+        primary, _ = self.primary()
+        resp = self.http.put(f"{self.url(primary)}/v1/topics/{topic}", json={"queues": QUEUES})
+        resp.raise_for_status()
+        self.in_sync(primary)
+
+    def stored_ids(self, broker_id: int, topic: str) -> set[str]:
+        ids: set[str] = set()
+        for q in range(QUEUES):
+            offset = 0
+            while True:
+                page = self.http.get(f"{self.url(broker_id)}/v1/topics/{topic}/queues/{q}"
+                                     "/messages", params={"offset": offset, "max": 1024}).json()
+                ids.update(m["message_id"] for m in page["messages"])
+                if not page["messages"]:
+                    break
+                offset = page["next_offset"]
+        return ids
+
+
+async def throughput(group: Group, topic: str, n: int, bodies: list[bytes]) -> float:
+    async with Producer(nameservers=[group.ns_url]) as producer:
+        await producer.send(bodies[0], topic=topic)  # routes warm
+        shares = [n // SENDERS + (1 if w < n % SENDERS else 0) for w in range(SENDERS)]
+
+        async def sender(w: int, share: int) -> None:
+            for start in range(0, share, WINDOW):
+                k = min(WINDOW, share - start)
+                await asyncio.gather(*(producer.send(bodies[(w + start + j) % len(bodies)],
+                                                     topic=topic) for j in range(k)))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(sender(w, s) for w, s in enumerate(shares)))
+        return n / (time.perf_counter() - t0)
+
+
+async def failover(group: Group, topic: str, rounds: int,
+                   bodies: list[bytes]) -> dict[str, Any]:
+    acked: list[tuple[float, str]] = []  # (monotonic time, id)
+    errors: list[str] = []
+    stop = asyncio.Event()
+    times: list[float] = []
+    dead_at = [float("inf")]  # sends started after this can only reach the new primary
+    recovered = asyncio.Event()
+    async with Producer(nameservers=[group.ns_url]) as producer:
+        async def sender(w: int) -> None:
+            i = 0
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    r = await producer.send(bodies[(w + i) % len(bodies)], topic=topic)
+                except Exception as exc:
+                    errors.append(repr(exc))
+                else:
+                    acked.append((time.monotonic(), r.message_id))
+                    if started > dead_at[0]:
+                        recovered.set()
+                i += 1
+
+        tasks = [asyncio.create_task(sender(w)) for w in range(FAILOVER_SENDERS)]
+        for n in range(rounds):
+            primary, epoch = await asyncio.to_thread(group.primary)
+            await asyncio.to_thread(group.in_sync, primary)
+            await asyncio.sleep(1.0)
+            recovered.clear()
+            killed = time.monotonic()
+            await asyncio.to_thread(group.brokers[primary].stop, 9)
+            dead_at[0] = time.monotonic()
+            await recovered.wait()
+            times.append(time.monotonic() - killed)
+            dead_at[0] = float("inf")
+            new, _ = await asyncio.to_thread(group.primary, epoch)
+            err.print(f"round {n + 1}/{rounds}: broker {primary} killed, broker {new} primary, "
+                      f"sends acknowledged again after {times[-1]:.2f}s")
+            await asyncio.to_thread(group.brokers[primary].start, 90)
+        stop.set()
+        await asyncio.gather(*tasks)
+    final, _ = group.primary()
+    group.in_sync(final)
+    stored = group.stored_ids(final, topic)
+    lost = {i for _, i in acked} - stored
+    return {"failover_s": times, "failover_s_median": statistics.median(times),
+            "failover_s_max": max(times), "acked": len(acked), "lost": len(lost),
+            "app_errors": len(errors), "error_samples": errors[:3]}
+
+
+async def bench(quick: bool) -> dict[str, Any]:
+    n = 4_000 if quick else 40_000
+    rounds = 3 if quick else 10
+    bodies = make_bodies(7)
+    workdir = Path(tempfile.mkdtemp(prefix="tidemq-bench-repl-"))
+    redis = redis_server(workdir / "redis", appendonly=False).start()
+    redis_url = f"redis://127.0.0.1:{redis.port}/0"
+    rates: dict[str, float] = {}
+    result: dict[str, Any] = {}
+    try:
+        for label, copies, mode in CONFIGS:
+            group = Group(workdir / label.replace(" ", "-").replace("=", ""), redis_url,
+                          copies, mode)
+            try:
+                await asyncio.to_thread(group.start)
+                topic = f"bench-{uuid.uuid4().hex[:6]}"
+                await asyncio.to_thread(group.create_topic, topic)
+                rates[label] = await throughput(group, topic, n, bodies)
+                err.print(f"{label}: {rates[label]:,.0f} msgs/s")
+                if label == "R=3 sync":
+                    result = await failover(group, topic, rounds, bodies)
+            finally:
+                await asyncio.to_thread(group.stop)
+    finally:
+        redis.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    base = rates["R=1"]
+    return {"messages": n, "rounds": rounds, "body_bytes": BODY_BYTES,
+            "msgs_per_s": rates, "sync2_ratio": rates["R=2 sync"] / base,
+            "sync3_ratio": rates["R=3 sync"] / base, "async3_ratio": rates["R=3 async"] / base,
+            **result, "loop": loop_name()}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    r = run(bench(args.quick))
+    base = r["msgs_per_s"]["R=1"]
+    rows = [Row(f"produce {label}", r["msgs_per_s"][label], "msgs/s",
+                r["msgs_per_s"][label] / base,
+                {"R=3 sync": ">= 0.5x", "R=3 async": ">= 0.8x"}.get(label, ""),
+                {"R=3 sync": r["sync3_ratio"] >= 0.5,
+                 "R=3 async": r["async3_ratio"] >= 0.8}.get(label))
+            for label, _, _ in CONFIGS]
+    rows += [Row("failover median", r["failover_s_median"], "s"),
+             Row("failover worst", r["failover_s_max"], "s", target=f"lease {LEASE_S} s + few"),
+             Row("acknowledged during failovers", r["acked"], "msgs"),
+             Row("lost", r["lost"], "msgs", target="0", met=r["lost"] == 0),
+             Row("application errors", r["app_errors"], "", target="0",
+                 met=r["app_errors"] == 0)]
+    print_table(f"replication: {r['messages']:,} msgs of {BODY_BYTES} B per config, "
+                f"{r['rounds']} SIGKILL rounds", rows, caption=r["loop"])
+    if args.json:
+        print_json(r)
+    return 0 if r["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

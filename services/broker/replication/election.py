@@ -1,0 +1,363 @@
+"""Who leads a broker group: decided by etcd (a lease and an epoch counter), never by us.
+
+Keys, under ``/tidemq/<cluster>/<broker_name>/`` (``GroupKeys``):
+
+- ``primary``: ``{"broker_id", "address", "epoch"}`` of the group's primary, bound to the
+  primary's lease: it disappears by itself ``lease_s`` after the primary stops renewing;
+- ``epoch``: the last epoch any primary of the group was elected under (a decimal number),
+  bumped by the same transaction that writes ``primary``;
+- ``members/<broker_id>``: ``{"broker_id", "address", "last_offset", "epoch"}`` of every live
+  member, bound to that member's own lease and rewritten at every step.
+
+Each broker runs an ``Elector``. Every ``interval_s`` (and at once when a key of the group
+changes, through a watch) it renews its lease, publishes its ``last_offset()`` and reads
+``primary``:
+
+- the primary is another broker: follow it (``role.demote(address, epoch)``) if not already;
+- there is none: publish the offset again, wait ``settle_s`` so every live member has published
+  its final offset too, and campaign only if no live member has a larger one (ties: the lower
+  ``broker_id``). The campaign is one transaction: ``primary`` absent and ``epoch`` unchanged
+  since read → write both (the new epoch is one past the larger of the stored one and ours).
+  The winner promotes itself (``role.promote(epoch)``) and re-registers with the nameservers.
+
+Fencing: ``fence()`` is True only while this broker leads and its lease is surely alive in
+etcd: until the time the last successful renewal was *sent* + the lease TTL - ``margin_s``, on
+the monotonic clock. etcd cannot expire the lease (and elect a successor) before that, so a
+primary paused past its lease (SIGSTOP) finds its fence shut when it resumes, before it can
+acknowledge anything; its next renewal finds the lease gone, and it follows the new primary.
+A clean stop revokes the lease, so the successor is elected at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from services.broker.settings import BrokerSettings
+from services.common.etcd import (
+    EtcdClient,
+    EtcdError,
+    KeyValue,
+    LeaseLost,
+    absent,
+    mod_revision_is,
+    put,
+)
+
+log = logging.getLogger(__name__)
+
+KEY_ROOT = "/tidemq"  # every tidemq key in etcd starts with this
+
+
+class RoleSeam(Protocol):
+    """What the election drives: the broker's replication role (replication/role.py)."""
+
+    fence: Callable[[], bool]
+    epoch: int  # the epoch this broker last led or followed under
+
+    async def promote(self, epoch: int) -> None: ...
+
+    async def demote(self, primary_address: str, epoch: int) -> None: ...
+
+    def last_offset(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKeys:
+    cluster: str
+    broker_name: str
+
+    @property
+    def prefix(self) -> str:
+        return f"{KEY_ROOT}/{self.cluster}/{self.broker_name}/"
+
+    @property
+    def primary(self) -> str:
+        return self.prefix + "primary"
+
+    @property
+    def epoch(self) -> str:
+        return self.prefix + "epoch"
+
+    @property
+    def members(self) -> str:
+        return self.prefix + "members/"
+
+    def member(self, broker_id: int) -> str:
+        return f"{self.members}{broker_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A ``primary`` or ``members/<id>`` value."""
+
+    broker_id: int
+    address: str
+    epoch: int
+    last_offset: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps({"broker_id": self.broker_id, "address": self.address,
+                           "epoch": self.epoch, "last_offset": self.last_offset}).encode()
+
+    @staticmethod
+    def decode(kv: KeyValue) -> Claim | None:
+        try:
+            raw: Any = json.loads(kv.value)
+            return Claim(int(raw["broker_id"]), str(raw["address"]), int(raw["epoch"]),
+                         int(raw.get("last_offset", 0)))
+        except (ValueError, KeyError, TypeError):
+            log.error("unreadable election value at %s: %r", kv.key, kv.value[:200])
+            return None
+
+
+def elector_for(settings: BrokerSettings, role: RoleSeam) -> Elector | None:
+    """The broker's elector when its group replicates and ``etcd_endpoints`` is set (None:
+    static roles)."""
+    if not settings.etcd_urls or not settings.replicated:
+        return None
+    return Elector(EtcdClient(settings.etcd_urls), role, cluster=settings.cluster,
+                   broker_name=settings.broker_name, broker_id=settings.broker_id,
+                   address=settings.address, lease_s=settings.lease_s,
+                   margin_s=settings.lease_margin_s, interval_s=settings.election_interval_s)
+
+
+def best_member(members: list[Claim]) -> Claim | None:
+    """The member that should lead: the largest offset, then the lowest broker id."""
+    return max(members, key=lambda m: (m.last_offset, -m.broker_id), default=None)
+
+
+class Elector:
+    """Campaigns for one broker in its group and drives its role; see the module docstring."""
+
+    def __init__(self, client: EtcdClient, role: RoleSeam, *, cluster: str, broker_name: str,
+                 broker_id: int, address: str, lease_s: float, margin_s: float,
+                 interval_s: float, settle_s: float | None = None,
+                 on_change: Callable[[bool, int], Awaitable[None]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if margin_s >= lease_s:
+            raise ValueError(f"lease margin {margin_s}s must be shorter than the lease {lease_s}s")
+        self.client = client
+        self.role = role
+        self.keys = GroupKeys(cluster, broker_name)
+        self.broker_id = broker_id
+        self.address = address
+        self.lease_ttl = max(1, round(lease_s))  # etcd leases are whole seconds
+        self.margin_s = margin_s
+        self.interval_s = interval_s
+        self.settle_s = interval_s if settle_s is None else settle_s
+        self.on_change = on_change
+        self.clock = clock
+        self.lease = 0  # our etcd lease id (0: none yet, or lost)
+        self.deadline = 0.0  # clock() after which the lease may have expired in etcd
+        self.leading = False
+        self.epoch = 0  # the epoch we lead or follow under
+        self.following: Claim | None = None
+        self.elections = 0  # campaigns won (a metric)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._error = ""
+        self._refused: Claim | None = None  # a primary claim older than our epoch (logged once)
+        role.fence = self.fence
+
+    # --- the fence ----------------------------------------------------------------------------
+
+    def fence(self) -> bool:
+        """May this broker acknowledge a write now? (leads, and its lease is surely alive)"""
+        return self.leading and self.clock() < self.deadline
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        log.info("election for %s/%d through etcd %s (lease %d s)", self.keys.broker_name,
+                 self.broker_id, ", ".join(self.client.endpoints), self.lease_ttl)
+        self._task = asyncio.create_task(self._run(), name="election")
+        self._watch = asyncio.create_task(self._watch_group(), name="election-watch")
+
+    async def stop(self) -> None:
+        """Stop campaigning; a leader gives its lease back so a successor is elected at once."""
+        for task in (self._task, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        was_leading = self.leading
+        self.leading = False
+        if self.lease:
+            with contextlib.suppress(EtcdError):
+                await self.client.revoke(self.lease)
+            if was_leading:
+                log.info("gave up the lead of %s (epoch %d)", self.keys.broker_name, self.epoch)
+        self.lease = 0
+
+    async def close(self) -> None:
+        await self.stop()
+        await self.client.close()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.step()
+                if self._error:
+                    log.info("etcd answers again")
+                    self._error = ""
+            except EtcdError as exc:
+                if str(exc) != self._error:
+                    log.warning("election step failed (%s)%s", exc,
+                                "; writes stop once the lease deadline passes"
+                                if self.leading else "")
+                self._error = str(exc)
+            except Exception:
+                log.exception("election step failed")
+            # asyncio.timeout, not wait_for: 3.11's wait_for may swallow a cancel that
+            # arrives together with a wakeup, and stop() would wait forever
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    async def _watch_group(self) -> None:
+        """Wake the loop whenever a key of the group changes (the primary's lease lapsing)."""
+        while True:
+            try:
+                async for _ in self.client.watch_prefix(self.keys.prefix + "primary"):
+                    self._wake.set()
+            except EtcdError as exc:
+                log.debug("watch ended: %s", exc)
+            await asyncio.sleep(self.interval_s)
+
+    # --- one step -----------------------------------------------------------------------------
+
+    async def step(self) -> None:
+        """Renew, publish, then lead, follow or campaign (see the module docstring)."""
+        await self._renew()
+        await self._publish()
+        kv = await self.client.get(self.keys.primary)
+        claim = Claim.decode(kv) if kv is not None else None
+        if kv is not None and claim is not None:
+            if kv.lease == self.lease and claim.broker_id == self.broker_id:
+                return  # we lead, lease renewed above
+            if claim.broker_id == self.broker_id:
+                # our own claim from an earlier life of this broker (restarted within the
+                # lease): that process is gone; end its lease so the group elects at once
+                log.warning("a primary claim of this broker from an earlier process (lease "
+                            "%x): revoking it", kv.lease)
+                await self.client.revoke(kv.lease)
+                return
+            await self._follow(claim)
+            return
+        if self.leading:
+            self._lost("our primary key is gone")
+        await self._campaign()
+
+    async def _renew(self) -> None:
+        sent = self.clock()
+        if self.lease:
+            try:
+                ttl = await self.client.keepalive(self.lease)
+            except LeaseLost:
+                self.lease = 0
+                self._lost("the lease expired in etcd")
+            else:
+                self.deadline = sent + ttl - self.margin_s
+                return
+        self.lease = await self.client.grant(self.lease_ttl)
+        self.deadline = sent + self.lease_ttl - self.margin_s
+
+    async def _renewing(self, change: Awaitable[None]) -> None:
+        """Run a role change (a promotion rebuilds state from the log and may take a while)
+        while the lease keeps being renewed, so it cannot lapse meanwhile."""
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                try:
+                    await self._renew()
+                except EtcdError as exc:
+                    log.warning("lease renewal during a role change failed: %s", exc)
+
+        task = asyncio.create_task(renew(), name="election-renew")
+        try:
+            await change
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _lost(self, why: str) -> None:
+        if self.leading:
+            log.warning("lost the lead of %s (epoch %d): %s; writes are refused",
+                        self.keys.broker_name, self.epoch, why)
+        self.leading = False
+
+    async def _publish(self) -> None:
+        me = Claim(self.broker_id, self.address, self.epoch, self.role.last_offset())
+        await self.client.put(self.keys.member(self.broker_id), me.encode(), self.lease)
+
+    async def _follow(self, primary: Claim) -> None:
+        if not self.leading and self.following == primary:
+            return
+        if self.leading:
+            self._lost(f"broker {primary.broker_id} leads under epoch {primary.epoch}")
+        log.info("following %s/%d at %s (epoch %d)", self.keys.broker_name, primary.broker_id,
+                 primary.address, primary.epoch)
+        self.epoch = max(self.epoch, primary.epoch)
+        if primary.epoch < self.role.epoch:
+            if self._refused != primary:
+                log.error("etcd names %s (epoch %d) primary, but this broker knows epoch %d: "
+                          "not following it", primary.address, primary.epoch, self.role.epoch)
+            self._refused = primary
+            return
+        await self._renewing(self.role.demote(primary.address, primary.epoch))
+        self.following = primary
+        if self.on_change is not None:
+            await self.on_change(False, primary.epoch)
+
+    async def members(self) -> list[Claim]:
+        found = [Claim.decode(kv) for kv in await self.client.get_prefix(self.keys.members)]
+        return [c for c in found if c is not None]
+
+    async def _campaign(self) -> None:
+        """No primary: let every member publish its final offset, then the best one runs."""
+        await asyncio.sleep(self.settle_s)
+        await self._publish()
+        best = best_member(await self.members())
+        if best is None or best.broker_id != self.broker_id:
+            if best is not None:
+                log.info("no primary in %s: member %d (offset %d) is the most caught up, "
+                         "waiting for it", self.keys.broker_name, best.broker_id,
+                         best.last_offset)
+            return
+        stored = await self.client.get(self.keys.epoch)
+        revision = stored.mod_revision if stored is not None else 0
+        try:
+            current = int(stored.value) if stored is not None else 0
+        except ValueError:
+            current = 0
+        epoch = max(current, self.epoch, self.role.epoch) + 1
+        sent = self.clock()
+        me = Claim(self.broker_id, self.address, epoch, self.role.last_offset())
+        won = await self.client.txn(
+            [absent(self.keys.primary), mod_revision_is(self.keys.epoch, revision)],
+            [put(self.keys.primary, me.encode(), self.lease),
+             put(self.keys.epoch, str(epoch).encode())])
+        if not won:
+            log.info("campaign in %s lost a race; reading the new state", self.keys.broker_name)
+            self._wake.set()
+            return
+        self.deadline = min(self.deadline, sent + self.lease_ttl - self.margin_s)
+        log.warning("elected primary of %s under epoch %d (offset %d)", self.keys.broker_name,
+                    epoch, me.last_offset)
+        self.epoch = epoch
+        self.following = None
+        await self._renewing(self.role.promote(epoch))
+        self.leading = True
+        self.elections += 1
+        if self.on_change is not None:
+            await self.on_change(True, epoch)

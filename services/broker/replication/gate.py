@@ -1,0 +1,64 @@
+"""Every store write of a replicated broker passes the gate.
+
+Before the write: a broker that may not write (a replica, a deposed primary, a fence that says
+no) answers NOT_PRIMARY with nothing written; under ``replication=sync`` a primary with fewer
+in-sync copies than the quorum answers NOT_ENOUGH_REPLICAS with nothing written.
+
+After the write: the fetches waiting at the log end are woken; a sync write waits until the
+high-water mark covers it (NOT_ENOUGH_REPLICAS when the copies drop below the quorum or
+``timeout_s`` passes: the records are then stored here but may not survive a failover, and a
+retry may store them twice, as Kafka's NotEnoughReplicasAfterAppend); and right before the
+answer the fence is asked again, so a primary that lost its lease meanwhile acknowledges
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from services.broker.replication.quorum import Quorum
+from services.broker.replication.role import BrokerRole
+from services.broker.store.types import MessageRecord, PutResult, PutStatus
+
+Put = Callable[[list[MessageRecord]], Awaitable[PutResult]]
+
+
+class WriteGate:
+    def __init__(self, put: Put, role: BrokerRole, quorum: Quorum, wrote: Callable[[], None],
+                 timeout_s: float) -> None:
+        self._put = put
+        self.role = role
+        self.quorum = quorum
+        self._wrote = wrote  # wakes the fetches held at the log end
+        self.timeout_s = timeout_s
+        self.stats = {"refused_not_primary": 0, "refused_not_enough_replicas": 0,
+                      "quorum_timeouts": 0}
+
+    def _not_primary(self) -> PutResult:
+        self.stats["refused_not_primary"] += 1
+        return PutResult(PutStatus.NOT_PRIMARY, message=self.role.why_not_writable())
+
+    def _short(self, detail: str) -> PutResult:
+        self.stats["refused_not_enough_replicas"] += 1
+        return PutResult(PutStatus.NOT_ENOUGH_REPLICAS, message=(
+            f"{detail}: {self.quorum.insync_copies()} cop(ies) in sync, min_insync is "
+            f"{self.quorum.quorum}"))
+
+    async def put(self, records: list[MessageRecord]) -> PutResult:
+        if not self.role.may_write():
+            return self._not_primary()
+        if not self.quorum.enough():
+            return self._short("nothing was written")
+        result = await self._put(records)
+        if result.status is not PutStatus.OK:
+            return result
+        self._wrote()
+        if self.quorum.sync and result.appended:
+            last = result.appended[-1]
+            end = last.physical_offset + last.size
+            if not await self.quorum.wait_for(end, self.timeout_s):
+                self.stats["quorum_timeouts"] += 1
+                return self._short("written on the primary only, not acknowledged")
+        if not self.role.may_write():
+            return self._not_primary()
+        return result

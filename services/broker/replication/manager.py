@@ -1,0 +1,214 @@
+"""The replication machinery of one broker, wired together; the role seam's hooks.
+
+Built only when the group replicates (``replicas > 1``): without it nothing here runs and the
+broker behaves exactly as before. ``start`` puts the write gate in front of the store, makes
+reads stop at the high-water mark, and (a replica) starts following its primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import Awaitable, Callable
+
+import httpx
+import orjson
+from prometheus_client import CollectorRegistry
+from tidemq.protocol import ErrorCode, Perm, ProtocolError
+
+from services.broker.messaging.topics import TopicConfig, TopicManager
+from services.broker.replication.follower import Follower, FollowerConfig
+from services.broker.replication.gate import WriteGate
+from services.broker.replication.metrics import ReplicationCollector
+from services.broker.replication.quorum import Quorum
+from services.broker.replication.role import BrokerRole, Role
+from services.broker.replication.source import FetchSource
+from services.broker.replication.visibility import Key, Visibility
+from services.broker.settings import BrokerSettings
+from services.broker.store.config import FlushMode
+from services.broker.store.store import MessageStore
+from services.common.constants import TOKEN_HEADER
+from services.common.files import write_atomic
+from services.common.loop import cancel_tasks
+
+log = logging.getLogger(__name__)
+
+METADATA_PATH = "/internal/v1/replication/metadata"
+HWM_FILE = "hwm"  # the last high-water mark, in the data directory (text: one integer)
+
+
+class ReplicationManager:
+    """Implements ``RoleHooks``; the routes reach the parts through it."""
+
+    def __init__(self, settings: BrokerSettings, store: MessageStore, role: BrokerRole,
+                 topics: TopicManager, notify: Callable[[set[Key]], None]) -> None:
+        s = settings
+        self.settings = s
+        self.store = store
+        self.role = role
+        self.topics = topics
+        self.visibility = Visibility(store, notify)
+        self.quorum = Quorum(s.quorum, s.replica_lag_max_ms / 1000,
+                             durable=s.flush == FlushMode.SYNC, sync=s.replication == "sync")
+        self.quorum.add_listener(self.visibility.advance)
+        self.source = FetchSource(store, role, self.quorum, self.meta_version,
+                                  s.replica_fetch_max_bytes, s.replicated)
+        self.quorum.add_listener(self.source.wake)  # replicas learn a new HWM at once
+        self.gate = WriteGate(store.put, role, self.quorum, self._wrote,
+                              s.sync_ack_timeout_ms / 1000)
+        self.follower = Follower(
+            store, role,
+            FollowerConfig(s.broker_id, s.address, s.token, s.replica_fetch_wait_ms,
+                           s.replica_fetch_max_bytes, s.replica_retry_ms / 1000,
+                           durable=s.flush == FlushMode.SYNC),
+            on_hwm=self.visibility.advance, on_meta=self._sync_metadata,
+            on_truncate=self._truncated)
+        headers = {TOKEN_HEADER: s.token} if s.token else {}
+        self._client = httpx.AsyncClient(headers=headers, timeout=5.0)
+        self.on_promoted: Callable[[], Awaitable[None]] | None = None  # derived state rebuild
+        self._meta_version: str | None = None
+        self._hwm_path = s.data_dir / HWM_FILE
+        self._saved_hwm = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        registry.register(ReplicationCollector(self))
+
+    async def start(self) -> None:
+        """Turn replication on (a replicated group only): the store's writes pass the gate,
+        its reads stop at the HWM, its listeners hear of records once they are visible."""
+        saved = await asyncio.to_thread(self._load_hwm)
+        self.visibility.reset(saved)
+        self.quorum.hwm = saved
+        self._saved_hwm = saved
+        self.store.put = self.gate.put  # type: ignore[method-assign]
+        self.store.add_listener(self.source.wake)  # right after each write: ship it at once
+        self.visibility.activate()
+        self.topics.add_listener(self._topics_changed)
+        self.topics.write_guard = self._topic_guard
+        self.role.hooks = self
+        self._tasks.append(asyncio.create_task(self._tick(), name="repl-tick"))
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per fetch
+        if self.role.role == Role.REPLICA:
+            if self.role.primary_address:
+                await self.follower.start(self.role.primary_address)
+            else:
+                log.warning("replica without a primary address: waiting to be told whom to "
+                            "follow (TIDEMQ_BROKER_PRIMARY_ADDRESS or a failover controller)")
+        else:
+            self.quorum.advance(self.store.log.write_offset)
+        log.info("replication on: %s at epoch %d, %d copies, min_insync %d, %s acknowledgement",
+                 self.role.role.value, self.role.epoch, self.settings.replicas,
+                 self.settings.quorum, self.settings.replication)
+
+    async def close(self) -> None:
+        """Stop following and answer waiting sends (safe whether ``start`` ran or not)."""
+        self.quorum.fail_waiters()
+        await cancel_tasks(*self._tasks)
+        await self.follower.close()
+        await self._client.aclose()
+
+    async def _tick(self) -> None:
+        """Re-evaluate the in-sync set as time passes (replicas that went silent); keep the
+        HWM on disk, so that a restart serves at once what consumers could already see."""
+        interval = max(0.01, self.settings.replica_lag_max_ms / 4000)
+        while True:
+            await asyncio.sleep(interval)
+            if self.role.is_primary:
+                self.quorum.advance(self.store.log.write_offset)
+            hwm = self.visibility.hwm
+            if hwm != self._saved_hwm:
+                try:
+                    await asyncio.to_thread(write_atomic, self._hwm_path, str(hwm))
+                    self._saved_hwm = hwm
+                except OSError:
+                    log.exception("saving the high-water mark failed; retrying")
+
+    def _load_hwm(self) -> int:
+        """The HWM saved by the previous run, never past the log end (0 when none)."""
+        try:
+            saved = int(self._hwm_path.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+        return max(0, min(saved, self.store.log.write_offset))
+
+    def _wrote(self) -> None:
+        self.source.wake()
+        self.quorum.advance(self.store.log.write_offset)
+
+    # --- RoleHooks -------------------------------------------------------------------------
+    async def stop_following(self) -> None:
+        await self.follower.stop()
+
+    async def start_following(self, primary_address: str) -> None:
+        self.quorum.fail_waiters()
+        await self.follower.start(primary_address)
+
+    async def became_primary(self) -> None:
+        self.quorum.reset(self.visibility.hwm)
+        if self.on_promoted is not None:
+            await self.on_promoted()
+        self.quorum.advance(self.store.log.write_offset)
+
+    def _truncated(self, offset: int) -> None:
+        if offset < self.visibility.hwm:
+            log.error("replication: truncated below the high-water mark (%d < %d): records "
+                      "consumers may have seen are gone", offset, self.visibility.hwm)
+            self.visibility.reset(offset)
+
+    # --- metadata --------------------------------------------------------------------------
+    def meta_version(self) -> str:
+        if self._meta_version is None:
+            table = orjson.dumps(self.topics.route_table(), option=orjson.OPT_SORT_KEYS)
+            self._meta_version = f"{zlib.crc32(table):08x}-{len(self.topics)}"
+        return self._meta_version
+
+    def _topics_changed(self, cfg: TopicConfig) -> None:
+        self._meta_version = None
+
+    def metadata(self) -> dict[str, object]:
+        return {"version": self.meta_version(), "topics": [c.to_wire() for c in self.topics.list()]}
+
+    def _topic_guard(self) -> None:
+        if not self.role.may_write():
+            raise ProtocolError(ErrorCode.NOT_PRIMARY, self.role.why_not_writable())
+
+    async def _sync_metadata(self, primary: str, version: str) -> None:
+        resp = await self._client.get(primary + METADATA_PATH)
+        if resp.status_code != 200:
+            raise ValueError(f"metadata from {primary}: HTTP {resp.status_code}")
+        body = resp.json()
+        configs = [TopicConfig(t["name"], int(t["queues"]), Perm(t.get("perm", "rw")))
+                   for t in body["topics"]]
+        changed = await self.topics.replace(configs)
+        if changed:
+            log.info("replication: topic table from %s (version %s): %d topic(s)", primary,
+                     body["version"], len(configs))
+
+    # --- observability ---------------------------------------------------------------------
+    def health(self) -> str | None:
+        if self.role.role == Role.REPLICA and self.follower.out_of_range:
+            return ("replica out of range: the primary no longer holds this copy's next "
+                    f"offset ({self.follower.out_of_range}); rebuild it from an empty data "
+                    "directory")
+        return None
+
+    def status(self) -> dict[str, object]:
+        now = self.quorum.clock()
+        end = self.store.log.write_offset
+        return {
+            **self.role.to_wire(),
+            "replicas_configured": self.settings.replicas,
+            "min_insync": self.quorum.quorum, "replication": self.settings.replication,
+            "hwm": self.visibility.hwm, "log_end": end, "min_offset": self.store.log.min_offset,
+            "in_sync_copies": self.quorum.insync_copies() if self.role.is_primary else None,
+            "replicas": [r.to_wire(end, now, self.quorum.in_sync(r, now))
+                         for r in sorted(self.quorum.replicas.values(),
+                                         key=lambda r: r.broker_id)],
+            "following": self.follower.primary if self.follower.running else None,
+            "follower_lag_bytes": self.follower.lag_bytes(),
+            "out_of_range": self.follower.out_of_range,
+            "last_error": self.follower.last_error,
+        }

@@ -1,0 +1,129 @@
+"""The store's side of replication: raw log chunks out, raw log chunks in, truncation.
+
+Kept apart from the writer: a replica never calls ``put`` (its gate refuses), so these run on
+the event loop between the writer's batches and never interleave with one.
+
+- ``read_chunk``: whole records (and a segment's closing blank) from a physical offset, within
+  one segment, at most ``max_bytes`` (the first record whole even when larger);
+- ``append_chunk``: a primary's chunk written at the same offset: every record's CRC and
+  offset checked first, then one write, then the same dispatch recovery uses; a blank seals the
+  segment exactly as the primary's did, so segment boundaries and every offset match;
+- ``truncate``: cut the log, consume queues and checkpoint back to an offset (index entries
+  past the cut stay: every index lookup reads and verifies the record it points to).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from services.broker.store import record
+from services.broker.store.record import BLANK_SIZE, CorruptRecord
+
+if TYPE_CHECKING:
+    from services.broker.store.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+class ChunkError(Exception):
+    """A replicated chunk that cannot be written here (wrong offset, corrupt, misaligned)."""
+
+
+def read_chunk(store: MessageStore, offset: int, max_bytes: int) -> bytes:
+    """Whole records from ``offset`` (a record boundary or segment start below the log end)."""
+    clog = store.log
+    end = clog.write_offset
+    if offset >= end:
+        return b""
+    i = clog._segment_index(offset)
+    if i is None:
+        raise ChunkError(f"offset {offset} is below the log start {clog.min_offset}")
+    seg = clog.segments[i]
+    seg_end = min(seg.start + seg.length, end)
+    if offset >= seg_end:  # past a sealed segment's data: the next segment
+        raise ChunkError(f"offset {offset} is not a record boundary (segment {seg.name} ends "
+                         f"at {seg_end})")
+    want = min(seg_end - offset, max_bytes)
+    # at least a record prefix: enough to see a blank or the first record's size and magic
+    buf = clog.read_bytes(offset, max(want, min(record.PREFIX.size, seg_end - offset)))
+    view = memoryview(buf)
+    p = 0
+    while p < len(view):
+        if record.is_blank(view, p):
+            p += BLANK_SIZE
+            break
+        if len(view) - p < 4:
+            break
+        size = int.from_bytes(view[p:p + 4], "big")
+        if p == 0 and (len(view) < record.PREFIX.size or record.PREFIX.unpack_from(view, 0)[1]
+                       & 0xFFFF_0000 != record.MAGIC_BASE):
+            raise ChunkError(f"offset {offset} is not a record boundary")
+        if size < record.MIN_RECORD_SIZE:
+            raise ChunkError(f"no record at offset {offset + p} (size {size})")
+        if p + size > len(view):
+            if p == 0:  # one record larger than max_bytes: send it whole
+                return clog.read_bytes(offset, size)
+            break
+        p += size
+    return bytes(view[:p])
+
+
+def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
+    """Write ``data`` (from ``read_chunk`` on the primary) at ``at_offset``, which must be this
+    log's end; dispatch its records. Returns how many records it held."""
+    clog = store.log
+    if at_offset != clog.write_offset:
+        raise ChunkError(f"chunk for offset {at_offset}, but this log ends at "
+                         f"{clog.write_offset}")
+    view = memoryview(data)
+    seg = clog.segments[-1]
+    metas: list[record.RecordMeta] = []
+    p = 0
+    sealed = False
+    while p < len(view):
+        phys = at_offset + p
+        if record.is_blank(view, p):
+            if p + BLANK_SIZE != len(view):
+                raise ChunkError(f"bytes after the segment's closing blank at {phys}")
+            sealed = True
+            break
+        try:
+            size = record.check(view, p, phys)
+            metas.append(record.decode_meta(view, p, phys))
+        except (CorruptRecord, UnicodeDecodeError, ValueError) as exc:
+            raise ChunkError(f"corrupt record at {phys}: {exc}") from exc
+        if phys - seg.start + size + BLANK_SIZE > clog.segment_bytes:
+            raise ChunkError(f"record at {phys} crosses its segment's end (segment size "
+                             "differs from the primary's?)")
+        p += size
+    if p:
+        clog.write(data[:p] if p < len(data) else data)
+    if sealed:
+        clog.roll()
+    disp = store.dispatcher
+    for m in metas:
+        disp.dispatch(m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.size,
+                      m.sys_flag, m.tag_code, m.store_timestamp, m.unique_key, m.keys)
+    touched = disp.write_pending()
+    if touched:
+        store._notify(touched)
+    return len(metas)
+
+
+def truncate(store: MessageStore, offset: int) -> int:
+    """Cut everything at and after ``offset`` (a record boundary): log, consume queues,
+    checkpoint. Returns the bytes removed."""
+    clog = store.log
+    if offset >= clog.write_offset:
+        return 0
+    if offset < clog.min_offset:
+        raise ChunkError(f"cannot truncate to {offset}, below the log start {clog.min_offset}")
+    removed = clog.write_offset - offset
+    store.dispatcher.write_pending()
+    store.dispatcher.truncate_from(offset)
+    clog.truncate(offset)
+    store._save_checkpoint(offset)
+    log.warning("replication: truncated %d bytes of commit log (and its consume queues) back "
+                "to offset %d", removed, offset)
+    return removed

@@ -1,0 +1,249 @@
+"""The election against a real etcd: first leader, best offset wins, lease lapse, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from services.broker.replication.election import Claim, Elector, GroupKeys, best_member
+from services.common.etcd import EtcdClient, KeyValue
+from tests.support.etcd import EtcdServer
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 2.0
+MARGIN_S = 0.5
+INTERVAL_S = 0.2
+
+
+class FakeRole:
+    """The role seam (replication/role.py) reduced to what the election drives."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+        self.epoch = 0
+        self.fence: Callable[[], bool] = lambda: False
+        self.promoted: list[tuple[int, float]] = []  # (epoch, monotonic time)
+        self.demoted: list[tuple[str, int]] = []
+
+    async def promote(self, epoch: int) -> None:
+        self.promoted.append((epoch, time.monotonic()))
+        self.epoch = epoch
+
+    async def demote(self, primary_address: str, epoch: int) -> None:
+        self.demoted.append((primary_address, epoch))
+        self.epoch = epoch
+
+    def last_offset(self) -> int:
+        return self.offset
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def client(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
+    c = EtcdClient([etcd.url])
+    yield c
+    await c.close()
+
+
+def _elector(client: EtcdClient, role: FakeRole, group: str, broker_id: int) -> Elector:
+    return Elector(client, role, cluster="test", broker_name=group, broker_id=broker_id,
+                   address=f"http://127.0.0.1:{20000 + broker_id}", lease_s=LEASE_S,
+                   margin_s=MARGIN_S, interval_s=INTERVAL_S)
+
+
+async def _until(check: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+async def _crash(elector: Elector) -> None:
+    """Stop an elector's loops without giving its lease back (a SIGKILL or SIGSTOP)."""
+    for task in (elector._task, elector._watch):
+        assert task is not None
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def test_best_member_prefers_offset_then_lower_id() -> None:
+    members = [Claim(2, "c", 0, 10), Claim(1, "b", 0, 30), Claim(0, "a", 0, 30)]
+    assert best_member(members) == Claim(0, "a", 0, 30)
+    assert best_member([Claim(3, "d", 0, 5), Claim(0, "a", 0, 4)]) == Claim(3, "d", 0, 5)
+    assert best_member([]) is None
+
+
+async def test_first_leader_is_broker_0_and_the_other_follows(client: EtcdClient) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    roles = [FakeRole(), FakeRole()]
+    electors = [_elector(client, r, group, i) for i, r in enumerate(roles)]
+    for e in electors:
+        e.start()
+    try:
+        await _until(lambda: bool(roles[0].promoted) and bool(roles[1].demoted))
+        assert roles[0].promoted[0][0] == 1
+        assert roles[0].fence() and not roles[1].fence()
+        assert roles[1].demoted[-1] == ("http://127.0.0.1:20000", 1)
+        assert roles[1].promoted == []
+        stored = await client.get(GroupKeys("test", group).epoch)
+        assert stored is not None and stored.value == b"1"
+    finally:
+        for e in electors:
+            await e.stop()
+
+
+async def test_the_larger_offset_wins(client: EtcdClient) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    roles = [FakeRole(offset=100), FakeRole(offset=700), FakeRole(offset=300)]
+    electors = [_elector(client, r, group, i) for i, r in enumerate(roles)]
+    for e in electors:
+        e.start()
+    try:
+        await _until(lambda: bool(roles[1].promoted)
+                     and all(r.demoted for i, r in enumerate(roles) if i != 1))
+        assert roles[0].promoted == [] and roles[2].promoted == []
+        assert roles[0].demoted[-1] == ("http://127.0.0.1:20001", 1)
+    finally:
+        for e in electors:
+            await e.stop()
+
+
+async def test_lease_lapse_elects_a_successor_under_the_next_epoch_and_fences_the_old(
+        client: EtcdClient) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    old_role, new_role = FakeRole(offset=50), FakeRole(offset=40)
+    old, new = _elector(client, old_role, group, 0), _elector(client, new_role, group, 1)
+    old.start()
+    await _until(lambda: bool(old_role.promoted))
+    new.start()
+    try:
+        await _until(lambda: bool(new_role.demoted))
+        assert old_role.fence()
+        paused_at = time.monotonic()
+        await _crash(old)  # no more renewals: as if SIGSTOPped
+        await _until(lambda: not old_role.fence(), within=LEASE_S)
+        fenced_at = time.monotonic()
+        assert fenced_at - paused_at <= LEASE_S - MARGIN_S + 0.3
+        await _until(lambda: bool(new_role.promoted), within=LEASE_S + 5)
+        epoch, elected_at = new_role.promoted[0]
+        assert epoch == 2
+        assert fenced_at < elected_at  # never two brokers with an open fence
+        assert elected_at - paused_at < LEASE_S + 3
+        # the old primary resumes: its lease is gone, it follows the new primary
+        old.start()
+        await _until(lambda: bool(old_role.demoted))
+        assert old_role.demoted[-1] == ("http://127.0.0.1:20001", 2)
+        assert not old_role.fence() and new_role.fence()
+        assert len(old_role.promoted) == 1
+    finally:
+        await old.stop()
+        await new.stop()
+
+
+async def test_a_clean_stop_hands_over_at_once(client: EtcdClient) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    roles = [FakeRole(), FakeRole()]
+    electors = [_elector(client, r, group, i) for i, r in enumerate(roles)]
+    for e in electors:
+        e.start()
+    try:
+        await _until(lambda: bool(roles[0].promoted) and bool(roles[1].demoted))
+        stopped = time.monotonic()
+        await electors[0].stop()
+        assert not roles[0].fence()
+        await _until(lambda: bool(roles[1].promoted), within=LEASE_S)
+        assert roles[1].promoted[0][1] - stopped < LEASE_S
+        assert roles[1].promoted[0][0] == 2
+    finally:
+        await electors[1].stop()
+
+
+async def test_a_restarted_primary_ends_its_earlier_lease(client: EtcdClient) -> None:
+    """A primary restarted within its lease revokes its own stale claim and is elected again
+    (alone in its group) without waiting for the old lease to lapse."""
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    first_role = FakeRole()
+    first = _elector(client, first_role, group, 0)
+    first.start()
+    await _until(lambda: bool(first_role.promoted))
+    await _crash(first)
+    again_role = FakeRole()
+    again = _elector(client, again_role, group, 0)
+    again.start()
+    try:
+        await _until(lambda: bool(again_role.promoted), within=LEASE_S)
+        assert again_role.promoted[0][0] == 2
+        kv = await client.get(GroupKeys("test", group).primary)
+        assert isinstance(kv, KeyValue) and kv.lease == again.lease
+    finally:
+        await again.stop()
+        first.lease = 0
+
+
+async def test_fence_is_false_without_etcd(tmp_path: Path) -> None:
+    """An unreachable etcd never opens the fence."""
+    c = EtcdClient(["http://127.0.0.1:9"], timeout_s=0.2)
+    role = FakeRole()
+    e = _elector(c, role, "nowhere", 0)
+    e.start()
+    try:
+        await asyncio.sleep(0.5)
+        assert not role.fence() and role.promoted == []
+    finally:
+        await e.stop()
+        await c.close()
+
+
+async def test_a_new_epoch_is_past_the_one_the_broker_recorded(client: EtcdClient) -> None:
+    """etcd's counter may be behind the broker's own epoch history (a fresh etcd): the new
+    epoch is past both."""
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    role = FakeRole()
+    role.epoch = 7
+    e = _elector(client, role, group, 0)
+    e.start()
+    try:
+        await _until(lambda: bool(role.promoted))
+        assert role.promoted[0][0] == 8
+        stored = await client.get(GroupKeys("test", group).epoch)
+        assert stored is not None and stored.value == b"8"
+    finally:
+        await e.stop()
+
+
+class SlowRole(FakeRole):
+    """A promotion that takes longer than the lease (a large log to rebuild from)."""
+
+    async def promote(self, epoch: int) -> None:
+        await asyncio.sleep(LEASE_S * 1.5)
+        await super().promote(epoch)
+
+
+async def test_a_slow_promotion_keeps_its_lease(client: EtcdClient) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    slow, other = SlowRole(offset=10), FakeRole(offset=0)
+    first, second = _elector(client, slow, group, 0), _elector(client, other, group, 1)
+    first.start()
+    second.start()
+    try:
+        await _until(lambda: bool(slow.promoted), within=LEASE_S * 4)
+        await asyncio.sleep(LEASE_S)
+        assert slow.fence() and other.promoted == []
+        assert other.demoted[-1] == ("http://127.0.0.1:20000", 1)
+    finally:
+        await first.stop()
+        await second.stop()

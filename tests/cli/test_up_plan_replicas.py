@@ -1,0 +1,52 @@
+"""The plan of `tidemq up --replicas R` (pure): replica ports, names, data dirs, environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.cli.plan import UpOptions, plan_services
+
+
+def everything(_: str) -> bool:
+    return True
+
+
+def test_three_copies_in_two_groups(tmp_path: Path) -> None:
+    opts = UpOptions(data_dir=tmp_path / "d", groups=2, replicas=3, metrics=False)
+    specs = plan_services(opts, redis_url="redis://r", token="tok", available=everything)
+    data = (tmp_path / "d").resolve()
+    brokers = [(s.name, s.port, s.grpc_port) for s in specs if s.service == "broker"]
+    assert brokers == [
+        ("broker-a", 10911, 8081), ("broker-a-r1", 11011, 0), ("broker-a-r2", 11111, 0),
+        ("broker-b", 11911, 8082), ("broker-b-r1", 12011, 0), ("broker-b-r2", 12111, 0)]
+    env = {s.name: dict(s.env) for s in specs}
+    assert env["broker-a"]["TIDEMQ_BROKER_REPLICAS"] == "3"
+    assert "TIDEMQ_BROKER_BROKER_ID" not in env["broker-a"]
+    replica = env["broker-b-r2"]
+    assert replica["TIDEMQ_BROKER_BROKER_NAME"] == "broker-b"
+    assert replica["TIDEMQ_BROKER_BROKER_ID"] == "2"
+    assert replica["TIDEMQ_BROKER_REPLICAS"] == "3"
+    assert replica["TIDEMQ_BROKER_PRIMARY_ADDRESS"] == "http://127.0.0.1:11911"
+    assert replica["TIDEMQ_BROKER_DATA_DIR"] == str(data / "broker-b-r2")
+    assert replica["TIDEMQ_BROKER_PORT"] == "12111" and replica["TIDEMQ_BROKER_GRPC_PORT"] == "0"
+    assert {s.group for s in specs if s.service == "broker"} == {"broker-a", "broker-b"}
+    # checkers and schedulers still talk to their group's primary
+    assert env["checker-b"]["TIDEMQ_CHECKER_BROKER_URL"] == "http://127.0.0.1:11911"
+
+
+def test_one_copy_plans_exactly_what_it_did() -> None:
+    plain = plan_services(UpOptions(), redis_url="redis://r", token="t", available=everything)
+    same = plan_services(UpOptions(replicas=1), redis_url="redis://r", token="t",
+                         available=everything)
+    assert plain == same
+    assert not any("TIDEMQ_BROKER_REPLICAS" in s.env for s in plain)
+
+
+def test_impossible_replica_counts_and_ports_are_refused() -> None:
+    with pytest.raises(ValueError, match="--replicas must be 1 to 9"):
+        plan_services(UpOptions(replicas=10), redis_url="r", token="t", available=everything)
+    with pytest.raises(ValueError, match="both listen on port 11011"):
+        plan_services(UpOptions(replicas=2, checker_port=11011), redis_url="r", token="t",
+                      available=everything)
