@@ -63,7 +63,8 @@ class TimingTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         is_send = request.method == "POST" and path.endswith("/messages")
-        is_pull = request.method == "GET" and "/queues/" in path
+        is_pull = (request.method == "GET" and "/queues/" in path) or (
+            request.method == "POST" and path == "/v1/pull")  # one queue, or many
         if not (is_send or is_pull):
             return await self._inner.handle_async_request(request)
         request.headers[TIMING_HEADER] = "1"
@@ -78,9 +79,12 @@ class TimingTransport(httpx.AsyncBaseTransport):
                     self.timings.sends[m["message_id"]] = (left, stamps["recv"],
                                                            stamps["stored"])
             else:
-                for m in msgpack.unpackb(body, raw=False)["messages"]:
-                    self.timings.pulls[m["message_id"]] = (stamps["woke"], stamps["answered"],
-                                                           back)
+                answer = msgpack.unpackb(body, raw=False)
+                pages = answer["queues"] if "queues" in answer else [answer]
+                for page in pages:
+                    for m in page.get("messages") or ():
+                        self.timings.pulls[m["message_id"]] = (stamps["woke"],
+                                                               stamps["answered"], back)
         return httpx.Response(response.status_code, headers=response.headers, content=body,
                               extensions=response.extensions)
 
