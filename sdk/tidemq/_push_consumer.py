@@ -44,15 +44,13 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Literal, Self
 
-import httpx
-
 from tidemq import _constants as C
 from tidemq._allocate import allocate_averagely
 from tidemq._broker_api import BrokerApi
 from tidemq._broker_puller import BrokerPuller
 from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
-from tidemq._http import DEFAULT_RETRY, RetryPolicy
+from tidemq._http import DEFAULT_RETRY, RetryPolicy, Transport
 from tidemq._offsets import OffsetTracker
 from tidemq._puller import Handler, PullerSettings, QueuePuller, broker_down
 from tidemq._routes import MessageQueue
@@ -101,7 +99,7 @@ class PushConsumer(Client):
         request_timeout_s: float = C.REQUEST_TIMEOUT_S,
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = C.ROUTE_REFRESH_INTERVAL_S,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigurationError(f"mode must be 'clustering' or 'broadcasting', got {mode!r}")

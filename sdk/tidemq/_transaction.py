@@ -43,8 +43,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, Self
 
-import httpx
-
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
@@ -63,7 +61,7 @@ from tidemq._exceptions import (
     server_error,
 )
 from tidemq._fault import SendAttempts, Step
-from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, url
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
 from tidemq._message import Message, check_topic, to_outgoing
 from tidemq._routes import MessageQueue
 from tidemq._selector import QueueSelector
@@ -139,7 +137,7 @@ class TransactionProducer(Client):
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = ROUTE_REFRESH_INTERVAL_S,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
         try:
             validate_topic_name(group)  # same rule as group names
