@@ -236,7 +236,8 @@ class TransactionProducer(Client):
         state, error = await self._execute(msg, arg, txid)
         end_error: TidemqError | None = None
         # the end (and any check answer) goes to the group holding the half message
-        ending = self._batcher.end(queue.address, (txid, state.value, False))
+        ending = self._batcher.end(queue.address, (txid, state.value, False),
+                                   awaited=self.wait_for_end)
         if not self.wait_for_end:
             ending.add_done_callback(_log_end_failure)
         else:
