@@ -136,7 +136,10 @@ async def test_concurrent_sends_and_ends_share_batch_requests() -> None:
 async def test_ends_nobody_waits_for_ride_with_the_next_half_messages() -> None:
     fake = FakeTxBroker()
     async with producer(fake, Listener(), wait_for_end=False, linger_ms=50) as p:
-        results = [await p.send(f"m{i}", "commit", topic="orders") for i in range(5)]
+        results = []
+        for i in range(5):  # a send every 10 ms: an end that went at once would go alone
+            results.append(await p.send(f"m{i}", "commit", topic="orders"))
+            await asyncio.sleep(0.01)
     ended = [e["transaction_id"] for body in fake.ends for e in body["ends"]]
     assert sorted(ended) == sorted(r.transaction_id for r in results)  # every end was sent
     riding = [body for body in fake.ends if body.get("with_halves")]
