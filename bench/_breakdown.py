@@ -23,11 +23,12 @@ costs the client some CPU: a measured run is a little slower than an unmeasured 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import msgpack
+from tidemq._wire import WireResponse, WireTransport
 
 from services.common.constants import TIMING_HEADER
 
@@ -52,40 +53,47 @@ class Timings:
     handled: dict[str, tuple[int, int]] = field(default_factory=dict)  # sent, handler called
 
 
-class TimingTransport(httpx.AsyncBaseTransport):
-    """httpx's transport, plus the broker's timing stamps of every send and pull."""
+class TimingTransport(WireTransport):
+    """The SDK's own transport (``tidemq._wire``), plus the broker's timing stamps of every send
+    and pull."""
 
     def __init__(self, timings: Timings) -> None:
-        self.timings = timings
-        self._inner = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        from tidemq._constants import HTTP_MAX_CONNECTIONS, HTTP_MAX_KEEPALIVE_CONNECTIONS
+        from tidemq._http import shared_ssl_context
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        is_send = request.method == "POST" and path.endswith("/messages")
-        is_pull = request.method == "GET" and "/queues/" in path
+        super().__init__(max_connections=HTTP_MAX_CONNECTIONS,
+                         max_idle=HTTP_MAX_KEEPALIVE_CONNECTIONS, ssl_context=shared_ssl_context)
+        self.timings = timings
+
+    async def request(self, method: str, url: str, *, headers: Mapping[str, str],
+                      content: bytes | None, params: Mapping[str, str | int | float] | None,
+                      timeout_s: float) -> WireResponse:
+        path = url.split("://", 1)[-1].partition("/")[2]
+        is_send = method == "POST" and path.endswith("/messages")
+        is_pull = (method == "GET" and "/queues/" in path) or (
+            method == "POST" and path == "v1/pull")  # one queue, or many
         if not (is_send or is_pull):
-            return await self._inner.handle_async_request(request)
-        request.headers[TIMING_HEADER] = "1"
+            return await super().request(method, url, headers=headers, content=content,
+                                         params=params, timeout_s=timeout_s)
+        headers = {**headers, TIMING_HEADER: "1"}
         left = time.perf_counter_ns()
-        response = await self._inner.handle_async_request(request)
-        body = await response.aread()
+        response = await super().request(method, url, headers=headers, content=content,
+                                         params=params, timeout_s=timeout_s)
         back = time.perf_counter_ns()
-        stamps = _stamps(response.headers.get(TIMING_HEADER))
-        if response.status_code == 200 and stamps:
+        stamps = _stamps(response.headers.get(TIMING_HEADER.lower()))
+        if response.status == 200 and stamps:
             if is_send:
-                for m in msgpack.unpackb(request.content, raw=False)["messages"]:
+                for m in msgpack.unpackb(content or b"", raw=False)["messages"]:
                     self.timings.sends[m["message_id"]] = (left, stamps["recv"],
                                                            stamps["stored"])
             else:
-                for m in msgpack.unpackb(body, raw=False)["messages"]:
-                    self.timings.pulls[m["message_id"]] = (stamps["woke"], stamps["answered"],
-                                                           back)
-        return httpx.Response(response.status_code, headers=response.headers, content=body,
-                              extensions=response.extensions)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+                answer = msgpack.unpackb(response.content, raw=False)
+                pages = answer["queues"] if "queues" in answer else [answer]
+                for page in pages:
+                    for m in page.get("messages") or ():
+                        self.timings.pulls[m["message_id"]] = (stamps["woke"],
+                                                               stamps["answered"], back)
+        return response
 
 
 def segments(t: Timings, keep: int) -> dict[str, list[float]]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemq._exceptions import UnexpectedResponseError
+from tidemq._exceptions import ServerError, UnexpectedResponseError, server_error
 from tidemq._http import HttpClient, RetryPolicy, url
 from tidemq._routes import MessageQueue
 from tidemq.protocol import ReceivedMessage
@@ -33,6 +33,30 @@ class QueueOffsets:
     queue_id: int
     min_offset: int
     max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueAsk:
+    """One queue of a multi-queue pull: where to read from and which tags."""
+
+    queue: MessageQueue
+    offset: int
+    tags: str
+
+
+def _pull_result(answer: Any, where: object) -> PullResult:
+    messages = _messages(answer, str(where))
+    # A retry/DLQ copy names the topic it was first sent to ("origin_topic", not a field
+    # of ReceivedMessage): kept aside so the push consumer can show that topic.
+    origins = {m.queue_offset: str(raw["origin_topic"])
+               for m, raw in zip(messages, answer.get("messages") or [], strict=True)
+               if raw.get("origin_topic")}
+    try:
+        return PullResult(messages, int(answer["next_offset"]),
+                          int(answer.get("min_offset", 0)),
+                          int(answer.get("max_offset", answer["next_offset"])), origins)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnexpectedResponseError(f"malformed pull answer for {where}: {exc!r}") from exc
 
 
 def _messages(payload: Any, where: str) -> list[ReceivedMessage]:
@@ -63,18 +87,40 @@ class BrokerApi:
                      "messages")
         answer = await self.http.call("GET", target, params=params, binary=True,
                                       timeout_s=self._long_poll_timeout(wait_ms), retry=retry)
-        messages = _messages(answer, str(queue))
-        # A retry/DLQ copy names the topic it was first sent to ("origin_topic", not a field
-        # of ReceivedMessage): kept aside so the push consumer can show that topic.
-        origins = {m.queue_offset: str(raw["origin_topic"])
-                   for m, raw in zip(messages, answer.get("messages") or [], strict=True)
-                   if raw.get("origin_topic")}
+        return _pull_result(answer, queue)
+
+    async def pull_many(
+        self, broker: str, asks: Sequence[QueueAsk], *, max_messages: int, wait_ms: int,
+        group: str | None, retry: RetryPolicy | None = None,
+    ) -> list[tuple[MessageQueue, PullResult | ServerError]]:
+        """``POST /v1/pull``: one long poll over ``asks`` (queues of ``broker``); the queues
+        with news, each with its result or its own error (the others have nothing yet)."""
+        by_key = {(a.queue.topic, a.queue.queue_id): a.queue for a in asks}
+        body: dict[str, Any] = {
+            "queues": [{"topic": a.queue.topic, "queue_id": a.queue.queue_id,
+                        "offset": a.offset, "tags": a.tags} for a in asks],
+            "max": max_messages, "wait_ms": wait_ms}
+        if group:
+            body["group"] = group
+        answer = await self.http.call("POST", url(broker, "v1", "pull"), body=body, binary=True,
+                                      timeout_s=self._long_poll_timeout(wait_ms), retry=retry)
+        out: list[tuple[MessageQueue, PullResult | ServerError]] = []
         try:
-            return PullResult(messages, int(answer["next_offset"]),
-                              int(answer.get("min_offset", 0)),
-                              int(answer.get("max_offset", answer["next_offset"])), origins)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UnexpectedResponseError(f"malformed pull answer for {queue}: {exc!r}") from exc
+            entries = answer["queues"]
+            for entry in entries:
+                queue = by_key.get((entry["topic"], int(entry["queue_id"])))
+                if queue is None:
+                    continue  # not asked for: nothing of ours
+                error = entry.get("error")
+                if error:
+                    out.append((queue, server_error(str(error["code"]),
+                                                    str(error.get("message", "")))))
+                else:
+                    out.append((queue, _pull_result(entry, queue)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UnexpectedResponseError(f"malformed multi-queue pull answer from {broker}: "
+                                          f"{exc!r}") from exc
+        return out
 
     async def topic_offsets(self, broker: str, topic: str) -> dict[int, QueueOffsets]:
         answer = await self.http.call("GET", url(broker, "v1", "topics", topic))

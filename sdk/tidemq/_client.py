@@ -12,11 +12,9 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
-import httpx
-
 from tidemq._constants import BROKER_BACKOFF_INITIAL_S
 from tidemq._fault import BrokerHealth
-from tidemq._http import HttpClient, RetryPolicy
+from tidemq._http import HttpClient, RetryPolicy, Transport
 from tidemq._routes import RouteTable
 
 
@@ -36,7 +34,7 @@ class Client(ABC):
         request_timeout_s: float,
         retry: RetryPolicy,
         route_refresh_s: float,
-        transport: httpx.AsyncBaseTransport | None,
+        transport: Transport | None,
         backoff_max_s: float,
     ) -> None:
         """Build the connections; a failing broker backs off up to ``backoff_max_s``."""

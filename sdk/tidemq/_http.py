@@ -1,4 +1,5 @@
-"""The SDK's only I/O seam: an ``httpx.AsyncClient`` wrapper speaking docs/api.md.
+"""The SDK's only I/O seam: requests speaking docs/api.md, over our own keep-alive HTTP/1.1
+transport (``_wire``) or, when one is handed in, an httpx transport.
 
 - Bodies are msgpack (``application/msgpack``, bytes stay bytes) on the message hot paths and
   JSON elsewhere; answers are decoded by their content type.
@@ -7,7 +8,12 @@
 - Retriable failures are retried with exponential back-off and jitter, honouring ``Retry-After``
   (503 BROKER_BUSY), within a bounded number of attempts and an overall deadline.
 
-Pass ``transport=httpx.MockTransport(handler)`` to run every client against an in-memory fake.
+Pass ``transport=httpx.MockTransport(handler)`` to run every client against an in-memory fake
+(any ``httpx.AsyncBaseTransport`` goes through an ``httpx.AsyncClient``), or a ``WireTransport``
+(the default, built here) to instrument it.
+
+One place computes every request's headers (``request_headers``) and one builds the TLS context
+(``shared_ssl_context``), whichever transport carries the request.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -40,8 +46,12 @@ from tidemq._exceptions import (
     UnexpectedResponseError,
     server_error,
 )
+from tidemq._wire import WireConnectError, WireError, WireTimeout, WireTransport
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK, ProtocolError
 from tidemq.protocol.codec import decode_payload, encode_payload
+
+#: What a client may be handed as its transport: an httpx one (tests' fakes) or ours.
+Transport = httpx.AsyncBaseTransport | WireTransport
 
 log = logging.getLogger("tidemq.http")
 
@@ -126,29 +136,57 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+class _Answer(Protocol):
+    """What is read of an answer, from either transport."""
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+def new_transport() -> WireTransport:
+    """The SDK's default transport, with the SDK's connection limits and TLS context."""
+    return WireTransport(max_connections=HTTP_MAX_CONNECTIONS,
+                         max_idle=HTTP_MAX_KEEPALIVE_CONNECTIONS, ssl_context=shared_ssl_context)
+
+
 class HttpClient:
     """Requests to any tidemq service; one instance is shared by a client's components."""
 
     def __init__(
         self,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
         timeout_s: float = REQUEST_TIMEOUT_S,
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.retry = retry
-        self._client = httpx.AsyncClient(
-            transport=transport,
-            timeout=httpx.Timeout(timeout_s),
-            headers={"user-agent": "tidemq-python", **(headers or {})},
-            limits=httpx.Limits(max_connections=HTTP_MAX_CONNECTIONS,
-                                max_keepalive_connections=HTTP_MAX_KEEPALIVE_CONNECTIONS),
-            verify=shared_ssl_context(),
-        )
+        self._headers = {"user-agent": "tidemq-python", **(headers or {})}
+        self._wire: WireTransport | None = None
+        self._client: httpx.AsyncClient | None = None
+        if transport is None or isinstance(transport, WireTransport):
+            self._wire = transport or new_transport()
+        else:
+            self._client = httpx.AsyncClient(
+                transport=transport,
+                timeout=httpx.Timeout(timeout_s),
+                limits=httpx.Limits(max_connections=HTTP_MAX_CONNECTIONS,
+                                    max_keepalive_connections=HTTP_MAX_KEEPALIVE_CONNECTIONS),
+                verify=shared_ssl_context(),
+            )
         self._closed = False
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # swapped in tests
+
+    def request_headers(self, content_type: str, has_body: bool) -> dict[str, str]:
+        """Every request's headers, whatever carries it: the one place they are computed."""
+        headers = {**self._headers, "accept": content_type}
+        if has_body:
+            headers["content-type"] = content_type
+        return headers
 
     @property
     def closed(self) -> bool:
@@ -157,7 +195,10 @@ class HttpClient:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._client.aclose()
+            if self._wire is not None:
+                await self._wire.aclose()
+            if self._client is not None:
+                await self._client.aclose()
 
     async def call(
         self,
@@ -200,11 +241,12 @@ class HttpClient:
         if self._closed:
             raise ClientClosedError("the client is closed")
         content_type = CONTENT_MSGPACK if binary else CONTENT_JSON
-        headers = {"accept": content_type}
-        content: bytes | None = None
-        if body is not None:
-            content = encode_payload(body, content_type)
-            headers["content-type"] = content_type
+        content = encode_payload(body, content_type) if body is not None else None
+        headers = self.request_headers(content_type, content is not None)
+        if self._wire is not None:
+            return await self._once_wire(self._wire, method, target, content, params, headers,
+                                         timeout_s)
+        assert self._client is not None
         timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
         try:
             response = await self._client.request(
@@ -223,21 +265,48 @@ class HttpClient:
             if self._closed:
                 raise ClientClosedError("the client is closed") from exc
             raise
-        if response.status_code >= 400:
-            raise self._error(response)
+        return self._decode(method, target, response.status_code, response.headers, response,
+                            response.reason_phrase)
+
+    async def _once_wire(
+        self, wire: WireTransport, method: str, target: str, content: bytes | None,
+        params: Params | None, headers: dict[str, str], timeout_s: float | None,
+    ) -> Any:
         try:
-            return decode_payload(response.content, response.headers.get("content-type"))
+            response = await wire.request(method, target, headers=headers, content=content,
+                                          params=params,
+                                          timeout_s=timeout_s if timeout_s is not None
+                                          else self.timeout_s)
+        except WireTimeout as exc:
+            raise RequestTimeoutError(f"{method} {target}: no answer in time ({exc})",
+                                      sent=exc.sent) from exc
+        except WireError as exc:
+            if self._closed:
+                raise ClientClosedError("the client is closed") from exc
+            raise TransportError(f"{method} {target}: {exc}",
+                                 sent=not isinstance(exc, WireConnectError)) from exc
+        except ValueError as exc:  # not an http(s) URL
+            raise TransportError(f"{method} {target}: {exc}", sent=False) from exc
+        return self._decode(method, target, response.status, response.headers, response,
+                            response.reason)
+
+    def _decode(self, method: str, target: str, status: int, headers: Mapping[str, str],
+                response: _Answer, reason: str) -> Any:
+        if status >= 400:
+            raise self._error(status, headers, response, reason)
+        try:
+            return decode_payload(response.content, headers.get("content-type"))
         except ProtocolError as exc:
             raise UnexpectedResponseError(
-                f"{method} {target}: undecodable {response.status_code} answer: {exc.message}"
+                f"{method} {target}: undecodable {status} answer: {exc.message}"
             ) from exc
 
     @staticmethod
-    def _error(response: httpx.Response) -> ServerError:
-        status = response.status_code
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
+    def _error(status: int, headers: Mapping[str, str], response: _Answer,
+               reason: str) -> ServerError:
+        retry_after = parse_retry_after(headers.get("retry-after"))
         try:
-            payload = decode_payload(response.content, response.headers.get("content-type"))
+            payload = decode_payload(response.content, headers.get("content-type"))
         except ProtocolError:
             payload = None
         if isinstance(payload, dict) and isinstance(payload.get("code"), str):
@@ -248,5 +317,5 @@ class HttpClient:
         text = str(detail) if detail is not None else response.text[:200]
         if status in (400, 422):
             return BadRequestError("BAD_REQUEST", text, status, retry_after)
-        return server_error(f"HTTP_{status}", text or response.reason_phrase, status,
+        return server_error(f"HTTP_{status}", text or reason, status,
                             retry_after)

@@ -15,8 +15,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
-import httpx
-
 from tidemq._batcher import Coalescer
 from tidemq._client import Client
 from tidemq._constants import (
@@ -37,7 +35,7 @@ from tidemq._exceptions import (
     server_error,
 )
 from tidemq._fault import SendAttempts, Step, electing
-from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, url
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
 from tidemq._message import Message, SendResult, check_topic, to_outgoing, wire_size
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
@@ -100,7 +98,7 @@ class Producer(Client):
         route_refresh_s: float = ROUTE_REFRESH_INTERVAL_S,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
         ordered_failover: bool = False,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
         limits = DEFAULT_LIMITS
         if not 1 <= max_batch <= limits.max_batch_messages:

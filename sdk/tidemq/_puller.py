@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tidemq._broker_api import BrokerApi
+from tidemq._broker_api import BrokerApi, PullResult
 from tidemq._exceptions import (
     OffsetOutOfRangeError,
     ServerError,
@@ -94,6 +94,58 @@ class QueuePuller:
         self._retry_topic = retry_topic(settings.group)
         self._on_route_error = on_route_error  # the topic moved or the broker is gone
         self._health = health  # shared by every queue of the consumer, keyed by address
+        # Pulled by its broker's shared long poll (BrokerPuller) instead of a loop of its own:
+        self.shared: Callable[[QueuePuller], None] | None = None  # detaches it on stop
+        self.failures = 0  # failed pulls in a row (shared mode)
+        self.paused_until = 0.0  # shared mode: a failed queue waits (loop clock)
+        self._resetting = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def ready(self, now: float) -> bool:
+        """Shared mode: whether this queue joins the next poll (flow control, back-off)."""
+        return (not self._stopping and not self._resetting and now >= self.paused_until
+                and self.tracker.next_offset - self.tracker.committable() <= self._s.max_span)
+
+    def wire_tags(self) -> str:
+        return self._wire_tags()
+
+    def accept(self, result: PullResult) -> None:
+        """Shared mode: record a pull's answer (its messages are now in flight)."""
+        self.failures = 0
+        self.tracker.pulled([m.queue_offset for m in result.messages], result.next_offset)
+
+    async def deliver(self, result: PullResult) -> None:
+        """Shared mode: hand an accepted answer's messages to the handler."""
+        for message in result.messages:
+            if self._stopping:
+                return  # revoked: unfinished, so the next owner gets them
+            await self._dispatch(message, result.origin_topics.get(message.queue_offset))
+
+    def queue_failed(self, exc: TidemqError, now: float) -> None:
+        """Shared mode: this queue's own error in a multi-queue answer."""
+        if isinstance(exc, OffsetOutOfRangeError):
+            self._resetting = True
+            task = asyncio.create_task(self._reset_shared(), name=f"tidemq-reset-{self.queue}")
+            self._messages.add(task)
+            task.add_done_callback(self._messages.discard)
+            return
+        self.failures += 1
+        if self._on_route_error and isinstance(exc, TopicNotFoundError | TransportError):
+            self._on_route_error(self.queue.topic)
+        loud = self.failures in (1, 10) or self.failures % 100 == 0
+        kind = "topic gone" if isinstance(exc, TopicNotFoundError) else "pull failed"
+        log.log(logging.WARNING if loud else logging.DEBUG, "%s: %s (%d in a row): %s",
+                self.queue, kind, self.failures, exc)
+        self.paused_until = now + _PULL_BACKOFF.backoff_s(min(self.failures, 10))
+
+    async def _reset_shared(self) -> None:
+        try:
+            await self._reset_offset()
+        finally:
+            self._resetting = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"tidemq-pull-{self.queue}")
@@ -101,6 +153,8 @@ class QueuePuller:
     async def stop(self, timeout_s: float) -> None:
         """Stop pulling; wait up to ``timeout_s`` for handlers, then cancel what still runs."""
         self._stopping = True
+        if self.shared is not None:
+            self.shared(self)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -171,6 +225,9 @@ class QueuePuller:
             self.tracker.done(message.queue_offset)  # a tag-hash collision let it through
             return
         await self._permits.acquire()
+        if self._stopping and self.shared is not None:
+            self._permits.release()  # revoked while waiting for a permit: not delivered
+            return
         task = asyncio.create_task(self._process(message), name=f"tidemq-consume-{self.queue}")
         self._messages.add(task)
         task.add_done_callback(self._messages.discard)

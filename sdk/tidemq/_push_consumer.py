@@ -44,14 +44,13 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Literal, Self
 
-import httpx
-
 from tidemq import _constants as C
 from tidemq._allocate import allocate_averagely
 from tidemq._broker_api import BrokerApi
+from tidemq._broker_puller import BrokerPuller
 from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
-from tidemq._http import DEFAULT_RETRY, RetryPolicy
+from tidemq._http import DEFAULT_RETRY, RetryPolicy, Transport
 from tidemq._offsets import OffsetTracker
 from tidemq._puller import Handler, PullerSettings, QueuePuller, broker_down
 from tidemq._routes import MessageQueue
@@ -100,7 +99,7 @@ class PushConsumer(Client):
         request_timeout_s: float = C.REQUEST_TIMEOUT_S,
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = C.ROUTE_REFRESH_INTERVAL_S,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigurationError(f"mode must be 'clustering' or 'broadcasting', got {mode!r}")
@@ -132,6 +131,7 @@ class PushConsumer(Client):
         self._permits = asyncio.Semaphore(max_concurrency)
         self._subscriptions: dict[str, TagExpression] = {}
         self._pullers: dict[MessageQueue, QueuePuller] = {}
+        self._broker_pullers: dict[str, BrokerPuller] = {}  # one shared long poll per broker
         self._local_offsets: dict[MessageQueue, int] = {}  # broadcasting: the only offset store
         self._brokers: set[str] = set()  # every broker heartbeated, to leave on close
         self._members: list[str] = []
@@ -196,6 +196,8 @@ class PushConsumer(Client):
         async with self._rebalance_lock:
             pullers = list(self._pullers.values())
             await asyncio.gather(*(p.stop(self._close_timeout_s) for p in pullers))
+            await asyncio.gather(*(b.stop() for b in self._broker_pullers.values()))
+            self._broker_pullers.clear()
             await self._commit(pullers)
             self._pullers.clear()
         await asyncio.gather(*(self._leave(b) for b in sorted(self._brokers)
@@ -315,10 +317,23 @@ class PushConsumer(Client):
                                      on_route_error=self._routes.invalidate,
                                      health=self._health)
                 self._pullers[queue] = puller
-                puller.start()
+                self._start_puller(puller)
             if starts:
                 log.info("took %d queue(s): %s", len(starts),
                          ", ".join(f"{q}@{o}" for q, o in sorted(starts.items())))
+
+    def _start_puller(self, puller: QueuePuller) -> None:
+        """Concurrent mode: the queue joins its broker's shared long poll; ordered mode (one
+        message at a time per queue) keeps a pull loop per queue."""
+        if self._settings.orderly:
+            puller.start()
+            return
+        address = puller.queue.address
+        shared = self._broker_pullers.get(address)
+        if shared is None:
+            shared = self._broker_pullers[address] = BrokerPuller(
+                address, self._api, self._settings, self._health, self._routes.invalidate)
+        shared.add(puller)
 
     async def _start_offsets(self, queues: Sequence[MessageQueue]) -> dict[MessageQueue, int]:
         by_topic: dict[tuple[str, str], list[MessageQueue]] = defaultdict(list)

@@ -30,13 +30,11 @@ from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterable, Sequence
 from typing import Self
 
-import httpx
-
 from tidemq import _constants as C
 from tidemq._broker_api import BrokerApi
 from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
-from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport
 from tidemq._puller import broker_down
 from tidemq._tags import TagExpression
 from tidemq._tasks import cancel_tasks
@@ -62,7 +60,7 @@ class SimpleConsumer(Client):
         request_timeout_s: float = C.REQUEST_TIMEOUT_S,
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = C.ROUTE_REFRESH_INTERVAL_S,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
         if invisible_ms <= 0:
             raise ConfigurationError(f"invisible_ms must be positive, got {invisible_ms}")

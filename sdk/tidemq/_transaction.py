@@ -43,8 +43,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, Self
 
-import httpx
-
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
@@ -63,7 +61,7 @@ from tidemq._exceptions import (
     server_error,
 )
 from tidemq._fault import SendAttempts, Step
-from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, url
+from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
 from tidemq._message import Message, check_topic, to_outgoing
 from tidemq._routes import MessageQueue
 from tidemq._selector import QueueSelector
@@ -139,7 +137,7 @@ class TransactionProducer(Client):
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = ROUTE_REFRESH_INTERVAL_S,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
         try:
             validate_topic_name(group)  # same rule as group names
@@ -238,7 +236,8 @@ class TransactionProducer(Client):
         state, error = await self._execute(msg, arg, txid)
         end_error: TidemqError | None = None
         # the end (and any check answer) goes to the group holding the half message
-        ending = self._batcher.end(queue.address, (txid, state.value, False))
+        ending = self._batcher.end(queue.address, (txid, state.value, False),
+                                   awaited=self.wait_for_end)
         if not self.wait_for_end:
             ending.add_done_callback(_log_end_failure)
         else:

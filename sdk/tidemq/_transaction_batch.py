@@ -2,8 +2,9 @@
 
 Items wait per broker: half messages (grouped by topic and check immunity) for up to
 ``linger_s`` or until ``max_items``; an end only until the current event-loop tick ends
-(everything ended in that tick shares the request — its sender is blocked on it). A flush sends
-one request per half group, the first of them also carrying the waiting ends
+(everything ended in that tick shares the request — its sender is blocked on it), or, when its
+sender does not wait for it (``wait_for_end=False``), up to ``linger_s`` like a half message.
+A flush sends one request per half group, the first of them also carrying the waiting ends
 (``POST /v1/transactions`` with ``messages`` and ``ends``), or, with no half message waiting,
 the ends alone (``POST /v1/transactions/end``). So a steady stream of transactions costs about
 one request per batch, not two. Each item's future gets its own result; a request that fails
@@ -64,9 +65,13 @@ class TxBatcher:
             self._flush(broker)
         return future
 
-    def end(self, broker: str, item: EndItem) -> asyncio.Future[str]:
-        """Queue an end; the future gets the transaction's state."""
-        pending = self._batch(broker, 0.0)  # the senders wait on it: go at the next tick
+    def end(self, broker: str, item: EndItem, *, awaited: bool = True) -> asyncio.Future[str]:
+        """Queue an end; the future gets the transaction's state.
+
+        An ``awaited`` end goes at the end of this tick (its sender is blocked on it); one
+        nobody waits for (``wait_for_end=False``) may wait like a half message, up to
+        ``linger_s``, so it rides with the next half messages' request instead of its own."""
+        pending = self._batch(broker, 0.0 if awaited else self.linger_s)
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         pending.ends.append((item, future))
         if len(pending.ends) >= self.max_items * ENDS_PER_ITEM:  # ends are small: wait for more

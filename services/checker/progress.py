@@ -1,4 +1,6 @@
-"""The checker's progress in Redis: next half-queue offset to scan, next op-queue offset to read.
+"""The checker's progress in Redis: next half-queue offset to scan, next op-queue offset to read,
+and the op-queue offset the ended ids it holds were read from (``op_from``: a restarted checker
+reads them again).
 
 Saved in one ``HSET`` after every page, so a killed checker repeats at most the page it was in
 (and the broker refuses to act twice on a half copy it has already re-put: see tx_checking.py).
@@ -26,17 +28,19 @@ class ProgressStore:
     def bind(self, broker_name: str) -> None:
         self.key = checker_progress_key(self.cluster, broker_name)
 
-    async def load(self) -> tuple[int, int]:
-        """(half offset, op offset); (0, 0) for a checker that never ran against this broker."""
+    async def load(self) -> tuple[int, int, int]:
+        """(half offset, op offset, op_from); zeros for a checker that never ran against this
+        broker (and op_from = op offset for progress saved before op_from was kept)."""
         try:
             raw = await self.redis.hgetall(self.key)
         except RedisError as exc:
             raise ProgressUnavailable(f"reading {self.key}: {exc}") from exc
-        return int(raw.get("half", 0)), int(raw.get("op", 0))
+        op = int(raw.get("op", 0))
+        return int(raw.get("half", 0)), op, int(raw.get("op_from", op))
 
-    async def save(self, half: int, op: int) -> None:
+    async def save(self, half: int, op: int, op_from: int) -> None:
         try:
-            await self.redis.hset(self.key, mapping={"half": half, "op": op})
+            await self.redis.hset(self.key, mapping={"half": half, "op": op, "op_from": op_from})
         except RedisError as exc:
             raise ProgressUnavailable(f"writing {self.key}: {exc}") from exc
 

@@ -24,6 +24,11 @@ A checked or deferred message is re-put at the end of the half queue, so everyth
 progress is resolved or has a newer copy after it: a scan costs in proportion to what is new or
 pending, never to the whole log. Killed at any moment, the checker repeats at most one page, and
 the broker refuses decisions on copies it has already replaced (``superseded``).
+
+The ended ids (``done``) are memory, held ``done_keep_ms``; the progress also keeps ``op_from``,
+the op-queue offset from which every id still held was read. A restarted checker reads the op
+queue again from there up to its progress before its first scan, so it knows what it knew: the
+halves ended before the restart are skipped, not checked once more.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -61,8 +67,8 @@ class Broker(Protocol):
 
 
 class Progress(Protocol):
-    async def load(self) -> tuple[int, int]: ...
-    async def save(self, half: int, op: int) -> None: ...
+    async def load(self) -> tuple[int, int, int]: ...  # (half, op, op_from)
+    async def save(self, half: int, op: int, op_from: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +158,15 @@ class CheckScanner:
         self.floor = -1
         self._done: dict[str, float] = {}  # transaction id → clock() when its op was read
         self._pruned = clock()
+        # (clock() at the end of a read of the op queue, the op offset it started at), for the
+        # reads whose ids may still be held, oldest first
+        self._op_marks: deque[tuple[float, int]] = deque()
+        self.rebuilt = 0  # ended ids read again after a restart
+
+    @property
+    def op_from(self) -> int:
+        """The op-queue offset from which every ended id still held was read."""
+        return self._op_marks[0][1] if self._op_marks else self.op_offset
 
     @property
     def done_size(self) -> int:
@@ -160,13 +175,15 @@ class CheckScanner:
     async def scan(self) -> ScanReport:
         began = time.perf_counter()
         if not self.loaded:
-            self.half_offset, self.op_offset = await self.progress.load()
+            self.half_offset, self.op_offset, op_from = await self.progress.load()
             self.loaded = True
             log.info("checker progress: half queue offset %d, op queue offset %d",
                      self.half_offset, self.op_offset)
+            await self._rebuild(op_from)
         self.scans += 1
         report = ScanReport()
         op_floor = await self._read_ops()
+        self._prune()  # before the pages: the progress they save names the ids still held
         page = await self.broker.halves(self.half_offset, self.cfg.batch_size)
         end = int(page["max_offset"])
         if self.half_offset > end:  # a new store under the same broker name: start over
@@ -179,19 +196,40 @@ class CheckScanner:
         while True:
             stop, floor = await self._page(page, end, report)
             self.floor = min(floor, op_floor)
-            await self.progress.save(self.half_offset, self.op_offset)
+            await self.progress.save(self.half_offset, self.op_offset, self.op_from)
             await self.broker.retention_floor(CHECKER_FLOOR_OWNER, self.floor)
             if stop or self.half_offset >= end or not page["entries"]:
                 report.stopped_early = stop
                 break
             page = await self.broker.halves(self.half_offset, self.cfg.batch_size)
-        self._prune()
         report.half_offset = self.half_offset
         report.seconds = time.perf_counter() - began
         return report
 
+    async def _rebuild(self, op_from: int) -> None:
+        """After a restart: the ended ids read since ``op_from`` (the oldest still held when
+        the progress was saved), up to the saved op offset, as if just read."""
+        end, offset = self.op_offset, min(op_from, self.op_offset)
+        start = offset
+        while offset < end:
+            page = await self.broker.ops(offset, min(OP_PAGE, end - offset))
+            read_at = self.clock()
+            ids = page["transaction_ids"]
+            for txid in ids:
+                self._done[txid] = read_at
+            self.rebuilt += len(ids)
+            nxt = int(page["next_offset"])
+            if nxt <= offset:
+                break  # the op queue was cut below the saved offset (retention): that is all
+            offset = nxt
+        if self.rebuilt:
+            self._op_marks.append((self.clock(), start))
+            log.info("checker restarted: %d ended transaction id(s) read again from op queue "
+                     "offset %d", self.rebuilt, op_from)
+
     async def _read_ops(self) -> int:
         """Read the op queue to its end; the physical offset of the first op not yet read."""
+        start = self.op_offset
         while True:
             page = await self.broker.ops(self.op_offset, OP_PAGE)
             read_at = self.clock()
@@ -201,6 +239,8 @@ class CheckScanner:
             advanced = nxt > self.op_offset
             self.op_offset = nxt
             if not advanced or nxt >= int(page["max_offset"]):
+                if self.op_offset > start:
+                    self._op_marks.append((read_at, start))
                 return int(page["next_physical_offset"])
 
     async def _page(self, page: dict[str, Any], end: int, report: ScanReport
@@ -258,6 +298,8 @@ class CheckScanner:
             return
         self._pruned = now
         oldest = now - keep_s
+        while self._op_marks and self._op_marks[0][0] < oldest:
+            self._op_marks.popleft()  # every id that read gave is forgotten now
         kept = {t: at for t, at in self._done.items() if at >= oldest}
         if len(kept) > MAX_DONE:
             kept = dict(list(kept.items())[-MAX_DONE:])

@@ -171,5 +171,6 @@ CHECKER_FLOOR_OWNER = "checker"  # retention floor owner on the broker (half + o
 
 def checker_progress_key(cluster: str, broker_name: str) -> str:
     """Hash, per broker the checker serves: ``half`` → next half-queue offset to scan,
-    ``op`` → next op-queue offset to read."""
+    ``op`` → next op-queue offset to read, ``op_from`` → the op-queue offset the ended ids it
+    holds were read from (a restarted checker reads them again)."""
     return service_progress_key(cluster, f"checker:{broker_name}")

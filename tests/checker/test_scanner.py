@@ -83,13 +83,16 @@ class FakeBroker:
 
 class MemoryProgress:
     def __init__(self) -> None:
-        self.saved: list[tuple[int, int]] = []
+        self.saved: list[tuple[int, int]] = []  # (half, op)
+        self.op_from = 0
 
-    async def load(self) -> tuple[int, int]:
-        return self.saved[-1] if self.saved else (0, 0)
+    async def load(self) -> tuple[int, int, int]:
+        half, op = self.saved[-1] if self.saved else (0, 0)
+        return half, op, min(self.op_from, op)
 
-    async def save(self, half: int, op: int) -> None:
+    async def save(self, half: int, op: int, op_from: int) -> None:
         self.saved.append((half, op))
+        self.op_from = op_from
 
 
 async def test_scan_checks_due_halves_and_stops_at_the_first_young_one() -> None:
@@ -156,3 +159,39 @@ async def test_ended_ids_are_held_for_a_time_not_a_number_of_scans() -> None:
     now[0] += 120.0
     await scanner.scan()
     assert scanner.done_size == 0
+
+
+async def test_a_restarted_checker_reads_its_ended_ids_again() -> None:
+    # "a" and "b" were ended (op records) while a young copy ("y") held the scan before them
+    broker = FakeBroker([entry(0, "y", born=9500), entry(1, "a"), entry(2, "b")],
+                        ops=["x", "a", "b"])
+    progress = MemoryProgress()
+    first = CheckScanner(broker, progress, CFG, clock=lambda: 10.0)
+    await first.scan()
+    assert broker.acts == [] and first.half_offset == 0  # "y" is not due: nothing passed
+    assert progress.saved[-1] == (0, 3) and progress.op_from == 0
+    # the checker restarts; later "y" is due, and no op record is new
+    restarted = CheckScanner(broker, progress, CFG, clock=lambda: 11.0)
+    report = await restarted.scan()
+    assert restarted.rebuilt == 3
+    assert [a["transaction_id"] for page in broker.acts for a in page] == ["y"]
+    assert report.ended == 2  # "a" and "b" skipped as ended, not checked again
+
+
+async def test_op_from_moves_on_as_held_ids_are_forgotten() -> None:
+    now = [10.0]
+    cfg = ScanConfig(immunity_ms=1000, check_max=3, max_age_ms=100_000, batch_size=2,
+                     done_keep_ms=1000)
+    broker = FakeBroker([], ops=["a", "b"])
+    progress = MemoryProgress()
+    scanner = CheckScanner(broker, progress, cfg, clock=lambda: now[0])
+    await scanner.scan()
+    assert scanner.op_from == 0  # "a" and "b" are held, read from offset 0
+    broker.op_queue.append("c")
+    now[0] = 10.8
+    await scanner.scan()
+    assert scanner.op_from == 0
+    now[0] = 11.5  # "a" and "b" (read at 10.0) are past done_keep_ms; "c" (10.8) is not
+    await scanner.scan()
+    assert scanner.op_from == 2 and progress.op_from == 2
+    assert scanner.done_size == 1

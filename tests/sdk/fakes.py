@@ -46,6 +46,10 @@ class Canned:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+class NotFoundError(Exception):
+    """A path this fake broker does not serve: FastAPI's plain 404 (no API code)."""
+
+
 class FakeBroker:
     """One broker's state."""
 
@@ -54,6 +58,7 @@ class FakeBroker:
         self.address = address
         self.long_poll_cap_s = long_poll_cap_s
         self.filter_tags = True  # False: let every tag through, as a tag-hash collision would
+        self.multi_pull = True  # False: an older broker without POST /v1/pull (404, no code)
         self.queues: dict[str, list[list[dict[str, Any]]]] = {}
         self.dedup: dict[tuple[str, str], dict[str, Any]] = {}
         self.members: dict[str, dict[str, float]] = {}  # group → client → last heartbeat
@@ -104,6 +109,10 @@ class FakeBroker:
             return self._send(parts[2], body)
         if parts[:2] == ["v1", "topics"] and parts[3] == "queues":
             return await self._pull(parts[2], int(parts[4]), params)
+        if parts == ["v1", "pull"] and method == "POST":
+            if not self.multi_pull:
+                raise NotFoundError
+            return await self._pull_many(body)
         if parts[:2] == ["v1", "groups"]:
             return self._group(method, parts[2], parts[3:], params, body)
         if parts[:2] == ["v1", "transactions"]:
@@ -161,6 +170,28 @@ class FakeBroker:
                 out.append({k: v for k, v in m.items() if k != "wire"})
         return {"messages": out, "next_offset": next_offset, "min_offset": 0,
                 "max_offset": len(queue)}
+
+    async def _pull_many(self, body: Any) -> Any:
+        """``POST /v1/pull``: the queues with news; when none has any, one capped wait."""
+        limit = body.get("max", 32)
+        wait_ms = int(body.get("wait_ms", 0))
+        for attempt in range(2):
+            entries = []
+            for ask in body["queues"]:
+                topic, queue_id, offset = ask["topic"], ask["queue_id"], ask["offset"]
+                params = {"offset": str(offset), "max": str(limit), "tags": ask.get("tags", "*")}
+                try:
+                    answer = await self._pull(topic, queue_id, params)
+                except ProtocolError as exc:
+                    entries.append({"topic": topic, "queue_id": queue_id,
+                                    "error": exc.to_wire()})
+                    continue
+                if answer["messages"] or answer["next_offset"] != offset:
+                    entries.append({"topic": topic, "queue_id": queue_id, **answer})
+            if entries or attempt:
+                return {"queues": entries}
+            await asyncio.sleep(min(wait_ms / 1000, self.long_poll_cap_s))
+        raise AssertionError("unreachable")
 
     def _group(self, method: str, group: str, rest: list[str], params: dict[str, str],
                body: Any) -> Any:
@@ -315,6 +346,8 @@ class FakeCluster:
                 answer = await self.brokers[origin].handle(request.method, parts, params, body)
         except ProtocolError as exc:
             return self._answer(exc.code.http_status, exc.to_wire(), "application/json")
+        except NotFoundError:
+            return self._answer(404, {"detail": "Not Found"}, "application/json")
         for i, prefix in enumerate(self._lose):
             if path.startswith(prefix):
                 del self._lose[i]

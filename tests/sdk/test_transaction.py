@@ -48,16 +48,16 @@ class FakeTxBroker:
             return self._answer(request, {"name": "orders", "queues": 4, "perm": "rw"})
         if path == "/v1/transactions":
             self.halves.append(body)
-            return self._answer(request, {"transactions": [
+            answer: dict[str, Any] = {"transactions": [
                 {"transaction_id": f"tx{next(self._ids)}", "message_id": m["message_id"]}
-                for m in body["messages"]]})
+                for m in body["messages"]]}
+            if body.get("ends"):  # ends riding with half messages
+                self.ends.append({"ends": body["ends"], "with_halves": True})
+                answer["results"] = self._end_results(body["ends"])
+            return self._answer(request, answer)
         if path == "/v1/transactions/end":
             self.ends.append(body)
-            return self._answer(request, {"results": [
-                {"transaction_id": e["transaction_id"],
-                 "state": {"commit": "committed", "rollback": "rolled_back"}.get(e["action"],
-                                                                                 "half")}
-                for e in body["ends"]]})
+            return self._answer(request, {"results": self._end_results(body["ends"])})
         if path.endswith("/heartbeat"):
             self.heartbeats += 1
             return self._answer(request, {})
@@ -70,6 +70,13 @@ class FakeTxBroker:
             self.left = True
             return self._answer(request, {})
         return httpx.Response(404, json={"code": "NOT_FOUND", "message": path})
+
+    @staticmethod
+    def _end_results(ends: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"transaction_id": e["transaction_id"],
+                 "state": {"commit": "committed", "rollback": "rolled_back"}.get(e["action"],
+                                                                                 "half")}
+                for e in ends]
 
     @staticmethod
     def _answer(request: httpx.Request, obj: Any) -> httpx.Response:
@@ -94,10 +101,11 @@ class Listener:
         return TransactionState.COMMIT
 
 
-def producer(fake: FakeTxBroker, listener: Any) -> TransactionProducer:
-    return TransactionProducer("orders-tx", listener, broker_url=BROKER, linger_ms=5,
-                               transport=httpx.MockTransport(fake), check_wait_ms=100,
-                               heartbeat_interval_s=0.05)
+def producer(fake: FakeTxBroker, listener: Any, **kw: Any) -> TransactionProducer:
+    settings: dict[str, Any] = dict(broker_url=BROKER, linger_ms=5, check_wait_ms=100,
+                                    transport=httpx.MockTransport(fake),
+                                    heartbeat_interval_s=0.05)
+    return TransactionProducer("orders-tx", listener, **{**settings, **kw})
 
 
 async def test_concurrent_sends_and_ends_share_batch_requests() -> None:
@@ -123,6 +131,20 @@ async def test_concurrent_sends_and_ends_share_batch_requests() -> None:
     assert all(sent[r.transaction_id]["action"] == "unknown" for r in boom)
     assert {h["producer_group"] for h in fake.halves} == {"orders-tx"}
     assert fake.left  # close() left the group at once
+
+
+async def test_ends_nobody_waits_for_ride_with_the_next_half_messages() -> None:
+    fake = FakeTxBroker()
+    async with producer(fake, Listener(), wait_for_end=False, linger_ms=50) as p:
+        results = []
+        for i in range(5):  # a send every 10 ms: an end that went at once would go alone
+            results.append(await p.send(f"m{i}", "commit", topic="orders"))
+            await asyncio.sleep(0.01)
+    ended = [e["transaction_id"] for body in fake.ends for e in body["ends"]]
+    assert sorted(ended) == sorted(r.transaction_id for r in results)  # every end was sent
+    riding = [body for body in fake.ends if body.get("with_halves")]
+    assert len(riding) >= 3  # ends 1-4 went out with halves 2-5, not on their own
+    assert len(fake.halves) + len(fake.ends) - len(riding) <= 6  # not two requests each
 
 
 async def test_checks_are_answered_in_a_batch_from_check() -> None:

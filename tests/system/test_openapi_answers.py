@@ -73,6 +73,9 @@ def test_real_answers_match_the_documents(all_services: Cluster) -> None:
     pulled = broker.call("GET", "/v1/topics/{topic}/queues/{queue_id}/messages",
                          f"/v1/topics/{topic}/queues/0/messages", params={"max": 10})
     assert {m["body_encoding"] for m in pulled["messages"]} == {"utf-8", "base64"}
+    many = broker.call("POST", "/v1/pull", both=False, json={"queues": [
+        {"topic": topic, "queue_id": 0, "offset": 0}, {"topic": topic, "queue_id": 3}]})
+    assert [e.get("error", {}).get("code") for e in many["queues"]] == [None, "BAD_REQUEST"]
     broker.call("GET", "/v1/messages/{message_id}", f"/v1/messages/{text_id}")
     broker.call("GET", "/v1/messages/{message_id}", f"/v1/messages/{timer_id}")
     broker.call("GET", "/v1/messages", params={"topic": topic, "key": "k1"})

@@ -94,6 +94,28 @@ class PullAnswer(QueueBounds):
     messages: list[MessageOut]
 
 
+class ErrorOut(BaseModel):
+    code: str = Field(description="the API code this queue's own pull would have answered")
+    message: str
+
+
+class QueuePullAnswer(BaseModel):
+    """One queue of a multi-queue pull: its messages and bounds, or its error."""
+
+    topic: str
+    queue_id: int
+    messages: list[MessageOut] | None = Field(None, description="absent with error")
+    next_offset: int | None = Field(None, description="queue offset to read from next")
+    min_offset: int | None = None
+    max_offset: int | None = None
+    error: ErrorOut | None = Field(None, description="this queue could not be read")
+
+
+class PullManyAnswer(BaseModel):
+    queues: list[QueuePullAnswer] = Field(description="the queues with news only (messages, "
+                                                      "a moved offset, an error)")
+
+
 class StoredMessage(MessageOut):
     state: MessageState
     # a message waiting for its delivery has no position: the one field a lookup may leave null

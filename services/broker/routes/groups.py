@@ -23,9 +23,15 @@ from services.broker.routes.answers import (
     RetryAnswer,
 )
 from services.common.app import reply
+from services.common.lean import LeanRoute, lean
 from services.common.openapi import TOPIC_RULE, Empty, GroupName, errors
 
-router = APIRouter(tags=["groups"])
+router = APIRouter(tags=["groups"], route_class=LeanRoute)
+
+
+def group_param(request: Request) -> dict[str, str]:
+    """The hot group routes' one parameter, a path segment (the service validates the name)."""
+    return {"group": request.path_params["group"]}
 
 
 class _Body(BaseModel):
@@ -139,6 +145,7 @@ async def retry(group: GroupName, request: Request) -> Response:
              summary="Simple consumer: receive messages with an invisibility time",
              response_model=ReceiveAnswer, responses=errors(
                  ErrorCode.INVALID_TOPIC_NAME, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.UNAVAILABLE))
+@lean(group_param)
 async def receive(group: GroupName, request: Request) -> Response:
     body = await read_model(request, ReceiveBody)
     received = await broker_of(request).consumers.receive(
@@ -156,6 +163,7 @@ async def receive(group: GroupName, request: Request) -> Response:
 @router.post("/v1/groups/{group}/ack", openapi_extra=body_doc(AckBody),
              summary="Simple consumer: acknowledge received messages",
              response_model=AckAnswer, responses=errors(*_HANDLE_ERRORS))
+@lean(group_param)
 async def ack(group: GroupName, request: Request) -> Response:
     body = await read_model(request, AckBody)
     acked = await broker_of(request).consumers.ack(group, body.receipt_handles)

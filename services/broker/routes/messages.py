@@ -12,6 +12,12 @@ from tidemq.protocol import ErrorCode, validate_group_name
 
 from services.broker.messaging.convert import to_wire
 from services.broker.messaging.pull import DEFAULT_PULL, MAX_PULL, TagFilter
+from services.broker.messaging.pull_many import (
+    MAX_PULL_QUEUES,
+    ManyPuller,
+    many_answer,
+    parse_wants,
+)
 from services.broker.routes._common import (
     LONG_POLL_MAX_MS,
     PULL_ERRORS,
@@ -26,7 +32,7 @@ from services.broker.routes._common import (
     read_payload,
     wants_msgpack,
 )
-from services.broker.routes.answers import PullAnswer, SendAnswer
+from services.broker.routes.answers import PullAnswer, PullManyAnswer, SendAnswer
 from services.common.app import reply
 from services.common.constants import TIMING_HEADER
 from services.common.lean import LeanRoute, lean, plain_int
@@ -117,6 +123,42 @@ async def pull(
                                      TagFilter.parse(tags), group=group)
     binary = wants_msgpack(request)
     response = reply(request, pull_answer(answer, lambda r: to_wire(r, binary)))
+    if TIMING_HEADER in request.headers:  # the latency bench: woken, answered (ns)
+        response.headers[TIMING_HEADER] = f"woke={answer.woke_ns},answered={time.monotonic_ns()}"
+    return response
+
+
+class PullQueueDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    topic: str
+    queue_id: int = Field(ge=0)
+    offset: int = Field(0, ge=0, description="first queue offset to read")
+    tags: str = Field("*", description='"*" or "tagA || tagB"')
+
+
+class PullManyDoc(BaseModel):
+    """Documentation only: read by ``parse_wants``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queues: list[PullQueueDoc] = Field(min_length=1, max_length=MAX_PULL_QUEUES)
+    max: int = Field(DEFAULT_PULL, ge=1, le=MAX_PULL, description="messages at most per queue")
+    wait_ms: int = Field(0, ge=0, le=LONG_POLL_MAX_MS,
+                         description="long poll while no queue has a message (ms)")
+    group: str | None = Field(None, description="consumer group (lag metrics)")
+
+
+@router.post("/v1/pull", summary="Pull from many queues at once (one long poll)",
+             openapi_extra=body_doc(PullManyDoc, "the queues, each with its offset"),
+             response_model=PullManyAnswer, responses=errors(ErrorCode.BAD_REQUEST))
+@lean(lambda request: {})
+async def pull_many(request: Request) -> Response:
+    broker = broker_of(request)
+    wants, max_count, wait_ms, group = parse_wants(await read_payload(request))
+    answer = await ManyPuller(broker.pulls).pull(wants, max_count, wait_ms, group)
+    binary = wants_msgpack(request)
+    response = reply(request, many_answer(answer, lambda r: to_wire(r, binary)))
     if TIMING_HEADER in request.headers:  # the latency bench: woken, answered (ns)
         response.headers[TIMING_HEADER] = f"woke={answer.woke_ns},answered={time.monotonic_ns()}"
     return response

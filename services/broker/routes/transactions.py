@@ -27,9 +27,10 @@ from services.broker.routes.answers import (
 from services.broker.routes.messages import MessageDoc
 from services.broker.transactions.service import parse_end, parse_ends, parse_group
 from services.common.app import reply
+from services.common.lean import LeanRoute, lean
 from services.common.openapi import GROUP_RULE, TOPIC_RULE, Empty, GroupName, errors
 
-router = APIRouter(tags=["transactions"])
+router = APIRouter(tags=["transactions"], route_class=LeanRoute)
 
 MAX_LISTED = 10_000
 HALF_FIELDS = frozenset({"producer_group", "topic", "message", "messages", "check_immunity_s",
@@ -85,6 +86,7 @@ class HeartbeatDoc(_Doc):
              responses=errors(ErrorCode.INVALID_DELAY, ErrorCode.INVALID_BODY_ENCODING,
                               ErrorCode.FORBIDDEN_SYSTEM_TOPIC, ErrorCode.TRANSACTIONS_DISABLED,
                               ErrorCode.TOPIC_NOT_FOUND, *_TX_ERRORS))
+@lean(lambda request: {})
 async def begin(request: Request) -> Response:
     broker = broker_of(request)
     broker.transactions.check_enabled()
@@ -98,6 +100,7 @@ async def begin(request: Request) -> Response:
 @router.post("/v1/transactions/end", summary="End many transactions in one request",
              openapi_extra=body_doc(EndBatchDoc), response_model=EndResults,
              responses=errors(*_TX_ERRORS))
+@lean(lambda request: {})
 async def end_many(request: Request) -> Response:
     payload = await read_payload(request)
     if not isinstance(payload, dict):
@@ -113,6 +116,7 @@ async def end_many(request: Request) -> Response:
 @router.post("/v1/transactions/{transaction_id}/end", summary="End one transaction",
              openapi_extra=body_doc(EndDoc), response_model=EndState,
              responses=errors(*_TX_ERRORS))
+@lean(lambda request: {"transaction_id": request.path_params["transaction_id"]})
 async def end_one(transaction_id: str, request: Request) -> Response:
     payload = await read_payload(request)
     if isinstance(payload, dict):

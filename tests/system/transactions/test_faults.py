@@ -204,3 +204,47 @@ def test_checks_go_to_one_live_producer_and_never_to_a_silent_one(
         assert poll("p1", wait_ms=300) == []  # silent for more than the expiry: nothing
         b.http.post(f"/v1/producers/{group}/heartbeat", json={"client_id": "p1"})
         assert [c["check_times"] for c in poll("p1")] == [2]  # counted while nobody was alive
+
+
+def metric(text: str, name: str) -> float:
+    """A sample's value in a Prometheus text page (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_restarted_checker_remembers_ended_transactions(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Two transactions ended while an older half message held the scan before them: the
+    checker is killed and restarted before that one is due; it reads the ended ids again, so
+    when the scan passes them they are skipped as ended, not checked once more."""
+    with run_broker(tmp_path, redis_server.url) as b:
+        topic, group = b.create_topic(queues=1), unique("G")
+        resp = b.http.post("/v1/transactions", json={
+            "producer_group": group, "topic": topic,
+            "messages": [{"body": "held"}, {"body": "a"}, {"body": "b"}]})
+        assert resp.status_code == 200, resp.text
+        _, *ended = [t["transaction_id"] for t in resp.json()["transactions"]]
+        resp = b.http.post("/v1/transactions/end", json={"producer_group": group, "ends": [
+            {"transaction_id": t, "action": "commit"} for t in ended]})
+        assert resp.status_code == 200, resp.text
+        settings = dict(transaction_timeout_ms=10_000, check_interval_ms=60_000)
+        proc = checker_process(tmp_path, b, redis_server.url, **settings)
+        proc.start()
+        with httpx.Client(base_url=proc.url, timeout=30) as http:
+            report = http.post("/internal/v1/scan", headers={"X-Tidemq-Token": TOKEN}).json()
+        assert report["stopped_early"] and report["ended"] == 0  # "held" is not due yet
+        proc.kill()
+        proc.start()
+        try:
+            with httpx.Client(base_url=proc.url, timeout=30) as http:
+                # (the ids are dropped again as the scan passes their halves)
+                wait_until(lambda: metric(http.get("/metrics").text,
+                                          'tidemq_checker_decisions_total{decision="ended"}')
+                           >= 2, timeout=40, what="the ended halves passed")
+                page = http.get("/metrics").text
+            assert metric(page, 'tidemq_checker_decisions_total{decision="stale"}') == 0
+            assert metric(page, 'tidemq_checker_decisions_total{decision="checked"}') == 1
+        finally:
+            proc.stop()
