@@ -43,7 +43,7 @@ from tidemq._exceptions import (
     error_class,
     server_error,
 )
-from tidemq._http import RetryPolicy
+from tidemq._http import RetryPolicy, use_ca_bundle
 from tidemq._message import Message, SendResult, new_message_id
 from tidemq._offsets import OffsetTracker
 from tidemq._producer import Producer
@@ -115,6 +115,7 @@ __all__ = [
     "error_class",
     "new_message_id",
     "server_error",
+    "use_ca_bundle",
 ]
 
 __version__ = "0.1.0"

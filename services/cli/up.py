@@ -27,6 +27,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from services.cli.certs import ensure_dev_pki
 from services.cli.plan import (
     MAX_GROUPS,
     MAX_NAMESERVERS,
@@ -49,6 +50,7 @@ from services.cli.supervisor import (
     http_probe,
     redis_probe,
 )
+from services.common.tls import client_context, use_ca_bundle
 
 __all__ = ["DUPLICATE_SIGNAL_S", "Supervisor", "up"]
 
@@ -58,6 +60,9 @@ _DEFAULTS = UpOptions()  # the defaults of the options below live in UpOptions
 class FlushChoice(StrEnum):
     ASYNC = "async"  # ack once written to the OS; fsync in the background
     SYNC = "sync"  # ack after the fsync that covers the message
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # a bind address that is not a name clients use
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -111,7 +116,8 @@ def wait_registered(sup: Supervisor, nameservers: list[str], groups: list[str]) 
     timeout: a broker that cannot register still serves its own REST port."""
     deadline = time.monotonic() + sup.start_timeout_s
     missing: dict[str, list[str]] = {}
-    with httpx.Client(timeout=1.0) as client, console.status("brokers registering …"):
+    with (httpx.Client(timeout=1.0, verify=client_context()) as client,
+          console.status("brokers registering …")):
         while time.monotonic() < deadline:
             if sup.stop_requested:
                 raise Interrupted
@@ -205,6 +211,10 @@ def up(
                              ] = 60.0,
     stop_timeout: Annotated[float, typer.Option(help="Seconds before a stopping child is "
                                                      "killed.")] = 10.0,
+    tls: Annotated[bool, typer.Option(
+        "--tls", help="Serve TLS on every port with a development CA and certificate made "
+                      "under <data-dir>/tls (kept across runs); clients need "
+                      "TIDEMQ_TLS_CA=<data-dir>/tls/ca.pem.")] = False,
 ) -> None:
     """Start Redis and every service locally, print the endpoints, and keep them running
     (a service that dies is restarted) until Ctrl-C."""
@@ -227,7 +237,13 @@ def up(
                      scheduler_port=scheduler_port, metrics_port=metrics_port,
                      console_port=console_port,
                      flush=flush.value, metrics=metrics, skip=skipped, groups=groups,
-                     nameservers=nameservers, grpc_off=frozenset(grpc_off))
+                     nameservers=nameservers, grpc_off=frozenset(grpc_off), tls=tls)
+    ca_line = ""
+    if tls:
+        pki = ensure_dev_pki(opts.tls_dir, [host] if host not in WILDCARD_HOSTS else [])
+        use_ca_bundle(str(pki.ca))  # our own probes verify the children like any client
+        ca_line = (f"TLS on: CA [bold]{pki.ca}[/] (clients: TIDEMQ_TLS_CA={pki.ca}; "
+                   "RocketMQ 5 clients: tls_enable=True, GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)")
     if os.environ.get("TIDEMQ_TOKEN"):
         token, token_origin = resolve_token(os.environ), "from TIDEMQ_TOKEN"
     else:
@@ -254,6 +270,8 @@ def up(
         if "nameserver" in kinds:
             console.print(f"nameservers {','.join(opts.nameserver_urls())} (clients: "
                           "--nameserver or TIDEMQ_NAMESERVER_URL)", highlight=False)
+        if ca_line:
+            console.print(ca_line, highlight=False)
         console.print(f"cluster token [bold]{token}[/] ({token_origin}) · "
                       "Ctrl-C stops everything")
         crash_loop = sup.supervise()

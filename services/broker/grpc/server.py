@@ -90,8 +90,12 @@ class GrpcFrontDoor:
                                           ("grpc.max_send_message_length", -1)])
         service_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self.door), server)
         bind = f"[{s.host}]:{s.grpc_port}" if ":" in s.host else f"{s.host}:{s.grpc_port}"
+        tls = s.server_tls()
         try:
-            self.port = server.add_insecure_port(bind)
+            if tls is None:
+                self.port = server.add_insecure_port(bind)
+            else:  # the REST port's certificate and key
+                self.port = server.add_secure_port(bind, tls.grpc_credentials())
         except RuntimeError as exc:
             if "grpc_port" in s.model_fields_set:
                 raise RuntimeError(f"gRPC front door cannot listen on {bind}: {exc}; set "
@@ -103,8 +107,8 @@ class GrpcFrontDoor:
         await server.start()
         self.server = server
         self.broker.metrics.add_stats("tidemq_broker_grpc_", self.stats, "gRPC front door")
-        log.info("gRPC front door (%s) listening on %s, advertised as %s:%d", SERVICE_NAME,
-                 bind, self.door.host, self.door.port)
+        log.info("gRPC front door (%s) listening on %s%s, advertised as %s:%d", SERVICE_NAME,
+                 bind, " (TLS)" if tls is not None else "", self.door.host, self.door.port)
 
     def stats(self) -> dict[str, float]:
         sessions = self.door.sessions.all()
