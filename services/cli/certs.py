@@ -145,7 +145,7 @@ def ensure_dev_pki(directory: Path, names: Iterable[str] = ()) -> DevPki:
     """The CA and server certificate under ``directory``, made or renewed as needed; the
     server certificate names ``localhost``, 127.0.0.1, ::1 and every one of ``names``."""
     directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o700)
+    directory.chmod(0o755)  # the keys are 0600; the CA and certificate are public
     wanted = list(dict.fromkeys([*LOCAL_NAMES, *(n for n in names if n)]))
     loaded = _load_ca(directory)
     ca, ca_key = loaded if loaded is not None else _make_ca(directory)

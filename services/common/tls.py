@@ -50,11 +50,12 @@ class ServerTls:
         return tls
 
     def server_context(self) -> ssl.SSLContext:
+        for path in (self.cert, self.key):
+            if not path.is_file():  # ssl's own error does not name the file
+                raise ValueError(f"TLS file not found: {path}")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         try:
             context.load_cert_chain(self.cert, self.key)
-        except FileNotFoundError as exc:
-            raise ValueError(f"TLS file not found: {exc.filename}") from exc
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(f"cannot load the TLS certificate {self.cert} with the key "
                              f"{self.key}: {exc}") from exc
