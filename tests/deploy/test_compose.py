@@ -21,7 +21,7 @@ TIDEMQ = {**dict.fromkeys(NAMESERVERS, "nameserver"),
           **{f"{kind}-{g}": kind for kind in ("broker", "checker", "scheduler") for g in GROUPS},
           "metrics": "metrics", "console": "console"}
 NAMESERVER_LIST = "https://nameserver-1:9876,https://nameserver-2:9877"
-INIT = "tls-init"  # the one-shot step making the CA and certificate into the tls volume
+INIT = "init-secrets"  # the one-shot step making the CA and certificate into the secrets volume
 SHARED_ENV = {"TIDEMQ_TLS_CA"}  # read by every client in a process, without a service prefix
 
 
@@ -117,26 +117,26 @@ def test_one_shared_token() -> None:
 def test_tls_on_every_tidemq_port_from_the_init_step() -> None:
     services = load_compose()["services"]
     init = services[INIT]
-    assert init["command"][:5] == ["python", "-m", "services.cli.certs", "--dir", "/tls"]
+    assert init["command"][:5] == ["python", "-m", "services.cli.certs", "--dir", "/secrets"]
     named = set(init["command"][6::2])  # every --name NAME
     assert init["command"][5::2] == ["--name"] * len(named)
     assert named == set(TIDEMQ)  # the certificate names every service as the others reach it
-    assert "tls:/tls" in init["volumes"]
+    assert "secrets:/secrets" in init["volumes"]
     for name, kind in TIDEMQ.items():
         svc = services[name]
         env = env_of(svc)
         prefix = ENV_PREFIX[kind]
-        assert env[f"{prefix}TLS_CERT"] == "/tls/server.pem", name
-        assert env[f"{prefix}TLS_KEY"] == "/tls/server.key", name
-        assert env["TIDEMQ_TLS_CA"] == "/tls/ca.pem", name
-        assert "tls:/tls:ro" in svc["volumes"], name
+        assert env[f"{prefix}TLS_CERT"] == "/secrets/server.pem", name
+        assert env[f"{prefix}TLS_KEY"] == "/secrets/server.key", name
+        assert env["TIDEMQ_TLS_CA"] == "/secrets/ca.pem", name
+        assert "secrets:/secrets:ro" in svc["volumes"], name
         assert svc["depends_on"][INIT] == {"condition": "service_completed_successfully"}
         urls = [u for v in env.values() for u in v.split(",") if "://" in u
                 and not u.startswith("redis://")]
         assert urls and all(u.startswith("https://") for u in urls), (name, urls)
         check = " ".join(svc["healthcheck"]["test"])
-        assert "https://127.0.0.1:" in check and "cafile='/tls/ca.pem'" in check, name
-    assert "tls:/tls:ro" in services["prometheus"]["volumes"]
+        assert "https://127.0.0.1:" in check and "cafile='/secrets/ca.pem'" in check, name
+    assert "secrets:/secrets:ro" in services["prometheus"]["volumes"]
 
 
 def test_prometheus_scrapes_every_tidemq_service() -> None:
@@ -152,7 +152,7 @@ def test_prometheus_scrapes_every_tidemq_service() -> None:
     for job in scrape:  # every tidemq port speaks https, signed by the compose CA
         if job["job_name"].startswith("tidemq-"):
             assert job["scheme"] == "https", job["job_name"]
-            assert job["tls_config"]["ca_file"] == "/tls/ca.pem", job["job_name"]
+            assert job["tls_config"]["ca_file"] == "/secrets/ca.pem", job["job_name"]
     mounts = services["prometheus"]["volumes"]
     assert "./deploy/prometheus:/etc/prometheus:ro" in mounts
 
@@ -163,4 +163,4 @@ def test_dockerfile_builds_one_image_with_java() -> None:
     assert "openjdk-17-jre-headless" in text  # Spark needs a JRE
     assert "COPY services/ services/" in text and "pip install ./sdk ." in text
     assert "\nUSER tidemq" in text
-    assert "chown -R tidemq /data /tls" in text  # the init step writes the tls volume
+    assert "chown -R tidemq /data /secrets" in text  # the init step writes the secrets volume

@@ -26,8 +26,8 @@ from tests.support.metrics import parse_exposition, promtool
 
 pytestmark = pytest.mark.integration
 
-ORDER = ("tls-init", "redis", "nameserver-1", "nameserver-2", "broker-a", "broker-b", "checker-a",
-         "checker-b", "scheduler-a", "scheduler-b", "metrics")
+ORDER = ("init-secrets", "redis", "nameserver-1", "nameserver-2", "broker-a", "broker-b",
+         "checker-a", "checker-b", "scheduler-a", "scheduler-b", "metrics")
 GROUPS = ("broker-a", "broker-b")
 
 
@@ -35,7 +35,7 @@ GROUPS = ("broker-a", "broker-b")
 def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     topo = Topology(load_compose(), tmp_path_factory.mktemp("compose"))
     try:
-        topo.run_once("tls-init")
+        topo.run_once("init-secrets")
         for name in ORDER[1:]:
             module = (topo.compose["services"][name].get("command") or [""])[-1]
             if module.startswith("services.") and not module_available(module):

@@ -4,10 +4,10 @@ No Docker engine runs here, so the compose file is read and every service that i
 can run (Redis and the tidemq services) is started as a child: service names resolve to
 127.0.0.1, each port a service ``expose``s is remapped to a free one (in URLs and in the
 service's own ``*_PORT``), ``0.0.0.0`` binds become ``127.0.0.1`` and ``/data/...`` and
-``/tls`` paths move under a temp directory. A one-shot service (no ``expose``, ``restart: "no"``:
-the TLS init step) is run to completion first. Services serving TLS are reached over https://,
-verified against the CA the init step made. Images that are not ours (Prometheus, Grafana) are
-not started.
+``/secrets`` paths move under a temp directory. A one-shot service (no ``expose``,
+``restart: "no"``: the init step making the TLS files) is run to completion first. Services
+serving TLS are reached over https://, verified against the CA the init step made. Images that
+are not ours (Prometheus, Grafana) are not started.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ class Topology:
 
     @property
     def ca(self) -> Path:
-        """Where the init step's CA lands here (``/tls/ca.pem`` in compose)."""
-        return Path(self.localize("", "/tls/ca.pem"))
+        """Where the init step's CA lands here (``/secrets/ca.pem`` in compose)."""
+        return Path(self.localize("", "/secrets/ca.pem"))
 
     def verify(self) -> ssl.SSLContext | bool:
         return ssl.create_default_context(cafile=str(self.ca)) if self.ca.exists() else True
@@ -110,7 +110,7 @@ class Topology:
             value = "127.0.0.1"
         if value.startswith("/data/"):
             value = str(self.workdir / "data" / value.removeprefix("/data/"))
-        if value == "/tls" or value.startswith("/tls/"):
+        if value == "/secrets" or value.startswith("/secrets/"):
             value = str(self.workdir / value.lstrip("/"))
         return value
 
