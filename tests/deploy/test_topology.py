@@ -95,7 +95,7 @@ def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topolog
     want = {("tidemq_transaction_commits_total", frozenset(labels.items())): 1.0,
             ("tidemq_transaction_rollbacks_total", frozenset(labels.items())): 1.0}
     sidecar = topology.url("metrics") + "/metrics"
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + 300  # Spark alone took 115-125 s to start on a loaded host
     text = ""
     while time.monotonic() < deadline:
         text = httpx.get(sidecar, timeout=10, verify=topology.verify()).text
