@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import httpx
 
+from services.common.auth.client import service_auth
 from services.common.constants import CLUSTER_PATH, TOKEN_HEADER
 
 
@@ -48,7 +49,8 @@ class ConsoleClient:
         self.nameservers = nameservers
         self.token = token
         self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport,
-                                      headers={"user-agent": "tidemq-console"})
+                                      headers={"user-agent": "tidemq-console"},
+                                      auth=service_auth())
 
     async def close(self) -> None:
         await self.http.aclose()
