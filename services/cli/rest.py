@@ -18,6 +18,7 @@ import httpx
 import typer
 from rich.console import Console
 
+from services.common.auth.client import service_auth
 from services.common.constants import BROKER_PORT, NAMESERVER_PORT
 
 console = Console()
@@ -73,7 +74,7 @@ class Endpoints:
     nameservers: tuple[str, ...] = ()  # every URL given; () = just ``nameserver``
 
     def client(self, timeout_s: float | None = None) -> httpx.Client:
-        return httpx.Client(timeout=timeout_s or self.timeout_s)
+        return httpx.Client(timeout=timeout_s or self.timeout_s, auth=service_auth())
 
     def nameserver_urls(self) -> tuple[str, ...]:
         return self.nameservers or (self.nameserver,)

@@ -49,6 +49,7 @@ from services.cli.supervisor import (
     http_probe,
     redis_probe,
 )
+from services.common.auth.client import service_auth
 
 __all__ = ["DUPLICATE_SIGNAL_S", "Supervisor", "up"]
 
@@ -111,7 +112,8 @@ def wait_registered(sup: Supervisor, nameservers: list[str], groups: list[str]) 
     timeout: a broker that cannot register still serves its own REST port."""
     deadline = time.monotonic() + sup.start_timeout_s
     missing: dict[str, list[str]] = {}
-    with httpx.Client(timeout=1.0) as client, console.status("brokers registering …"):
+    with (httpx.Client(timeout=1.0, auth=service_auth()) as client,
+          console.status("brokers registering …")):
         while time.monotonic() < deadline:
             if sup.stop_requested:
                 raise Interrupted
