@@ -9,6 +9,7 @@ wire protocol (error codes, message parsing, topic names) lives in ``tidemq.prot
 from __future__ import annotations
 
 from tidemq._allocate import allocate_averagely, allocation_table
+from tidemq._auth import Credentials
 from tidemq._exceptions import (
     AlreadyDeliveredError,
     BadRequestError,
@@ -17,6 +18,7 @@ from tidemq._exceptions import (
     ClientClosedError,
     ConfigurationError,
     DiskFullError,
+    ForbiddenError,
     ForbiddenSystemTopicError,
     InternalServerError,
     InvalidBodyEncodingError,
@@ -69,8 +71,10 @@ __all__ = [
     "ClientClosedError",
     "ConfigurationError",
     "ConsumeResult",
+    "Credentials",
     "DiskFullError",
     "ErrorCode",
+    "ForbiddenError",
     "ForbiddenSystemTopicError",
     "Handler",
     "InternalServerError",

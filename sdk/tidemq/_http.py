@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 import httpx
 
+from tidemq._auth import Credentials, signer_for
 from tidemq._constants import (
     HTTP_MAX_CONNECTIONS,
     HTTP_MAX_KEEPALIVE_CONNECTIONS,
@@ -159,8 +160,10 @@ class HttpClient:
         timeout_s: float = REQUEST_TIMEOUT_S,
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: Mapping[str, str] | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.timeout_s = timeout_s
+        self._signer = signer_for(credentials)  # None: unsigned (a cluster without ACL)
         self.retry = retry
         self._client = httpx.AsyncClient(
             transport=transport,
@@ -228,6 +231,8 @@ class HttpClient:
         if body is not None:
             content = encode_payload(body, content_type)
             headers["content-type"] = content_type
+        if self._signer is not None:
+            headers.update(self._signer.headers(method, target, params, content))
         timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
         try:
             response = await self._client.request(

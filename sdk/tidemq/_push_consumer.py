@@ -48,6 +48,7 @@ import httpx
 
 from tidemq import _constants as C
 from tidemq._allocate import allocate_averagely
+from tidemq._auth import Credentials
 from tidemq._broker_api import BrokerApi
 from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
@@ -101,6 +102,7 @@ class PushConsumer(Client):
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = C.ROUTE_REFRESH_INTERVAL_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigurationError(f"mode must be 'clustering' or 'broadcasting', got {mode!r}")
@@ -122,6 +124,7 @@ class PushConsumer(Client):
         self._connect(nameservers=nameservers, broker_url=broker_url,
                       request_timeout_s=request_timeout_s, retry=retry,
                       route_refresh_s=route_refresh_s, transport=transport,
+                      credentials=credentials,
                       backoff_max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S)
         self._api = BrokerApi(self._http)
         self._settings = PullerSettings(

@@ -223,9 +223,11 @@ def check_topology(opts: UpOptions) -> None:
 
 
 def plan_services(opts: UpOptions, *, redis_url: str, token: str,
-                  available: Callable[[str], bool] = module_available) -> list[ServiceSpec]:
+                  available: Callable[[str], bool] = module_available,
+                  acl: Mapping[str, str] | None = None) -> list[ServiceSpec]:
     """The services to start, in start order, each with the environment it needs.
 
+    ``acl`` (``tidemq up --acl``): the ACL settings every service gets.
     Raises ``LookupError`` when a required service (nameserver, broker) cannot be run and
     ``ValueError`` when the topology is impossible (``check_topology``).
     """
@@ -243,7 +245,8 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
 
     def spec(kind: str, index: int, port: int, specific: dict[str, str],
              grpc_port: int = 0) -> ServiceSpec:
-        env = {"HOST": opts.host, "PORT": str(port), "CLUSTER": opts.cluster, **specific}
+        env = {"HOST": opts.host, "PORT": str(port), "CLUSTER": opts.cluster, **specific,
+               **(acl or {})}  # ACL_FILE, ACCESS_KEY, SECRET_KEY (`tidemq up --acl`)
         if opts.tls:
             env |= {"TLS_CERT": str(opts.tls_dir / CERT_FILE),
                     "TLS_KEY": str(opts.tls_dir / KEY_FILE)}

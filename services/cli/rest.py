@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from tidemq._constants import TLS_CA_ENV
 
+from services.common.auth.client import service_auth
 from services.common.constants import BROKER_PORT, NAMESERVER_PORT
 from services.common.tls import client_context
 
@@ -75,7 +76,8 @@ class Endpoints:
     nameservers: tuple[str, ...] = ()  # every URL given; () = just ``nameserver``
 
     def client(self, timeout_s: float | None = None) -> httpx.Client:
-        return httpx.Client(timeout=timeout_s or self.timeout_s, verify=client_context())
+        return httpx.Client(timeout=timeout_s or self.timeout_s, verify=client_context(),
+                            auth=service_auth())
 
     def nameserver_urls(self) -> tuple[str, ...]:
         return self.nameservers or (self.nameserver,)

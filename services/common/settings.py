@@ -21,6 +21,10 @@ class ServiceSettings(BaseSettings):
     port: int = 0  # listen port (each service sets its default)
     cluster: str = "DefaultCluster"  # namespaces Redis keys and registrations
     token: str = ""  # shared cluster token for /internal/ endpoints ("" = none required)
+    # accounts and rules (YAML, docs/operations.md "Accounts and ACL"); "" = ACL off
+    acl_file: str = ""
+    access_key: str = ""  # this service's account, signing its calls to the others ("" = none)
+    secret_key: str = ""  # that account's secret key
     log_level: str = "info"
     # HTTPS (and TLS on a broker's gRPC door) with this certificate chain and private key (PEM
     # files; both or neither; "" = plain HTTP). Clients verify it against TIDEMQ_TLS_CA.

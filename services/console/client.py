@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import httpx
 
+from services.common.auth.client import service_auth
 from services.common.constants import CLUSTER_PATH, TOKEN_HEADER
 from services.common.tls import client_context
 
@@ -50,7 +51,7 @@ class ConsoleClient:
         self.token = token
         self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport,
                                       headers={"user-agent": "tidemq-console"},
-                                      verify=client_context())
+                                      verify=client_context(), auth=service_auth())
 
     async def close(self) -> None:
         await self.http.aclose()

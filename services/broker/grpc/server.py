@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
+from services.broker.grpc.auth import GrpcGuard
 from services.broker.grpc.door import Door, split_address
 from services.broker.grpc.proto import SERVICE_NAME, service_grpc
 from services.broker.grpc.servicer import MessagingServicer
@@ -23,6 +24,7 @@ from services.broker.grpc.sessions import ServerSide, Sessions
 from services.broker.grpc.telemetry import CLOSE
 from services.broker.service import Broker
 from services.broker.settings import BrokerSettings
+from services.common.auth import Gate
 from services.common.constants import GRPC_ROUTE_CACHE_S
 from services.common.discovery import ClusterView
 
@@ -53,8 +55,10 @@ class _CountCalls(grpc.aio.ServerInterceptor):
 class GrpcFrontDoor:
     """Serves ``apache.rocketmq.v2.MessagingService`` for one broker."""
 
-    def __init__(self, broker: Broker, settings: BrokerSettings) -> None:
+    def __init__(self, broker: Broker, settings: BrokerSettings, gate: Gate | None = None,
+                 ) -> None:
         self.broker = broker
+        self.guard = GrpcGuard(gate) if gate is not None else None  # ACL on
         self.settings = settings
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -88,7 +92,8 @@ class GrpcFrontDoor:
                                  options=[*KEEPALIVE_OPTIONS,
                                           ("grpc.max_receive_message_length", limit),
                                           ("grpc.max_send_message_length", -1)])
-        service_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self.door), server)
+        servicer = MessagingServicer(self.door, self.guard)
+        service_grpc.add_MessagingServiceServicer_to_server(servicer, server)
         bind = f"[{s.host}]:{s.grpc_port}" if ":" in s.host else f"{s.host}:{s.grpc_port}"
         tls = s.server_tls()
         try:
