@@ -8,8 +8,9 @@ door), each configuration on its own port and data dir:
   plain     HTTP, no accounts (the default: ``make up``)
   tls       HTTPS with a development CA's certificate (``services.cli.certs``); the SDK
             verifies it (``use_ca_bundle``)
-  acl       accounts on (the broker's ACL file; the SDK signs every request with an access
-            key and secret key), HTTP
+  acl       accounts on (the broker's ACL file: default deny, nine accounts with prefix rules;
+            the SDK signs every request with an access key and secret key), HTTP; the bench
+            checks that an unsigned request is refused (401) first
   acl+tls   both
 
 The client is this one process: the SDK ``Producer`` (pointed at the broker), 64 senders x 16
@@ -43,7 +44,7 @@ import httpx
 
 from bench._common import Row, err, loop_name, print_json, print_table, run
 from bench._peers import BODY_BYTES, Child, free_port, make_bodies, redis_server, run_senders
-from bench._security import AclSetup, acl_setup
+from bench._security import TOPIC_PREFIX, AclSetup, acl_setup
 
 SENDERS = 64
 WINDOW = 16  # sends in flight per sender
@@ -152,7 +153,13 @@ def one(bench: Bench, cfg: Config, sizes: Sizes, round_no: int, bodies: list[byt
     child.start(timeout=30.0)
     try:
         wait_healthy(url, verify)
-        topic = f"Sec{uuid.uuid4().hex[:8]}"
+        topic = f"{TOPIC_PREFIX}{uuid.uuid4().hex[:8]}"
+        if cfg.acl:  # accounts are really on: an unsigned request is refused
+            refused = httpx.put(f"{url}/v1/topics/{topic}", json={"queues": QUEUES},
+                                verify=verify, timeout=10)
+            if refused.status_code != 401:
+                raise RuntimeError(f"{cfg.name}: an unsigned request got "
+                                   f"{refused.status_code}, not 401: ACL is not on")
         env = bench.acl.client_env if cfg.acl and bench.acl is not None else {}
         with client_env(env):
             return run(produce(url, topic, sizes.messages, bodies,
