@@ -117,9 +117,10 @@ def test_one_shared_token() -> None:
 def test_tls_on_every_tidemq_port_from_the_init_step() -> None:
     services = load_compose()["services"]
     init = services[INIT]
-    assert init["command"][:5] == ["python", "-m", "services.cli.certs", "--dir", "/secrets"]
-    named = set(init["command"][6::2])  # every --name NAME
-    assert init["command"][5::2] == ["--name"] * len(named)
+    assert init["command"][:6] == ["python", "-m", "services.cli.init_secrets", "--dir",
+                                   "/secrets", "--acl"]
+    named = set(init["command"][7::2])  # every --name NAME
+    assert init["command"][6::2] == ["--name"] * len(named)
     assert named == set(TIDEMQ)  # the certificate names every service as the others reach it
     assert "secrets:/secrets" in init["volumes"]
     for name, kind in TIDEMQ.items():
@@ -137,6 +138,18 @@ def test_tls_on_every_tidemq_port_from_the_init_step() -> None:
         check = " ".join(svc["healthcheck"]["test"])
         assert "https://127.0.0.1:" in check and "cafile='/secrets/ca.pem'" in check, name
     assert "secrets:/secrets:ro" in services["prometheus"]["volumes"]
+
+
+def test_accounts_on_every_tidemq_service_with_the_init_steps_file() -> None:
+    raw = yaml.safe_load(COMPOSE.read_text())["services"]
+    init_env = raw[INIT]["environment"]
+    account = (init_env["TIDEMQ_SERVICES_ACCESS_KEY"], init_env["TIDEMQ_SERVICES_SECRET_KEY"])
+    assert account[1].startswith("${TIDEMQ_SERVICES_SECRET_KEY:-")  # set your own, as the token
+    for name, kind in TIDEMQ.items():
+        env = raw[name]["environment"]
+        prefix = ENV_PREFIX[kind]
+        assert env[f"{prefix}ACL_FILE"] == "/secrets/acl.yaml", name
+        assert (env[f"{prefix}ACCESS_KEY"], env[f"{prefix}SECRET_KEY"]) == account, name
 
 
 def test_prometheus_scrapes_every_tidemq_service() -> None:

@@ -7,8 +7,9 @@ loopback (``tests/deploy/topology.py``). Both brokers register with both nameser
 transaction is committed on broker-a and another rolled back on broker-b through the REST API,
 and both must show up in the sidecar's ``/metrics`` (the PySpark job in continuous mode, reading
 every group through the nameservers) in a form promtool accepts; all of it over https://,
-verified against the init step's CA. A service whose ``services/<name>/__main__.py`` does not
-exist yet is reported and left out.
+verified against the init step's CA, and signed (accounts on: the services as their account,
+the test as the admin the init step made; an unsigned request is refused). A service whose
+``services/<name>/__main__.py`` does not exist yet is reported and left out.
 """
 
 from __future__ import annotations
@@ -65,17 +66,25 @@ def test_names_and_ports_are_remapped(topology: Topology, tmp_path: Path) -> Non
 
 def test_every_broker_registers_with_both_nameservers(topology: Topology) -> None:
     for ns in ("nameserver-1", "nameserver-2"):
-        view = httpx.get(topology.url(ns) + "/v1/cluster", timeout=10,
-                         verify=topology.verify()).json()
+        view = topology.client(ns).get("/v1/cluster").json()
         assert {b["broker_name"]: b["address"] for b in view["brokers"]} == {
             g: topology.url(g) for g in GROUPS}
         assert view["nameservers"] == [topology.url("nameserver-1"),
                                        topology.url("nameserver-2")]
 
 
+def test_accounts_are_on_an_unsigned_request_is_refused(topology: Topology) -> None:
+    with httpx.Client(base_url=topology.url("broker-a"), timeout=10,
+                      verify=topology.verify()) as anonymous:
+        refused = anonymous.put("/v1/topics/Anonymous", json={"queues": 1})
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["code"] == "UNAUTHORIZED"
+    assert topology.client("broker-a").get("/v1/topics/Anonymous").status_code == 404
+
+
 def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topology) -> None:
     for group, action in zip(GROUPS, ("commit", "rollback"), strict=True):
-        broker = httpx.Client(base_url=topology.url(group), timeout=10, verify=topology.verify())
+        broker = topology.client(group)  # signed as the admin the init step made
         assert broker.put("/v1/topics/Orders", json={"queues": 2}).status_code == 200
         begun = broker.post("/v1/transactions", json={
             "producer_group": "shop", "topic": "Orders",
@@ -86,8 +95,7 @@ def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topolog
                             json={"producer_group": "shop", "action": action})
         assert ended.status_code == 200, ended.text
     for ns in ("nameserver-1", "nameserver-2"):  # the route merges both groups' queues
-        route = httpx.get(topology.url(ns) + "/v1/routes/Orders", timeout=10,
-                          verify=topology.verify())
+        route = topology.client(ns).get("/v1/routes/Orders")
         assert route.status_code == 200, route.text
         assert sorted(q["broker_name"] for q in route.json()["queues"]) == list(GROUPS)
 

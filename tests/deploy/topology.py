@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import yaml
 
+from services.common.auth.client import SigningAuth
 from tests.support.procs import REPO, free_port, wait_port
 
 COMPOSE = REPO / "docker-compose.yml"
@@ -82,6 +83,21 @@ class Topology:
     def ca(self) -> Path:
         """Where the init step's CA lands here (``/secrets/ca.pem`` in compose)."""
         return Path(self.localize("", "/secrets/ca.pem"))
+
+    def admin_auth(self) -> SigningAuth | None:
+        """The admin account the init step made (``/secrets/admin.env``), signing requests;
+        None when accounts are off (no such file)."""
+        path = Path(self.localize("", "/secrets/admin.env"))
+        if not path.exists():
+            return None
+        pairs = dict(line.split("=", 1) for line in path.read_text().splitlines()
+                     if "=" in line and not line.startswith("#"))
+        return SigningAuth(pairs["TIDEMQ_ACCESS_KEY"], pairs["TIDEMQ_SECRET_KEY"])
+
+    def client(self, service: str) -> httpx.Client:
+        """A client of ``service`` as the admin: verifying its certificate, signing requests."""
+        return httpx.Client(base_url=self.url(service), timeout=10, verify=self.verify(),
+                            auth=self.admin_auth())
 
     def verify(self) -> ssl.SSLContext | bool:
         return ssl.create_default_context(cafile=str(self.ca)) if self.ca.exists() else True
