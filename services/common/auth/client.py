@@ -39,9 +39,13 @@ _account: tuple[str, str] | None = None
 
 def use_account(access_key: str, secret_key: str) -> None:
     """This process's service account (from its settings); every internal client built after
-    this signs with it. Without one, ``TIDEMQ_ACCESS_KEY`` / ``TIDEMQ_SECRET_KEY`` are used."""
+    this signs with it, in this process and (through the environment, unless set already) in
+    its children. Without one, ``TIDEMQ_ACCESS_KEY`` / ``TIDEMQ_SECRET_KEY`` are used."""
     global _account
     _account = (access_key, secret_key) if access_key and secret_key else None
+    if _account is not None:  # child processes too (the metrics job's Spark workers)
+        os.environ.setdefault(ACCESS_KEY_ENV, access_key)
+        os.environ.setdefault(SECRET_KEY_ENV, secret_key)
 
 
 def service_auth() -> SigningAuth | None:

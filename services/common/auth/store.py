@@ -17,10 +17,9 @@ from typing import Any
 import yaml
 
 from services.common.auth.policy import Policy, PolicyError, parse_policy
+from services.common.constants import ACL_CHECK_S
 
 log = logging.getLogger(__name__)
-
-ACL_CHECK_S = 1.0  # the ACL file's modification time is looked at this often at most (s)
 
 
 def split_paths(value: str | Path | Sequence[Path]) -> list[Path]:
