@@ -82,6 +82,7 @@ def test_accounts_are_on_an_unsigned_request_is_refused(topology: Topology) -> N
     assert topology.client("broker-a").get("/v1/topics/Anonymous").status_code == 404
 
 
+@pytest.mark.timeout(480)  # the wait below, with Spark's start on a loaded host
 def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topology) -> None:
     for group, action in zip(GROUPS, ("commit", "rollback"), strict=True):
         broker = topology.client(group)  # signed as the admin the init step made
