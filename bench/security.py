@@ -15,8 +15,9 @@ door), each configuration on its own port and data dir:
 
 The client is this one process: the SDK ``Producer`` (pointed at the broker), 64 senders x 16
 ``send`` in flight sharing N messages of 1 KiB (quick 20k, full 100k) to a topic of 8 queues.
-Configurations take turns for R rounds (quick 2, full 3), so a load change on the shared
-machine touches all of them; each figure is the median of its rounds. Ratios are against
+Configurations take turns for R rounds (quick 3, full 5), in alternating order, so a load
+change on the shared machine touches all of them; each figure is the best of its rounds (other
+processes can only slow a run down; the medians are in the JSON too). Ratios are against
 ``plain`` of the same run. ACL rows are "not measured" when the broker has no ACL setting yet.
 
 Target: ``acl_tls_ratio`` (acl+tls / plain) >= 0.8.
@@ -58,8 +59,8 @@ class Sizes:
     rounds: int
 
 
-QUICK = Sizes(20_000, 2)
-FULL = Sizes(100_000, 3)
+QUICK = Sizes(20_000, 3)
+FULL = Sizes(100_000, 5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +200,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.security", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="20k messages, 2 rounds")
+    ap.add_argument("--quick", action="store_true", help="20k messages, 3 rounds")
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object with every figure as the last line of stdout")
     ap.add_argument("--messages", type=int, default=None, help="override the message count")
@@ -219,11 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     total_s = time.perf_counter() - began
     med = {name: statistics.median(rates) for name, rates in bench.rates.items()}
-    plain = med["plain"]
-    ratios = {name: ratio(med.get(name), plain) for name in ("tls", "acl", "acl+tls")}
+    best = {name: max(rates) for name, rates in bench.rates.items()}
+    plain = best["plain"]
+    ratios = {name: ratio(best.get(name), plain) for name in ("tls", "acl", "acl+tls")}
+    median_ratios = {name: ratio(med.get(name), med["plain"]) for name in ratios}
     rows = []
     for cfg in CONFIGS:
-        rate = med.get(cfg.name)
+        rate = best.get(cfg.name)
         if rate is None:
             rows.append(Row(f"produce, {cfg.name}: not measured (the broker has no ACL yet)",
                             None, "msgs/s", target=f">= {TARGET}x"
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(Row(f"produce, {cfg.name}", rate, "msgs/s", r, target, met))
     print_table(f"tidemq security bench ({mode})", rows, caption="\n".join([
         f"{sizes.messages:,} messages of {BODY_BYTES} B per run, {SENDERS} senders x {WINDOW} "
-        f"in flight, one broker (flush=async) per run, {sizes.rounds} rounds, median shown; "
+        f"in flight, one broker (flush=async) per run, best of {sizes.rounds} rounds; "
         f"ratio against plain of the same run; event loop {loop}; {os.cpu_count()} CPUs "
         f"shared by every process; load average (1 min) {load_before:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after; total {total_s:.0f} s",
@@ -246,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         print_json({
             "bench": "security", "quick": args.quick, "event_loop": loop,
             "messages": sizes.messages, "rounds": sizes.rounds, "body_bytes": BODY_BYTES,
-            "msgs_per_s": med, "runs": bench.rates,
+            "msgs_per_s": best, "median_msgs_per_s": med, "runs": bench.rates,
+            "median_ratios": median_ratios,
             "tls_ratio": ratios["tls"], "acl_ratio": ratios["acl"],
             "acl_tls_ratio": ratios["acl+tls"],
             "acl_measured": bench.acl is not None, "configs": [c.name for c in configs],
