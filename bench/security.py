@@ -18,7 +18,10 @@ The client is this one process: the SDK ``Producer`` (pointed at the broker), 64
 Configurations take turns for R rounds (quick 3, full 5), in alternating order, so a load
 change on the shared machine touches all of them; each figure is the best of its rounds (other
 processes can only slow a run down; the medians are in the JSON too). Ratios are against
-``plain`` of the same run. ACL rows are "not measured" when the broker has no ACL setting yet.
+``plain`` of the same run. Also the CPU each configuration costs per 1,000 messages (the
+broker process's and this client's, lowest of the rounds; ratio above 1: more CPU than plain),
+steadier than throughput when other processes share the cores. ACL rows are "not measured"
+when the broker has no ACL setting yet.
 
 Target: ``acl_tls_ratio`` (acl+tls / plain) >= 0.8.
 """
@@ -42,9 +45,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from bench._common import Row, err, loop_name, print_json, print_table, run
-from bench._peers import BODY_BYTES, Child, free_port, make_bodies, redis_server, run_senders
+from bench._peers import (
+    BODY_BYTES,
+    Child,
+    Throughput,
+    free_port,
+    make_bodies,
+    redis_server,
+    run_senders,
+)
 from bench._security import TOPIC_PREFIX, AclSetup, acl_setup
 
 SENDERS = 64
@@ -80,7 +92,10 @@ class Bench:
     redis_url: str
     pki: Any  # services.cli.certs.DevPki
     acl: AclSetup | None
-    rates: dict[str, list[float]] = field(default_factory=dict)
+    rates: dict[str, list[float]] = field(default_factory=dict)  # msgs/s per round
+    # CPU seconds per 1,000 messages per round: the broker's, and this client's
+    broker_cpu: dict[str, list[float]] = field(default_factory=dict)
+    client_cpu: dict[str, list[float]] = field(default_factory=dict)
 
     def broker_env(self, cfg: Config, port: int, data: Path) -> dict[str, str]:
         env = {f"TIDEMQ_BROKER_{k}": str(v) for k, v in {
@@ -123,7 +138,8 @@ def wait_healthy(url: str, verify: Any, timeout_s: float = 30.0) -> None:
     raise TimeoutError(f"{url} not healthy after {timeout_s}s")
 
 
-async def produce(url: str, topic: str, n: int, bodies: list[bytes], label: str) -> float:
+async def produce(url: str, topic: str, n: int, bodies: list[bytes],
+                  label: str) -> Throughput:
     """Create ``topic`` (as the SDK's HTTP client: signed when accounts are on), then send."""
     from tidemq import Producer
     from tidemq._http import HttpClient
@@ -139,12 +155,19 @@ async def produce(url: str, topic: str, n: int, bodies: list[bytes], label: str)
         async def send_window(batch: list[bytes]) -> None:
             await asyncio.gather(*(send(b, topic=topic) for b in batch))
 
-        res = await run_senders(n, SENDERS, WINDOW, bodies, send_window, label)
-    return res.msgs_per_s
+        return await run_senders(n, SENDERS, WINDOW, bodies, send_window, label)
 
 
-def one(bench: Bench, cfg: Config, sizes: Sizes, round_no: int, bodies: list[bytes]) -> float:
-    """Start a broker in configuration ``cfg``, produce ``sizes.messages``, stop it."""
+def cpu_s(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def one(bench: Bench, cfg: Config, sizes: Sizes, round_no: int, bodies: list[bytes]) -> None:
+    """Start a broker in configuration ``cfg``, produce ``sizes.messages``, stop it; record
+    the rate and the CPU per 1,000 messages."""
     port = free_port()
     data = bench.workdir / f"{cfg.name.replace('+', '-')}-{round_no}"
     child = Child(f"broker-{cfg.name}-{round_no}", [sys.executable, "-m", "services.broker"],
@@ -163,8 +186,14 @@ def one(bench: Bench, cfg: Config, sizes: Sizes, round_no: int, bodies: list[byt
                                    f"{refused.status_code}, not 401: ACL is not on")
         env = bench.acl.client_env if cfg.acl and bench.acl is not None else {}
         with client_env(env):
-            return run(produce(url, topic, sizes.messages, bodies,
-                               f"{cfg.name} (round {round_no + 1})"))
+            broker0 = cpu_s(child.pid)
+            res = run(produce(url, topic, sizes.messages, bodies,
+                              f"{cfg.name} (round {round_no + 1})"))
+            broker_s = cpu_s(child.pid) - broker0
+        per_k = 1000.0 / sizes.messages
+        bench.rates.setdefault(cfg.name, []).append(res.msgs_per_s)
+        bench.broker_cpu.setdefault(cfg.name, []).append(broker_s * per_k)
+        bench.client_cpu.setdefault(cfg.name, []).append(res.cpu_s * per_k)
     finally:
         child.stop()
 
@@ -186,7 +215,7 @@ def run_all(workdir: Path, sizes: Sizes) -> tuple[Bench, list[Config]]:
         for r in range(sizes.rounds):
             order = configs if r % 2 == 0 else list(reversed(configs))
             for cfg in order:
-                bench.rates.setdefault(cfg.name, []).append(one(bench, cfg, sizes, r, bodies))
+                one(bench, cfg, sizes, r, bodies)
         return bench, configs
     finally:
         redis.stop()
@@ -236,6 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         target = f">= {TARGET}x" if cfg.name in ("acl+tls", "tls") else ""
         met = None if not target or r is None else r >= TARGET
         rows.append(Row(f"produce, {cfg.name}", rate, "msgs/s", r, target, met))
+    for cfg in configs:  # CPU per message: steadier than throughput on a shared machine
+        cpu = min(bench.broker_cpu[cfg.name]) * 1000
+        rows.append(Row(f"broker CPU per 1k msgs, {cfg.name}", cpu, "ms",
+                        ratio(cpu, min(bench.broker_cpu["plain"]) * 1000)))
+    for cfg in configs:
+        cpu = min(bench.client_cpu[cfg.name]) * 1000
+        rows.append(Row(f"client CPU per 1k msgs, {cfg.name}", cpu, "ms",
+                        ratio(cpu, min(bench.client_cpu["plain"]) * 1000)))
     print_table(f"tidemq security bench ({mode})", rows, caption="\n".join([
         f"{sizes.messages:,} messages of {BODY_BYTES} B per run, {SENDERS} senders x {WINDOW} "
         f"in flight, one broker (flush=async) per run, best of {sizes.rounds} rounds; "
@@ -251,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             "messages": sizes.messages, "rounds": sizes.rounds, "body_bytes": BODY_BYTES,
             "msgs_per_s": best, "median_msgs_per_s": med, "runs": bench.rates,
             "median_ratios": median_ratios,
+            "broker_cpu_ms_per_1k": {k: min(v) * 1000 for k, v in bench.broker_cpu.items()},
+            "client_cpu_ms_per_1k": {k: min(v) * 1000 for k, v in bench.client_cpu.items()},
             "tls_ratio": ratios["tls"], "acl_ratio": ratios["acl"],
             "acl_tls_ratio": ratios["acl+tls"],
             "acl_measured": bench.acl is not None, "configs": [c.name for c in configs],
