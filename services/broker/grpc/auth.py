@@ -19,13 +19,14 @@ from tidemq.protocol.signing import GRPC_DATE_HEADER
 from services.broker.grpc.door import Door
 from services.broker.grpc.proto import Code, status
 from services.common.auth import Gate, Need, Refused, Resource
+from services.common.auth.gate import topic_need
 
 ANY = ("pub", "sub", "admin")
 CONSUMER_TYPES = frozenset({2, 3})  # ClientType PUSH_CONSUMER, SIMPLE_CONSUMER
 
 
 def topic(name: str, actions: tuple[str, ...]) -> Need:
-    return Need(Resource("topic", name), actions)
+    return topic_need(name, actions)  # %RETRY%G and %DLQ%G: the group's
 
 
 def group(name: str) -> Need:
