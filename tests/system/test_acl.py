@@ -6,6 +6,7 @@ One cluster (nameserver, broker, checker, scheduler; tests/support/acl.py) serve
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -16,7 +17,16 @@ from typing import Any
 
 import httpx
 import pytest
-from tidemq import Credentials, ForbiddenError, Producer, SimpleConsumer, UnauthorizedError
+from tidemq import (
+    ConsumeResult,
+    Credentials,
+    ForbiddenError,
+    Producer,
+    PushConsumer,
+    ReceivedMessage,
+    SimpleConsumer,
+    UnauthorizedError,
+)
 from tidemq.protocol.signing import sign_rest
 
 from tests.support.acl import USERS, AclCluster, acl_cluster, write_acl
@@ -282,3 +292,30 @@ def test_the_file_is_reloaded_and_a_bad_file_keeps_the_last_good(cluster: AclClu
     while nobody.post(url, json=SEND).status_code != 403:
         assert time.monotonic() < deadline, "the ACL file was not reloaded"
         time.sleep(0.2)
+
+
+async def test_push_consumer_through_the_nameserver_with_acl(cluster: AclCluster) -> None:
+    """Routes, group heartbeat with subscriptions, pulls with the group, offset commits: all
+    signed and allowed for the consumer's account."""
+    async with Producer(nameservers=[cluster.nameserver_url],
+                        credentials=Credentials(*USERS["producer"][:2])) as p:
+        await p.send("pushed", topic="orders-a")
+    got: list[bytes] = []
+
+    async def handle(message: ReceivedMessage) -> ConsumeResult:
+        got.append(message.body)
+        return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer("billing", handler=handle, nameservers=[cluster.nameserver_url],
+                            credentials=Credentials(*USERS["consumer"][:2]),
+                            offset_commit_interval_s=0.2, pull_wait_ms=200)
+    consumer.subscribe("orders-a")
+    async with consumer:
+        deadline = time.monotonic() + 15
+        while b"pushed" not in got:
+            assert time.monotonic() < deadline, got
+            await asyncio.sleep(0.1)
+    admin = cluster.client("admin")
+    offsets = admin.get(f"{cluster.broker_url}/v1/groups/billing/offsets",
+                        params={"topic": "orders-a"}).json()["offsets"]
+    assert sum(o["offset"] for o in offsets) > 0  # the consumer's commits were accepted

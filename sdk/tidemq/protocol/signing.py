@@ -23,10 +23,12 @@ Pure functions, no I/O: the SDK signs with them and the services verify with the
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import hmac
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from urllib.parse import quote, unquote, unquote_plus
 
@@ -47,26 +49,50 @@ class SignatureError(ValueError):
     """A malformed ``Authorization`` or date header (the message says which part)."""
 
 
+_DATE_RE = re.compile(r"([0-9]{4})([0-9]{2})([0-9]{2})T([0-9]{2})([0-9]{2})([0-9]{2})Z")
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/_.~-]*")
+# the last date formatted / parsed: requests of one second share it (strptime is slow)
+_formatted: tuple[int, str] = (-1, "")
+_parsed: tuple[str, float] = ("", 0.0)
+
+
 def format_date(when_s: float | None = None) -> str:
     """``when_s`` (Unix seconds, default now) as a signing date."""
-    moment = datetime.fromtimestamp(time.time() if when_s is None else when_s, UTC)
-    return moment.strftime(DATE_FORMAT)
+    global _formatted
+    second = int(time.time() if when_s is None else when_s)
+    if _formatted[0] != second:
+        _formatted = (second, datetime.fromtimestamp(second, UTC).strftime(DATE_FORMAT))
+    return _formatted[1]
 
 
 def parse_date(value: str) -> float:
     """A signing date as Unix seconds; ``SignatureError`` when it is not one."""
+    global _parsed
+    if _parsed[0] == value:
+        return _parsed[1]
+    match = _DATE_RE.fullmatch(value)
     try:
-        return datetime.strptime(value, DATE_FORMAT).replace(tzinfo=UTC).timestamp()
+        if match is None:
+            raise ValueError(value)
+        y, mo, d, h, mi, sec = (int(g) for g in match.groups())
+        datetime(y, mo, d, h, mi, sec)  # a real date and time (ValueError otherwise)
+        when = calendar.timegm((y, mo, d, h, mi, sec, 0, 0, 0))
     except ValueError as exc:
         raise SignatureError(f"date {value[:40]!r} is not YYYYMMDDTHHMMSSZ (UTC)") from exc
+    _parsed = (value, float(when))
+    return float(when)
 
 
 def canonical_path(path: str) -> str:
+    if _PLAIN_PATH.fullmatch(path):  # nothing to decode or encode (the usual case)
+        return path
     return quote(unquote(path), safe="/" + _UNRESERVED)
 
 
-def canonical_query(pairs: Iterable[tuple[str, str]]) -> str:
+def canonical_query(pairs: Sequence[tuple[str, str]]) -> str:
     """Decoded (name, value) pairs, each encoded, sorted, joined by ``&``."""
+    if not pairs:
+        return ""
     encoded = sorted((quote(k, safe=_UNRESERVED), quote(v, safe=_UNRESERVED)) for k, v in pairs)
     return "&".join(f"{k}={v}" for k, v in encoded)
 
@@ -93,7 +119,7 @@ def string_to_sign(date: str, method: str, path: str, query: str, digest: str) -
 
 
 def rest_signature(secret_key: str, text: str) -> str:
-    return hmac.new(secret_key.encode(), text.encode(), hashlib.sha256).hexdigest()
+    return hmac.digest(secret_key.encode(), text.encode(), "sha256").hex()
 
 
 def rest_authorization(access_key: str, signature: str) -> str:
@@ -110,7 +136,7 @@ def sign_rest(access_key: str, secret_key: str, method: str, path: str, query: s
 
 
 def grpc_signature(secret_key: str, date: str) -> str:
-    return hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+    return hmac.digest(secret_key.encode(), date.encode(), "sha1").hex()
 
 
 def parse_authorization(value: str, scheme: str) -> tuple[str, str]:

@@ -16,15 +16,17 @@ import grpc
 from tidemq.protocol import ErrorCode
 from tidemq.protocol.signing import GRPC_DATE_HEADER
 
+from services.broker.grpc.door import Door
 from services.broker.grpc.proto import Code, status
 from services.common.auth import Gate, Need, Refused, Resource
+from services.common.auth.gate import topic_need
 
 ANY = ("pub", "sub", "admin")
 CONSUMER_TYPES = frozenset({2, 3})  # ClientType PUSH_CONSUMER, SIMPLE_CONSUMER
 
 
 def topic(name: str, actions: tuple[str, ...]) -> Need:
-    return Need(Resource("topic", name), actions)
+    return topic_need(name, actions)  # %RETRY%G and %DLQ%G: the group's
 
 
 def group(name: str) -> Need:
@@ -84,3 +86,16 @@ class GrpcGuard:
     def grpc_code(refused: Refused) -> grpc.StatusCode:
         return (grpc.StatusCode.PERMISSION_DENIED if refused.code == ErrorCode.FORBIDDEN
                 else grpc.StatusCode.UNAUTHENTICATED)
+
+
+def foreign_transaction(door: Door, request: Any) -> Any | None:
+    """A FORBIDDEN ``Status`` when an EndTransaction names a topic other than its transaction's
+    (rights were checked on the named topic); None when they agree or the id is unknown (the
+    end itself then answers)."""
+    service = getattr(door.broker, "transactions", None)
+    info = service.table.ensure(request.transaction_id) if service is not None else None
+    if info is None or info.topic == request.topic.name:
+        return None
+    return status(Code.FORBIDDEN, f"{ErrorCode.FORBIDDEN.value}: transaction "
+                                  f"{request.transaction_id} is not of topic "
+                                  f"{request.topic.name!r}")

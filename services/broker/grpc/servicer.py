@@ -15,7 +15,7 @@ from typing import Any
 from grpc.aio import ServicerContext as Context
 
 from services.broker.grpc import consuming, producing, routing, telemetry
-from services.broker.grpc.auth import GrpcGuard
+from services.broker.grpc.auth import GrpcGuard, foreign_transaction
 from services.broker.grpc.door import Door
 from services.broker.grpc.proto import service_grpc, service_pb
 
@@ -65,9 +65,15 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 or await producing.send_message(self.door, request, context))
 
     async def EndTransaction(self, request: Any, context: Context) -> Any:
-        return (self._refused("EndTransaction", request, context,
-                              service_pb.EndTransactionResponse)
-                or await producing.end_transaction(self.door, request))
+        refusal = self._refused("EndTransaction", request, context,
+                                service_pb.EndTransactionResponse)
+        if refusal is None and self.guard is not None:
+            # the rights were checked on the topic the request names: it must be the
+            # transaction's own (REST names the producer group, which the broker compares)
+            other = foreign_transaction(self.door, request)
+            if other is not None:
+                refusal = service_pb.EndTransactionResponse(status=other)
+        return refusal or await producing.end_transaction(self.door, request)
 
     async def RecallMessage(self, request: Any, context: Context) -> Any:
         return (self._refused("RecallMessage", request, context,

@@ -29,6 +29,7 @@ from tidemq.protocol.signing import (
     rest_signature,
     string_to_sign,
 )
+from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
 from services.common.auth.policy import Resource, User
 from services.common.auth.store import AclStore
@@ -42,6 +43,16 @@ class Need:
 
     resource: Resource
     actions: tuple[str, ...]
+
+
+def topic_need(name: str, actions: tuple[str, ...]) -> Need:
+    """What ``actions`` on topic ``name`` need. A group's retry and dead-letter topics
+    (``%RETRY%G``, ``%DLQ%G``) belong to the group: reading them needs ``group:G`` sub (writing
+    them through the public API is refused anyway: FORBIDDEN_SYSTEM_TOPIC), as in RocketMQ."""
+    for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return Need(Resource("group", name[len(prefix):]), ("sub",))
+    return Need(Resource("topic", name), actions)
 
 
 class Refused(Exception):
@@ -59,8 +70,9 @@ class Gate:
         self.window_s = window_s
         self.failures = Counter("tidemq_auth_failures", "Refused requests (ACL on) by door and "
                                 "reason", ["door", "reason"], registry=registry)
-        self.allowed = Counter("tidemq_auth_allowed", "Requests that passed the ACL, by door",
-                               ["door"], registry=registry)
+        allowed = Counter("tidemq_auth_allowed", "Requests that passed the ACL, by door",
+                          ["door"], registry=registry)
+        self.allowed = {door: allowed.labels(door) for door in ("rest", "grpc")}  # hot path
         reloads = Gauge("tidemq_acl_reloads", "ACL file reloads since start, by result",
                         ["result"], registry=registry)
         reloads.labels("ok").set_function(lambda: float(store.reloads))
@@ -144,4 +156,4 @@ class Gate:
                 raise self._refuse(door, ErrorCode.FORBIDDEN, "forbidden",
                                    f"account {user.name!r} may not {actions} on "
                                    f"{need.resource}", user.access_key, what)
-        self.allowed.labels(door).inc()
+        self.allowed[door].inc()

@@ -15,7 +15,7 @@ from typing import Any
 
 from tidemq.protocol.codec import decode_payload
 
-from services.common.auth.gate import Need
+from services.common.auth.gate import Need, topic_need
 from services.common.auth.policy import Resource
 
 #: Served without a signature: liveness, metrics and the API's own documentation.
@@ -34,7 +34,7 @@ Builder = Callable[[re.Match[str], Query, Body], list[Need]]
 
 
 def _topic(name: str, actions: tuple[str, ...]) -> Need:
-    return Need(Resource("topic", name), actions)
+    return topic_need(name, actions)
 
 
 def _group(name: str) -> Need:

@@ -12,8 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from tidemq.protocol.signing import format_date, grpc_signature
 
+from services.broker.grpc.proto import Code, service_grpc, service_pb
 from tests.support.acl import USERS, AclCluster, acl_cluster
 from tests.support.procs import RedisServer
 
@@ -91,3 +94,49 @@ def test_official_client_matrix(acl: AclCluster, rmq_python: Path) -> None:
     metrics = acl.client(None).get(f"{acl.broker_url}/metrics").text
     assert 'tidemq_auth_failures_total{door="grpc",reason="forbidden"}' in metrics
     assert 'tidemq_auth_failures_total{door="grpc",reason="bad_signature"}' in metrics
+
+
+def _metadata(user: str, secret: str | None = None) -> tuple[tuple[str, str], ...]:
+    ak, sk, _ = USERS[user]
+    date = format_date()
+    return (("x-mq-client-id", f"raw-{user}"), ("x-mq-date-time", date),
+            ("authorization", f"MQv2-HMAC-SHA1 Credential={ak}, SignedHeaders=x-mq-date-time, "
+                              f"Signature={grpc_signature(secret or sk, date)}"))
+
+
+async def test_raw_rpcs_end_only_a_transaction_of_the_named_topic(acl: AclCluster) -> None:
+    admin = acl.client("admin")
+    half = admin.post(f"{acl.broker_url}/v1/transactions", json={
+        "producer_group": "pg-admin", "topic": "other-g", "message": {"body": "theirs"}})
+    assert half.status_code == 200, half.text
+    txid = half.json()["transaction_id"]
+    async with grpc.aio.insecure_channel(acl.grpc_endpoint) as channel:
+        stub = service_grpc.MessagingServiceStub(channel)
+
+        def end(topic: str) -> Any:
+            req = service_pb.EndTransactionRequest(transaction_id=txid)
+            req.topic.name = topic
+            req.resolution = 1  # COMMIT
+            return req
+
+        # the producer may pub on orders-g, not on other-g: naming orders-g does not help
+        answer = await stub.EndTransaction(end("orders-g"), metadata=_metadata("producer"),
+                                           timeout=10)
+        assert answer.status.code == Code.FORBIDDEN, answer
+        answer = await stub.EndTransaction(end("other-g"), metadata=_metadata("producer"),
+                                           timeout=10)
+        assert answer.status.code == Code.FORBIDDEN and "pub on topic:other-g" in \
+            answer.status.message
+        unsigned = await stub.EndTransaction(end("other-g"), timeout=10)
+        assert unsigned.status.code == Code.UNAUTHORIZED
+        wrong = await stub.EndTransaction(end("other-g"),
+                                          metadata=_metadata("admin", secret="guess"),
+                                          timeout=10)
+        assert wrong.status.code == Code.UNAUTHORIZED
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # a stream has no Status to answer
+            async for _ in stub.Telemetry(iter(()), timeout=10):
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    state = admin.get(f"{acl.broker_url}/v1/transactions",
+                      params={"producer_group": "pg-admin"}).json()["transactions"]
+    assert [t["transaction_id"] for t in state] == [txid]  # still pending: nothing ended it

@@ -18,7 +18,9 @@ from tidemq.protocol.signing import (
 )
 
 from services.common.auth import Gate, Need, Refused, Resource
+from services.common.auth.gate import topic_need
 from services.common.auth.policy import PolicyError, parse_policy
+from services.common.auth.rest_rules import needs
 from services.common.auth.store import AclStore
 from tests.support.procs import REPO
 
@@ -138,3 +140,13 @@ def test_the_worked_example_of_docs_api_verifies() -> None:
     signature = rest_signature(fields["secret key"], text)
     assert fields["signature"] == signature
     assert f"Credential={fields['access key']}, Signature={signature}" in doc
+
+
+def test_retry_and_dead_letter_topics_belong_to_their_group() -> None:
+    assert topic_need("%RETRY%billing", ("sub",)) == Need(Resource("group", "billing"), ("sub",))
+    assert topic_need("%DLQ%billing", ("pub", "sub")) == Need(Resource("group", "billing"),
+                                                                ("sub",))
+    assert topic_need("orders", ("pub",)) == Need(Resource("topic", "orders"), ("pub",))
+    assert topic_need("%RETRY%", ("sub",)) == Need(Resource("topic", "%RETRY%"), ("sub",))
+    pull = needs("GET", "/v1/topics/%DLQ%billing/queues/0/messages", {}, b"", None)
+    assert pull == [Need(Resource("group", "billing"), ("sub",))]
