@@ -9,6 +9,7 @@ wire protocol (error codes, message parsing, topic names) lives in ``tidemq.prot
 from __future__ import annotations
 
 from tidemq._allocate import allocate_averagely, allocation_table
+from tidemq._auth import Credentials
 from tidemq._exceptions import (
     AlreadyDeliveredError,
     BadRequestError,
@@ -17,6 +18,7 @@ from tidemq._exceptions import (
     ClientClosedError,
     ConfigurationError,
     DiskFullError,
+    ForbiddenError,
     ForbiddenSystemTopicError,
     InternalServerError,
     InvalidBodyEncodingError,
@@ -45,7 +47,7 @@ from tidemq._exceptions import (
     error_class,
     server_error,
 )
-from tidemq._http import RetryPolicy
+from tidemq._http import RetryPolicy, use_ca_bundle
 from tidemq._message import Message, SendResult, new_message_id
 from tidemq._offsets import OffsetTracker
 from tidemq._producer import Producer
@@ -71,8 +73,10 @@ __all__ = [
     "ClientClosedError",
     "ConfigurationError",
     "ConsumeResult",
+    "Credentials",
     "DiskFullError",
     "ErrorCode",
+    "ForbiddenError",
     "ForbiddenSystemTopicError",
     "Handler",
     "InternalServerError",
@@ -119,6 +123,7 @@ __all__ = [
     "error_class",
     "new_message_id",
     "server_error",
+    "use_ca_bundle",
 ]
 
 __version__ = "0.1.0"

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
+from tidemq._auth import Credentials
 from tidemq._constants import BROKER_BACKOFF_INITIAL_S
 from tidemq._fault import BrokerHealth
 from tidemq._http import HttpClient, RetryPolicy, Transport
@@ -36,9 +37,12 @@ class Client(ABC):
         route_refresh_s: float,
         transport: Transport | None,
         backoff_max_s: float,
+        credentials: Credentials | None = None,
     ) -> None:
-        """Build the connections; a failing broker backs off up to ``backoff_max_s``."""
-        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry)
+        """Build the connections; a failing broker backs off up to ``backoff_max_s``. Requests
+        are signed with ``credentials`` (else TIDEMQ_ACCESS_KEY / TIDEMQ_SECRET_KEY, if set)."""
+        self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry,
+                                credentials=credentials)
         self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
                                   refresh_interval_s=route_refresh_s)
         self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S, max_s=backoff_max_s,

@@ -15,6 +15,11 @@ CONSUMER_EXPIRY_S = 30.0  # the broker drops a member silent this long
 OFFSET_COMMIT_INTERVAL_S = 5.0  # push consumer commits offsets this often (and on close)
 ROUTE_REFRESH_INTERVAL_S = 30.0  # cached topic routes are refreshed this often
 
+# A PEM file of CA certificates every client of the process verifies https:// servers against,
+# instead of the default trust store ("" or unset = the default store). An environment variable,
+# so that one setting reaches the SDK, the CLI and every service's internal clients alike.
+TLS_CA_ENV = "TIDEMQ_TLS_CA"
+
 REQUEST_TIMEOUT_S = 10.0  # one plain HTTP request, connect to last byte
 # One client's HTTP connection pool (connections). Every held long poll takes a connection, so
 # the cap must exceed a consumer's queues. Note: httpcore 1.0 closes an idle connection whenever

@@ -15,6 +15,7 @@
         ├── OffsetOutOfRangeError         400 OFFSET_OUT_OF_RANGE
         ├── InvalidReceiptHandleError     400 INVALID_RECEIPT_HANDLE
         ├── UnauthorizedError             401 UNAUTHORIZED
+        ├── ForbiddenError                403 FORBIDDEN
         ├── ForbiddenSystemTopicError     403 FORBIDDEN_SYSTEM_TOPIC
         ├── TransactionsDisabledError     403 TRANSACTIONS_DISABLED
         ├── TopicNotFoundError            404 TOPIC_NOT_FOUND
@@ -171,6 +172,13 @@ class InvalidReceiptHandleError(ServerError):
 
 class UnauthorizedError(ServerError):
     error_code = ErrorCode.UNAUTHORIZED
+
+
+class ForbiddenError(ServerError):
+    """Signed, but the ACL rules do not allow this action on this resource (named in the
+    message)."""
+
+    error_code = ErrorCode.FORBIDDEN
 
 
 class ForbiddenSystemTopicError(ServerError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import os
 import random
 import ssl
 import time
@@ -31,14 +32,17 @@ from urllib.parse import quote
 
 import httpx
 
+from tidemq._auth import Credentials, signer_for
 from tidemq._constants import (
     HTTP_MAX_CONNECTIONS,
     HTTP_MAX_KEEPALIVE_CONNECTIONS,
     REQUEST_TIMEOUT_S,
+    TLS_CA_ENV,
 )
 from tidemq._exceptions import (
     BadRequestError,
     ClientClosedError,
+    ConfigurationError,
     RequestTimeoutError,
     ServerError,
     TidemqError,
@@ -93,18 +97,38 @@ DEFAULT_RETRY = RetryPolicy()
 
 
 _ssl_context: ssl.SSLContext | None = None
+_ca_file: str | None = None  # set by use_ca_bundle; None = the TIDEMQ_TLS_CA variable
+
+
+def use_ca_bundle(path: str | None) -> None:
+    """Verify https:// servers against the CA certificates in ``path`` (PEM) from now on,
+    instead of ``TIDEMQ_TLS_CA`` or the default trust store; None goes back to those.
+    Clients built before keep the context they were given."""
+    global _ssl_context, _ca_file
+    _ca_file = path
+    _ssl_context = None
 
 
 def shared_ssl_context() -> ssl.SSLContext:
     """One verifying TLS context for every client of this process, built on first use.
 
-    httpx builds a new one (loading the CA bundle, ~2 ms) for every client unless handed one,
-    even when all its URLs are plain http://; the profile showed it at 2-10% of client samples.
-    Verification is unchanged: this is httpx's own default context, made once.
+    It trusts the CA bundle named by ``use_ca_bundle`` or the ``TIDEMQ_TLS_CA`` variable (a
+    PEM file: a private CA, e.g. the one ``tidemq up --tls`` makes) or else httpx's default
+    store; hostnames are always checked. httpx builds a new context (loading the CA bundle,
+    ~2 ms) for every client unless handed one, even when all its URLs are plain http://; the
+    profile showed it at 2-10% of client samples, hence one per process.
     """
     global _ssl_context
     if _ssl_context is None:
-        _ssl_context = httpx.create_ssl_context()
+        ca_file = _ca_file if _ca_file is not None else os.environ.get(TLS_CA_ENV, "")
+        if ca_file:
+            try:
+                _ssl_context = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigurationError(f"cannot load the CA bundle {ca_file!r} "
+                                         f"({TLS_CA_ENV}): {exc}") from exc
+        else:
+            _ssl_context = httpx.create_ssl_context()
     return _ssl_context
 
 
@@ -162,8 +186,10 @@ class HttpClient:
         timeout_s: float = REQUEST_TIMEOUT_S,
         retry: RetryPolicy = DEFAULT_RETRY,
         headers: Mapping[str, str] | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.timeout_s = timeout_s
+        self._signer = signer_for(credentials)  # None: unsigned (a cluster without ACL)
         self.retry = retry
         self._headers = {"user-agent": "tidemq-python", **(headers or {})}
         self._wire: WireTransport | None = None
@@ -243,6 +269,8 @@ class HttpClient:
         content_type = CONTENT_MSGPACK if binary else CONTENT_JSON
         content = encode_payload(body, content_type) if body is not None else None
         headers = self.request_headers(content_type, content is not None)
+        if self._signer is not None:
+            headers.update(self._signer.headers(method, target, params, content))
         if self._wire is not None:
             return await self._once_wire(self._wire, method, target, content, params, headers,
                                          timeout_s)
@@ -259,7 +287,10 @@ class HttpClient:
         except httpx.HTTPError as exc:
             if self._closed:
                 raise ClientClosedError("the client is closed") from exc
-            raise TransportError(f"{method} {target}: {exc!r}",
+            hint = ""
+            if isinstance(exc, httpx.RemoteProtocolError) and target.startswith("http://"):
+                hint = " (closed without an answer: if that port serves TLS, use https://)"
+            raise TransportError(f"{method} {target}: {exc!r}{hint}",
                                  sent=not isinstance(exc, _NOT_SENT)) from exc
         except RuntimeError as exc:  # httpx: "client has been closed"
             if self._closed:

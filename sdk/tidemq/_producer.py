@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
+from tidemq._auth import Credentials
 from tidemq._batcher import Coalescer
 from tidemq._client import Client
 from tidemq._constants import (
@@ -99,6 +100,7 @@ class Producer(Client):
         close_timeout_s: float = CLOSE_TIMEOUT_S,
         ordered_failover: bool = False,
         transport: Transport | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         limits = DEFAULT_LIMITS
         if not 1 <= max_batch <= limits.max_batch_messages:
@@ -112,6 +114,7 @@ class Producer(Client):
         self._connect(nameservers=nameservers, broker_url=broker_url,
                       request_timeout_s=request_timeout_s, retry=retry,
                       route_refresh_s=route_refresh_s, transport=transport,
+                      credentials=credentials,
                       backoff_max_s=PRODUCER_BROKER_BACKOFF_MAX_S)
         self._selector = QueueSelector()
         self._ordered_failover = ordered_failover

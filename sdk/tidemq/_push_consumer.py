@@ -46,6 +46,7 @@ from typing import Literal, Self
 
 from tidemq import _constants as C
 from tidemq._allocate import allocate_averagely
+from tidemq._auth import Credentials
 from tidemq._broker_api import BrokerApi
 from tidemq._broker_puller import BrokerPuller
 from tidemq._client import Client
@@ -100,6 +101,7 @@ class PushConsumer(Client):
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = C.ROUTE_REFRESH_INTERVAL_S,
         transport: Transport | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigurationError(f"mode must be 'clustering' or 'broadcasting', got {mode!r}")
@@ -121,6 +123,7 @@ class PushConsumer(Client):
         self._connect(nameservers=nameservers, broker_url=broker_url,
                       request_timeout_s=request_timeout_s, retry=retry,
                       route_refresh_s=route_refresh_s, transport=transport,
+                      credentials=credentials,
                       backoff_max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S)
         self._api = BrokerApi(self._http)
         self._settings = PullerSettings(

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Self
 
 from tidemq import _constants as C
+from tidemq._auth import Credentials
 from tidemq._broker_api import BrokerApi
 from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
@@ -61,6 +62,7 @@ class SimpleConsumer(Client):
         retry: RetryPolicy = DEFAULT_RETRY,
         route_refresh_s: float = C.ROUTE_REFRESH_INTERVAL_S,
         transport: Transport | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if invisible_ms <= 0:
             raise ConfigurationError(f"invisible_ms must be positive, got {invisible_ms}")
@@ -71,6 +73,7 @@ class SimpleConsumer(Client):
         self._connect(nameservers=nameservers, broker_url=broker_url,
                       request_timeout_s=request_timeout_s, retry=retry,
                       route_refresh_s=route_refresh_s, transport=transport,
+                      credentials=credentials,
                       backoff_max_s=C.CONSUMER_BROKER_BACKOFF_MAX_S)
         self._api = BrokerApi(self._http)
         self._handles: OrderedDict[str, str] = OrderedDict()  # receipt handle → broker

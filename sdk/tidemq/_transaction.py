@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, Self
 
+from tidemq._auth import Credentials
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
@@ -138,6 +139,7 @@ class TransactionProducer(Client):
         route_refresh_s: float = ROUTE_REFRESH_INTERVAL_S,
         close_timeout_s: float = CLOSE_TIMEOUT_S,
         transport: Transport | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         try:
             validate_topic_name(group)  # same rule as group names
@@ -154,6 +156,7 @@ class TransactionProducer(Client):
         self._connect(nameservers=nameservers, broker_url=broker_url,
                       request_timeout_s=request_timeout_s, retry=retry,
                       route_refresh_s=route_refresh_s, transport=transport,
+                      credentials=credentials,
                       backoff_max_s=PRODUCER_BROKER_BACKOFF_MAX_S)
         self._selector = QueueSelector()
         self._batcher = TxBatcher(self._post, linger_s=linger_ms / 1000, max_items=max_batch,

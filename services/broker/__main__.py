@@ -10,7 +10,8 @@ from services.common.runner import serve
 def main() -> None:
     settings = BrokerSettings()
     app = create_broker_app(settings, release_on_signal=True)
-    serve(app, settings.host, settings.port, settings.log_level)
+    serve(app, settings.host, settings.port, settings.log_level,
+          settings.server_tls())
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from services.broker.routes import ROUTERS
 from services.broker.service import Broker
 from services.broker.settings import BrokerSettings
 from services.common.app import create_app
+from services.common.auth import service_gate
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +31,14 @@ def create_broker_app(settings: BrokerSettings | None = None, *,
     once, so that the server's graceful shutdown is not kept waiting by long polls."""
     settings = settings if settings is not None else BrokerSettings()
     metrics = BrokerMetrics()
+    gate = service_gate(settings, metrics.registry)  # one gate for both doors
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         broker = Broker(settings, metrics)
         await broker.start()
         app.state.broker = broker
-        front = GrpcFrontDoor(broker, settings)  # RocketMQ 5 clients, beside REST
+        front = GrpcFrontDoor(broker, settings, gate)  # RocketMQ 5 clients, beside REST
         try:
             await front.start()
         except BaseException:
@@ -68,7 +70,8 @@ def create_broker_app(settings: BrokerSettings | None = None, *,
         broker: Broker | None = getattr(app.state, "broker", None)
         return broker.health() if broker is not None else None
 
-    app = create_app("tidemq broker", metrics.registry, lifespan, health=health)
+    app = create_app("tidemq broker", metrics.registry, lifespan, health=health,
+                     gate=gate)
     for router in ROUTERS:
         app.include_router(router)
     return app

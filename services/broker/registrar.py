@@ -23,12 +23,14 @@ from urllib.parse import quote
 
 import httpx
 
+from services.common.auth.client import service_auth
 from services.common.constants import (
     BROKER_HEARTBEAT_INTERVAL_S,
     BROKER_HEARTBEAT_RETRY_S,
     TOKEN_HEADER,
 )
 from services.common.loop import BackgroundLoop
+from services.common.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,8 @@ class NameserverRegistrar:
         self.max_offset_provider = max_offset_provider
         self.unregister_on_stop = unregister_on_stop
         headers = {TOKEN_HEADER: token} if token else {}
-        self._client = httpx.AsyncClient(timeout=timeout_s, headers=headers)
+        self._client = httpx.AsyncClient(timeout=timeout_s, headers=headers,
+                                         verify=client_context(), auth=service_auth())
         self._loop = _HeartbeatLoop(self, interval_s)
         self._locks = {url: asyncio.Lock() for url in self.nameserver_urls}
         self._reachable: dict[str, bool | None] = dict.fromkeys(self.nameserver_urls)

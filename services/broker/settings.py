@@ -30,6 +30,7 @@ from services.common.constants import (
 from services.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from services.common.discovery import split_urls
 from services.common.settings import RedisUrl, ServiceSettings
+from services.common.tls import scheme
 
 DAY_MS = 24 * 3600 * 1000
 _LIMITS = Limits()
@@ -43,7 +44,8 @@ class BrokerSettings(ServiceSettings):
     port: int = BROKER_PORT  # listen port
     broker_name: str = Field(default="broker-a", min_length=1)  # name in nameserver routes
     broker_id: int = Field(default=0, ge=0, le=MAX_BROKER_ID)  # member of its group (0 = primary)
-    advertised_address: str = ""  # base URL clients use ("" = http://{host}:{port})
+    # base URL clients use ("" = http://{host}:{port}, https:// when tls_cert is set)
+    advertised_address: str = ""
     nameservers: str = ""  # comma-separated nameserver base URLs ("" = register nowhere)
     # nameserver heartbeat period (s)
     register_interval_s: float = Field(default=BROKER_HEARTBEAT_INTERVAL_S, gt=0)
@@ -158,7 +160,7 @@ class BrokerSettings(ServiceSettings):
         """The base URL registered with nameservers."""
         if self.advertised_address:
             return self.advertised_address
-        return f"http://{self.reachable_host}:{self.port}"
+        return f"{scheme(self.tls)}://{self.reachable_host}:{self.port}"
 
     @property
     def grpc_address(self) -> str:

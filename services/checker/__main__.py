@@ -9,7 +9,8 @@ from services.common.runner import serve
 
 def main() -> None:
     settings = CheckerSettings()
-    serve(create_checker_app(settings), settings.host, settings.port, settings.log_level)
+    serve(create_checker_app(settings), settings.host, settings.port, settings.log_level,
+          settings.server_tls())
 
 
 if __name__ == "__main__":

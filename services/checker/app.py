@@ -24,6 +24,7 @@ from services.checker.scanner import CheckScanner, ScanConfig, ScanReport
 from services.checker.settings import CheckerSettings
 from services.checker.wake import HalfWatch
 from services.common.app import create_app, reply, token_guard
+from services.common.auth import acl_gate, use_account
 from services.common.broker_client import BrokerClient, BrokerDown, BrokerError
 from services.common.loop import BackgroundLoop
 from services.common.openapi import errors
@@ -203,7 +204,9 @@ class CheckLoop(BackgroundLoop):
 
 def create_checker_app(settings: CheckerSettings | None = None) -> FastAPI:
     settings = settings if settings is not None else CheckerSettings()
+    use_account(settings.access_key, settings.secret_key)  # before the broker client is built
     checker = Checker(settings)
+    gate = acl_gate(settings.acl_file, checker.metrics.registry)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 
     @contextlib.asynccontextmanager
@@ -219,7 +222,7 @@ def create_checker_app(settings: CheckerSettings | None = None) -> FastAPI:
             await checker.close()
             log.info("checker stopped")
 
-    app = create_app("tidemq checker", checker.metrics.registry, lifespan)
+    app = create_app("tidemq checker", checker.metrics.registry, lifespan, gate=gate)
 
     token = token_guard(lambda _: settings.token)
 

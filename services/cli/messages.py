@@ -26,6 +26,8 @@ from services.cli.rest import (
     segment,
     unreachable,
 )
+from services.common.auth.client import service_auth
+from services.common.tls import client_context
 
 MAX_BATCH = 1024  # messages per request (API limit)
 MAX_PULL = 1024  # messages per pull (API limit)
@@ -148,7 +150,8 @@ class Puller:
 
     async def run(self) -> None:
         timeout = httpx.Timeout(10.0 + self.wait_ms / 1000)
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=client_context(),
+                                     auth=service_auth()) as client:
             pullers: set[asyncio.Task[Any]] = {
                 asyncio.create_task(self._pull(client, q)) for q in sorted(self.offsets)}
             enough: asyncio.Task[Any] = asyncio.create_task(self._enough.wait())

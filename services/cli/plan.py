@@ -14,6 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tidemq._constants import TLS_CA_ENV
+
+from services.cli.certs import CA_FILE, CERT_FILE, KEY_FILE
 from services.common.constants import (
     BROKER_GRPC_PORT,
     BROKER_PORT,
@@ -92,12 +95,23 @@ class UpOptions:
         """``broker-r1``, ``broker-b-r2``, …: a replica's name in the output and its log."""
         return f"{self.label('broker', index)}-r{broker_id}"
 
+    tls: bool = False  # every service serves TLS with the development CA's certificate
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
+    def tls_dir(self) -> Path:
+        """Where `tidemq up --tls` keeps the development CA and certificate."""
+        return self.data_dir.resolve() / TLS_DIR
+
     def nameserver_ports(self) -> list[int]:
         return [self.nameserver_port + NAMESERVER_PORT_STEP * j
                 for j in range(self.nameservers)]
 
     def nameserver_urls(self) -> list[str]:
-        return [f"http://{self.host}:{port}" for port in self.nameserver_ports()]
+        return [f"{self.scheme}://{self.host}:{port}" for port in self.nameserver_ports()]
 
     def group_port(self, kind: str, index: int) -> int:
         """Port of group ``index``'s broker, checker or scheduler."""
@@ -139,6 +153,7 @@ class ServiceSpec:
     grpc_port: int = 0  # the broker's gRPC front door (0 = none)
     kind: str = ""  # nameserver, broker, checker, scheduler or metrics ("" = from the module)
     group: str = ""  # broker name of its group (brokers, checkers, schedulers)
+    tls: bool = False  # serves HTTPS (and TLS on the gRPC door)
 
     @property
     def service(self) -> str:
@@ -146,7 +161,7 @@ class ServiceSpec:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def shown_url(self) -> str:
@@ -181,6 +196,7 @@ def module_available(module: str) -> bool:
 
 
 TOKEN_FILE = "token"  # under the data dir: the cluster token kept across runs (mode 0600)
+TLS_DIR = "tls"  # under the data dir: `tidemq up --tls`'s CA and certificate (services.cli.certs)
 
 
 def resolve_token(env: Mapping[str, str], stored: str | None = None) -> str:
@@ -229,9 +245,11 @@ def check_topology(opts: UpOptions) -> None:
 
 
 def plan_services(opts: UpOptions, *, redis_url: str, token: str,
-                  available: Callable[[str], bool] = module_available) -> list[ServiceSpec]:
+                  available: Callable[[str], bool] = module_available,
+                  acl: Mapping[str, str] | None = None) -> list[ServiceSpec]:
     """The services to start, in start order, each with the environment it needs.
 
+    ``acl`` (``tidemq up --acl``): the ACL settings every service gets.
     Raises ``LookupError`` when a required service (nameserver, broker) cannot be run and
     ``ValueError`` when the topology is impossible (``check_topology``).
     """
@@ -249,15 +267,22 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
 
     def spec(kind: str, index: int, port: int, specific: dict[str, str],
              grpc_port: int = 0) -> ServiceSpec:
-        env = {"HOST": opts.host, "PORT": str(port), "CLUSTER": opts.cluster, **specific}
+        env = {"HOST": opts.host, "PORT": str(port), "CLUSTER": opts.cluster, **specific,
+               **(acl or {})}  # ACL_FILE, ACCESS_KEY, SECRET_KEY (`tidemq up --acl`)
+        if opts.tls:
+            env |= {"TLS_CERT": str(opts.tls_dir / CERT_FILE),
+                    "TLS_KEY": str(opts.tls_dir / KEY_FILE)}
+        full = {ENV_PREFIX[kind] + k: v for k, v in env.items()}
+        if opts.tls:  # every client in the child (SDK, internal clients) trusts the dev CA
+            full[TLS_CA_ENV] = str(opts.tls_dir / CA_FILE)
         return ServiceSpec(name=opts.label(kind, index), module=f"services.{kind}",
-                           host=opts.host, port=port,
-                           env={ENV_PREFIX[kind] + k: v for k, v in env.items()},
+                           host=opts.host, port=port, env=full,
                            grpc_port=grpc_port, kind=kind,
-                           group=group_name(index) if kind in GROUP_SERVICES else "")
+                           group=group_name(index) if kind in GROUP_SERVICES else "",
+                           tls=opts.tls)
 
     def group_url(kind: str, index: int) -> str:
-        return f"http://{opts.host}:{opts.group_port(kind, index)}"
+        return f"{opts.scheme}://{opts.host}:{opts.group_port(kind, index)}"
 
     specs: list[ServiceSpec] = []
     for kind in kinds:

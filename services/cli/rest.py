@@ -17,8 +17,11 @@ from urllib.parse import quote
 import httpx
 import typer
 from rich.console import Console
+from tidemq._constants import TLS_CA_ENV
 
+from services.common.auth.client import service_auth
 from services.common.constants import BROKER_PORT, NAMESERVER_PORT
+from services.common.tls import client_context
 
 console = Console()
 err_console = Console(stderr=True)
@@ -73,7 +76,8 @@ class Endpoints:
     nameservers: tuple[str, ...] = ()  # every URL given; () = just ``nameserver``
 
     def client(self, timeout_s: float | None = None) -> httpx.Client:
-        return httpx.Client(timeout=timeout_s or self.timeout_s)
+        return httpx.Client(timeout=timeout_s or self.timeout_s, verify=client_context(),
+                            auth=service_auth())
 
     def nameserver_urls(self) -> tuple[str, ...]:
         return self.nameservers or (self.nameserver,)
@@ -91,7 +95,8 @@ def cluster_view(client: httpx.Client, ep: Endpoints) -> tuple[str, dict[str, An
         try:
             resp = client.get(f"{url}/v1/cluster")
         except httpx.HTTPError as exc:
-            failures.append(f"{url} ({str(exc) or type(exc).__name__})")
+            hint = tls_hint(url, exc)
+            failures.append(f"{url} ({hint or str(exc) or type(exc).__name__})")
             continue
         return url, answer(resp)
     raise CliError(f"UNAVAILABLE: cannot reach any nameserver: {'; '.join(failures)}; is "
@@ -122,8 +127,21 @@ def answer(resp: httpx.Response) -> Any:
     raise CliError(f"{code}: {message}")
 
 
+def tls_hint(url: str, exc: httpx.HTTPError) -> str:
+    """What to do about a TLS mismatch behind ``exc`` ("" when it is not one)."""
+    if isinstance(exc, httpx.RemoteProtocolError) and url.startswith("http://"):
+        return ("closed the connection without an answer: if that port serves TLS, "
+                "use https://")
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return f"cannot verify the TLS certificate: set {TLS_CA_ENV} to the CA that signed it"
+    return ""
+
+
 def unreachable(url: str, exc: httpx.HTTPError) -> CliError:
     detail = str(exc) or type(exc).__name__
+    hint = tls_hint(url, exc)
+    if hint:
+        return CliError(f"UNAVAILABLE: {url} {hint} ({detail})")
     return CliError(f"UNAVAILABLE: cannot reach {url} ({detail}); is tidemq running? "
                     "Start it with `tidemq up` or point --broker/--nameserver at it")
 

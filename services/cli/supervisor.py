@@ -39,6 +39,7 @@ import redis
 from rich.table import Table
 
 from services.cli.rest import CliError, console, err_console
+from services.common.tls import client_context
 
 POLL_S = 0.1  # how often a starting child's health is polled (s)
 WATCH_S = 0.2  # how often running children are looked at (s)
@@ -74,7 +75,7 @@ def _die_with_parent() -> None:
 
 def http_probe(url: str) -> Probe:
     def probe() -> bool:
-        response = httpx.get(url, timeout=PROBE_TIMEOUT_S)
+        response = httpx.get(url, timeout=PROBE_TIMEOUT_S, verify=client_context())
         if response.status_code == 503:
             raise Unhealthy(_error_text(response))
         return response.status_code == 200

@@ -27,6 +27,8 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from services.cli.acl import prepare_acl
+from services.cli.certs import ensure_dev_pki
 from services.cli.plan import (
     MAX_GROUPS,
     MAX_NAMESERVERS,
@@ -52,6 +54,9 @@ from services.cli.supervisor import (
     http_probe,
     redis_probe,
 )
+from services.common.auth.client import service_auth, use_account
+from services.common.auth.policy import PolicyError
+from services.common.tls import client_context, use_ca_bundle
 
 __all__ = ["DUPLICATE_SIGNAL_S", "Supervisor", "up"]
 
@@ -61,6 +66,9 @@ _DEFAULTS = UpOptions()  # the defaults of the options below live in UpOptions
 class FlushChoice(StrEnum):
     ASYNC = "async"  # ack once written to the OS; fsync in the background
     SYNC = "sync"  # ack after the fsync that covers the message
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # a bind address that is not a name clients use
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -134,7 +142,8 @@ def wait_registered(sup: Supervisor, nameservers: list[str], groups: list[str]) 
     timeout: a broker that cannot register still serves its own REST port."""
     deadline = time.monotonic() + sup.start_timeout_s
     missing: dict[str, list[str]] = {}
-    with httpx.Client(timeout=1.0) as client, console.status("brokers registering …"):
+    with (httpx.Client(timeout=1.0, verify=client_context(), auth=service_auth()) as client,
+          console.status("brokers registering …")):
         while time.monotonic() < deadline:
             if sup.stop_requested:
                 raise Interrupted
@@ -234,6 +243,13 @@ def up(
                              ] = 60.0,
     stop_timeout: Annotated[float, typer.Option(help="Seconds before a stopping child is "
                                                      "killed.")] = 10.0,
+    tls: Annotated[bool, typer.Option(
+        "--tls", help="Serve TLS on every port with a development CA and certificate made "
+                      "under <data-dir>/tls (kept across runs); clients need "
+                      "TIDEMQ_TLS_CA=<data-dir>/tls/ca.pem.")] = False,
+    acl: Annotated[Path | None, typer.Option(
+        help="Accounts and rules (YAML, docs/operations.md): every service requires signed "
+             "requests; their own account is kept in <data-dir>/acl-services.yaml.")] = None,
 ) -> None:
     """Start Redis and every service locally, print the endpoints, and keep them running
     (a service that dies is restarted) until Ctrl-C."""
@@ -256,19 +272,34 @@ def up(
                      scheduler_port=scheduler_port, metrics_port=metrics_port,
                      console_port=console_port, etcd_port=etcd_port,
                      flush=flush.value, metrics=metrics, skip=skipped, groups=groups,
-                     nameservers=nameservers, grpc_off=frozenset(grpc_off), replicas=replicas)
+                     nameservers=nameservers, grpc_off=frozenset(grpc_off), replicas=replicas,
+                     tls=tls)
+    ca_line = ""
+    if tls:
+        pki = ensure_dev_pki(opts.tls_dir, [host] if host not in WILDCARD_HOSTS else [])
+        use_ca_bundle(str(pki.ca))  # our own probes verify the children like any client
+        ca_line = (f"TLS on: CA [bold]{pki.ca}[/] (clients: TIDEMQ_TLS_CA={pki.ca}; "
+                   "RocketMQ 5 clients: tls_enable=True, GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)")
     if os.environ.get("TIDEMQ_TOKEN"):
         token, token_origin = resolve_token(os.environ), "from TIDEMQ_TOKEN"
     else:
         token, token_path = stored_token(data_dir)
         token_origin = f"kept in {token_path}; TIDEMQ_TOKEN overrides it"
+    acl_setup = None
+    if acl is not None:
+        try:
+            acl_setup = prepare_acl(acl, data_dir)
+        except PolicyError as exc:
+            raise CliError(f"BAD_REQUEST: --acl: {exc}", 2) from None
+        use_account(acl_setup.access_key, acl_setup.secret_key)  # this process's own calls
     sup = Supervisor(data_dir, start_timeout, stop_timeout)
     sup.install_signal_handlers()
     crash_loop: str | None = None
     try:
         redis_url = os.environ.get("REDIS_URL") or start_redis(sup, host)
         try:
-            specs = plan_services(opts, redis_url=redis_url, token=token)
+            specs = plan_services(opts, redis_url=redis_url, token=token,
+                                  acl=acl_setup.env() if acl_setup else None)
         except LookupError as exc:
             raise CliError(str(exc)) from None
         except ValueError as exc:
@@ -285,6 +316,11 @@ def up(
         if "nameserver" in kinds:
             console.print(f"nameservers {','.join(opts.nameserver_urls())} (clients: "
                           "--nameserver or TIDEMQ_NAMESERVER_URL)", highlight=False)
+        if ca_line:
+            console.print(ca_line, highlight=False)
+        if acl_setup is not None:
+            console.print(f"ACL on: accounts from {acl_setup.files} (clients sign with "
+                          "TIDEMQ_ACCESS_KEY / TIDEMQ_SECRET_KEY)", highlight=False)
         console.print(f"cluster token [bold]{token}[/] ({token_origin}) · "
                       "Ctrl-C stops everything")
         crash_loop = sup.supervise()

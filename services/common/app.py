@@ -25,6 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.codec import encode_payload, is_msgpack
 
+from services.common.auth import Gate
+from services.common.auth.rest import AclMiddleware, account_of
 from services.common.bodies import describe
 from services.common.constants import TOKEN_HEADER
 from services.common.docs import install_docs
@@ -75,8 +77,9 @@ def reply(request: Request, payload: Any, status: int = 200) -> Response:
 
 
 def require_token(request: Request, token: str) -> None:
-    """Raise UNAUTHORIZED unless the request carries the cluster token (when one is set)."""
-    if not token:
+    """Raise UNAUTHORIZED unless the request carries the cluster token (when one is set). A
+    request signed by an account the ACL allowed (ACL on) needs no token."""
+    if not token or account_of(request.scope) is not None:
         return
     given = request.headers.get(TOKEN_HEADER, "")
     if not hmac.compare_digest(given.encode(), token.encode()):
@@ -102,9 +105,14 @@ def token_guard(token_of: Callable[[Request], str]) -> Callable[..., None]:
 
 
 def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | None = None,
-               version: str = "0.1.0", health: HealthCheck | None = None) -> FastAPI:
+               version: str = "0.1.0", health: HealthCheck | None = None,
+               gate: Gate | None = None) -> FastAPI:
+    """A service's app; with ``gate`` (ACL on) every request but /healthz, /metrics and the docs
+    must be signed and allowed (services.common.auth.rest)."""
     app = FastAPI(title=title, version=version, lifespan=lifespan,
                   default_response_class=JSONResponse, docs_url=None, redoc_url=None)
+    if gate is not None:
+        app.add_middleware(AclMiddleware, gate=gate)
     install_docs(app)
     finish_openapi(app)
     _record_start(registry)

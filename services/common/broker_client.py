@@ -25,8 +25,10 @@ import msgpack
 import orjson
 from tidemq.protocol import CONTENT_MSGPACK
 
+from services.common.auth.client import service_auth
 from services.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, LONG_POLL_MAX_MS, TOKEN_HEADER
 from services.common.discovery import BrokerResolver, GroupUnknown
+from services.common.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +144,7 @@ class BrokerClient:
         self.base_url = base_url.rstrip("/")
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(token, user_agent),
                                       timeout=timeout_s, transport=transport,
+                                      verify=client_context(), auth=service_auth(),
                                       limits=httpx.Limits(
                                           max_connections=max_connections,
                                           keepalive_expiry=HTTP_CLIENT_KEEP_ALIVE_S))
@@ -280,7 +283,8 @@ class BlockingBrokerClient:
         if self._http is None:
             self._http = httpx.Client(base_url=self.base_url,
                                       headers=_headers(self.token, self.user_agent),
-                                      timeout=self.timeout_s,
+                                      timeout=self.timeout_s, verify=client_context(),
+                                      auth=service_auth(),
                                       limits=httpx.Limits(
                                           keepalive_expiry=HTTP_CLIENT_KEEP_ALIVE_S))
         return self._http

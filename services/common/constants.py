@@ -34,6 +34,7 @@ DISCOVERY_TIMEOUT_S = 2.0  # one request to one nameserver (s)
 GRPC_ROUTE_CACHE_S = 3.0  # the gRPC door reuses the cluster view this long for routes (s)
 
 TOKEN_HEADER = "X-Tidemq-Token"
+ACL_CHECK_S = 1.0  # the ACL file's modification time is looked at this often at most (s)
 # A send or pull carrying this header (any value) is answered with it too, holding the broker's
 # CLOCK_MONOTONIC stamps (ns) of the request's steps: the latency bench's breakdown.
 TIMING_HEADER = "X-Tidemq-Timing"

@@ -31,12 +31,14 @@ from typing import Any
 
 import httpx
 
+from services.common.auth.client import service_auth
 from services.common.constants import (
     CLUSTER_PATH,
     DISCOVERY_REFRESH_S,
     DISCOVERY_RETRY_S,
     DISCOVERY_TIMEOUT_S,
 )
+from services.common.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +201,8 @@ def fetch_groups(nameservers: Nameservers, timeout_s: float = DISCOVERY_TIMEOUT_
                  transport: httpx.BaseTransport | None = None) -> dict[str, Group]:
     """``fetch_groups_async``, blocking (Spark's driver)."""
     search = _Search(nameservers, want)
-    with httpx.Client(timeout=timeout_s, transport=transport) as http:
+    with httpx.Client(timeout=timeout_s, transport=transport, verify=client_context(),
+                      auth=service_auth()) as http:
         for url in search:
             try:
                 search.answer(url, http.get(url + CLUSTER_PATH, headers=JSON_HEADERS))
@@ -231,7 +234,8 @@ class ClusterView:
         self.refresh_s = refresh_s
         self.retry_s = retry_s
         self.clock = clock
-        self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport)
+        self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport,
+                                      verify=client_context(), auth=service_auth())
         self.known: dict[str, Group] | None = None
         self.asked_at = -1e18  # clock() of the last request (answered or not)
         self.answered_at = -1e18  # clock() of the last answer

@@ -5,7 +5,8 @@ Routes declare their answer as ``response_model`` (documentation only: they retu
 ``responses=errors(...)``. ``finish_openapi`` then completes every operation the same way:
 
 - the error shape ``{code, message}`` (``ErrorBody``) under each status the operation can
-  answer: 400 for any parameter or body, 413 and 415 for a body, 401 where the token is needed;
+  answer: 400 for any parameter or body, 413 and 415 for a body, 401 where the token is needed,
+  401 and 403 everywhere but /healthz and /metrics (signed requests, when ACL is on);
   FastAPI's 422 ``HTTPValidationError`` is removed (validation errors answer 400);
 - every JSON answer is also offered as ``application/msgpack`` (same fields; bytes stay raw);
 - endpoints that need the cluster token (every ``/internal/`` one) declare it through the
@@ -66,9 +67,16 @@ def _add_error(responses: dict[str, Any], status: int, description: str) -> None
         entry["description"] = f"{known}, {description}" if known else description
 
 
-def _complete(operation: dict[str, Any]) -> None:
+#: Answered without a signature even with ACL on (services.common.auth.rest_rules.OPEN_PATHS)
+_OPEN = ("/healthz", "/metrics")
+
+
+def _complete(operation: dict[str, Any], path: str = "") -> None:
     responses: dict[str, Any] = operation.setdefault("responses", {})
     responses.pop("422", None)
+    if path not in _OPEN:  # with accounts on (docs/api.md, Authentication)
+        _add_error(responses, 401, "UNAUTHORIZED")
+        _add_error(responses, 403, "FORBIDDEN")
     if operation.get("parameters") or operation.get("requestBody"):
         _add_error(responses, 400, "BAD_REQUEST")
     if operation.get("requestBody"):
@@ -86,10 +94,10 @@ def _complete(operation: dict[str, Any]) -> None:
 
 def complete_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """Apply the rules of this module to a generated OpenAPI document (in place)."""
-    for item in schema.get("paths", {}).values():
+    for path, item in schema.get("paths", {}).items():
         for operation in item.values():
             if isinstance(operation, dict) and "responses" in operation:
-                _complete(operation)
+                _complete(operation, path)
     schemas = schema.setdefault("components", {}).setdefault("schemas", {})
     for name in _DROPPED_SCHEMAS:
         schemas.pop(name, None)

@@ -10,6 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from services.common.constants import HTTP_SERVER_KEEP_ALIVE_S
+from services.common.tls import ServerTls
 
 LOG_FORMAT = "%(asctime)s %(levelname)-5s %(name)s: %(message)s"
 
@@ -19,8 +20,11 @@ def setup_logging(level: str = "info") -> None:
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM; uvicorn runs the app's lifespan shutdown on either."""
+def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
+          tls: ServerTls | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; uvicorn runs the app's lifespan shutdown on either.
+    With ``tls`` the port speaks HTTPS only: a plain-HTTP request there gets no HTTP answer
+    (the TLS handshake fails and the connection is closed; docs/operations.md)."""
     setup_logging(log_level)
     # Request handling allocates many short-lived objects; the default generation-0 threshold
     # (700) runs the collector thousands of times a second under load. Measured ~10% of broker
@@ -30,5 +34,8 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
         app, host=host, port=port, loop="uvloop", http="httptools", log_level=log_level,
         access_log=False, log_config=None, timeout_graceful_shutdown=5, backlog=2048,
         timeout_keep_alive=HTTP_SERVER_KEEP_ALIVE_S,
+        **(tls.uvicorn_options() if tls is not None else {}),
     )
+    if tls is not None:
+        logging.getLogger(__name__).info("TLS on: certificate %s", tls.cert)
     uvicorn.Server(config).run()

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.common.constants import BROKER_PORT
 from services.common.discovery import BrokerResolver, split_urls
 from services.common.redis import check_redis_url
+from services.common.tls import ServerTls, server_tls
 
 # redis://host:port/db, or redis+sentinel://host1:26379,host2:26379/master-name/db (see
 # services/common/redis.py and docs/operations.md)
@@ -25,7 +26,32 @@ class ServiceSettings(BaseSettings):
     port: int = 0  # listen port (each service sets its default)
     cluster: str = "DefaultCluster"  # namespaces Redis keys and registrations
     token: str = ""  # shared cluster token for /internal/ endpoints ("" = none required)
+    # accounts and rules (YAML, docs/operations.md "Accounts and ACL"); "" = ACL off
+    acl_file: str = ""
+    access_key: str = ""  # this service's account, signing its calls to the others ("" = none)
+    secret_key: str = ""  # that account's secret key
     log_level: str = "info"
+    # HTTPS (and TLS on a broker's gRPC door) with this certificate chain and private key (PEM
+    # files; both or neither; "" = plain HTTP). Clients verify it against TIDEMQ_TLS_CA.
+    tls_cert: str = ""
+    tls_key: str = ""
+
+    @model_validator(mode="after")
+    def _check_tls_pair(self) -> Self:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            missing = "tls_cert" if not self.tls_cert else "tls_key"
+            raise ValueError(f"TLS needs both a certificate and its key: {missing} is not set")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """True when the service serves HTTPS (a certificate and key are set)."""
+        return bool(self.tls_cert)
+
+    def server_tls(self) -> ServerTls | None:
+        """The loaded certificate and key, or None for plain HTTP (ValueError naming a bad
+        file)."""
+        return server_tls(self.tls_cert, self.tls_key)
 
 
 class GroupServiceSettings(ServiceSettings):

@@ -9,7 +9,8 @@ from services.console.settings import ConsoleSettings
 
 def main() -> None:
     settings = ConsoleSettings()
-    serve(create_console_app(settings), settings.host, settings.port, settings.log_level)
+    serve(create_console_app(settings), settings.host, settings.port, settings.log_level,
+          settings.server_tls())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from fastapi.templating import Jinja2Templates
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.app import create_app
+from services.common.auth.client import use_account
 from services.console import deadletters, views
 from services.console.client import ApiError, ConsoleClient
 from services.console.sampler import Sampler
@@ -82,6 +83,7 @@ def parse_ms(value: str) -> int | None:
 def create_console_app(settings: ConsoleSettings,
                        client: ConsoleClient | None = None) -> FastAPI:
     registry = CollectorRegistry()
+    use_account(settings.access_key, settings.secret_key)  # signs its calls (ACL on)
     pages = Counter("tidemq_console_pages", "Pages rendered by page and result (ok, error)",
                     ["page", "result"], registry=registry)
     seconds = Histogram("tidemq_console_page_seconds", "Time to gather and render a page",

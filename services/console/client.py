@@ -13,7 +13,9 @@ from urllib.parse import quote
 
 import httpx
 
+from services.common.auth.client import service_auth
 from services.common.constants import CLUSTER_PATH, TOKEN_HEADER
+from services.common.tls import client_context
 
 
 class ApiError(Exception):
@@ -49,7 +51,8 @@ class ConsoleClient:
         self.nameservers = nameservers
         self.token = token
         self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport,
-                                      headers={"user-agent": "tidemq-console"})
+                                      headers={"user-agent": "tidemq-console"},
+                                      verify=client_context(), auth=service_auth())
 
     async def close(self) -> None:
         await self.http.aclose()

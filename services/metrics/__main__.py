@@ -9,7 +9,8 @@ from services.metrics.sidecar import create_sidecar_app
 
 def main() -> None:
     settings = MetricsSettings()
-    serve(create_sidecar_app(settings), settings.host, settings.port, settings.log_level)
+    serve(create_sidecar_app(settings), settings.host, settings.port, settings.log_level,
+          settings.server_tls())
 
 
 if __name__ == "__main__":

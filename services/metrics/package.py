@@ -20,7 +20,9 @@ SERVICES = Path(__file__).resolve().parents[1]  # .../services
 SDK = Path(tidemq.__file__).resolve().parent  # .../tidemq
 SKIP_MODULES = {"__main__.py", "sidecar.py", "settings.py", "package.py"}  # the web sidecar
 COMMON = ("__init__.py", "constants.py", "files.py", "broker_client.py",
-          "discovery.py")  # of services/common
+          "discovery.py", "tls.py",  # of services/common; the clients sign with auth.client
+          "auth/__init__.py", "auth/client.py", "auth/gate.py", "auth/policy.py",
+          "auth/store.py")
 
 
 def members() -> list[tuple[Path, str]]:

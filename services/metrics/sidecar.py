@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 
 from services.common.app import create_app, reply
+from services.common.auth import service_gate
 from services.metrics.exposition import Family
 from services.metrics.liveness import liveness_path, read_liveness
 from services.metrics.settings import MetricsSettings
@@ -186,6 +187,8 @@ def health_lines(runner: JobRunner, status: dict[str, Any]) -> str:
 
 
 def create_sidecar_app(settings: MetricsSettings) -> FastAPI:
+    registry = CollectorRegistry()
+    gate = service_gate(settings, registry)
     runner = JobRunner(settings)
     path = settings.exposition_path
 
@@ -201,7 +204,7 @@ def create_sidecar_app(settings: MetricsSettings) -> FastAPI:
         finally:
             await asyncio.to_thread(runner.stop)
 
-    app = create_app("tidemq metrics sidecar", CollectorRegistry(), lifespan)
+    app = create_app("tidemq metrics sidecar", registry, lifespan, gate=gate)
     # /metrics here is the batch's file, not a prometheus_client registry: replace the route
     app.router.routes = [r for r in app.router.routes
                          if not (isinstance(r, APIRoute) and r.path == "/metrics")]

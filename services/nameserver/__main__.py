@@ -9,7 +9,8 @@ from services.nameserver.settings import NameserverSettings
 
 def main() -> None:
     settings = NameserverSettings()
-    serve(build_app(settings), settings.host, settings.port, settings.log_level)
+    serve(build_app(settings), settings.host, settings.port, settings.log_level,
+          settings.server_tls())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 
 from services.common.app import create_app, error_response, reply, token_guard
+from services.common.auth import service_gate
 from services.common.bodies import body_doc, read_model
 from services.common.constants import MAX_BROKER_ID
 from services.common.loop import BackgroundLoop
@@ -139,6 +140,7 @@ def warming_up(topic: str, age_s: float, warmup_s: float) -> Response:
 def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = None) -> FastAPI:
     brokers = brokers or BrokerRegistry(expiry_ms=int(settings.broker_expiry_s * 1000))
     metrics = Metrics(brokers)
+    gate = service_gate(settings, metrics.registry)
     expiry = ExpiryLoop(brokers, metrics, settings.expiry_check_interval_s)
     started = [time.monotonic()]  # reset when serving starts: the warm-up counts from there
 
@@ -158,7 +160,7 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
             await expiry.stop()
             log.info("nameserver stopped")
 
-    app = create_app("tidemq nameserver", metrics.registry, lifespan)
+    app = create_app("tidemq nameserver", metrics.registry, lifespan, gate=gate)
     app.state.brokers = brokers
 
     # checked before the body is read: no token, no registration (401 UNAUTHORIZED)

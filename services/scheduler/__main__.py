@@ -11,7 +11,8 @@ from services.scheduler.settings import SchedulerSettings
 def main() -> None:
     pin_mmap_threshold()  # before any large buffer exists
     settings = SchedulerSettings()
-    serve(create_scheduler_app(settings), settings.host, settings.port, settings.log_level)
+    serve(create_scheduler_app(settings), settings.host, settings.port, settings.log_level,
+          settings.server_tls())
 
 
 if __name__ == "__main__":

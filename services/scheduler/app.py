@@ -20,6 +20,7 @@ from tidemq.protocol.numbers import INT32_MAX, INT64_MAX
 
 from services.common.answers import Histogram, Scheduled
 from services.common.app import create_app, error_response, reply, token_guard
+from services.common.auth import service_gate
 from services.common.bodies import StrictBody, body_doc, read_model
 from services.common.broker_client import BrokerDown, BrokerRefused
 from services.common.openapi import errors
@@ -177,6 +178,7 @@ async def advance_clock(request: Request) -> Response:
 def create_scheduler_app(settings: SchedulerSettings | None = None) -> FastAPI:
     settings = settings if settings is not None else SchedulerSettings()
     metrics = SchedulerMetrics()
+    gate = service_gate(settings, metrics.registry)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -194,7 +196,7 @@ def create_scheduler_app(settings: SchedulerSettings | None = None) -> FastAPI:
         finally:
             await scheduler.stop()
 
-    app = create_app("tidemq scheduler", metrics.registry, lifespan)
+    app = create_app("tidemq scheduler", metrics.registry, lifespan, gate=gate)
     app.include_router(router)
 
     @app.exception_handler(BrokerRefused)

@@ -20,7 +20,9 @@ NAMESERVERS = {"nameserver-1": "9876", "nameserver-2": "9877"}
 TIDEMQ = {**dict.fromkeys(NAMESERVERS, "nameserver"),
           **{f"{kind}-{g}": kind for kind in ("broker", "checker", "scheduler") for g in GROUPS},
           "metrics": "metrics", "console": "console"}
-NAMESERVER_LIST = "http://nameserver-1:9876,http://nameserver-2:9877"
+NAMESERVER_LIST = "https://nameserver-1:9876,https://nameserver-2:9877"
+INIT = "init-secrets"  # the one-shot step making the CA and certificate into the secrets volume
+SHARED_ENV = {"TIDEMQ_TLS_CA"}  # read by every client in a process, without a service prefix
 
 
 @pytest.mark.integration
@@ -35,9 +37,12 @@ def test_docker_compose_accepts_the_file() -> None:
 def test_every_service_is_there_with_health_restart_and_volumes() -> None:
     compose = load_compose()
     services = compose["services"]
-    assert set(services) == set(TIDEMQ) | {"redis", "etcd", "prometheus", "grafana"}
+    assert set(services) == set(TIDEMQ) | {"redis", "etcd", "prometheus", "grafana", INIT}
     assert set(TIDEMQ.values()) == set(SERVICE_ORDER)
     for name, svc in services.items():
+        if name == INIT:  # one-shot: runs to completion, exposes nothing
+            assert svc.get("restart") == "no" and not svc.get("expose")
+            continue
         assert svc.get("restart") == "unless-stopped", name
         assert svc.get("healthcheck", {}).get("test"), f"{name} has no health check"
         assert svc.get("expose"), f"{name} exposes no port"
@@ -48,7 +53,7 @@ def test_every_service_is_there_with_health_restart_and_volumes() -> None:
         assert (REPO / "services" / kind).is_dir()
         env = env_of(svc)
         prefix = ENV_PREFIX[kind]
-        assert all(k.startswith(prefix) for k in env), name
+        assert all(k.startswith(prefix) or k in SHARED_ENV for k in env), name
         assert env[f"{prefix}HOST"] == "0.0.0.0"  # reachable from the other containers
         assert [env[f"{prefix}PORT"]] == svc["expose"]
         assert env[f"{prefix}PORT"] in " ".join(svc["healthcheck"]["test"]), name
@@ -81,10 +86,10 @@ def test_two_groups_behind_two_nameservers() -> None:
         assert broker["TIDEMQ_BROKER_NAMESERVERS"] == NAMESERVER_LIST  # registers with both
         assert broker["TIDEMQ_BROKER_PORT"] == str(10911 + 1000 * i)  # as `tidemq up` lays out
         assert broker["TIDEMQ_BROKER_ADVERTISED_ADDRESS"] == (
-            f"http://broker-{group}:{broker['TIDEMQ_BROKER_PORT']}")
+            f"https://broker-{group}:{broker['TIDEMQ_BROKER_PORT']}")
         scheduler = env_of(services[f"scheduler-{group}"])
         assert broker["TIDEMQ_BROKER_SCHEDULER_URL"] == (
-            f"http://scheduler-{group}:{scheduler['TIDEMQ_SCHEDULER_PORT']}")
+            f"https://scheduler-{group}:{scheduler['TIDEMQ_SCHEDULER_PORT']}")
         for kind, prefix in (("checker", "TIDEMQ_CHECKER_"), ("scheduler", "TIDEMQ_SCHEDULER_")):
             svc = services[f"{kind}-{group}"]
             env = env_of(svc)
@@ -92,7 +97,7 @@ def test_two_groups_behind_two_nameservers() -> None:
             assert env[prefix + "NAMESERVERS"] == NAMESERVER_LIST
             assert prefix + "BROKER_URL" not in env
             assert f"broker-{group}" in svc["depends_on"]
-        assert set(services[f"broker-{group}"]["depends_on"]) == {"redis", *NAMESERVERS}
+        assert set(services[f"broker-{group}"]["depends_on"]) == {"redis", INIT, *NAMESERVERS}
         ports |= {broker["TIDEMQ_BROKER_PORT"], scheduler["TIDEMQ_SCHEDULER_PORT"]}
     assert len(ports) == 2 * len(GROUPS)
     assert {env_of(services[f"scheduler-{g}"])["TIDEMQ_SCHEDULER_DATA_DIR"]
@@ -115,6 +120,44 @@ def test_one_shared_token() -> None:
     assert with_token == set(TIDEMQ)
 
 
+def test_tls_on_every_tidemq_port_from_the_init_step() -> None:
+    services = load_compose()["services"]
+    init = services[INIT]
+    assert init["command"][:6] == ["python", "-m", "services.cli.init_secrets", "--dir",
+                                   "/secrets", "--acl"]
+    named = set(init["command"][7::2])  # every --name NAME
+    assert init["command"][6::2] == ["--name"] * len(named)
+    assert named == set(TIDEMQ)  # the certificate names every service as the others reach it
+    assert "secrets:/secrets" in init["volumes"]
+    for name, kind in TIDEMQ.items():
+        svc = services[name]
+        env = env_of(svc)
+        prefix = ENV_PREFIX[kind]
+        assert env[f"{prefix}TLS_CERT"] == "/secrets/server.pem", name
+        assert env[f"{prefix}TLS_KEY"] == "/secrets/server.key", name
+        assert env["TIDEMQ_TLS_CA"] == "/secrets/ca.pem", name
+        assert "secrets:/secrets:ro" in svc["volumes"], name
+        assert svc["depends_on"][INIT] == {"condition": "service_completed_successfully"}
+        urls = [u for v in env.values() for u in v.split(",") if "://" in u
+                and not u.startswith("redis://")]
+        assert urls and all(u.startswith("https://") for u in urls), (name, urls)
+        check = " ".join(svc["healthcheck"]["test"])
+        assert "https://127.0.0.1:" in check and "cafile='/secrets/ca.pem'" in check, name
+    assert "secrets:/secrets:ro" in services["prometheus"]["volumes"]
+
+
+def test_accounts_on_every_tidemq_service_with_the_init_steps_file() -> None:
+    raw = yaml.safe_load(COMPOSE.read_text())["services"]
+    init_env = raw[INIT]["environment"]
+    account = (init_env["TIDEMQ_SERVICES_ACCESS_KEY"], init_env["TIDEMQ_SERVICES_SECRET_KEY"])
+    assert account[1].startswith("${TIDEMQ_SERVICES_SECRET_KEY:-")  # set your own, as the token
+    for name, kind in TIDEMQ.items():
+        env = raw[name]["environment"]
+        prefix = ENV_PREFIX[kind]
+        assert env[f"{prefix}ACL_FILE"] == "/secrets/acl.yaml", name
+        assert (env[f"{prefix}ACCESS_KEY"], env[f"{prefix}SECRET_KEY"]) == account, name
+
+
 def test_prometheus_scrapes_every_tidemq_service() -> None:
     config = DEPLOY / "prometheus" / "prometheus.yml"
     promtool("check", "config", str(config))
@@ -125,6 +168,10 @@ def test_prometheus_scrapes_every_tidemq_service() -> None:
         assert f"{name}:{services[name]['expose'][0]}" in targets, name
     jobs = {job["job_name"] for job in scrape}
     assert {f"tidemq-{kind}" for kind in TIDEMQ.values()} <= jobs  # one job per kind
+    for job in scrape:  # every tidemq port speaks https, signed by the compose CA
+        if job["job_name"].startswith("tidemq-"):
+            assert job["scheme"] == "https", job["job_name"]
+            assert job["tls_config"]["ca_file"] == "/secrets/ca.pem", job["job_name"]
     mounts = services["prometheus"]["volumes"]
     assert "./deploy/prometheus:/etc/prometheus:ro" in mounts
 
@@ -135,3 +182,4 @@ def test_dockerfile_builds_one_image_with_java() -> None:
     assert "openjdk-17-jre-headless" in text  # Spark needs a JRE
     assert "COPY services/ services/" in text and "pip install ./sdk ." in text
     assert "\nUSER tidemq" in text
+    assert "chown -R tidemq /data /secrets" in text  # the init step writes the secrets volume

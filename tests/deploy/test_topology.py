@@ -1,12 +1,15 @@
 """The compose topology as local processes, driven by real transactions end to end.
 
-Every service of docker-compose.yml that is a process (Redis, two nameservers, brokers broker-a
-and broker-b with a checker and a scheduler each, the metrics sidecar) starts with its compose
-command and environment on loopback (``tests/deploy/topology.py``). Both brokers register with
-both nameservers; a transaction is committed on broker-a and another rolled back on broker-b
-through the REST API, and both must show up in the sidecar's ``/metrics`` (the PySpark job in
-continuous mode, reading every group through the nameservers) in a form promtool accepts. A
-service whose ``services/<name>/__main__.py`` does not exist yet is reported and left out.
+The TLS init step makes the CA and certificate first; then every service of docker-compose.yml
+that is a process (Redis, two nameservers, brokers broker-a and broker-b with a checker and a
+scheduler each, the metrics sidecar) starts with its compose command and environment on
+loopback (``tests/deploy/topology.py``). Both brokers register with both nameservers; a
+transaction is committed on broker-a and another rolled back on broker-b through the REST API,
+and both must show up in the sidecar's ``/metrics`` (the PySpark job in continuous mode, reading
+every group through the nameservers) in a form promtool accepts; all of it over https://,
+verified against the init step's CA, and signed (accounts on: the services as their account,
+the test as the admin the init step made; an unsigned request is refused). A service whose
+``services/<name>/__main__.py`` does not exist yet is reported and left out.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from tests.support.metrics import parse_exposition, promtool
 
 pytestmark = pytest.mark.integration
 
-ORDER = ("redis", "nameserver-1", "nameserver-2", "broker-a", "broker-b", "checker-a",
-         "checker-b", "scheduler-a", "scheduler-b", "metrics")
+ORDER = ("init-secrets", "redis", "nameserver-1", "nameserver-2", "broker-a", "broker-b",
+         "checker-a", "checker-b", "scheduler-a", "scheduler-b", "metrics")
 GROUPS = ("broker-a", "broker-b")
 
 
@@ -33,7 +36,8 @@ GROUPS = ("broker-a", "broker-b")
 def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     topo = Topology(load_compose(), tmp_path_factory.mktemp("compose"))
     try:
-        for name in ORDER:
+        topo.run_once("init-secrets")
+        for name in ORDER[1:]:
             module = (topo.compose["services"][name].get("command") or [""])[-1]
             if module.startswith("services.") and not module_available(module):
                 print(f"compose service {name}: {module} has no __main__ yet; not started")
@@ -62,16 +66,26 @@ def test_names_and_ports_are_remapped(topology: Topology, tmp_path: Path) -> Non
 
 def test_every_broker_registers_with_both_nameservers(topology: Topology) -> None:
     for ns in ("nameserver-1", "nameserver-2"):
-        view = httpx.get(topology.url(ns) + "/v1/cluster", timeout=10).json()
+        view = topology.client(ns).get("/v1/cluster").json()
         assert {b["broker_name"]: b["address"] for b in view["brokers"]} == {
             g: topology.url(g) for g in GROUPS}
         assert view["nameservers"] == [topology.url("nameserver-1"),
                                        topology.url("nameserver-2")]
 
 
+def test_accounts_are_on_an_unsigned_request_is_refused(topology: Topology) -> None:
+    with httpx.Client(base_url=topology.url("broker-a"), timeout=10,
+                      verify=topology.verify()) as anonymous:
+        refused = anonymous.put("/v1/topics/Anonymous", json={"queues": 1})
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["code"] == "UNAUTHORIZED"
+    assert topology.client("broker-a").get("/v1/topics/Anonymous").status_code == 404
+
+
+@pytest.mark.timeout(480)  # the wait below, with Spark's start on a loaded host
 def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topology) -> None:
     for group, action in zip(GROUPS, ("commit", "rollback"), strict=True):
-        broker = httpx.Client(base_url=topology.url(group), timeout=10)
+        broker = topology.client(group)  # signed as the admin the init step made
         assert broker.put("/v1/topics/Orders", json={"queues": 2}).status_code == 200
         begun = broker.post("/v1/transactions", json={
             "producer_group": "shop", "topic": "Orders",
@@ -82,7 +96,7 @@ def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topolog
                             json={"producer_group": "shop", "action": action})
         assert ended.status_code == 200, ended.text
     for ns in ("nameserver-1", "nameserver-2"):  # the route merges both groups' queues
-        route = httpx.get(topology.url(ns) + "/v1/routes/Orders", timeout=10)
+        route = topology.client(ns).get("/v1/routes/Orders")
         assert route.status_code == 200, route.text
         assert sorted(q["broker_name"] for q in route.json()["queues"]) == list(GROUPS)
 
@@ -90,10 +104,10 @@ def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topolog
     want = {("tidemq_transaction_commits_total", frozenset(labels.items())): 1.0,
             ("tidemq_transaction_rollbacks_total", frozenset(labels.items())): 1.0}
     sidecar = topology.url("metrics") + "/metrics"
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + 300  # Spark alone took 115-125 s to start on a loaded host
     text = ""
     while time.monotonic() < deadline:
-        text = httpx.get(sidecar, timeout=10).text
+        text = httpx.get(sidecar, timeout=10, verify=topology.verify()).text
         samples = parse_exposition(text)
         if all(samples.get(k) == v for k, v in want.items()):
             break
@@ -109,4 +123,4 @@ def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topolog
     assert samples[("tidemq_metrics_job_up", frozenset())] == 1
     for group in GROUPS:
         assert "tidemq_broker_messages_put_total" in httpx.get(
-            topology.url(group) + "/metrics", timeout=10).text
+            topology.url(group) + "/metrics", timeout=10, verify=topology.verify()).text

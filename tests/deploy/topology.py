@@ -3,8 +3,11 @@
 No Docker engine runs here, so the compose file is read and every service that is a process we
 can run (Redis and the tidemq services) is started as a child: service names resolve to
 127.0.0.1, each port a service ``expose``s is remapped to a free one (in URLs and in the
-service's own ``*_PORT``), ``0.0.0.0`` binds become ``127.0.0.1`` and ``/data/...`` paths move
-under a temp directory. Images that are not ours (Prometheus, Grafana) are not started.
+service's own ``*_PORT``), ``0.0.0.0`` binds become ``127.0.0.1`` and ``/data/...`` and
+``/secrets`` paths move under a temp directory. A one-shot service (no ``expose``,
+``restart: "no"``: the init step making the TLS files) is run to completion first. Services
+serving TLS are reached over https://, verified against the CA the init step made. Images that
+are not ours (Prometheus, Grafana) are not started.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -23,6 +27,7 @@ from typing import Any
 import httpx
 import yaml
 
+from services.common.auth.client import SigningAuth
 from tests.support.procs import REPO, free_port, wait_port
 
 COMPOSE = REPO / "docker-compose.yml"
@@ -69,9 +74,47 @@ class Topology:
             for port in svc.get("expose", []):
                 self.ports[(name, int(port))] = free_port()
 
+    def tls(self, service: str) -> bool:
+        """The service serves TLS: its environment names a certificate."""
+        env = env_of(self.compose["services"][service])
+        return any(k.endswith("_TLS_CERT") and v for k, v in env.items())
+
+    @property
+    def ca(self) -> Path:
+        """Where the init step's CA lands here (``/secrets/ca.pem`` in compose)."""
+        return Path(self.localize("", "/secrets/ca.pem"))
+
+    def admin_auth(self) -> SigningAuth | None:
+        """The admin account the init step made (``/secrets/admin.env``), signing requests;
+        None when accounts are off (no such file)."""
+        path = Path(self.localize("", "/secrets/admin.env"))
+        if not path.exists():
+            return None
+        pairs = dict(line.split("=", 1) for line in path.read_text().splitlines()
+                     if "=" in line and not line.startswith("#"))
+        return SigningAuth(pairs["TIDEMQ_ACCESS_KEY"], pairs["TIDEMQ_SECRET_KEY"])
+
+    def client(self, service: str) -> httpx.Client:
+        """A client of ``service`` as the admin: verifying its certificate, signing requests."""
+        return httpx.Client(base_url=self.url(service), timeout=10, verify=self.verify(),
+                            auth=self.admin_auth())
+
+    def verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=str(self.ca)) if self.ca.exists() else True
+
     def url(self, service: str) -> str:
         port = next(p for (name, _), p in self.ports.items() if name == service)
-        return f"http://127.0.0.1:{port}"
+        return f"{'https' if self.tls(service) else 'http'}://127.0.0.1:{port}"
+
+    def run_once(self, name: str, timeout_s: float = 60.0) -> None:
+        """Run a one-shot compose service (``python -m ...``) to completion; fail on an error."""
+        svc = self.compose["services"][name]
+        command = [self.localize(name, str(c)) for c in svc["command"]]
+        assert command[:2] == ["python", "-m"], command
+        env = {k: self.localize(name, v) for k, v in env_of(svc).items()}
+        done = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True,
+                              text=True, timeout=timeout_s, env={**os.environ, **env})
+        assert done.returncode == 0, f"{name} failed:\n{done.stdout}{done.stderr}"
 
     def localize(self, service: str, value: str) -> str:
         for (name, port), local in self.ports.items():
@@ -83,6 +126,8 @@ class Topology:
             value = "127.0.0.1"
         if value.startswith("/data/"):
             value = str(self.workdir / "data" / value.removeprefix("/data/"))
+        if value == "/secrets" or value.startswith("/secrets/"):
+            value = str(self.workdir / value.lstrip("/"))
         return value
 
     def plan(self, name: str) -> LocalService | None:
@@ -104,7 +149,7 @@ class Topology:
             return LocalService(name, argv, env, port, "redis")
         if command[:2] == ["python", "-m"]:
             return LocalService(name, [sys.executable, *command[1:]], env, port,
-                                f"http://127.0.0.1:{port}/healthz")
+                                f"{self.url(name)}/healthz")
         return None
 
     def start(self, name: str, timeout_s: float = 60.0) -> LocalService:
@@ -126,7 +171,8 @@ class Topology:
                 raise RuntimeError(f"{name} exited with {service.proc.returncode}:\n"
                                    + service.logs())
             try:
-                if httpx.get(service.health, timeout=1.0).status_code == 200:
+                if httpx.get(service.health, timeout=1.0,
+                             verify=self.verify()).status_code == 200:
                     return service
             except httpx.HTTPError:
                 pass

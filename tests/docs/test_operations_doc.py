@@ -8,6 +8,7 @@ import inspect
 import re
 
 from pydantic_settings import BaseSettings
+from tidemq._constants import TLS_CA_ENV
 
 from services.broker.settings import BrokerSettings
 from services.checker.settings import CheckerSettings
@@ -43,7 +44,7 @@ def test_every_setting_is_documented() -> None:
 
 
 def test_every_documented_variable_is_read_by_a_service() -> None:
-    known = env_vars()
+    known = env_vars() | {TLS_CA_ENV}  # read by every client in a process (the SDK)
     stale = sorted(v for v in set(VARIABLE.findall(DOC)) if v not in known)
     assert not stale, "docs/operations.md names variables no service reads: " + ", ".join(stale)
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -86,8 +87,19 @@ class ServiceProcess:
         self.log_path = workdir / f"{name}-{port}.log"
 
     @property
+    def tls(self) -> bool:
+        """Serves HTTPS: its environment names a certificate (``TIDEMQ_<SERVICE>_TLS_CERT``)."""
+        return any(k.endswith("_TLS_CERT") and v for k, v in self.env.items())
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """What a client of this service verifies against: the CA of ``TIDEMQ_TLS_CA`` in its
+        environment when it serves TLS (else the default store)."""
+        ca = self.env.get("TIDEMQ_TLS_CA")
+        return ssl.create_default_context(cafile=ca) if self.tls and ca else True
 
     def start(self, timeout: float = 20.0) -> ServiceProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -100,12 +112,14 @@ class ServiceProcess:
             self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
                                          cwd=REPO, env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
+        verify = self.verify()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
                                    + self.log_path.read_text()[-4000:])
             try:
-                if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:
+                if httpx.get(self.url + "/healthz", timeout=0.5,
+                             verify=verify).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -17,7 +17,8 @@ class ErrorCode(StrEnum):
     INVALID_BODY_ENCODING = "INVALID_BODY_ENCODING"  # body_encoding unknown or body undecodable
     OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"  # pull above max_offset
     INVALID_RECEIPT_HANDLE = "INVALID_RECEIPT_HANDLE"  # unknown, expired or malformed handle
-    UNAUTHORIZED = "UNAUTHORIZED"  # internal endpoint without a valid token
+    UNAUTHORIZED = "UNAUTHORIZED"  # no valid credentials (internal token, or a signature)
+    FORBIDDEN = "FORBIDDEN"  # signed, but the ACL rules do not allow this action on this resource
     FORBIDDEN_SYSTEM_TOPIC = "FORBIDDEN_SYSTEM_TOPIC"  # write to a system topic on the public API
     TRANSACTIONS_DISABLED = "TRANSACTIONS_DISABLED"  # broker rejects transactional messages
     TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
@@ -53,6 +54,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.OFFSET_OUT_OF_RANGE: 400,
     ErrorCode.INVALID_RECEIPT_HANDLE: 400,
     ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
     ErrorCode.FORBIDDEN_SYSTEM_TOPIC: 403,
     ErrorCode.TRANSACTIONS_DISABLED: 403,
     ErrorCode.TOPIC_NOT_FOUND: 404,

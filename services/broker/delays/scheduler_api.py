@@ -11,7 +11,9 @@ from typing import Any
 import httpx
 from tidemq.protocol import ErrorCode, ProtocolError
 
+from services.common.auth.client import service_auth
 from services.common.constants import TOKEN_HEADER
+from services.common.tls import client_context
 
 
 class SchedulerClient:
@@ -19,7 +21,8 @@ class SchedulerClient:
         self.base_url = base_url.rstrip("/")
         headers = {TOKEN_HEADER: token} if token else {}
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers,
-                                      timeout=timeout_s)
+                                      timeout=timeout_s, verify=client_context(),
+                                      auth=service_auth())
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -35,6 +35,8 @@ from services.broker.grpc.proto import (
 )
 from services.broker.grpc.routing import other_groups
 from services.broker.transactions.service import TransactionService, parse_end
+from services.common.auth.client import service_auth
+from services.common.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +162,8 @@ async def _recall_elsewhere(door: Door, message_id: str, not_here: ProtocolError
     """Cancel ``message_id`` on the group that holds it; ``not_here`` when no group does.
     A group that cannot be asked makes the answer UNAVAILABLE (it may hold the message)."""
     unreachable: list[str] = []
-    async with httpx.AsyncClient(timeout=RECALL_TIMEOUT_S) as http:
+    async with httpx.AsyncClient(timeout=RECALL_TIMEOUT_S, verify=client_context(),
+                                 auth=service_auth()) as http:
         for group in await other_groups(door):
             url = f"{group.address}/v1/messages/{quote(message_id, safe='')}/schedule"
             try:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
+from services.broker.grpc.auth import GrpcGuard
 from services.broker.grpc.door import Door, split_address
 from services.broker.grpc.proto import SERVICE_NAME, service_grpc
 from services.broker.grpc.servicer import MessagingServicer
@@ -23,6 +24,7 @@ from services.broker.grpc.sessions import ServerSide, Sessions
 from services.broker.grpc.telemetry import CLOSE
 from services.broker.service import Broker
 from services.broker.settings import BrokerSettings
+from services.common.auth import Gate
 from services.common.constants import GRPC_ROUTE_CACHE_S
 from services.common.discovery import ClusterView
 
@@ -53,8 +55,10 @@ class _CountCalls(grpc.aio.ServerInterceptor):
 class GrpcFrontDoor:
     """Serves ``apache.rocketmq.v2.MessagingService`` for one broker."""
 
-    def __init__(self, broker: Broker, settings: BrokerSettings) -> None:
+    def __init__(self, broker: Broker, settings: BrokerSettings, gate: Gate | None = None,
+                 ) -> None:
         self.broker = broker
+        self.guard = GrpcGuard(gate) if gate is not None else None  # ACL on
         self.settings = settings
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -88,10 +92,15 @@ class GrpcFrontDoor:
                                  options=[*KEEPALIVE_OPTIONS,
                                           ("grpc.max_receive_message_length", limit),
                                           ("grpc.max_send_message_length", -1)])
-        service_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self.door), server)
+        servicer = MessagingServicer(self.door, self.guard)
+        service_grpc.add_MessagingServiceServicer_to_server(servicer, server)
         bind = f"[{s.host}]:{s.grpc_port}" if ":" in s.host else f"{s.host}:{s.grpc_port}"
+        tls = s.server_tls()
         try:
-            self.port = server.add_insecure_port(bind)
+            if tls is None:
+                self.port = server.add_insecure_port(bind)
+            else:  # the REST port's certificate and key
+                self.port = server.add_secure_port(bind, tls.grpc_credentials())
         except RuntimeError as exc:
             if "grpc_port" in s.model_fields_set:
                 raise RuntimeError(f"gRPC front door cannot listen on {bind}: {exc}; set "
@@ -103,8 +112,8 @@ class GrpcFrontDoor:
         await server.start()
         self.server = server
         self.broker.metrics.add_stats("tidemq_broker_grpc_", self.stats, "gRPC front door")
-        log.info("gRPC front door (%s) listening on %s, advertised as %s:%d", SERVICE_NAME,
-                 bind, self.door.host, self.door.port)
+        log.info("gRPC front door (%s) listening on %s%s, advertised as %s:%d", SERVICE_NAME,
+                 bind, " (TLS)" if tls is not None else "", self.door.host, self.door.port)
 
     def stats(self) -> dict[str, float]:
         sessions = self.door.sessions.all()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -31,6 +32,9 @@ from rocketmq import (
     TransactionChecker,
     TransactionResolution,
 )
+
+# RMQ_TLS=1: send and receive over TLS (the CA in GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, grpc's own)
+TLS = os.environ.get("RMQ_TLS") == "1"
 
 
 def now_ms() -> int:
@@ -69,7 +73,7 @@ def describe(msg: Any) -> dict[str, Any]:
 # --- producing ------------------------------------------------------------------------------
 
 def send(args: argparse.Namespace) -> dict[str, Any]:
-    producer = Producer(config(args.endpoint), (args.topic,))
+    producer = Producer(config(args.endpoint), (args.topic,), tls_enable=TLS)
     producer.startup()
     sent = []
     try:
@@ -151,7 +155,7 @@ def receive(args: argparse.Namespace) -> dict[str, Any]:
     """Receive until ``count`` messages or ``timeout``; ack each unless --no-ack."""
     consumer = SimpleConsumer(config(args.endpoint), args.consumer_group,
                               {args.topic: FilterExpression(args.tag or "*")},
-                              await_duration=args.wait)
+                              await_duration=args.wait, tls_enable=TLS)
     consumer.startup()
     got: list[dict[str, Any]] = []
     deadline = time.monotonic() + args.timeout
