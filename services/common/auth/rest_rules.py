@@ -77,6 +77,17 @@ def _pull(m: re.Match[str], q: Query, _: Body) -> list[Need]:
     return [_topic(m["a"], SUB), *_optional(_group, q.get("group"))]
 
 
+def _pull_many(_: re.Match[str], __: Query, body: Body) -> list[Need]:
+    """``POST /v1/pull``: sub on every topic its queues name (and the group, when given)."""
+    data = body()
+    names: set[str] = set()
+    queues = data.get("queues") if isinstance(data, dict) else None
+    if isinstance(queues, list):
+        names.update(q["topic"] for q in queues if isinstance(q, dict) and _str(q.get("topic")))
+    return [*(_topic(n, SUB) for n in sorted(names)),
+            *_optional(_group, _field(body, "group"))]
+
+
 def _receive(m: re.Match[str], _: Query, body: Body) -> list[Need]:
     return [_group(m["a"]), *_optional(lambda t: _topic(t, SUB), _field(body, "topic"))]
 
@@ -108,6 +119,7 @@ RULES: list[tuple[str, re.Pattern[str], Builder]] = [
     _row("GET", f"/v1/topics/{_SEG}", lambda m, q, b: [_topic(m["a"], ANY)]),
     _row("POST", f"/v1/topics/{_SEG}/messages", lambda m, q, b: [_topic(m["a"], PUB)]),
     _row("GET", f"/v1/topics/{_SEG}/queues/{_SEG2}/messages", _pull),
+    _row("POST", "/v1/pull", _pull_many),
     # consumer groups
     _row("POST", f"/v1/groups/{_SEG}/heartbeat",
          lambda m, q, b: [_group(m["a"]), *_body_topics(b)]),

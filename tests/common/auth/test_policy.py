@@ -150,3 +150,15 @@ def test_retry_and_dead_letter_topics_belong_to_their_group() -> None:
     assert topic_need("%RETRY%", ("sub",)) == Need(Resource("topic", "%RETRY%"), ("sub",))
     pull = needs("GET", "/v1/topics/%DLQ%billing/queues/0/messages", {}, b"", None)
     assert pull == [Need(Resource("group", "billing"), ("sub",))]
+
+
+def test_a_many_queue_pull_needs_sub_on_every_topic_it_names() -> None:
+    body = (b'{"group": "billing", "queues": [{"topic": "orders", "queue_id": 0, "offset": 1},'
+            b' {"topic": "%RETRY%billing", "queue_id": 0, "offset": 0},'
+            b' {"topic": "orders", "queue_id": 1, "offset": 0}]}')
+    got = needs("POST", "/v1/pull", {}, body, "application/json")
+    assert got == [Need(Resource("group", "billing"), ("sub",)),
+                   Need(Resource("topic", "orders"), ("sub",)),
+                   Need(Resource("group", "billing"), ("sub",))]
+    # not the cluster admin a path without a row needs
+    assert Need(Resource("cluster"), ("admin",)) not in got
