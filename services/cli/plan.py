@@ -319,10 +319,8 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                     replica = {**env, "BROKER_ID": str(j), "PRIMARY_ADDRESS":
                                group_url("broker", i), "GRPC_PORT": "0",
                                "DATA_DIR": f"{env['DATA_DIR']}-r{j}"}
-                    member = spec(kind, i, port, replica)
-                    specs.append(ServiceSpec(
-                        name=opts.replica_label(i, j), module=member.module, host=member.host,
-                        port=port, env=member.env, kind=kind, group=member.group))
+                    member = spec(kind, i, port, replica)  # with the group's TLS and ACL
+                    specs.append(dataclasses.replace(member, name=opts.replica_label(i, j)))
         else:  # checker, scheduler: one per group, finding its broker by name (or URL)
             for i in range(opts.groups):
                 env = {"BROKER_NAME": group_name(i), "NAMESERVERS": nameservers,

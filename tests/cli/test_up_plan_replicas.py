@@ -50,3 +50,16 @@ def test_impossible_replica_counts_and_ports_are_refused() -> None:
     with pytest.raises(ValueError, match="both listen on port 11011"):
         plan_services(UpOptions(replicas=2, checker_port=11011), redis_url="r", token="t",
                       available=everything)
+
+
+def test_replicas_serve_tls_and_load_the_accounts_file_like_their_primary(tmp_path: Path,
+                                                                         ) -> None:
+    opts = UpOptions(data_dir=tmp_path / "d", replicas=2, metrics=False, tls=True)
+    specs = plan_services(opts, redis_url="redis://r", token="tok", available=everything,
+                          acl={"ACL_FILE": "/acl.yaml"})
+    by_name = {s.name: s for s in specs}
+    primary, replica = by_name["broker"], by_name["broker-r1"]
+    assert replica.tls and replica.url == "https://127.0.0.1:11011"  # the supervisor probes it
+    assert replica.env["TIDEMQ_BROKER_PRIMARY_ADDRESS"] == "https://127.0.0.1:10911"
+    for key in ("TIDEMQ_BROKER_TLS_CERT", "TIDEMQ_BROKER_TLS_KEY", "TIDEMQ_BROKER_ACL_FILE"):
+        assert replica.env[key] == primary.env[key]
