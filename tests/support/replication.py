@@ -33,6 +33,15 @@ def run_group(workdir: Path, redis_url: str, copies: int = 3, **settings: Any
         yield members
 
 
+def send_raw(broker: BrokerHandle, topic: str, *messages: dict[str, Any]) -> Any:
+    return broker.http.post(f"/v1/topics/{topic}/messages", json={"messages": list(messages)})
+
+
+def bodies(broker: BrokerHandle, topic: str, queue_id: int = 0) -> list[str]:
+    answer = broker.pull(topic, queue_id, 0, max=1024)
+    return [m["body"] for m in answer["messages"]]
+
+
 def status(broker: BrokerHandle) -> dict[str, Any]:
     resp = broker.http.get("/internal/v1/replication/status",
                            headers={"x-tidemq-token": broker.env["TIDEMQ_BROKER_TOKEN"]})

@@ -14,6 +14,7 @@ nothing.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from services.broker.replication.quorum import Quorum
@@ -33,6 +34,9 @@ class WriteGate:
         self.timeout_s = timeout_s
         self.stats = {"refused_not_primary": 0, "refused_not_enough_replicas": 0,
                       "quorum_timeouts": 0}
+        self.writing = 0  # puts let through and not yet written (a demotion waits for them)
+        self._drained = asyncio.Event()
+        self._drained.set()
 
     def _not_primary(self) -> PutResult:
         self.stats["refused_not_primary"] += 1
@@ -44,12 +48,24 @@ class WriteGate:
             f"{detail}: {self.quorum.insync_copies()} cop(ies) in sync, min_insync is "
             f"{self.quorum.quorum}"))
 
+    async def drained(self) -> None:
+        """Return once no write let through the gate is still being written (after a
+        demotion none starts, so the log stops moving and can be compared and cut)."""
+        await self._drained.wait()
+
     async def put(self, records: list[MessageRecord]) -> PutResult:
         if not self.role.may_write():
             return self._not_primary()
         if not self.quorum.enough():
             return self._short("nothing was written")
-        result = await self._put(records)
+        self.writing += 1
+        self._drained.clear()
+        try:
+            result = await self._put(records)
+        finally:
+            self.writing -= 1
+            if not self.writing:
+                self._drained.set()
         if result.status is not PutStatus.OK:
             return result
         self._wrote()
@@ -57,6 +73,8 @@ class WriteGate:
             last = result.appended[-1]
             end = last.physical_offset + last.size
             if not await self.quorum.wait_for(end, self.timeout_s):
+                if not self.role.may_write():  # demoted or fenced meanwhile: say so
+                    return self._not_primary()
                 self.stats["quorum_timeouts"] += 1
                 return self._short("written on the primary only, not acknowledged")
         if not self.role.may_write():

@@ -144,6 +144,8 @@ class ReplicationManager:
 
     async def start_following(self, primary_address: str) -> None:
         self.quorum.fail_waiters()
+        await self.follower.stop()
+        await self.gate.drained()  # writes already in the writer land before the log is cut
         await self.follower.start(primary_address)
 
     async def became_primary(self) -> None:

@@ -176,3 +176,25 @@ def test_an_inactive_visibility_never_limits_reads() -> None:
     vis.advance(500)  # a fetch on a broker without replication moves the mark...
     vis.reset(100)
     assert store.visible_offset is None  # ...but its reads stay unlimited
+
+
+async def test_a_demotion_waits_for_writes_already_let_through(tmp_path: Path) -> None:
+    release = asyncio.Event()
+
+    async def slow_put(records: list[MessageRecord]) -> PutResult:
+        await release.wait()
+        return PutResult(PutStatus.OK, [Appended(0, 10, 0, 0, 0)])
+
+    q, _ = quorum(1)
+    role = make_role(tmp_path)
+    gate = WriteGate(slow_put, role, q, lambda: None, timeout_s=0.05)
+    put = asyncio.create_task(gate.put([MessageRecord("T", 0, b"x")]))
+    await asyncio.sleep(0)
+    drained = asyncio.create_task(gate.drained())
+    role.role = Role.REPLICA  # demoted while the write is in the writer
+    await asyncio.sleep(0.01)
+    assert gate.writing == 1 and not drained.done()
+    release.set()
+    await drained
+    assert (await put).status is PutStatus.NOT_PRIMARY  # written, never acknowledged
+    await gate.drained()  # nothing in flight: at once
