@@ -21,7 +21,9 @@ from services.broker.replication.epochs import divergence_point, parse_entries
 from services.broker.replication.role import BrokerRole
 from services.broker.store.replicated import ChunkError
 from services.broker.store.store import MessageStore
+from services.common.auth.client import service_auth
 from services.common.constants import TOKEN_HEADER
+from services.common.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,10 @@ class Follower:
         headers = {"accept": CONTENT_MSGPACK}
         if config.token:
             headers[TOKEN_HEADER] = config.token
+        # signed as this broker's account when ACL is on; verifies a TLS primary with the CA
         self._client = httpx.AsyncClient(headers=headers,
-                                         timeout=httpx.Timeout(5.0 + config.wait_ms / 1000))
+                                         timeout=httpx.Timeout(5.0 + config.wait_ms / 1000),
+                                         verify=client_context(), auth=service_auth())
         self.primary: str | None = None
         self._task: asyncio.Task[None] | None = None
         self.out_of_range: str | None = None  # why this copy cannot catch up (None: it can)

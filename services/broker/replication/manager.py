@@ -28,9 +28,11 @@ from services.broker.replication.visibility import Key, Visibility
 from services.broker.settings import BrokerSettings
 from services.broker.store.config import FlushMode
 from services.broker.store.store import MessageStore
+from services.common.auth.client import service_auth
 from services.common.constants import TOKEN_HEADER
 from services.common.files import write_atomic
 from services.common.loop import cancel_tasks
+from services.common.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,8 @@ class ReplicationManager:
             on_hwm=self.visibility.advance, on_meta=self._sync_metadata,
             on_truncate=self._truncated)
         headers = {TOKEN_HEADER: s.token} if s.token else {}
-        self._client = httpx.AsyncClient(headers=headers, timeout=5.0)
+        self._client = httpx.AsyncClient(headers=headers, timeout=5.0, verify=client_context(),
+                                         auth=service_auth())
         self.on_promoted: Callable[[], Awaitable[None]] | None = None  # derived state rebuild
         self._meta_version: str | None = None
         self._hwm_path = s.data_dir / HWM_FILE
