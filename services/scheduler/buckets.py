@@ -45,9 +45,10 @@ class Mark(IntEnum):
     DELIVERED = 2  # stored in its real topic (final)
     CANCELLED = 3  # cancelled before delivery (final)
     SKIPPED = 4  # unreadable in the timer log: never delivered (final, logged)
+    ROLLED = 5  # superseded by a newer copy rolled into the intake topic (final)
 
 
-FINAL = frozenset({Mark.DELIVERED, Mark.CANCELLED, Mark.SKIPPED})
+FINAL = frozenset({Mark.DELIVERED, Mark.CANCELLED, Mark.SKIPPED, Mark.ROLLED})
 
 
 def text_hash(text: str) -> int:
@@ -59,7 +60,7 @@ def read_marks(data: bytes) -> dict[int, Mark]:
     marks: dict[int, Mark] = {}
     usable = len(data) - len(data) % MARK_SIZE
     for pos, state in MARK.iter_unpack(data[:usable]):
-        if state in (1, 2, 3, 4) and marks.get(pos) not in FINAL:
+        if state in (1, 2, 3, 4, 5) and marks.get(pos) not in FINAL:
             marks[pos] = Mark(state)
     return marks
 
