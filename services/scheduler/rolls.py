@@ -147,6 +147,8 @@ class Roller:
             if isinstance(entry, Entry) and entry.intake >= 0:
                 floor = min(floor, entry.intake)
         self.floor = floor  # copies rolled now move it at the next run, once taken in
+        log.debug("roll pass: age position %d, %d pending, %d to roll, floor %d", age_pos,
+                  scan.pending, len(scan.candidates), floor)
         horizon = time.monotonic() - self.roll_after_ms / 1000
         self.recent = {p: t for p, t in self.recent.items() if t > horizon}
         if scan.candidates:
