@@ -10,6 +10,8 @@ intake up to this offset; below it a timer may have been delivered by the lost s
 ``strict_below``: timer-log entries below this position were filed by a rebuild: each is
 delivered ``strict`` (the broker stores it only if that delivery is not stored yet). While
 ``ingested_next < rebuild_end`` every entry is such. Both 0 for a store never rebuilt.
+``ages``: ``[wall time (s), timer-log end then]`` marks, oldest first: how old an entry is, for
+the timer roll (services/scheduler/rolls.py), across restarts.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Checkpoint:
     segments: dict[int, int] = field(default_factory=dict)  # segment start → latest bucket
     rebuild_end: int = 0  # intake offset a rebuild re-reads up to
     strict_below: int = 0  # timer-log position: rebuilt entries below it
+    ages: list[tuple[float, int]] = field(default_factory=list)  # (wall s, log end then)
 
     @classmethod
     def load(cls, path: Path) -> Checkpoint | None:
@@ -47,7 +50,8 @@ class Checkpoint:
                    buckets={int(k): int(v) for k, v in data["buckets"].items()},
                    segments={int(k): int(v) for k, v in data["segments"].items()},
                    rebuild_end=int(data.get("rebuild_end", 0)),
-                   strict_below=int(data.get("strict_below", 0)))
+                   strict_below=int(data.get("strict_below", 0)),
+                   ages=[(float(t), int(p)) for t, p in data.get("ages", [])])
 
     def save(self, path: Path) -> None:
         """Atomically (``write_atomic``): the old or the new one, never torn."""
@@ -57,5 +61,6 @@ class Checkpoint:
             "buckets": {str(k): v for k, v in self.buckets.items()},
             "segments": {str(k): v for k, v in self.segments.items()},
             "rebuild_end": self.rebuild_end, "strict_below": self.strict_below,
+            "ages": self.ages,
         })
         write_atomic(path, data)

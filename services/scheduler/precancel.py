@@ -81,6 +81,11 @@ class Precancels:
         finally:
             os.close(fd)
 
+    def holds(self, mid: str, offset: int) -> bool:
+        """Whether the timer at ``offset`` was cancelled early (without forgetting it)."""
+        end = self.below.get(mid)
+        return (end is not None and offset < end) or self.by_id.get(mid) == offset
+
     def take(self, mid: str, offset: int) -> bool:
         """True (and forgotten in memory) when the timer at ``offset`` was cancelled early."""
         end = self.below.get(mid)

@@ -11,7 +11,9 @@ back through intake; ``resolve`` keeps exactly one pending copy per timer:
 
 - an older copy already final (delivered, cancelled, skipped): the rolled copy is dropped;
 - an older copy pending in a bucket in memory (about to be delivered): the rolled copy is
-  dropped;
+  dropped — and if the copy was cancelled before it was taken in (a pre-cancel: the broker
+  pointed the cancel at the newest copy), the older copy is taken out of the wheel and
+  cancelled instead;
 - otherwise the older pending copies get a ROLLED mark (fsynced) and the rolled copy is filed.
 
 A roll puts copies while holding the store's lock, so a cancel is decided either before (the
@@ -93,7 +95,6 @@ class Roller:
         self.metrics = metrics
         self.roll_after_ms = roll_after_ms
         self.batch = batch
-        self.ages: list[tuple[float, int]] = []  # (wall s, timer-log end then), oldest first
         self.recent: dict[int, float] = {}  # position rolled → when (not rolled again soon)
         self.floor = 0  # the last rebuild floor computed
         store.resolve_rolls = self.resolve
@@ -102,13 +103,14 @@ class Roller:
     def _age_position(self, now_s: float) -> int:
         """Timer-log entries below the returned position were taken in ``roll_after_ms`` ago
         or earlier (0 until this process has run that long)."""
+        ages = self.store.ages  # (wall s, timer-log end then), oldest first; checkpointed
         step = self.roll_after_ms / 1000 / AGE_MARKS
-        if not self.ages or now_s - self.ages[-1][0] >= step:
-            self.ages.append((now_s, self.store.log.write_offset))
+        if not ages or now_s - ages[-1][0] >= step:
+            ages.append((now_s, self.store.log.write_offset))
         cutoff = now_s - self.roll_after_ms / 1000
-        old = [pos for at, pos in self.ages if at <= cutoff]
-        while len(self.ages) > 1 and self.ages[1][0] <= cutoff:
-            self.ages.pop(0)
+        old = [pos for at, pos in ages if at <= cutoff]
+        while len(ages) > 1 and ages[1][0] <= cutoff:
+            ages.pop(0)
         return old[-1] if old else 0
 
     def _scan(self, age_pos: int) -> Scan:
@@ -189,19 +191,32 @@ class Roller:
             older = await asyncio.to_thread(self._older_copies, rolled)
             drop: set[str] = set()
             superseded: dict[int, list[tuple[int, Mark]]] = {}
+            cancelled: dict[int, list[tuple[int, Mark]]] = {}
             for t in rolled:
                 copies = older.get(t.message_id, [])
-                if any(m in FINAL and m is not Mark.ROLLED for _, _, m in copies) or any(
-                        b in store.loaded and m not in FINAL for b, _, m in copies):
+                if any(m in FINAL and m is not Mark.ROLLED for _, _, m in copies):
                     drop.add(t.message_id)
+                    continue
+                in_memory = [(b, p) for b, p, m in copies if b in store.loaded and m not in FINAL]
+                if in_memory:
+                    drop.add(t.message_id)
+                    if store.precancels.holds(t.message_id, t.intake):
+                        for bucket, pos in in_memory:
+                            if store.wheel.remove(t.due_ms, pos, bucket):
+                                cancelled.setdefault(bucket, []).append((pos, Mark.CANCELLED))
+                            else:
+                                log.error("timer %s was cancelled through its rolled copy "
+                                          "while being delivered: it is delivered",
+                                          t.message_id)
                     continue
                 for bucket, pos, mark in copies:
                     if mark not in FINAL:
                         superseded.setdefault(bucket, []).append((pos, Mark.ROLLED))
-            if superseded:
-                await store.add_marks(superseded)
-                for bucket, items in superseded.items():
-                    store.finished(bucket, len(items))
+            for marks in (superseded, cancelled):
+                if marks:
+                    await store.add_marks(marks)
+                    for bucket, items in marks.items():
+                        store.finished(bucket, len(items))
         if drop:
             log.info("%d rolled timer copy(ies) dropped: an older copy decides", len(drop))
         return [t for t in keep if not (t.rolls and t.message_id in drop)]

@@ -96,6 +96,7 @@ class TimerStore:
         self.set_aside: Path | None = None  # where a lost or corrupt store was moved
         self.rebuild_end = 0  # see Checkpoint
         self.strict_below = 0
+        self.ages: list[tuple[float, int]] = []  # see Checkpoint (kept by the roller)
         self.resolve_rolls: Callable[[list[Timer]], Awaitable[list[Timer]]] | None = None
 
     def _open_parts(self) -> None:
@@ -140,6 +141,7 @@ class TimerStore:
             raise LostTimerLog(f"the timer log ends at {self.log.write_offset}, the "
                                f"checkpoint says {found.indexed_end} was written")
         self.rebuild_end, self.strict_below = cp.rebuild_end, cp.strict_below
+        self.ages = [(t, p) for t, p in cp.ages if p <= self.log.write_offset]
         self.buckets.open(cp.buckets)
         self.precancels.load()
         self.segments = {s: b for s, b in cp.segments.items() if s in self.log.starts}
@@ -303,7 +305,7 @@ class TimerStore:
         return Checkpoint(indexed_end=self.indexed_end, ingested_next=self.ingested_next,
                           buckets={b: s for b, s in self.buckets.sizes.items() if b not in gone},
                           segments=dict(self.segments), rebuild_end=self.rebuild_end,
-                          strict_below=self.strict_below)
+                          strict_below=self.strict_below, ages=list(self.ages))
 
     def _save(self, cp: Checkpoint) -> None:
         cp.save(self.checkpoint_path)

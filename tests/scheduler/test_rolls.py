@@ -78,7 +78,7 @@ async def test_one_pending_copy_per_timer_and_the_floor_follows(tmp_path: Path) 
     (found_b,) = await _locate(store, "b", far)
     await store.add_marks({found_b[0]: [(found_b[1], Mark.CANCELLED)]})
     store.finished(found_b[0], 1)
-    roller.ages = [(time.time() - 10, store.log.write_offset)]  # everything is old enough
+    store.ages[:] = [(time.time() - 10, store.log.write_offset)]  # everything is old enough
     await roller.run_once()
     rows = [DeliveryRow._make(r) for body in broker.bodies for r in body["records"]]
     assert sorted(r.properties["UNIQ_KEY"] for r in rows) == ["a", "c"]  # not the cancelled
@@ -94,6 +94,15 @@ async def test_one_pending_copy_per_timer_and_the_floor_follows(tmp_path: Path) 
     await store.ingest([_timer("d", 7, near)], 8)
     assert await store.ingest([_timer("d", 8, near, 1)], 9) == 0
     assert store.pending == 3
+    # ... and when that copy was cancelled before it was taken in, the older copy is cancelled
+    await store.ingest([_timer("e", 9, near)], 10)
+    assert store.wheel.count == 2
+    store.precancels.add("e", 10)
+    assert await store.ingest([_timer("e", 10, near, 1)], 11) == 0
+    assert store.pending == 3 and store.wheel.count == 1
+    clock.advance(1000)
+    due = store.wheel.pop_due(clock.now_ms())
+    assert [len(d.positions) for d in due] == [1]  # "d" alone
 
 
 async def _locate(store: TimerStore, mid: str, due: int) -> list[tuple[int, int]]:
@@ -157,3 +166,19 @@ async def test_what_a_rebuild_files_is_delivered_strict(tmp_path: Path) -> None:
     assert len(positions) == 3
     strict = positions & again.uncertain
     assert len(strict) == 2 and max(positions) not in strict  # "n" is not a rebuilt timer
+
+
+async def test_how_old_an_entry_is_survives_a_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    store, roller, broker = _open(tmp_path, clock)
+    await store.ingest([_timer("a", 0, clock.now_ms() + FAR)], 1)
+    await roller.run_once()
+    marks = list(store.ages)
+    assert marks and marks[-1][1] == store.log.write_offset
+    await store.checkpoint()
+    store.close()
+    again, roller, broker = _open(tmp_path, clock)
+    assert again.ages == marks
+    again.ages[:] = [(t - 5, p) for t, p in again.ages]  # as if it had been down 5 s
+    await roller.run_once()
+    assert len(broker.bodies) == 1  # rolled at once: its age counts from before the restart
