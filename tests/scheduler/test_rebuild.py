@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique, wait_until
+from tests.scheduler.harness import AUTH, DelayCluster, run_delay_cluster, unique, wait_until
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -181,3 +181,8 @@ def test_a_rolled_timer_outlives_retention_and_a_rebuild(
         assert {m["message_id"] for m in got} == set(ids[5:])
         assert all("TIDE_TIMER_ROLLS" not in m.get("properties", {}) for m in got)
         assert {m["body"] for m in got} == set(ids[5:])  # the rolled copies kept the body
+        # a roll row must say where and when it is due
+        bad = ["TIDE_SYS_TIMER_INTAKE", 0, "eA==", {"UNIQ_KEY": unique("z")}, 0, 0, 1, "h:1", 0, 0]
+        resp = broker.http.post("/internal/v1/schedule/deliver", json={"records": [bad]},
+                                headers=AUTH)
+        assert resp.status_code == 400 and "TIMER_DELIVER_MS" in resp.json()["message"]
