@@ -148,6 +148,8 @@ class Roller:
             (entry,) = store.read([scan.first_pending])
             if isinstance(entry, Entry) and entry.intake >= 0:
                 floor = min(floor, entry.intake)
+            else:  # unreadable: never move the floor past it
+                floor = min(floor, self.floor)
         self.floor = floor  # copies rolled now move it at the next run, once taken in
         log.debug("roll pass: age position %d, %d pending, %d to roll, floor %d", age_pos,
                   scan.pending, len(scan.candidates), floor)
