@@ -84,7 +84,6 @@ def rolled_row(entry: Entry) -> bytes:
 class Scan:
     first_pending: tuple[int, int] | None  # (pos, size): the lowest pending in the timer log
     candidates: list[tuple[int, int, int]]  # (bucket, pos, size) old enough to roll
-    pending: int
 
 
 class Roller:
@@ -114,10 +113,11 @@ class Roller:
         return old[-1] if old else 0
 
     def _scan(self, age_pos: int) -> Scan:
+        """A bucket's index is in timer-log order: its first pending entry is its oldest, and
+        the walk stops there unless entries old enough to roll may follow."""
         store = self.store
         first: tuple[int, int] | None = None
         candidates: list[tuple[int, int, int]] = []
-        pending = 0
         loaded = set(store.loaded)
         now = time.monotonic()
         for bucket, size in sorted(store.buckets.sizes.items()):
@@ -129,13 +129,13 @@ class Roller:
             for _, pos, entry_size, _, _ in ENTRY.iter_unpack(data):
                 if marks.get(pos) in FINAL:
                     continue
-                pending += 1
                 if first is None or pos < first[0]:
                     first = (pos, entry_size)
-                if pos < age_pos and bucket not in loaded and \
-                        now - self.recent.get(pos, -1e18) > self.roll_after_ms / 1000:
+                if pos >= age_pos or bucket in loaded:
+                    break
+                if now - self.recent.get(pos, -1e18) > self.roll_after_ms / 1000:
                     candidates.append((bucket, pos, entry_size))
-        return Scan(first, candidates, pending)
+        return Scan(first, candidates)
 
     async def run_once(self) -> int:
         """Roll what is old enough, then compute the rebuild floor (returned)."""
@@ -152,7 +152,7 @@ class Roller:
                 floor = min(floor, self.floor)
         self.floor = floor  # copies rolled now move it at the next run, once taken in
         log.debug("roll pass: age position %d, %d pending, %d to roll, floor %d", age_pos,
-                  scan.pending, len(scan.candidates), floor)
+                  store.pending, len(scan.candidates), floor)
         horizon = time.monotonic() - self.roll_after_ms / 1000
         self.recent = {p: t for p, t in self.recent.items() if t > horizon}
         if scan.candidates:
