@@ -44,13 +44,15 @@ async def read_cancels(broker: BrokerClient) -> list[str]:
 
 async def prepare(store: TimerStore, broker: BrokerClient, metrics: SchedulerMetrics,
                   floor: int | None) -> int | None:
-    """For a fresh store: set up the rebuild and answer the intake offset to start from
-    (None: the store is not fresh, nothing to do)."""
+    """For a fresh store (or one whose rebuild was cut short): set up the rebuild and answer
+    the intake offset to start from — not the intake progress in Redis, which the lost store
+    had moved on. None: nothing to rebuild."""
     if not store.fresh:
-        if store.rebuilding:
-            log.info("resuming the rebuild of the timer store: intake from %d up to %d",
-                     store.ingested_next, store.rebuild_end)
-        return None
+        if not store.rebuilding:
+            return None
+        log.info("resuming the rebuild of the timer store: intake from %d up to %d",
+                 store.ingested_next, store.rebuild_end)
+        return store.ingested_next
     start = floor if floor is not None else 0
     bounds = await broker.intake(start, 1, 0)
     end = int(bounds["max_offset"])

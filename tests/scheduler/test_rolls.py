@@ -18,6 +18,7 @@ from services.scheduler.clock import Clock
 from services.scheduler.lookup import locate
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.precancel import Precancels
+from services.scheduler.rebuild import prepare
 from services.scheduler.rolls import Roller, roll_count, rolled_row, strip_roll
 from services.scheduler.timerlog import Entry
 from services.scheduler.timers import Timer, TimerConfig, TimerStore
@@ -182,3 +183,16 @@ async def test_how_old_an_entry_is_survives_a_restart(tmp_path: Path) -> None:
     again.ages[:] = [(t - 5, p) for t, p in again.ages]  # as if it had been down 5 s
     await roller.run_once()
     assert len(broker.bodies) == 1  # rolled at once: its age counts from before the restart
+
+
+async def test_a_rebuild_cut_short_resumes_where_it_was(tmp_path: Path) -> None:
+    clock = Clock()
+    store, _, _ = _open(tmp_path, clock)
+    store.ingested_next = 5
+    store.begin_rebuild(10)
+    await store.ingest([_timer("r5", 5, clock.now_ms() + FAR)], 6)
+    store.close()  # killed: no checkpoint since begin_rebuild
+    again, _, broker = _open(tmp_path, clock)
+    assert not again.fresh and again.rebuilding and again.ingested_next == 6
+    assert await prepare(again, broker, SchedulerMetrics(), 0) == 6  # type: ignore[arg-type]
+    assert again.strict(0)  # what the rebuild filed is strict, and so is what follows
