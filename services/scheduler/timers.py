@@ -143,6 +143,10 @@ class TimerStore:
         self.rebuild_end, self.strict_below = cp.rebuild_end, cp.strict_below
         self.ages = [(t, p) for t, p in cp.ages if p <= self.log.write_offset]
         self.buckets.open(cp.buckets)
+        short = [b for b, n in cp.buckets.items() if self.buckets.sizes.get(b, 0) < n]
+        if short:
+            raise LostTimerLog(f"{len(short)} bucket index(es) are missing or shorter than the "
+                               f"checkpoint says (bucket {short[0]})")
         self.precancels.load()
         self.segments = {s: b for s, b in cp.segments.items() if s in self.log.starts}
         self.ingested_next = cp.ingested_next

@@ -196,3 +196,16 @@ async def test_a_rebuild_cut_short_resumes_where_it_was(tmp_path: Path) -> None:
     assert not again.fresh and again.rebuilding and again.ingested_next == 6
     assert await prepare(again, broker, SchedulerMetrics(), 0) == 6  # type: ignore[arg-type]
     assert again.strict(0)  # what the rebuild filed is strict, and so is what follows
+
+
+async def test_a_lost_bucket_index_sets_the_store_aside(tmp_path: Path) -> None:
+    clock = Clock()
+    root = tmp_path / "sched"
+    store, _, _ = _open(root, clock)
+    await store.ingest([_timer("a", 0, clock.now_ms() + FAR)], 1)
+    await store.checkpoint()
+    store.close()
+    for index in (root / "buckets").glob("*.idx"):
+        index.unlink()
+    again, _, _ = _open(root, clock)
+    assert again.fresh and again.set_aside is not None and again.pending == 0
