@@ -26,6 +26,7 @@ import os
 import resource
 import struct
 import zlib
+from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
 
@@ -163,6 +164,19 @@ class BucketFiles:
             return b""
         with open(self._path(bucket, "idx"), "rb") as f:
             return f.read(limit)
+
+    def iter_index(self, bucket: int, size: int, chunk: int = 256
+                   ) -> Iterator[tuple[int, int, int, int, int]]:
+        """Index entries of ``bucket`` up to ``size`` bytes, read ``chunk`` entries at a time
+        (a caller that stops early reads little)."""
+        with open(self._path(bucket, "idx"), "rb", buffering=0) as f:
+            at = 0
+            while at < size:
+                data = f.read(min(chunk * ENTRY_SIZE, size - at))
+                if not data:
+                    return
+                at += len(data)
+                yield from ENTRY.iter_unpack(data[:len(data) - len(data) % ENTRY_SIZE])
 
     # --- marks --------------------------------------------------------------------------------
     def add_marks(self, bucket: int, marks: bytes) -> None:

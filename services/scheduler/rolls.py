@@ -123,18 +123,17 @@ class Roller:
         for bucket, size in sorted(store.buckets.sizes.items()):
             try:
                 marks = store.buckets.read_marks(bucket)
-                data = store.buckets.read_index(bucket, size)
+                for _, pos, entry_size, _, _ in store.buckets.iter_index(bucket, size):
+                    if marks.get(pos) in FINAL:
+                        continue
+                    if first is None or pos < first[0]:
+                        first = (pos, entry_size)
+                    if pos >= age_pos or bucket in loaded:
+                        break
+                    if now - self.recent.get(pos, -1e18) > self.roll_after_ms / 1000:
+                        candidates.append((bucket, pos, entry_size))
             except FileNotFoundError:
                 continue  # retired meanwhile: nothing pending in it
-            for _, pos, entry_size, _, _ in ENTRY.iter_unpack(data):
-                if marks.get(pos) in FINAL:
-                    continue
-                if first is None or pos < first[0]:
-                    first = (pos, entry_size)
-                if pos >= age_pos or bucket in loaded:
-                    break
-                if now - self.recent.get(pos, -1e18) > self.roll_after_ms / 1000:
-                    candidates.append((bucket, pos, entry_size))
         return Scan(first, candidates)
 
     async def run_once(self) -> int:
