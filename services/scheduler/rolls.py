@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 ROLL_MARKER = TIMER_ROLL_PROPERTY.encode()
 AGE_MARKS = 16  # age marks kept per roll_after_ms (how finely the age of a position is known)
+SCAN_YIELD = 64  # buckets looked at between two yields to the event loop
 
 
 def roll_count(payload: bytes) -> int:
@@ -112,15 +113,18 @@ class Roller:
             ages.pop(0)
         return old[-1] if old else 0
 
-    def _scan(self, age_pos: int) -> Scan:
+    async def _scan(self, age_pos: int) -> Scan:
         """A bucket's index is in timer-log order: its first pending entry is its oldest, and
-        the walk stops there unless entries old enough to roll may follow."""
+        the walk stops there unless entries old enough to roll may follow — a few small reads
+        per bucket, on the event loop (yielding every ``SCAN_YIELD`` buckets)."""
         store = self.store
         first: tuple[int, int] | None = None
         candidates: list[tuple[int, int, int]] = []
         loaded = set(store.loaded)
         now = time.monotonic()
-        for bucket, size in sorted(store.buckets.sizes.items()):
+        for n, (bucket, size) in enumerate(sorted(store.buckets.sizes.items())):
+            if n % SCAN_YIELD == SCAN_YIELD - 1:
+                await asyncio.sleep(0)
             try:
                 marks = store.buckets.read_marks(bucket)
                 for _, pos, entry_size, _, _ in store.buckets.iter_index(bucket, size):
@@ -141,7 +145,7 @@ class Roller:
         store = self.store
         age_pos = self._age_position(time.time())
         covered = store.ingested_next  # before the scan: whatever is filed later is above it
-        scan = await asyncio.to_thread(self._scan, age_pos)
+        scan = await self._scan(age_pos)
         floor = covered
         if scan.first_pending is not None:
             (entry,) = store.read([scan.first_pending])
