@@ -231,6 +231,12 @@ class BrokerClient:
             timeout_s=wait_ms / 1000 + DEFAULT_TIMEOUT_S)
         return answer
 
+    async def timer_cancels(self, offset: int, max_count: int) -> dict[str, Any]:
+        """Ids of cancelled delayed messages (``TIDE_SYS_TIMER_CANCELS``) from ``offset``."""
+        answer: dict[str, Any] = await self.call(
+            "GET", "/internal/v1/schedule/cancels", params={"offset": offset, "max": max_count})
+        return answer
+
     async def levels_due(self, offsets: dict[int, int], now_ms: int,
                          max_count: int) -> dict[str, Any]:
         """Due records (``DueRecord``s) of each delay level from ``offsets``."""

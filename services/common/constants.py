@@ -148,6 +148,19 @@ def scheduler_progress_key(cluster: str, broker_name: str) -> str:
     return service_progress_key(cluster, f"scheduler:{broker_name}")
 
 
+def scheduler_rebuild_key(cluster: str, broker_name: str) -> str:
+    """Hash: ``floor`` → the timer-intake offset a scheduler rebuilding its timer log from the
+    broker must read from so that every pending timer is covered (the oldest intake record a
+    pending timer depends on; the broker's retention floor is held there)."""
+    return f"{_ns(cluster)}:scheduler-rebuild:{broker_name}"
+
+
+#: Property of a timer rolled back into the intake topic (RocketMQ 5's timer roll): how many
+#: times it was re-put. A rolled copy keeps the message id and due time; the scheduler strips
+#: the property before delivery.
+TIMER_ROLL_PROPERTY = "TIDE_TIMER_ROLLS"
+
+
 def scheduler_level_cancels_key(cluster: str, broker_name: str) -> str:
     """Hash: ``{queue id}:{queue offset}`` → ``{due_ms} {message_id}`` of cancelled
     delay-level messages not yet passed by the level walk."""

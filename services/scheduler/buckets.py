@@ -26,6 +26,7 @@ import os
 import resource
 import struct
 import zlib
+from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
 
@@ -45,9 +46,10 @@ class Mark(IntEnum):
     DELIVERED = 2  # stored in its real topic (final)
     CANCELLED = 3  # cancelled before delivery (final)
     SKIPPED = 4  # unreadable in the timer log: never delivered (final, logged)
+    ROLLED = 5  # superseded by a newer copy rolled into the intake topic (final)
 
 
-FINAL = frozenset({Mark.DELIVERED, Mark.CANCELLED, Mark.SKIPPED})
+FINAL = frozenset({Mark.DELIVERED, Mark.CANCELLED, Mark.SKIPPED, Mark.ROLLED})
 
 
 def text_hash(text: str) -> int:
@@ -59,7 +61,7 @@ def read_marks(data: bytes) -> dict[int, Mark]:
     marks: dict[int, Mark] = {}
     usable = len(data) - len(data) % MARK_SIZE
     for pos, state in MARK.iter_unpack(data[:usable]):
-        if state in (1, 2, 3, 4) and marks.get(pos) not in FINAL:
+        if state in (1, 2, 3, 4, 5) and marks.get(pos) not in FINAL:
             marks[pos] = Mark(state)
     return marks
 
@@ -162,6 +164,19 @@ class BucketFiles:
             return b""
         with open(self._path(bucket, "idx"), "rb") as f:
             return f.read(limit)
+
+    def iter_index(self, bucket: int, size: int, chunk: int = 256
+                   ) -> Iterator[tuple[int, int, int, int, int]]:
+        """Index entries of ``bucket`` up to ``size`` bytes, read ``chunk`` entries at a time
+        (a caller that stops early reads little)."""
+        with open(self._path(bucket, "idx"), "rb", buffering=0) as f:
+            at = 0
+            while at < size:
+                data = f.read(min(chunk * ENTRY_SIZE, size - at))
+                if not data:
+                    return
+                at += len(data)
+                yield from ENTRY.iter_unpack(data[:len(data) - len(data) % ENTRY_SIZE])
 
     # --- marks --------------------------------------------------------------------------------
     def add_marks(self, bucket: int, marks: bytes) -> None:

@@ -28,6 +28,7 @@ from services.common.loop import cancel_tasks
 from services.scheduler.buckets import Mark
 from services.scheduler.clock import Clock
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.rolls import strip_roll
 from services.scheduler.timerlog import Entry
 from services.scheduler.timers import TimerStore
 from services.scheduler.wheel import Due
@@ -183,7 +184,7 @@ class Deliverer:
             intents.setdefault(bucket, []).append((pos, Mark.INTENT))
         await store.add_marks(intents)
         strict = [i for i, item in enumerate(ready) if item[2] in store.uncertain]
-        payloads = [item[3].payload for item in ready]
+        payloads = [strip_roll(item[3].payload) for item in ready]
         await self._send(payloads, strict)
         done: dict[int, list[tuple[int, Mark]]] = {}
         for bucket, _, pos, _ in ready:

@@ -19,6 +19,7 @@ from services.common.broker_client import BrokerClient, BrokerError
 from services.common.loop import cancel_tasks
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.progress import Progress
+from services.scheduler.rolls import roll_count
 from services.scheduler.timers import Timer, TimerStore
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,9 @@ class IntakeLoop:
         for row in rows:
             try:
                 t = IntakeRow._make(row)
+                record = bytes(t.record)
                 timers.append(Timer(int(t.due_ms), int(t.queue_offset), str(t.message_id),
-                                    str(t.topic), bytes(t.record)))
+                                    str(t.topic), record, roll_count(record)))
             except (ValueError, TypeError) as exc:
                 log.error("intake: a row is not a timer (%r): skipped", exc)
         n = await self.store.ingest(timers, next_offset)

@@ -84,6 +84,14 @@ class SchedulerMetrics:
         self.delivery_failures = Counter("tidemq_scheduler_delivery_failures",
                                          "Deliver requests that failed and were retried",
                                          registry=r)
+        self.rolled = Counter("tidemq_scheduler_rolled",
+                              "Long timers rolled back into the intake topic", registry=r)
+        self.rebuilds = Counter("tidemq_scheduler_rebuilds",
+                                "Timer stores rebuilt from the broker's intake topic "
+                                "(empty, lost or corrupt data directory)", registry=r)
+        self.rebuild_cancels = Counter("tidemq_scheduler_rebuild_cancels",
+                                       "Cancelled ids read back from the broker by rebuilds",
+                                       registry=r)
         for kind in ("timer", "level"):
             self.delivered_total.labels(kind)
             self.cancelled.labels(kind)

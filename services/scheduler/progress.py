@@ -2,7 +2,9 @@
 
 - ``scheduler_progress_key``: ``intake`` (next intake offset), ``level:{q}`` (next offset of
   level queue q), ``level-intent:{q}`` (end of the level batch being delivered);
-- ``scheduler_level_cancels_key``: cancelled level messages not yet passed by the walk.
+- ``scheduler_level_cancels_key``: cancelled level messages not yet passed by the walk;
+- ``scheduler_rebuild_key``: ``floor``, the intake offset a rebuild of the timer log reads from
+  (services/scheduler/rolls.py).
 
 The timer log, not Redis, is the truth for what was taken in from the intake topic; Redis is
 the truth for how far each level queue was delivered.
@@ -12,7 +14,11 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from services.common.constants import scheduler_level_cancels_key, scheduler_progress_key
+from services.common.constants import (
+    scheduler_level_cancels_key,
+    scheduler_progress_key,
+    scheduler_rebuild_key,
+)
 from services.common.redis import connect_redis, text
 
 
@@ -21,6 +27,7 @@ class Progress:
         self.redis: Redis = connect_redis(redis_url)
         self.key = scheduler_progress_key(cluster, broker_name)
         self.cancels_key = scheduler_level_cancels_key(cluster, broker_name)
+        self.rebuild_key = scheduler_rebuild_key(cluster, broker_name)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -40,6 +47,14 @@ class Progress:
             elif name.startswith("level:"):
                 levels[int(name.split(":", 1)[1])] = value
         return intake, levels, intents
+
+    async def rebuild_floor(self) -> int | None:
+        """The saved rebuild floor; None when no scheduler saved one yet."""
+        raw = await self.redis.hget(self.rebuild_key, "floor")
+        return None if raw is None else int(text(raw))
+
+    async def set_rebuild_floor(self, offset: int) -> None:
+        await self.redis.hset(self.rebuild_key, "floor", offset)
 
     async def set_intake(self, offset: int) -> None:
         await self.redis.hset(self.key, "intake", offset)

@@ -2,7 +2,9 @@
 
 The timer store recovers from disk first and delivery starts at once; the parts that need the
 broker (its name and delay table) and Redis (progress) start when both answer, retrying until
-then. Until that point cancel and inspection answer 503 UNAVAILABLE.
+then. Until that point cancel and inspection answer 503 UNAVAILABLE. A store found empty is
+rebuilt from the broker's intake topic first (services/scheduler/rebuild.py); the roller keeps
+the rebuild floor and rolls long timers (services/scheduler/rolls.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from services.scheduler.levels import LevelWalker
 from services.scheduler.lookup import first_far_due, pending_of_topic
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.progress import Progress
+from services.scheduler.rebuild import prepare
+from services.scheduler.rolls import Roller
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.timers import TimerConfig, TimerStore
 
@@ -54,6 +58,9 @@ class Scheduler:
                                    resolver=resolver if resolver.discovered else None)
         self.deliverer = Deliverer(self.store, self.broker, self.clock, self.metrics,
                                    s.deliver_batch, s.deliver_parallelism)
+        self.roller = Roller(self.store, self.broker, self.metrics, s.roll_after_ms,
+                             s.roll_batch)
+        self.rebuild_floor: int | None = None  # saved in Redis: what the broker must keep
         self.broker_name = ""
         self.levels_ms: list[int] = []
         self.ready = False
@@ -82,6 +89,8 @@ class Scheduler:
                 self.levels_ms = [int(x) for x in info["delay_levels_ms"]]
                 self.progress = Progress(s.redis_url, s.cluster, self.broker_name)
                 intake_offset, _, _ = await self.progress.load()
+                saved_floor = await self.progress.rebuild_floor()
+                rebuild_from = await prepare(self.store, self.broker, self.metrics, saved_floor)
                 break
             except Exception as exc:
                 if not warned:
@@ -94,9 +103,9 @@ class Scheduler:
         await self.levels.start()
         self.intake = IntakeLoop(self.store, self.broker, self.progress, self.metrics,
                                  s.intake_batch, s.intake_wait_ms, self.deliverer.wakeup)
-        self.intake.start(intake_offset)
+        self.intake.start(rebuild_from if rebuild_from is not None else intake_offset)
         self.canceller = Canceller(self.store, self.deliverer, self.levels, self.metrics)
-        self._tasks.append(asyncio.create_task(self._report_floor(), name="floor"))
+        self._tasks.append(asyncio.create_task(self._rolls(), name="rolls"))
         self.ready = True
         log.info("scheduler serving broker %s at %s: %d delay levels, intake from offset %d, "
                  "%d pending timer(s)", self.broker_name, self.broker.base_url,
@@ -111,13 +120,30 @@ class Scheduler:
             except OSError:
                 log.exception("checkpoint failed; retrying in %.1fs", interval)
 
+    async def _rolls(self) -> None:
+        """Roll long timers and save the rebuild floor in Redis every ``roll_interval_ms``
+        (the first at once); the broker's retention floor follows the saved value only."""
+        interval = self.settings.roll_interval_ms / 1000
+        while True:
+            try:
+                floor = await self.roller.run_once()
+                await self.progress.set_rebuild_floor(floor)
+                if self.rebuild_floor is None:
+                    self._tasks.append(asyncio.create_task(self._report_floor(), name="floor"))
+                self.rebuild_floor = floor
+            except Exception as exc:
+                log.warning("the roll pass failed (%r); retrying in %.1fs", exc, interval)
+            await asyncio.sleep(interval)
+
     async def _report_floor(self) -> None:
-        """Tell the broker what it must keep: intake and level records not taken yet. Sent
-        every interval, changed or not: the broker turns "consumed to the end" into the log's
-        current end, so an idle scheduler does not hold old segments either."""
+        """Tell the broker what it must keep: intake records from the rebuild floor (saved in
+        Redis first) and level records not delivered yet. Sent every interval, changed or not:
+        the broker turns "consumed to the end" into the log's current end, so an idle scheduler
+        does not hold old segments either."""
         interval = self.settings.progress_interval_ms / 1000
         while True:
-            positions = [(SystemTopic.TIMER_INTAKE.value, 0, self.store.ingested_next)]
+            floor = self.rebuild_floor or 0
+            positions = [(SystemTopic.TIMER_INTAKE.value, 0, floor)]
             positions += [(SystemTopic.SCHEDULE.value, q, self.levels.offsets.get(q, 0))
                           for q in range(len(self.levels_ms))]
             try:
@@ -194,6 +220,8 @@ class Scheduler:
             "buckets": float(len(self.store.buckets.sizes)),
             "disk_bytes": float(self.store.disk_bytes()),
             "ingested_offset": float(self.store.ingested_next),
+            "rebuild_floor": float(self.rebuild_floor or 0),
+            "rebuilding": float(self.store.rebuilding),
             "intake_lag": float(self.intake.lag if ready else 0),
             "max_lateness_ms": float(self.metrics.max_lateness_ms),
             "clock_offset_ms": float(self.clock.offset_ms),

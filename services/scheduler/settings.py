@@ -44,6 +44,14 @@ class SchedulerSettings(GroupServiceSettings):
     progress_interval_ms: int = Field(default=1000, gt=0)  # retention floor report (ms)
     broker_timeout_s: float = Field(default=30.0, gt=0)  # one request to the broker (s)
 
+    # --- roll and rebuild (the timer log is a cache of the broker's intake topic) -------------
+    # a pending timer whose intake record is this old (wall time) is rolled: put back into the
+    # intake topic, so the broker's retention floor (held at the rebuild floor) stays recent.
+    # Keep it well below the broker's file_reserved_hours (ms)
+    roll_after_ms: int = Field(default=86_400_000, gt=0)
+    roll_interval_ms: int = Field(default=60_000, gt=0)  # rebuild floor + roll pass (ms)
+    roll_batch: int = Field(default=16_384, ge=1)  # timers rolled per pass at most
+
     # --- tests only ----------------------------------------------------------------------------
     clock_offset_ms: int = Field(default=0, ge=0)  # the scheduler's clock runs this far ahead
     test_clock: bool = False  # allow POST /internal/v1/clock to move the clock forward

@@ -8,7 +8,12 @@
   buckets that ended with every timer final (deleting their files) and timer-log segments
   whose every timer belongs to a retired bucket.
 - ``recover`` rebuilds the indexes past the checkpoint from the timer log and counts what is
-  pending.
+  pending. A store found empty is ``fresh``; a timer log that is missing or cut short below
+  what the checkpoint recorded (corruption) is set aside and the store starts fresh: the
+  scheduler then rebuilds it from the broker's intake topic (``begin_rebuild``; see
+  services/scheduler/rebuild.py), and what a rebuild files is delivered ``strict``.
+- a timer rolled back into the intake topic (services/scheduler/rolls.py) comes back as a
+  copy with the same id and due time: ``ingest`` keeps exactly one pending copy of it.
 
 Ingest, bucket loading and cancel decisions hold ``lock``, so none sees the others half done.
 """
@@ -17,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +59,11 @@ class Timer:
     message_id: str
     topic: str  # the real topic it will be delivered to
     payload: bytes
+    rolls: int = 0  # > 0: a copy rolled back into the intake topic (this many times)
+
+
+class LostTimerLog(Exception):
+    """The timer log is missing or shorter than the checkpoint says: rebuild the store."""
 
 
 def payload_id(payload: bytes) -> tuple[str, str]:
@@ -68,10 +79,7 @@ class TimerStore:
         self.root = root
         self.config = config
         self.clock = clock
-        self.log = TimerLog(root / "log", config.segment_bytes)
-        self.buckets = BucketFiles(root / "buckets", config.bucket_ms)
-        self.precancels = Precancels(root / "precancel.log")
-        self.marks = MarkWriter(self.buckets)
+        self._open_parts()
         self.wheel = Wheel(config.tick_ms, config.bucket_ms)
         self.checkpoint_path = root / "checkpoint.json"
         self.lock = asyncio.Lock()
@@ -84,15 +92,61 @@ class TimerStore:
         self.pending = 0  # timers not final, over every bucket
         self.ingested = 0
         self.recovered = 0
+        self.fresh = False  # nothing on disk at start: the scheduler rebuilds from the broker
+        self.set_aside: Path | None = None  # where a lost or corrupt store was moved
+        self.rebuild_end = 0  # see Checkpoint
+        self.strict_below = 0
+        self.ages: list[tuple[float, int]] = []  # see Checkpoint (kept by the roller)
+        self.resolve_rolls: Callable[[list[Timer]], Awaitable[list[Timer]]] | None = None
+
+    def _open_parts(self) -> None:
+        self.log = TimerLog(self.root / "log", self.config.segment_bytes)
+        self.buckets = BucketFiles(self.root / "buckets", self.config.bucket_ms)
+        self.precancels = Precancels(self.root / "precancel.log")
+        self.marks = MarkWriter(self.buckets)
+
+    @property
+    def rebuilding(self) -> bool:
+        return self.ingested_next < self.rebuild_end
+
+    def strict(self, pos: int) -> bool:
+        """A timer filed by a rebuild: the lost store may have delivered it already."""
+        return pos < self.strict_below or self.rebuilding
 
     # --- recovery -------------------------------------------------------------------------
     def recover(self) -> None:
-        """Open everything and rebuild derived state (blocking: run it in a thread)."""
+        """Open everything and rebuild derived state (blocking: run it in a thread). A lost or
+        corrupt store is moved aside (``{data_dir}.lost-{ms}``) and the store starts fresh."""
+        try:
+            self._recover()
+        except (LostTimerLog, ValueError, KeyError) as exc:
+            self.close()
+            aside = self.root.with_name(f"{self.root.name}.lost-{time.time_ns() // 1_000_000}")
+            log.error("the timer store at %s cannot be used (%s): moved to %s; the timers "
+                      "are rebuilt from the broker's intake topic", self.root, exc, aside)
+            shutil.move(str(self.root), str(aside))
+            self.set_aside = aside
+            self._open_parts()
+            self._recover()
+
+    def _recover(self) -> None:
         began = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
-        cp = Checkpoint.load(self.checkpoint_path) or Checkpoint()
+        found = Checkpoint.load(self.checkpoint_path)
+        cp = found or Checkpoint()
         self.log.open()
+        self.fresh = not self.log.starts and cp.rebuild_end == 0
+        if found is not None and found.indexed_end > 0 and (
+                not self.log.starts or self.log.write_offset < found.indexed_end):
+            raise LostTimerLog(f"the timer log ends at {self.log.write_offset}, the "
+                               f"checkpoint says {found.indexed_end} was written")
+        self.rebuild_end, self.strict_below = cp.rebuild_end, cp.strict_below
+        self.ages = [(t, p) for t, p in cp.ages if p <= self.log.write_offset]
         self.buckets.open(cp.buckets)
+        short = [b for b, n in cp.buckets.items() if self.buckets.sizes.get(b, 0) < n]
+        if short:
+            raise LostTimerLog(f"{len(short)} bucket index(es) are missing or shorter than the "
+                               f"checkpoint says (bucket {short[0]})")
         self.precancels.load()
         self.segments = {s: b for s, b in cp.segments.items() if s in self.log.starts}
         self.ingested_next = cp.ingested_next
@@ -112,6 +166,9 @@ class TimerStore:
         for bucket, positions in cancelled.items():
             self.buckets.add_marks(bucket, b"".join(MARK.pack(p, Mark.CANCELLED)
                                                     for p in positions))
+        if self.log.write_offset < cp.indexed_end:
+            raise LostTimerLog(f"the timer log was cut at {self.log.write_offset}, below the "
+                               f"checkpoint's {cp.indexed_end}: an entry is corrupt")
         self.indexed_end = self.log.write_offset
         for bucket in self.buckets.known():
             if not self.buckets.sizes.get(bucket):
@@ -131,6 +188,8 @@ class TimerStore:
         """Take timers in durably; returns how many were new. ``next_intake``: the broker's
         intake offset after this batch (timers below ``ingested_next`` are repeats)."""
         fresh = [t for t in timers if t.intake >= self.ingested_next]
+        if self.resolve_rolls is not None and any(t.rolls for t in fresh):
+            fresh = await self.resolve_rolls(fresh)
         current = self.buckets.bucket_of(self.clock.now_ms())
         buckets = [max(self.buckets.bucket_of(t.due_ms), current) for t in fresh]
         encoded = [encode(t.due_ms, b, t.intake, t.payload)
@@ -143,13 +202,20 @@ class TimerStore:
             if fresh:
                 self._file(fresh, buckets, positions, [len(e) for e in encoded])
                 self.indexed_end = self.log.write_offset
+            was_rebuilding = self.rebuilding
             self.ingested_next = max(self.ingested_next, next_intake)
+            if was_rebuilding and not self.rebuilding:
+                self.strict_below = self.log.write_offset
+                log.info("rebuild complete: intake taken in up to offset %d; %d pending "
+                         "timer(s), those filed by the rebuild delivered strict",
+                         self.ingested_next, self.pending)
         return len(fresh)
 
     def _file(self, timers: list[Timer], buckets: list[int], positions: list[int],
               sizes: list[int]) -> None:
         """Index freshly logged timers (the commit step of ``ingest``: no await inside)."""
         horizon = self.clock.now_ms() + self.config.preload_ms
+        strict = self.rebuilding
         per_bucket: dict[int, bytearray] = {}
         cancelled: dict[int, list[int]] = {}
         for t, bucket, pos, size in zip(timers, buckets, positions, sizes, strict=True):
@@ -167,6 +233,8 @@ class TimerStore:
             if bucket in self.loaded:
                 self.wheel.add(t.due_ms, pos, size, bucket)
                 self.live[bucket] += 1
+                if strict:
+                    self.uncertain.add(pos)
         for bucket, data in per_bucket.items():
             self.buckets.append(bucket, bytes(data))
         for bucket, cancelled_positions in cancelled.items():  # rare: cancelled before intake
@@ -212,7 +280,7 @@ class TimerStore:
             if mark in FINAL or pos in seen:
                 continue
             seen.add(pos)
-            if mark is Mark.INTENT:
+            if mark is Mark.INTENT or self.strict(pos):
                 uncertain.add(pos)
             n = max(due, bucket) // tick
             slot = slots.get(n)
@@ -240,7 +308,8 @@ class TimerStore:
         gone = set(retiring)
         return Checkpoint(indexed_end=self.indexed_end, ingested_next=self.ingested_next,
                           buckets={b: s for b, s in self.buckets.sizes.items() if b not in gone},
-                          segments=dict(self.segments))
+                          segments=dict(self.segments), rebuild_end=self.rebuild_end,
+                          strict_below=self.strict_below, ages=list(self.ages))
 
     def _save(self, cp: Checkpoint) -> None:
         cp.save(self.checkpoint_path)
@@ -269,6 +338,13 @@ class TimerStore:
                     self.segments.pop(seg, None)
         if retiring:
             log.info("retired %d finished bucket(s)", len(retiring))
+
+    def begin_rebuild(self, end: int) -> None:
+        """Mark this (fresh) store as rebuilding from the intake topic up to ``end``, durably
+        before anything is taken in (blocking)."""
+        self.rebuild_end = end
+        self.strict_below = 0
+        self._save(self._capture([]))
 
     def close(self) -> None:
         self.buckets.close()

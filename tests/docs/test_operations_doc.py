@@ -60,6 +60,7 @@ def test_every_redis_key_is_in_the_key_table() -> None:
         "scheduler_progress_key": constants.scheduler_progress_key("{cluster}", "{broker_name}"),
         "scheduler_level_cancels_key": constants.scheduler_level_cancels_key("{cluster}",
                                                                              "{broker_name}"),
+        "scheduler_rebuild_key": constants.scheduler_rebuild_key("{cluster}", "{broker_name}"),
     }
     builders = {name for name, fn in inspect.getmembers(constants, inspect.isfunction)
                 if name.endswith("_key") and name != "service_progress_key"}

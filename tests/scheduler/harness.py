@@ -20,7 +20,7 @@ from tests.support.procs import ServiceProcess, free_port
 
 AUTH = {"X-Tidemq-Token": TOKEN}
 FAST_SCHEDULER = {"tick_ms": "50", "level_poll_ms": "50", "checkpoint_interval_ms": "200",
-                  "progress_interval_ms": "200", "intake_wait_ms": "500"}
+                  "progress_interval_ms": "200", "intake_wait_ms": "500", "roll_interval_ms": "200"}
 
 __all__ = ["AUTH", "DelayCluster", "run_delay_cluster", "unique", "wait_until"]
 

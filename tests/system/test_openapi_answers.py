@@ -119,6 +119,8 @@ def test_real_answers_match_the_documents(all_services: Cluster) -> None:
                 json={"owner": unique("owner"), "positions": [[topic, 0, 0]]})
     broker.call("DELETE", "/v1/messages/{message_id}/schedule",
                 f"/v1/messages/{timer_id}/schedule")
+    cancels = broker.call("GET", "/internal/v1/schedule/cancels", params={"max": 4096})
+    assert timer_id in cancels["message_ids"]
 
     # a transaction: half message, checks, the checker's view, the end
     producers = unique("P")

@@ -9,7 +9,13 @@ For the scheduler (``/internal/v1/schedule/*``, token required):
   marked ``strict`` (a re-delivery after a crash or a failed request) are first looked up by
   their unique key and not stored again if that delivery already happened;
 - ``report_progress``: the scheduler's intake and level offsets become its retention floor, so
-  the broker never deletes a segment holding a record the scheduler has not taken yet.
+  the broker never deletes a segment holding a record the scheduler has not taken yet (for the
+  intake topic: its rebuild floor, the oldest record a pending timer depends on);
+- ``deliver`` into the intake topic itself is a timer roll (the scheduler re-puts a long timer
+  so that its intake record stays recent): the copy's due time goes to the tag slot, as
+  routing puts it for a first copy;
+- ``cancels``: the ids of ``TIDE_SYS_TIMER_CANCELS``, read back by a scheduler rebuilding its
+  timer log.
 
 For clients: ``cancel`` and ``scheduled`` (docs/api.md) ask the scheduler, which decides; a
 successful cancel is also written to ``TIDE_SYS_TIMER_CANCELS`` so the message's state reads
@@ -191,6 +197,13 @@ class ScheduleService:
                   for r in records]
         return {"timers": timers, "next_offset": nxt, "min_offset": lo, "max_offset": hi}
 
+    def cancels(self, offset: int, max_count: int) -> dict[str, Any]:
+        """Ids of the cancel records from ``offset`` (a scheduler rebuild reads them all)."""
+        res = self.store.get(CANCELS_TOPIC, 0, offset, max(1, min(max_count, MAX_INTAKE)))
+        return {"message_ids": [r.message_id for r in res.records],
+                "next_offset": res.next_offset, "min_offset": res.min_offset,
+                "max_offset": res.max_offset}
+
     async def deliver(self, payload: Any) -> dict[str, int]:
         """``{records: [delivery row...], strict: [index...]}`` → stored in one write."""
         items = records_of(payload, DELIVER_FIELDS, "a deliver request", "deliver", MAX_DELIVER)
@@ -206,6 +219,13 @@ class ScheduleService:
             count = queues[record.topic]
             if count and record.queue_id >= count:
                 record.queue_id %= count  # the topic shrank while the message waited
+            if record.topic == INTAKE_TOPIC:  # a rolled timer: its due time in the tag slot
+                due = record.properties.get(TIMER_DELIVER_MS, "")
+                if not due.isdigit() or REAL_TOPIC not in record.properties:
+                    raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                        f"a timer rolled into {INTAKE_TOPIC} needs properties "
+                                        f"{REAL_TOPIC} and {TIMER_DELIVER_MS} (epoch ms)")
+                record.tag_code = int(due)
         keep = [r for i, r in enumerate(records) if i not in strict or not self._delivered(r)]
         duplicates = len(records) - len(keep)
         if keep:

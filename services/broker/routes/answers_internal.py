@@ -65,6 +65,10 @@ class Intake(QueueBounds):
                     "msgpack (raw bytes in msgpack, base64 text in JSON)]")
 
 
+class TimerCancels(QueueBounds):
+    message_ids: list[str] = Field(description="ids of delayed messages cancelled, in order")
+
+
 class DueRecord(BaseModel):
     offset: int = Field(description="offset in the level queue")
     due_ms: int

@@ -27,6 +27,7 @@ from services.broker.routes.answers_internal import (
     LevelsDue,
     Pending,
     ScheduleInfo,
+    TimerCancels,
 )
 from services.common.answers import Scheduled
 from services.common.app import reply
@@ -107,6 +108,16 @@ async def intake(
     wait_ms: WaitMs = 0,
 ) -> Response:
     return reply(request, await broker_of(request).schedule.intake(offset, max, wait_ms))
+
+
+@internal.get("/cancels", summary="Ids of cancelled delayed messages, for a scheduler rebuild",
+              response_model=TimerCancels)
+async def cancels(
+    request: Request,
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    max: Annotated[int, Query(ge=1, le=MAX_INTAKE)] = 1024,
+) -> Response:
+    return reply(request, broker_of(request).schedule.cancels(offset, max))
 
 
 @internal.post("/levels/due", openapi_extra=body_doc(DueBody),
