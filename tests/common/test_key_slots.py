@@ -232,8 +232,8 @@ async def test_checker_and_scheduler_progress_on_redis_cluster(cluster_node: Nod
         await progress.add_cancel(2, 41, 123, "mid")
         assert await progress.load() == (5, {2: 40}, {})
         assert await progress.load_cancels() == {(2, 41): (123, "mid")}
-        await checker.save(7, 8)
-        assert await checker.load() == (7, 8)
+        await checker.save(7, 8, 6)
+        assert await checker.load() == (7, 8, 6)
     finally:
         await progress.close()
         await checker.close()

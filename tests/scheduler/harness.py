@@ -7,8 +7,7 @@ and then the scheduler, both on the session's redis-server with a cluster name o
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import httpx
 
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import ServiceProcess, free_port
+from tests.support.procs import wait_for as wait_until
 
 AUTH = {"X-Tidemq-Token": TOKEN}
 FAST_SCHEDULER = {"tick_ms": "50", "level_poll_ms": "50", "checkpoint_interval_ms": "200",
@@ -25,15 +25,6 @@ FAST_SCHEDULER = {"tick_ms": "50", "level_poll_ms": "50", "checkpoint_interval_m
 __all__ = ["AUTH", "DelayCluster", "run_delay_cluster", "unique", "wait_until"]
 
 
-def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 class DelayCluster:

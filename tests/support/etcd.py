@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.support.procs import free_port
+from tests.support.procs import free_port, stop_process
 
 
 class EtcdServer:
@@ -56,11 +55,5 @@ class EtcdServer:
         raise TimeoutError("etcd not healthy:\n" + self.log_path.read_text()[-3000:])
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None

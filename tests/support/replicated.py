@@ -8,8 +8,7 @@ same member. ``primary()`` asks the members themselves (``/internal/v1/replicati
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import httpx
 
 from tests.support.broker import TOKEN, unique
 from tests.support.etcd import EtcdServer
-from tests.support.procs import ServiceProcess, free_port
+from tests.support.procs import ServiceProcess, free_port, wait_for
 
 LEASE_S = 2  # the primary's etcd lease in these tests (s)
 ELECTION_BOUND_S = LEASE_S + 4.0  # a new primary within the lease plus a few seconds (s)
@@ -29,15 +28,6 @@ START_TIMEOUT_S = 60.0  # a broker start on a busy machine (s)
 STATUS_PATH = "/internal/v1/replication/status"
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass

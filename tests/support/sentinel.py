@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from tests.support.procs import free_port, wait_port
+from tests.support.procs import free_port, stop_process, wait_port
 
 MASTER_NAME = "tidemq"
 QUORUM = 2  # sentinels that must agree the master is down
@@ -52,13 +52,7 @@ class Node:
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig)
         self.proc = None
 
     def client(self) -> redis.Redis:
