@@ -176,6 +176,16 @@ def new_transport() -> WireTransport:
                          max_idle=HTTP_MAX_KEEPALIVE_CONNECTIONS, ssl_context=shared_ssl_context)
 
 
+def _tls_hint(exc: Exception, target: str) -> str:
+    """A plain-HTTP request to a TLS port gets no answer (the server waits for a handshake and
+    closes): say what probably happened."""
+    closed = (isinstance(exc, httpx.RemoteProtocolError)
+              or (isinstance(exc, WireError) and not isinstance(exc, WireConnectError)))
+    if closed and target.startswith("http://"):
+        return " (closed without an answer: if that port serves TLS, use https://)"
+    return ""
+
+
 class HttpClient:
     """Requests to any tidemq service; one instance is shared by a client's components."""
 
@@ -287,10 +297,7 @@ class HttpClient:
         except httpx.HTTPError as exc:
             if self._closed:
                 raise ClientClosedError("the client is closed") from exc
-            hint = ""
-            if isinstance(exc, httpx.RemoteProtocolError) and target.startswith("http://"):
-                hint = " (closed without an answer: if that port serves TLS, use https://)"
-            raise TransportError(f"{method} {target}: {exc!r}{hint}",
+            raise TransportError(f"{method} {target}: {exc!r}{_tls_hint(exc, target)}",
                                  sent=not isinstance(exc, _NOT_SENT)) from exc
         except RuntimeError as exc:  # httpx: "client has been closed"
             if self._closed:
@@ -314,7 +321,7 @@ class HttpClient:
         except WireError as exc:
             if self._closed:
                 raise ClientClosedError("the client is closed") from exc
-            raise TransportError(f"{method} {target}: {exc}",
+            raise TransportError(f"{method} {target}: {exc}{_tls_hint(exc, target)}",
                                  sent=not isinstance(exc, WireConnectError)) from exc
         except ValueError as exc:  # not an http(s) URL
             raise TransportError(f"{method} {target}: {exc}", sent=False) from exc

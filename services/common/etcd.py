@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from services.common.tls import client_context
+
 log = logging.getLogger(__name__)
 
 ETCD_TIMEOUT_S = 2.0  # one request to one endpoint (s)
@@ -109,7 +111,9 @@ class EtcdClient:
             raise ValueError("no etcd endpoint given")
         self.endpoints = [e if "://" in e else "http://" + e for e in self.endpoints]
         self._good = 0
-        self._http = httpx.AsyncClient(timeout=timeout_s, transport=transport)
+        # an https:// endpoint is verified against the process's CA bundle (TIDEMQ_TLS_CA)
+        self._http = httpx.AsyncClient(timeout=timeout_s, transport=transport,
+                                       verify=client_context())
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -138,8 +138,9 @@ def test_tls_on_every_tidemq_port_from_the_init_step() -> None:
         assert env["TIDEMQ_TLS_CA"] == "/secrets/ca.pem", name
         assert "secrets:/secrets:ro" in svc["volumes"], name
         assert svc["depends_on"][INIT] == {"condition": "service_completed_successfully"}
-        urls = [u for v in env.values() for u in v.split(",") if "://" in u
-                and not u.startswith("redis://")]
+        # etcd (replicated groups only) stays plain inside the compose network, like Redis
+        urls = [u for k, v in env.items() for u in v.split(",") if "://" in u
+                and not u.startswith("redis://") and not k.endswith("ETCD_ENDPOINTS")]
         assert urls and all(u.startswith("https://") for u in urls), (name, urls)
         check = " ".join(svc["healthcheck"]["test"])
         assert "https://127.0.0.1:" in check and "cafile='/secrets/ca.pem'" in check, name

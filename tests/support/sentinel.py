@@ -214,7 +214,9 @@ class SentinelGroup:
 def start_cluster_node(workdir: Path, timeout: float = 15.0) -> Node:
     """A cluster-enabled redis-server that owns all 16384 slots; its URL is plain redis://."""
     port = free_port()
+    # the bus port is named: derived (port + 10000), a free port above 55535 cannot start
     node = Node(workdir, ["--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                          "--cluster-port", str(free_port()),
                           "--cluster-config-file", "nodes.conf", "--save", "",
                           "--appendonly", "no", "--protected-mode", "no"], port).start()
     try:
