@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.routing import APIRoute
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
 from services.common.app import create_app, reply
@@ -224,7 +224,8 @@ def create_sidecar_app(settings: MetricsSettings) -> FastAPI:
     async def metrics() -> Response:
         text = await asyncio.to_thread(read_exposition)
         status = runner.status(path)
-        return Response(text + health_lines(runner, status), media_type=CONTENT_TYPE)
+        own = generate_latest(registry).decode() if gate is not None else ""  # ACL counters
+        return Response(text + health_lines(runner, status) + own, media_type=CONTENT_TYPE)
 
     @app.get("/v1/status", tags=["ops"], summary="State of the Spark job",
              response_model=JobStatus)
