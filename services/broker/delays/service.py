@@ -397,6 +397,10 @@ class ScheduleService:
             validate_topic_name(topic)
         return await self._require_scheduler().scheduled(topic or None)
 
+    async def histogram(self, by: str) -> dict[str, Any]:
+        """Pending timers by hour or day of due time, as the scheduler counts them."""
+        return await self._require_scheduler().histogram(by)
+
 
 def _newest_that_matters(copies: list[StoredRecord]) -> StoredRecord | None:
     """The newest waiting copy, cancel record, or delivered/plain copy (transaction records

@@ -111,8 +111,4 @@ async def scheduled_histogram(
     request: Request,
     by: Annotated[Literal["hour", "day"], Query(description="bucket width")] = "hour",
 ) -> Response:
-    client = broker_of(request).schedule.scheduler
-    if client is None:
-        raise ProtocolError(ErrorCode.UNAVAILABLE, "no scheduler is configured on this broker "
-                            "(set TIDEMQ_BROKER_SCHEDULER_URL, or start it with `tidemq up`)")
-    return reply(request, await client.histogram(by))
+    return reply(request, await broker_of(request).schedule.histogram(by))
