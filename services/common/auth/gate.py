@@ -119,33 +119,37 @@ class Gate:
                    authorization: str) -> User:
         """The account that signed this REST request; ``Refused`` (401) otherwise."""
         what = f"{method} {path}"
-        access_key, signature = self._credentials("rest", REST_SCHEME, authorization, what)
-        if not date:
-            raise self._refuse("rest", ErrorCode.UNAUTHORIZED, "missing",
-                               "the X-Tidemq-Date header is missing", access_key, what)
-        self._date("rest", date, access_key, what)
-        user = self._user("rest", access_key, what)
+        access_key, signature, user = self._signer("rest", REST_SCHEME, authorization, date,
+                                                   "X-Tidemq-Date", what)
         expected = rest_signature(user.secret_key,
                                   string_to_sign(date, method, path, query, digest))
-        if not hmac.compare_digest(expected, signature.lower()):
-            raise self._refuse("rest", ErrorCode.UNAUTHORIZED, "bad_signature",
-                               "the signature does not match (method, path, query, body, date "
-                               "and secret key must all be as signed)", access_key, what)
+        self._match("rest", expected, signature, "the signature does not match (method, path, "
+                    "query, body, date and secret key must all be as signed)", access_key, what)
         return user
 
     def check_grpc(self, authorization: str, date: str, rpc: str) -> User:
         """The account that signed this gRPC call (RocketMQ 5 MQv2-HMAC-SHA1)."""
-        access_key, signature = self._credentials("grpc", GRPC_SCHEME, authorization, rpc)
-        if not date:
-            raise self._refuse("grpc", ErrorCode.UNAUTHORIZED, "missing",
-                               "the x-mq-date-time header is missing", access_key, rpc)
-        self._date("grpc", date, access_key, rpc)
-        user = self._user("grpc", access_key, rpc)
-        if not hmac.compare_digest(grpc_signature(user.secret_key, date), signature.lower()):
-            raise self._refuse("grpc", ErrorCode.UNAUTHORIZED, "bad_signature",
-                               "the signature does not match (check the secret key)",
-                               access_key, rpc)
+        access_key, signature, user = self._signer("grpc", GRPC_SCHEME, authorization, date,
+                                                   "x-mq-date-time", rpc)
+        self._match("grpc", grpc_signature(user.secret_key, date), signature,
+                    "the signature does not match (check the secret key)", access_key, rpc)
         return user
+
+    def _signer(self, door: str, scheme: str, authorization: str, date: str, date_header: str,
+                what: str) -> tuple[str, str, User]:
+        """(access key, signature, account) of a signed request whose date is in the window."""
+        access_key, signature = self._credentials(door, scheme, authorization, what)
+        if not date:
+            raise self._refuse(door, ErrorCode.UNAUTHORIZED, "missing",
+                               f"the {date_header} header is missing", access_key, what)
+        self._date(door, date, access_key, what)
+        return access_key, signature, self._user(door, access_key, what)
+
+    def _match(self, door: str, expected: str, signature: str, message: str, access_key: str,
+               what: str) -> None:
+        if not hmac.compare_digest(expected, signature.lower()):
+            raise self._refuse(door, ErrorCode.UNAUTHORIZED, "bad_signature", message,
+                               access_key, what)
 
     def authorize(self, door: str, user: User, needs: Iterable[Need], what: str) -> None:
         """``Refused`` (403 FORBIDDEN naming the resource and action) unless every need is met."""
