@@ -63,6 +63,14 @@ def _elector(client: EtcdClient, role: FakeRole, group: str, broker_id: int) -> 
                    margin_s=MARGIN_S, interval_s=INTERVAL_S)
 
 
+def _started(client: EtcdClient, roles: list[FakeRole], group: str) -> list[Elector]:
+    """One running elector per role, broker ids in list order."""
+    electors = [_elector(client, r, group, i) for i, r in enumerate(roles)]
+    for e in electors:
+        e.start()
+    return electors
+
+
 async def _until(check: Callable[[], bool], within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while not check():
@@ -90,9 +98,7 @@ def test_best_member_prefers_offset_then_lower_id() -> None:
 async def test_first_leader_is_broker_0_and_the_other_follows(client: EtcdClient) -> None:
     group = f"g-{uuid.uuid4().hex[:6]}"
     roles = [FakeRole(), FakeRole()]
-    electors = [_elector(client, r, group, i) for i, r in enumerate(roles)]
-    for e in electors:
-        e.start()
+    electors = _started(client, roles, group)
     try:
         await _until(lambda: bool(roles[0].promoted) and bool(roles[1].demoted))
         assert roles[0].promoted[0][0] == 1
@@ -109,9 +115,7 @@ async def test_first_leader_is_broker_0_and_the_other_follows(client: EtcdClient
 async def test_the_larger_offset_wins(client: EtcdClient) -> None:
     group = f"g-{uuid.uuid4().hex[:6]}"
     roles = [FakeRole(offset=100), FakeRole(offset=700), FakeRole(offset=300)]
-    electors = [_elector(client, r, group, i) for i, r in enumerate(roles)]
-    for e in electors:
-        e.start()
+    electors = _started(client, roles, group)
     try:
         await _until(lambda: bool(roles[1].promoted)
                      and all(r.demoted for i, r in enumerate(roles) if i != 1))
@@ -157,9 +161,7 @@ async def test_lease_lapse_elects_a_successor_under_the_next_epoch_and_fences_th
 async def test_a_clean_stop_hands_over_at_once(client: EtcdClient) -> None:
     group = f"g-{uuid.uuid4().hex[:6]}"
     roles = [FakeRole(), FakeRole()]
-    electors = [_elector(client, r, group, i) for i, r in enumerate(roles)]
-    for e in electors:
-        e.start()
+    electors = _started(client, roles, group)
     try:
         await _until(lambda: bool(roles[0].promoted) and bool(roles[1].demoted))
         stopped = time.monotonic()
