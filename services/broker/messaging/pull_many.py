@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name
+from tidemq.protocol.numbers import INT32_MAX, INT64_MAX, integer
 
 from services.broker.messaging.pull import (
     DEFAULT_PULL,
@@ -76,8 +77,8 @@ def parse_wants(payload: Any) -> tuple[list[QueueWant], int, int, str | None]:
     if unknown:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"unknown field {sorted(unknown)[0]!r}: not part of this request")
-    max_count = _int(payload.get("max", DEFAULT_PULL), "max", 1, MAX_PULL)
-    wait_ms = _int(payload.get("wait_ms", 0), "wait_ms", 0, LONG_POLL_MAX_MS)
+    max_count = integer(payload.get("max", DEFAULT_PULL), "max", 1, MAX_PULL)
+    wait_ms = integer(payload.get("wait_ms", 0), "wait_ms", 0, LONG_POLL_MAX_MS)
     group = payload.get("group")
     if group is not None:
         if not isinstance(group, str):
@@ -99,20 +100,11 @@ def parse_wants(payload: Any) -> tuple[list[QueueWant], int, int, str | None]:
         tags = q.get("tags", "*")
         if not isinstance(tags, str):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"queues.{i}.tags: expected a string")
-        wants.append(QueueWant(q["topic"], _int(q.get("queue_id"), f"queues.{i}.queue_id", 0,
-                                                None),
-                               _int(q.get("offset", 0), f"queues.{i}.offset", 0, None),
+        wants.append(QueueWant(q["topic"],
+                               integer(q.get("queue_id"), f"queues.{i}.queue_id", 0, INT32_MAX),
+                               integer(q.get("offset", 0), f"queues.{i}.offset", 0, INT64_MAX),
                                TagFilter.parse(tags)))
     return wants, max_count, wait_ms, group
-
-
-def _int(value: Any, name: str, low: int, high: int | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
-            high is not None and value > high):
-        bound = f"{low}-{high}" if high is not None else f">= {low}"
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"{name}: expected an integer {bound}, "
-                            f"got {value!r}")
-    return value
 
 
 def _news(res: GetResult) -> bool:
