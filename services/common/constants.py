@@ -155,11 +155,6 @@ def scheduler_rebuild_key(cluster: str, broker_name: str) -> str:
     return f"{_ns(cluster)}:scheduler-rebuild:{broker_name}"
 
 
-#: Property of a timer rolled back into the intake topic (RocketMQ 5's timer roll): how many
-#: times it was re-put. A rolled copy keeps the message id and due time; the scheduler strips
-#: the property before delivery.
-TIMER_ROLL_PROPERTY = "TIDE_TIMER_ROLLS"
-
 
 def scheduler_level_cancels_key(cluster: str, broker_name: str) -> str:
     """Hash: ``{queue id}:{queue offset}`` → ``{due_ms} {message_id}`` of cancelled

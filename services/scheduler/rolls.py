@@ -6,7 +6,7 @@ timer depends on: it is saved in Redis (``scheduler_rebuild_key``) and the broke
 floor is held there. A timer due in days would hold the broker's retention for days, so a long
 timer is **rolled** (RocketMQ 5's timer roll): once its intake record is older than
 ``roll_after_ms`` (wall time), it is put back into the intake topic with the same message id,
-real topic, body and due time and a roll count (``TIMER_ROLL_PROPERTY``). The rolled copy comes
+real topic, body and due time and a roll count (``TIDE_TIMER_ROLLS``). The rolled copy comes
 back through intake; ``resolve`` keeps exactly one pending copy per timer:
 
 - an older copy already final (delivered, cancelled, skipped): the rolled copy is dropped;
@@ -31,10 +31,16 @@ import time
 from dataclasses import dataclass
 
 import msgpack
-from tidemq.protocol import REAL_QID, REAL_TOPIC, TIMER_DELIVER_MS, DeliveryRow, SystemTopic
+from tidemq.protocol import (
+    REAL_QID,
+    REAL_TOPIC,
+    TIDE_TIMER_ROLLS,
+    TIMER_DELIVER_MS,
+    DeliveryRow,
+    SystemTopic,
+)
 
 from services.common.broker_client import BrokerClient, deliver_body
-from services.common.constants import TIMER_ROLL_PROPERTY
 from services.scheduler.buckets import ENTRY, FINAL, Mark, text_hash
 from services.scheduler.lookup import HASH_AT, _hits
 from services.scheduler.metrics import SchedulerMetrics
@@ -43,7 +49,7 @@ from services.scheduler.timers import Timer, TimerStore, payload_id
 
 log = logging.getLogger(__name__)
 
-ROLL_MARKER = TIMER_ROLL_PROPERTY.encode()
+ROLL_MARKER = TIDE_TIMER_ROLLS.encode()
 AGE_MARKS = 16  # age marks kept per roll_after_ms (how finely the age of a position is known)
 SCAN_YIELD = 64  # buckets looked at between two yields to the event loop
 
@@ -54,7 +60,7 @@ def roll_count(payload: bytes) -> int:
         return 0
     row = DeliveryRow._make(msgpack.unpackb(payload, raw=False))
     try:
-        return int(row.properties.get(TIMER_ROLL_PROPERTY, 0))
+        return int(row.properties.get(TIDE_TIMER_ROLLS, 0))
     except (TypeError, ValueError):
         return 0
 
@@ -64,9 +70,9 @@ def strip_roll(payload: bytes) -> bytes:
     if ROLL_MARKER not in payload:
         return payload
     row = DeliveryRow._make(msgpack.unpackb(payload, raw=False))
-    if TIMER_ROLL_PROPERTY not in row.properties:
+    if TIDE_TIMER_ROLLS not in row.properties:
         return payload
-    props = {k: v for k, v in row.properties.items() if k != TIMER_ROLL_PROPERTY}
+    props = {k: v for k, v in row.properties.items() if k != TIDE_TIMER_ROLLS}
     return msgpack.packb(tuple(row._replace(properties=props)), use_bin_type=True)
 
 
@@ -74,9 +80,9 @@ def rolled_row(entry: Entry) -> bytes:
     """A timer-log entry as a delivery row into the intake topic: its rolled copy."""
     row = DeliveryRow._make(msgpack.unpackb(entry.payload, raw=False))
     props = dict(row.properties)
-    rolls = int(props.get(TIMER_ROLL_PROPERTY, 0) or 0) + 1
+    rolls = int(props.get(TIDE_TIMER_ROLLS, 0) or 0) + 1
     props.update({REAL_TOPIC: row.topic, REAL_QID: str(row.queue_id),
-                  TIMER_DELIVER_MS: str(entry.due_ms), TIMER_ROLL_PROPERTY: str(rolls)})
+                  TIMER_DELIVER_MS: str(entry.due_ms), TIDE_TIMER_ROLLS: str(rolls)})
     out = row._replace(topic=SystemTopic.TIMER_INTAKE.value, queue_id=0, properties=props)
     return msgpack.packb(tuple(out), use_bin_type=True)
 

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from tidemq.protocol import REAL_TOPIC, TIMER_DELIVER_MS, DeliveryRow
+from tidemq.protocol import REAL_TOPIC, TIDE_TIMER_ROLLS, TIMER_DELIVER_MS, DeliveryRow
 
-from services.common.constants import TIMER_ROLL_PROPERTY
 from services.scheduler.buckets import Mark
 from services.scheduler.clock import Clock
 from services.scheduler.lookup import locate
@@ -40,7 +39,7 @@ class RecordingBroker:
 def _payload(mid: str, due: int, rolls: int = 0) -> bytes:
     props = {"UNIQ_KEY": mid}
     if rolls:
-        props[TIMER_ROLL_PROPERTY] = str(rolls)
+        props[TIDE_TIMER_ROLLS] = str(rolls)
     return msgpack.packb(["T", 1, mid.encode(), props, 0, 0, due - 5, "127.0.0.1:1", 0, 0])
 
 
@@ -67,7 +66,7 @@ def test_a_rolled_row_goes_back_to_intake_and_is_delivered_clean() -> None:
     assert roll_count(rolled_row(entry)) == 1 and roll_count(rolled_row(again)) == 2
     assert roll_count(_payload("m", 1)) == 0
     clean = DeliveryRow._make(msgpack.unpackb(strip_roll(_payload("m", 1, rolls=3)), raw=False))
-    assert TIMER_ROLL_PROPERTY not in clean.properties and clean.properties["UNIQ_KEY"] == "m"
+    assert TIDE_TIMER_ROLLS not in clean.properties and clean.properties["UNIQ_KEY"] == "m"
 
 
 async def test_one_pending_copy_per_timer_and_the_floor_follows(tmp_path: Path) -> None:

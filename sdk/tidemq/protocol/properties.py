@@ -25,6 +25,7 @@ REAL_QID = "REAL_QID"  # ... and its queue id
 DELAY = "DELAY"  # a delay level (1-based)
 DELAY_MS = "DELAY_MS"  # a relative delay (ms), counted from commit on a half message
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # the delivery time (epoch ms)
+TIDE_TIMER_ROLLS = "TIDE_TIMER_ROLLS"  # times a long timer was rolled back into the intake topic
 
 # --- transactional messages -------------------------------------------------------------------
 TRAN_MSG = "TRAN_MSG"  # "true" on every copy of a transactional message
@@ -37,7 +38,8 @@ BORN_MS = "BORN_MS"  # when the half message was first stored (epoch ms)
 #: Every name above: user properties may not reuse them, returned messages never show them.
 RESERVED_PROPERTIES = frozenset({
     UNIQ_KEY, TAGS, KEYS, SHARDING_KEY, RETRY_TOPIC, ORIGIN_MESSAGE_ID, RECONSUME_TIME,
-    MAX_RECONSUME_TIMES, REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS, TRAN_MSG,
-    PGROUP, TRANSACTION_ID, TRANSACTION_CHECK_TIMES, CHECK_IMMUNITY_TIME_IN_SECONDS, BORN_MS,
+    MAX_RECONSUME_TIMES, REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS, TIDE_TIMER_ROLLS,
+    TRAN_MSG, PGROUP, TRANSACTION_ID, TRANSACTION_CHECK_TIMES, CHECK_IMMUNITY_TIME_IN_SECONDS,
+    BORN_MS,
 })
 
