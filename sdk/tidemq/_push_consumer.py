@@ -232,19 +232,27 @@ class PushConsumer(Client):
     # -- rebalance ---------------------------------------------------------------------------
 
     async def _subscribed_queues(self) -> tuple[list[MessageQueue], set[str]]:
-        """The sorted readable queues of every subscribed topic and the brokers serving them."""
+        """The sorted readable queues of every subscribed topic and the brokers serving them.
+
+        The topics are looked up at once. The group's retry topic exists only once a message
+        of the group has failed, so it is asked for once, without retries, and its absence is
+        not worth a warning: it must not hold up the consumer's start."""
+        own_retry = retry_topic(self.group)
+        topics = list(self.subscriptions)
+        routes = await asyncio.gather(*(self._routes.get(t, patient=t != own_retry)
+                                        for t in topics), return_exceptions=True)
         queues: list[MessageQueue] = []
-        for topic in self.subscriptions:
-            try:
-                route = await self._routes.get(topic)
-            except TopicNotFoundError:
-                if topic == retry_topic(self.group):
-                    log.debug("retry topic %s does not exist yet", topic)
-                else:
+        for topic, route in zip(topics, routes, strict=True):
+            if isinstance(route, BaseException):
+                if not isinstance(route, TidemqError):
+                    raise route
+                if topic == own_retry:
+                    log.debug("retry topic %s is not served yet: %s", topic, route)
+                elif isinstance(route, TopicNotFoundError):
                     log.warning("subscribed topic %r does not exist", topic)
-                continue
-            except TidemqError as exc:
-                log.warning("no route for %r, its queues are skipped this round: %s", topic, exc)
+                else:
+                    log.warning("no route for %r, its queues are skipped this round: %s",
+                                topic, route)
                 continue
             queues.extend(route.read_queues())
         brokers = {q.address for q in queues}

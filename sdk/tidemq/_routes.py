@@ -182,21 +182,26 @@ class RouteTable:
         if entry is not None:
             entry.stale = True
 
-    async def get(self, topic: str) -> TopicRoute:
-        """The route of ``topic``, cached; concurrent misses share one lookup."""
+    async def get(self, topic: str, *, patient: bool = True) -> TopicRoute:
+        """The route of ``topic``, cached; concurrent misses share one lookup.
+
+        ``patient=False`` asks each nameserver once instead of retrying with back-off: for a
+        topic that may well not exist yet (a group's retry topic), whose absence must not hold
+        up a consumer's start while a young nameserver still answers 503 for unknown topics.
+        """
         entry = self._cache.get(topic)
         if entry is not None and not entry.stale:
             return entry.route
         task = self._loading.get(topic)
         if task is None:
-            task = asyncio.create_task(self._load(topic), name=f"tidemq-route-{topic}")
+            task = asyncio.create_task(self._load(topic, patient), name=f"tidemq-route-{topic}")
             self._loading[topic] = task
             task.add_done_callback(self._loaded)
         return await asyncio.shield(task)
 
-    async def _load(self, topic: str) -> TopicRoute:
+    async def _load(self, topic: str, patient: bool = True) -> TopicRoute:
         try:
-            route = await self._fetch(topic)
+            route = await self._fetch(topic, patient)
         except TopicNotFoundError:
             self._cache.pop(topic, None)
             raise
@@ -217,7 +222,7 @@ class RouteTable:
         if not task.cancelled():
             task.exception()  # retrieved here so an unawaited failure is not logged as lost
 
-    async def _fetch(self, topic: str) -> TopicRoute:
+    async def _fetch(self, topic: str, patient: bool = True) -> TopicRoute:
         if self._broker is not None:
             info = await self._http.call("GET", url(self._broker, "v1", "topics", topic))
             try:
@@ -226,17 +231,18 @@ class RouteTable:
             except (KeyError, TypeError, ValueError) as exc:
                 raise UnexpectedResponseError(f"malformed topic {topic!r}: {exc!r}") from exc
             return TopicRoute(topic, (BrokerRoute("broker", self._broker, queues, perm),))
-        return await self._ask_nameservers(topic)
+        return await self._ask_nameservers(topic, patient)
 
-    async def _ask_nameservers(self, topic: str) -> TopicRoute:
+    async def _ask_nameservers(self, topic: str, patient: bool = True) -> TopicRoute:
         """Try nameservers in turn (each once per round), a few rounds with back-off.
 
         When none answers at all, one ``TransportError`` names every address tried and the
         last cause, with a hint; the failed attempts themselves are only logged at debug level.
         """
         policy = self._http.retry
+        rounds = policy.max_attempts if patient else 1
         last: TidemqError | None = None
-        for attempt in range(1, policy.max_attempts + 1):
+        for attempt in range(1, rounds + 1):
             not_found: TopicNotFoundError | None = None
             for _ in range(len(self._nameservers)):
                 ns = self._nameservers[self._next_ns % len(self._nameservers)]
@@ -251,16 +257,16 @@ class RouteTable:
                     if not exc.retriable:
                         raise
                     log.debug("nameserver %s: route lookup for %r failed (round %d/%d): %s",
-                              ns, topic, attempt, policy.max_attempts, exc)
+                              ns, topic, attempt, rounds, exc)
                     last = exc
                 self._next_ns += 1
             if not_found is not None:
                 raise not_found
-            if attempt < policy.max_attempts:
+            if attempt < rounds:
                 await asyncio.sleep(policy.backoff_s(attempt))
         assert last is not None
         if isinstance(last, TransportError):
-            raise type(last)(unreachable_message(self._nameservers, topic, policy.max_attempts,
+            raise type(last)(unreachable_message(self._nameservers, topic, rounds,
                                                  last), sent=last.sent) from last
         raise last
 

@@ -88,3 +88,17 @@ async def test_a_stale_route_is_kept_while_no_nameserver_answers(cluster: FakeCl
     with pytest.raises(TopicNotFoundError):
         await table.get("orders")
     assert table.cached("orders") is None
+
+
+async def test_an_impatient_lookup_asks_each_nameserver_once(two_brokers: FakeCluster) -> None:
+    """A consumer's own retry topic usually does not exist yet: its lookup must not retry with
+    back-off (a young nameserver answers 503 for unknown topics) and hold up the start."""
+    two_brokers.down.update(two_brokers.nameservers)
+    table = _table(two_brokers, nameservers=two_brokers.nameservers)
+    with pytest.raises(TransportError, match="1 time"):
+        await table.get("orders", patient=False)
+    assert len(two_brokers.requests_to("/v1/routes/orders")) == len(two_brokers.nameservers)
+    with pytest.raises(TransportError, match=f"{FAST.max_attempts} time"):
+        await table.get("orders")
+    assert len(two_brokers.requests_to("/v1/routes/orders")) == \
+        len(two_brokers.nameservers) * (1 + FAST.max_attempts)
