@@ -10,7 +10,7 @@ on free ports with data in a temp dir, and stops them at the end. Bodies are 512
 2. txn        ``TransactionProducer.send`` from 256 concurrent senders, N messages: each is a
               half message, a local transaction that answers COMMIT at once, and an end (halves
               and ends are coalesced into ``POST /v1/transactions`` / ``.../end`` batches);
-              msgs/s counted once every message is committed and consumable. Target: >= 0.5x
+              msgs/s counted once every message is committed and consumable. Target: >= 0.6x
               plain. Extra row: the same with ``wait_for_end=False`` (RocketMQ's oneway end:
               the ends ride along with the next half messages).
 3. sweep      P half messages nobody ended (quick 10k, full 100k), stored through the batch
@@ -21,8 +21,9 @@ on free ports with data in a temp dir, and stops them at the end. Bodies are 512
               one default check interval (30 s).
 4. orphans    (run before the sweep) O half messages nobody ends (quick 20, full 100), stored
               one at a time with a 1 s check_immunity_s while a checker with the default
-              interval (30 s) runs: p50/p99 of the time from each one's immunity expiry to its
-              check reaching the polling producer. Target: p99 <= 1 s (see bench/_orphans.py).
+              interval (30 s) runs, once its first scan has caught up with the rounds before:
+              p50/p99 of the time from each one's immunity expiry to its check reaching the
+              polling producer. Target: p99 <= 1 s (see bench/_orphans.py).
 
 Plain and the two txn modes alternate three times (the box is shared and noisy); the best of each
 is used. The JSON line has at least ``txn_vs_plain_ratio``, ``check_sweep_s``,
@@ -51,7 +52,7 @@ import msgpack
 
 from bench._common import Row, err, loop_name, print_json, print_table, progress, run
 from bench._orphans import IMMUNITY_S, TARGET_LATE_S, OrphanResult, orphan_checks
-from services.common.constants import TRANSACTION_CHECK_INTERVAL_MS
+from services.common.constants import TOKEN_HEADER, TRANSACTION_CHECK_INTERVAL_MS
 
 REPO = Path(__file__).resolve().parents[1]
 BODY = b"t" * 512
@@ -59,7 +60,7 @@ SENDERS = 256
 QUEUES = 8
 TOKEN = "bench-token"
 HALF_BATCH = 1024
-TARGET_RATIO = 0.5
+TARGET_RATIO = 0.6  # issue 13: transactional send >= 0.6x plain
 TARGET_SWEEP_S = 30.0  # one default check interval
 
 
@@ -293,6 +294,15 @@ async def orphans(tmp: Path, broker: str, redis_url: str, cluster: str, sizes: S
             "TIDEMQ_CHECKER_BROKER_URL": broker, "TIDEMQ_CHECKER_REDIS_URL": redis_url,
             "TIDEMQ_CHECKER_TOKEN": TOKEN, "TIDEMQ_CHECKER_CLUSTER": cluster})
         await asyncio.to_thread(checker.start)
+        # A new checker first catches up with the halves and ends the send rounds left (tens of
+        # thousands): one scan on request, answered once it is done. The figure is the steady
+        # state after it, not that one-time catch-up.
+        caught_up = time.perf_counter()
+        r = await http.post(f"http://127.0.0.1:{checker.port}/internal/v1/scan",
+                            headers={TOKEN_HEADER: TOKEN}, timeout=300)
+        r.raise_for_status()
+        err.print(f"orphans: the new checker caught up in {time.perf_counter() - caught_up:.1f} s"
+                  f" ({r.json().get('examined', '?')} half copies examined)")
 
         async def stop() -> None:
             await asyncio.to_thread(checker.stop)

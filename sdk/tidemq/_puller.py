@@ -1,10 +1,10 @@
 """One queue of a push consumer: the pull loop, handler dispatch and failure handling.
 
-Concurrent mode: each pulled message runs in its own task (at most ``max_concurrency`` handlers
-across the consumer, shared semaphore); the queue's ``OffsetTracker`` keeps the committable
-offset below every unfinished message. Pulling pauses while the span between the oldest
-unfinished message and the pull position exceeds ``max_span`` (a stuck handler must not let
-memory grow without bound).
+Concurrent mode: pulled messages go to the consumer's ``HandlerPool``, whose workers run at most
+``max_concurrency`` handlers across the consumer (no task per message); the queue's
+``OffsetTracker`` keeps the committable offset below every unfinished message. Pulling pauses
+while the span between the oldest unfinished message and the pull position exceeds
+``max_span`` (a stuck handler must not let memory grow without bound).
 
 Ordered mode: the queue's messages run one after another; a failure is retried in place after a
 pause, up to ``max_reconsume_times``, and only then handed to the broker's retry.
@@ -38,6 +38,7 @@ from tidemq._exceptions import (
     TransportError,
 )
 from tidemq._fault import BrokerHealth
+from tidemq._handler_pool import HandlerPool
 from tidemq._http import NO_RETRY, RetryPolicy
 from tidemq._offsets import OffsetTracker
 from tidemq._routes import MessageQueue
@@ -79,7 +80,7 @@ class QueuePuller:
         self, queue: MessageQueue, tracker: OffsetTracker, expression: TagExpression,
         api: BrokerApi, handler: Handler, permits: asyncio.Semaphore, settings: PullerSettings,
         on_route_error: Callable[[str], None] | None = None,
-        health: BrokerHealth | None = None,
+        health: BrokerHealth | None = None, pool: HandlerPool | None = None,
     ) -> None:
         self.queue = queue
         self.tracker = tracker
@@ -87,6 +88,7 @@ class QueuePuller:
         self._api = api
         self._handler = handler
         self._permits = permits
+        self._pool = None if settings.orderly else pool  # concurrent mode's handler workers
         self._s = settings
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -159,15 +161,24 @@ class QueuePuller:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        cancelled = 0
+        if self._pool is not None:
+            await self._pool.settle(self, timeout_s)  # the workers finish this queue's handlers
+            cancelled = self._pool.revoke(self)
         if self._messages:  # tasks started by now (wait yields first), so permits are released
-            _, pending = await asyncio.wait(set(self._messages), timeout=timeout_s)
+            _, pending = await asyncio.wait(set(self._messages),
+                                            timeout=max(0.0, deadline - loop.time()))
             for task in pending:
                 task.cancel()
+            cancelled += len(pending)
             if pending:
-                log.warning("%s: %d handler(s) still running after %.1fs were cancelled; "
-                            "their messages will be delivered again", self.queue, len(pending),
-                            timeout_s)
                 await asyncio.wait(pending)
+        if cancelled:
+            log.warning("%s: %d handler(s) still running after %.1fs were cancelled; "
+                        "their messages will be delivered again", self.queue, cancelled,
+                        timeout_s)
 
     async def _run(self) -> None:
         failures = 0
@@ -224,6 +235,11 @@ class QueuePuller:
         elif not self.expression.matches(message.tag):
             self.tracker.done(message.queue_offset)  # a tag-hash collision let it through
             return
+        if self._pool is not None:
+            self._pool.submit(self, message)
+            if self._pool.full:
+                await self._pool.room()  # very many queues' answers wait: hold the next poll
+            return
         await self._permits.acquire()
         if self._stopping and self.shared is not None:
             self._permits.release()  # revoked while waiting for a permit: not delivered
@@ -234,11 +250,38 @@ class QueuePuller:
         if self._s.orderly:
             await asyncio.shield(task)  # one at a time; stop() waits for it, bounded
 
+    async def consume_first(self, message: ReceivedMessage) -> bool:
+        """A pool worker's first attempt (its permit held, its timeout watched by the pool)."""
+        try:
+            result = await self._handler(message)
+        except Exception:
+            log.exception("%s: handler raised on message %s (will retry)", self.queue,
+                          message.message_id)
+            return False
+        return result is None or result == ConsumeResult.SUCCESS
+
+    def timed_out(self, message: ReceivedMessage, timeout_s: float | None) -> None:
+        log.warning("%s: handler timed out after %ss on message %s", self.queue, timeout_s,
+                    message.message_id)
+
+    def finished(self, message: ReceivedMessage, ok: bool) -> None:
+        """A pool worker's first attempt ended: done, or failed and recovered in a task."""
+        if ok:
+            self.tracker.done(message.queue_offset)
+            return
+        task = asyncio.create_task(self._recover(message, 1),
+                                   name=f"tidemq-recover-{self.queue}")
+        self._messages.add(task)
+        task.add_done_callback(self._messages.discard)
+
     async def _process(self, message: ReceivedMessage) -> None:
         if await self._invoke(message, permit_held=True):
             self.tracker.done(message.queue_offset)
             return
-        attempts = 1
+        await self._recover(message, 1)
+
+    async def _recover(self, message: ReceivedMessage, attempts: int) -> None:
+        """After ``attempts`` failed: retry in place (ordered, broadcasting), then hand back."""
         if self._s.orderly or not self._s.clustering:
             s = self._s
             pause = s.orderly_retry_pause_s if s.orderly else s.local_retry_pause_s

@@ -51,6 +51,7 @@ from tidemq._broker_api import BrokerApi
 from tidemq._broker_puller import BrokerPuller
 from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
+from tidemq._handler_pool import HandlerPool
 from tidemq._http import DEFAULT_RETRY, RetryPolicy, Transport
 from tidemq._offsets import OffsetTracker
 from tidemq._puller import Handler, PullerSettings, QueuePuller, broker_down
@@ -132,9 +133,11 @@ class PushConsumer(Client):
             max_reconsume_times=max_reconsume_times, orderly_retry_pause_s=orderly_retry_pause_s,
             local_retry_pause_s=local_retry_pause_s, consume_timeout_s=consume_timeout_s)
         self._permits = asyncio.Semaphore(max_concurrency)
+        self._pool = HandlerPool(self._permits, max_concurrency, consume_timeout_s)
         self._subscriptions: dict[str, TagExpression] = {}
         self._pullers: dict[MessageQueue, QueuePuller] = {}
-        self._broker_pullers: dict[str, BrokerPuller] = {}  # one shared long poll per broker
+        # the shared long polls of each broker: POLLS_PER_BROKER, each over its share of queues
+        self._broker_pullers: dict[tuple[str, int], BrokerPuller] = {}
         self._local_offsets: dict[MessageQueue, int] = {}  # broadcasting: the only offset store
         self._brokers: set[str] = set()  # every broker heartbeated, to leave on close
         self._members: list[str] = []
@@ -201,6 +204,7 @@ class PushConsumer(Client):
             await asyncio.gather(*(p.stop(self._close_timeout_s) for p in pullers))
             await asyncio.gather(*(b.stop() for b in self._broker_pullers.values()))
             self._broker_pullers.clear()
+            await self._pool.close()
             await self._commit(pullers)
             self._pullers.clear()
         await asyncio.gather(*(self._leave(b) for b in sorted(self._brokers)
@@ -326,7 +330,7 @@ class PushConsumer(Client):
                                      self._subscriptions.get(queue.topic, TagExpression(None)),
                                      self._api, self._handler, self._permits, self._settings,
                                      on_route_error=self._routes.invalidate,
-                                     health=self._health)
+                                     health=self._health, pool=self._pool)
                 self._pullers[queue] = puller
                 self._start_puller(puller)
             if starts:
@@ -340,9 +344,10 @@ class PushConsumer(Client):
             puller.start()
             return
         address = puller.queue.address
-        shared = self._broker_pullers.get(address)
+        key = (address, puller.queue.queue_id % C.POLLS_PER_BROKER)
+        shared = self._broker_pullers.get(key)
         if shared is None:
-            shared = self._broker_pullers[address] = BrokerPuller(
+            shared = self._broker_pullers[key] = BrokerPuller(
                 address, self._api, self._settings, self._health, self._routes.invalidate)
         shared.add(puller)
 

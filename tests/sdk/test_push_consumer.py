@@ -192,6 +192,72 @@ async def test_commit_waits_for_the_slowest_in_flight_message(cluster: FakeClust
         assert cluster.broker.offsets[("g1", "orders", 0)] == 5
 
 
+async def test_a_handler_past_its_timeout_is_cancelled_and_retried_while_others_go_on(
+        cluster: FakeCluster) -> None:
+    for i in range(6):
+        cluster.broker.put("orders", 0, f"{i}".encode(), tag="a", message_id=f"m-{i}")
+    cancelled: list[str] = []
+    done: list[int] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        if message.message_id == "m-2" and message.reconsume_times == 0:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(message.message_id)
+                raise
+        done.append(message.queue_offset)
+
+    consumer = _consumer(cluster, handler, subscriptions={"orders": "*"},
+                         consume_timeout_s=0.2, max_concurrency=2)
+    async with consumer:
+        await wait_until(lambda: sorted(done) == [0, 1, 3, 4, 5], limit_s=2.0)
+        assert cancelled == []  # the stuck one still runs: its timeout has not come
+        await wait_until(lambda: cluster.broker.retried == [("g1", "m-2")], limit_s=2.0)
+        assert cancelled == ["m-2"]
+        await consumer.commit_offsets()
+        assert cluster.broker.offsets[("g1", "orders", 0)] == 6  # handed back: finished
+
+
+async def test_at_most_max_concurrency_handlers_run_at_once(cluster: FakeCluster) -> None:
+    _fill(cluster, 10)
+    running = peak = 0
+    done = 0
+
+    async def handler(message: ReceivedMessage) -> None:
+        nonlocal running, peak, done
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.002)
+        running -= 1
+        done += 1
+
+    async with _consumer(cluster, handler, subscriptions={"orders": "*"}, max_concurrency=3):
+        await wait_until(lambda: done == 40)
+    assert peak == 3
+
+
+async def test_close_cancels_a_stuck_handler_and_leaves_its_message_uncommitted(
+        cluster: FakeCluster) -> None:
+    for i in range(3):
+        cluster.broker.put("orders", 0, f"{i}".encode(), tag="a")
+    started = asyncio.Event()
+    finished: list[int] = []
+
+    async def handler(message: ReceivedMessage) -> None:
+        if message.queue_offset == 1:
+            started.set()
+            await asyncio.sleep(30)
+        finished.append(message.queue_offset)
+
+    consumer = _consumer(cluster, handler, subscriptions={"orders": "*"}, close_timeout_s=0.2)
+    await consumer.start()
+    await asyncio.wait_for(started.wait(), 2.0)
+    await wait_until(lambda: sorted(finished) == [0, 2])
+    await asyncio.wait_for(consumer.close(), 2.0)
+    assert cluster.broker.offsets[("g1", "orders", 0)] == 1  # the stuck one is read again
+
+
 async def test_tags_are_confirmed_on_the_client(cluster: FakeCluster) -> None:
     cluster.broker.filter_tags = False
     for tag in ("a", "b", "a", None):
