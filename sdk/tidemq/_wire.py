@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 keep-alive client over asyncio streams: the SDK's default transport.
+"""A small HTTP/1.1 keep-alive client on an asyncio protocol: the SDK's default transport.
 
 Why: the SDK's calls are small requests to a handful of brokers. httpx/httpcore spend most of a
 request's client CPU on generality this traffic does not use (anyio cancel scopes, per-request
@@ -18,6 +18,10 @@ What it does, and no more:
   id, so the broker stores them once).
 - Errors: ``WireConnectError`` (nothing was sent), ``WireError`` (sent, the answer was lost),
   ``TimeoutError`` from the caller's deadline (``sent`` tells which side of it).
+- A connection is an ``asyncio.Protocol`` that keeps what arrives as a list of chunks and joins
+  them once per answer. (``asyncio.StreamReader`` grows one bytearray, copies the body out of it
+  and pauses and resumes the socket around its 64 KiB limit: measured on a 2 MB pull answer, 3-4
+  ms of client CPU instead of 1, and about twice the wall time.)
 """
 
 from __future__ import annotations
@@ -72,18 +76,112 @@ class _Closed(Exception):
 Origin = tuple[str, str, int]  # scheme, host, port
 
 
-class _Conn:
-    __slots__ = ("reader", "writer")
+class _Conn(asyncio.Protocol):
+    """One connection: what it received, waiting to be read (see module doc)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- the client's side ---------------------------------------------------------------------
 
     def usable(self) -> bool:
-        return not self.reader.at_eof() and not self.writer.is_closing()
+        return not self._eof and self._transport is not None \
+            and not self._transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        assert self._transport is not None
+        self._transport.write(data)
 
     def close(self) -> None:
-        self.writer.close()
+        if self._transport is not None:
+            self._transport.close()
+
+    async def _more(self, expected: int | None) -> None:
+        """Wait for more bytes; at the end of the connection, say how the read fell short."""
+        if self._eof:
+            if self._error is not None:
+                raise self._error
+            raise asyncio.IncompleteReadError(self._joined(), expected)
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _joined(self) -> bytes:
+        data = b"".join(self._chunks)
+        self._chunks = [data] if data else []
+        return data
+
+    def _take(self, n: int) -> bytes:
+        first = self._chunks[0]
+        if len(first) == n:
+            self._chunks.pop(0)
+        elif len(first) > n:
+            self._chunks[0] = first[n:]
+            first = first[:n]
+        else:
+            data = self._joined()
+            first, rest = data[:n], data[n:]
+            self._chunks = [rest] if rest else []
+        self._size -= n
+        return first
+
+    async def read_until(self, separator: bytes, limit: int) -> bytes:
+        """Up to and including ``separator``, which must come within ``limit`` bytes."""
+        searched = 0
+        while True:
+            data = self._joined()
+            at = data.find(separator, searched)
+            if at >= 0:
+                return self._take(at + len(separator))
+            if len(data) > limit:
+                raise ValueError(f"no {separator!r} within {limit} bytes")
+            searched = max(0, len(data) - len(separator) + 1)
+            await self._more(None)
+
+    async def read_exactly(self, n: int) -> bytes:
+        while self._size < n:
+            await self._more(n)
+        return self._take(n) if n else b""
+
+    async def read_to_end(self) -> bytes:
+        while not self._eof:
+            await self._more(None)
+        if self._error is not None:
+            raise self._error
+        return self._take(self._size) if self._size else b""
 
 
 def split_url(url: str) -> tuple[Origin, str, str]:
@@ -170,27 +268,27 @@ class WireTransport:
         if self._closed:
             raise WireConnectError("the transport is closed")
         scheme, host, port = origin
+        loop = asyncio.get_running_loop()
         try:
             if scheme == "https":
-                reader, writer = await asyncio.open_connection(
-                    host, port, ssl=self._ssl_context(), server_hostname=host,
-                    limit=_HEAD_LIMIT)
+                _, conn = await loop.create_connection(_Conn, host, port,
+                                                       ssl=self._ssl_context(),
+                                                       server_hostname=host)
             else:
-                reader, writer = await asyncio.open_connection(host, port, limit=_HEAD_LIMIT)
+                _, conn = await loop.create_connection(_Conn, host, port)
         except (OSError, ssl.SSLError) as exc:
             raise WireConnectError(f"cannot connect to {host}:{port}: {exc!r}") from exc
-        return _Conn(reader, writer)
+        return conn
 
     async def _exchange(self, conn: _Conn, origin: Origin, method: str,
                         data: bytes) -> WireResponse:
         self._busy.add(conn)
         keep = False
         try:
-            conn.writer.write(data)
-            response, keep = await self._read(conn.reader, method)
+            conn.write(data)
+            response, keep = await self._read(conn, method)
             return response
-        except (OSError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ValueError) as exc:
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError, ValueError) as exc:
             raise WireError(f"connection failed during the request: {exc!r}") from exc
         finally:
             self._busy.discard(conn)
@@ -204,9 +302,9 @@ class WireTransport:
                 conn.close()
 
     @staticmethod
-    async def _read(reader: asyncio.StreamReader, method: str) -> tuple[WireResponse, bool]:
+    async def _read(conn: _Conn, method: str) -> tuple[WireResponse, bool]:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = await conn.read_until(b"\r\n\r\n", _HEAD_LIMIT)
         except asyncio.IncompleteReadError as exc:
             if not exc.partial:
                 raise _Closed from exc
@@ -225,11 +323,11 @@ class WireTransport:
         if method == "HEAD" or status in _NO_BODY or status < 200:
             body = b""
         elif headers.get("transfer-encoding", "").lower() == "chunked":
-            body = await _read_chunked(reader)
+            body = await _read_chunked(conn)
         elif (length := headers.get("content-length")) is not None:
-            body = await reader.readexactly(int(length))
+            body = await conn.read_exactly(int(length))
         else:
-            body = await reader.read()  # framed by the connection's end
+            body = await conn.read_to_end()  # framed by the connection's end
             keep = False
         return WireResponse(status, reason, headers, body), keep
 
@@ -241,14 +339,14 @@ class WireTransport:
             conn.close()
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def _read_chunked(conn: _Conn) -> bytes:
     parts: list[bytes] = []
     while True:
-        size_line = await reader.readuntil(b"\r\n")
+        size_line = await conn.read_until(b"\r\n", _HEAD_LIMIT)
         size = int(size_line.split(b";", 1)[0].strip(), 16)
         if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":
+            while (await conn.read_until(b"\r\n", _HEAD_LIMIT)) != b"\r\n":
                 pass  # trailers
             return b"".join(parts)
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)
+        parts.append(await conn.read_exactly(size))
+        await conn.read_exactly(2)
