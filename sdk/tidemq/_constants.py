@@ -42,9 +42,6 @@ CONSUMER_BROKER_BACKOFF_MAX_S = 5.0
 PRIMARY_WAIT_POLL_S = 0.25
 LONG_POLL_MAX_WAIT_MS = 30_000  # the broker holds a pull at most this long
 PULL_WAIT_MS = 20_000  # push consumer long-poll wait per pull
-# A push consumer's shared long polls per broker (count), each over its share of the queues: while
-# one answer is decoded and handed out, the broker reads the next
-POLLS_PER_BROKER = 1
 RECEIVE_WAIT_MS = 20_000  # simple consumer long-poll wait per receive
 INVISIBLE_MS = 30_000  # simple consumer invisibility of a received message
 

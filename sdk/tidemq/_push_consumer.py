@@ -136,8 +136,7 @@ class PushConsumer(Client):
         self._pool = HandlerPool(self._permits, max_concurrency, consume_timeout_s)
         self._subscriptions: dict[str, TagExpression] = {}
         self._pullers: dict[MessageQueue, QueuePuller] = {}
-        # the shared long polls of each broker: POLLS_PER_BROKER, each over its share of queues
-        self._broker_pullers: dict[tuple[str, int], BrokerPuller] = {}
+        self._broker_pullers: dict[str, BrokerPuller] = {}  # one shared long poll per broker
         self._local_offsets: dict[MessageQueue, int] = {}  # broadcasting: the only offset store
         self._brokers: set[str] = set()  # every broker heartbeated, to leave on close
         self._members: list[str] = []
@@ -344,10 +343,9 @@ class PushConsumer(Client):
             puller.start()
             return
         address = puller.queue.address
-        key = (address, puller.queue.queue_id % C.POLLS_PER_BROKER)
-        shared = self._broker_pullers.get(key)
+        shared = self._broker_pullers.get(address)
         if shared is None:
-            shared = self._broker_pullers[key] = BrokerPuller(
+            shared = self._broker_pullers[address] = BrokerPuller(
                 address, self._api, self._settings, self._health, self._routes.invalidate)
         shared.add(puller)
 
