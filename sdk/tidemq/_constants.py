@@ -49,6 +49,10 @@ MAX_RECONSUME_TIMES = 16  # attempts before the broker sends a message to the DL
 ORDERLY_RETRY_PAUSE_S = 1.0  # ordered mode: pause before a failed message is tried again
 LOCAL_RETRY_PAUSE_S = 5.0  # a failed message whose retry call failed is consumed again after this
 CONSUME_TIMEOUT_S = 900.0  # a handler running longer is cancelled and counts as a failure
+HANDLER_WATCH_MAX_S = 1.0  # the handler watchdog looks at least this often (and every timeout/4)
+# Pulled messages waiting for a handler before the consumer holds back its next poll (messages):
+# each queue's max_span bounds it too; this bounds a consumer with very many queues
+HANDLER_WAITING_CAP = 4096
 CLOSE_TIMEOUT_S = 10.0  # close() waits this long for in-flight sends or handlers
 REBALANCE_DRAIN_S = 3.0  # a revoked queue's handlers get this long before its offset is committed
 

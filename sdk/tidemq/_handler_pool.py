@@ -23,15 +23,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tidemq._constants import HANDLER_WAITING_CAP as WAITING_CAP
+from tidemq._constants import HANDLER_WATCH_MAX_S
 from tidemq.protocol import ReceivedMessage
 
 if TYPE_CHECKING:
     from tidemq._puller import QueuePuller
-
-#: Messages waiting for a worker before a delivering poll holds back (one full answer's worth):
-#: the queues' ``max_span`` bounds each queue, this bounds a consumer with very many queues.
-WAITING_CAP = 4096
-_WATCH_MAX_S = 1.0  # the watchdog looks at least this often (s)
 
 
 @dataclass(slots=True)
@@ -152,7 +149,7 @@ class HandlerPool:
 
     async def _watch(self) -> None:
         assert self._timeout is not None
-        period = min(_WATCH_MAX_S, self._timeout / 4)
+        period = min(HANDLER_WATCH_MAX_S, self._timeout / 4)
         loop = asyncio.get_running_loop()
         try:
             while self._workers:
