@@ -31,6 +31,7 @@ import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlencode
 
 _HEAD_LIMIT = 64 * 1024  # bytes of status line + headers at most
@@ -90,8 +91,8 @@ class _Conn(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, only alike
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self._chunks.append(data)

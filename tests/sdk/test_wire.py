@@ -105,6 +105,25 @@ async def test_requests_reuse_one_keep_alive_connection(ok_server: Server) -> No
     await wire.aclose()
 
 
+def test_on_uvloop_too() -> None:
+    """The services and benches run uvloop, whose transports are not asyncio's classes."""
+    import uvloop
+
+    async def exchange() -> tuple[list[int], int]:
+        async with Server(echo_ok) as server:
+            wire = transport()
+            url = f"http://127.0.0.1:{server.port}/"
+            got = await asyncio.gather(*(wire.request("GET", url, headers={}, content=None,
+                                                      params=None, timeout_s=5)
+                                         for _ in range(3)))
+            await wire.aclose()
+            return [r.status for r in got], server.connections
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        statuses, connections = runner.run(exchange())
+    assert statuses == [200] * 3 and connections >= 1
+
+
 async def test_concurrent_requests_open_more_connections_and_keep_max_idle(
         ok_server: Server) -> None:
     wire = transport(max_idle=2)
