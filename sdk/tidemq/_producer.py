@@ -65,6 +65,9 @@ class SendOptions(TypedDict, total=False):
     message_id: str | None
 
 
+_SEND_OPTIONS = SendOptions.__optional_keys__
+
+
 class Producer(Client):
     """Sends messages to the brokers serving a topic; an async context manager.
 
@@ -157,8 +160,12 @@ class Producer(Client):
         keys, properties, sharding_key, queue_id, delay_level, delay_ms, deliver_at_ms,
         message_id) override its fields.
         """
-        topic, out = await self._prepare(message, options, "send")
-        return await self._deliver(topic, out)
+        topic, out = self._outgoing(message, options, "send")
+        if not self._started:
+            await self.start()
+        route = await self._routes.get(topic)  # an unknown topic fails here, before queueing
+        self._check_open()
+        return await self._deliver(topic, out, route)
 
     async def send_oneway(self, message: Message | Body, **options: Unpack[SendOptions]) -> None:
         """Queue one message without waiting for the broker; a failure is only logged.
@@ -268,28 +275,39 @@ class Producer(Client):
         self, message: Message | Body, options: SendOptions, method: str,
     ) -> tuple[str, OutgoingMessage]:
         """Validate a message, start the producer and look its topic's route up."""
-        unknown = sorted(options.keys() - SendOptions.__optional_keys__)
-        if unknown:  # as Python says it for a named keyword argument
-            raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
-        self._check_open()
-        msg = self._as_message(message, dict(options))
-        if not msg.topic:
-            raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
-        check_topic(msg.topic, self._valid_topics)
-        out = to_outgoing(msg)
+        topic, out = self._outgoing(message, options, method)
         if not self._started:
             await self.start()
-        await self._routes.get(msg.topic)  # an unknown topic fails here, before queueing
+        await self._routes.get(topic)  # an unknown topic fails here, before queueing
         self._check_open()
-        return msg.topic, out
+        return topic, out
 
-    async def _deliver(self, topic: str, out: OutgoingMessage) -> SendResult:
-        """Send one message through the coalescer, failing over as ``tidemq._fault`` says."""
+    def _outgoing(
+        self, message: Message | Body, options: SendOptions, method: str,
+    ) -> tuple[str, OutgoingMessage]:
+        """The topic and wire form of a message to send, checked (``_prepare`` without I/O)."""
+        if not options.keys() <= _SEND_OPTIONS:  # as Python says it for a named keyword argument
+            unknown = sorted(options.keys() - _SEND_OPTIONS)
+            raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
+        self._check_open()
+        msg = self._as_message(message, options)
+        topic = msg.topic
+        if not topic:
+            raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
+        if topic not in self._valid_topics:
+            check_topic(topic, self._valid_topics)
+        return topic, to_outgoing(msg)
+
+    async def _deliver(self, topic: str, out: OutgoingMessage,
+                       route: TopicRoute | None = None) -> SendResult:
+        """Send one message through the coalescer, failing over as ``tidemq._fault`` says;
+        ``route``: the topic's route when the caller just looked it up."""
         explicit = out.queue_id
         attempts: SendAttempts | None = None
         step, queue = Step.SELECT, None
         while True:
-            route = await self._write_route(topic)
+            if route is None or route.electing():
+                route = await self._write_route(topic)
             if step is Step.SELECT or queue is None:
                 queue = self._selector.select(
                     route, sharding_key=out.sharding_key, queue_id=explicit,
@@ -310,6 +328,7 @@ class Producer(Client):
                     self._routes.invalidate(topic)  # the nameservers name the new primary
                 step = await attempts.after_failure(exc, queue.broker_name, route.write_groups(),
                                                     replicated=replicated)
+                route = None  # asked again: the failure may have changed it
                 continue
             self._stored(queue, attempts, 1)
             return result
@@ -329,7 +348,7 @@ class Producer(Client):
                      ", ".join(sorted(attempts.uncertain - {queue.broker_name})))
 
     @staticmethod
-    def _as_message(message: Message | Body, overrides: dict[str, Any]) -> Message:
+    def _as_message(message: Message | Body, overrides: Mapping[str, Any]) -> Message:
         given = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(message, Message):
             return dataclasses.replace(message, **given) if given else message

@@ -58,6 +58,8 @@ class OutgoingMessage:
     deliver_at_ms: int | None = None
 
     def properties_size(self) -> int:
+        if not self.properties:
+            return 0
         return sum(len(k) + len(v) + 2 for k, v in self.properties.items())
 
     def to_wire(self, *, binary: bool) -> dict[str, Any]:
