@@ -102,8 +102,7 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
         raise ConfigurationError(f"body must be bytes or str, got {type(message.body).__name__}")
     body = bytes(body)
     if len(body) > limits.max_body_bytes:
-        raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"body: {len(body)} bytes exceeds the "
-                           f"limit of {limits.max_body_bytes} bytes")
+        raise _body_too_large(body, limits)
     message_id = message.message_id or new_message_id()
     if len(message_id) > limits.max_message_id_chars:
         raise server_error(ErrorCode.BAD_REQUEST, f"message_id: at most "
@@ -121,6 +120,20 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
         raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"properties: {out.properties_size()} "
                            f"bytes exceeds the limit of {limits.max_properties_bytes} bytes")
     return out
+
+
+def body_to_outgoing(body: bytes | str, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
+    """``to_outgoing(Message(body))`` without building the ``Message``: a bare body (``bytes``
+    or ``str``) has nothing else to check."""
+    raw = body.encode("utf-8") if isinstance(body, str) else body
+    if len(raw) > limits.max_body_bytes:
+        raise _body_too_large(raw, limits)
+    return OutgoingMessage(raw, new_message_id())
+
+
+def _body_too_large(body: bytes, limits: Limits) -> Exception:
+    return server_error(ErrorCode.MESSAGE_TOO_LARGE, f"body: {len(body)} bytes exceeds the "
+                        f"limit of {limits.max_body_bytes} bytes")
 
 
 def _check_delay(message: Message, limits: Limits) -> None:

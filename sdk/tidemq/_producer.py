@@ -37,7 +37,14 @@ from tidemq._exceptions import (
 )
 from tidemq._fault import SendAttempts, Step, electing
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
-from tidemq._message import Message, SendResult, check_topic, to_outgoing, wire_size
+from tidemq._message import (
+    Message,
+    SendResult,
+    body_to_outgoing,
+    check_topic,
+    to_outgoing,
+    wire_size,
+)
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._tasks import finish_tasks
@@ -66,6 +73,7 @@ class SendOptions(TypedDict, total=False):
 
 
 _SEND_OPTIONS = SendOptions.__optional_keys__
+_BARE_BODIES = (bytes, str)  # exact types ``_outgoing`` takes without a Message
 
 
 class Producer(Client):
@@ -290,6 +298,12 @@ class Producer(Client):
             unknown = sorted(options.keys() - _SEND_OPTIONS)
             raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
         self._check_open()
+        topic = options.get("topic")
+        if topic and len(options) == 1 and type(message) in _BARE_BODIES:
+            # the common case, send(body, topic=...): no Message to build and copy
+            if topic not in self._valid_topics:
+                check_topic(topic, self._valid_topics)
+            return topic, body_to_outgoing(message)  # type: ignore[arg-type]
         msg = self._as_message(message, options)
         topic = msg.topic
         if not topic:
