@@ -91,7 +91,8 @@ def check_put(result: PutResult) -> list[Appended]:
 class DelayRouter(Protocol):
     def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
         """Due time (epoch ms) of a delayed message, None to deliver at once; raises
-        ProtocolError(INVALID_DELAY) for a delay it cannot honour."""
+        ProtocolError(INVALID_DELAY) for a delay it cannot honour. Asked only about a message
+        with a delay field set (one without is delivered at once)."""
 
     def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
         """The record to store instead of ``record`` so that it is delivered at ``due_ms``."""
@@ -161,8 +162,10 @@ class SendService:
         ids: list[str] = []
         given: list[bool] = []
         # validate everything and build the records before anything is stored
+        check_delay = self.delays.check
         for msg in msgs:
-            due = self.delays.check(msg, now)
+            due = (check_delay(msg, now) if msg.delay_level or msg.delay_ms is not None
+                   or msg.deliver_at_ms is not None else None)
             queue_id = self.select_queue(cfg, msg)
             mid = msg.message_id or new_message_id()
             record = to_record(msg, topic, queue_id, mid, now, host)
