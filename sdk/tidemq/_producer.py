@@ -173,7 +173,19 @@ class Producer(Client):
             await self.start()
         route = await self._routes.get(topic)  # an unknown topic fails here, before queueing
         self._check_open()
-        return await self._deliver(topic, out, route)
+        if route.electing():
+            return await self._deliver(topic, out, route)
+        # the first attempt here (most sends need no other), the rest in _deliver
+        explicit = out.queue_id
+        queue = self._selector.select(route, sharding_key=out.sharding_key, queue_id=explicit,
+                                      health=self._health, reshard=self._ordered_failover)
+        out.queue_id = queue.queue_id
+        try:
+            result = await self._coalescer.submit(queue.address, topic, out)
+        except TidemqError as exc:
+            return await self._deliver(topic, out, route, failed=(explicit, queue, exc))
+        self._stored(queue, None, 1)
+        return result
 
     async def send_oneway(self, message: Message | Body, **options: Unpack[SendOptions]) -> None:
         """Queue one message without waiting for the broker; a failure is only logged.
@@ -312,40 +324,54 @@ class Producer(Client):
             check_topic(topic, self._valid_topics)
         return topic, to_outgoing(msg)
 
-    async def _deliver(self, topic: str, out: OutgoingMessage,
-                       route: TopicRoute | None = None) -> SendResult:
-        """Send one message through the coalescer, failing over as ``tidemq._fault`` says;
-        ``route``: the topic's route when the caller just looked it up."""
-        explicit = out.queue_id
+    async def _deliver(
+        self, topic: str, out: OutgoingMessage, route: TopicRoute | None = None,
+        failed: tuple[int | None, MessageQueue, TidemqError] | None = None,
+    ) -> SendResult:
+        """Send one message through the coalescer, failing over as ``tidemq._fault`` says.
+
+        ``route``: the topic's route when the caller just looked it up; ``failed``: the
+        caller's first attempt failed: the message's own queue id (None: any), the queue
+        tried (over ``route``) and the error.
+        """
         attempts: SendAttempts | None = None
-        step, queue = Step.SELECT, None
+        step = Step.SELECT
+        queue: MessageQueue | None = None
+        error: TidemqError | None = None
+        if failed is None:
+            explicit = out.queue_id
+        else:
+            explicit, queue, error = failed
         while True:
-            if route is None or route.electing():
-                route = await self._write_route(topic)
-            if step is Step.SELECT or queue is None:
-                queue = self._selector.select(
-                    route, sharding_key=out.sharding_key, queue_id=explicit,
-                    health=self._health, avoid=attempts.tried if attempts else (),
-                    reshard=self._ordered_failover)
-            out.queue_id = queue.queue_id
-            try:
-                result = await self._coalescer.submit(queue.address, topic, out)
-            except TidemqError as exc:
-                if attempts is None:
-                    movable = explicit is None and (out.sharding_key is None
-                                                    or self._ordered_failover)
-                    attempts = SendAttempts(self._health, self._http.retry, movable=movable,
-                                            first=queue.broker_name,
-                                            what=f"message {out.message_id}")
-                replicated = route.replicated(queue.broker_name)
-                if electing(exc, replicated):
-                    self._routes.invalidate(topic)  # the nameservers name the new primary
-                step = await attempts.after_failure(exc, queue.broker_name, route.write_groups(),
-                                                    replicated=replicated)
-                route = None  # asked again: the failure may have changed it
-                continue
-            self._stored(queue, attempts, 1)
-            return result
+            if error is None:
+                if route is None or route.electing():
+                    route = await self._write_route(topic)
+                if step is Step.SELECT or queue is None:
+                    queue = self._selector.select(
+                        route, sharding_key=out.sharding_key, queue_id=explicit,
+                        health=self._health, avoid=attempts.tried if attempts else (),
+                        reshard=self._ordered_failover)
+                out.queue_id = queue.queue_id
+                try:
+                    result = await self._coalescer.submit(queue.address, topic, out)
+                except TidemqError as exc:
+                    error = exc
+                else:
+                    self._stored(queue, attempts, 1)
+                    return result
+            assert route is not None and queue is not None  # set with every error
+            if attempts is None:
+                movable = explicit is None and (out.sharding_key is None
+                                                or self._ordered_failover)
+                attempts = SendAttempts(self._health, self._http.retry, movable=movable,
+                                        first=queue.broker_name,
+                                        what=f"message {out.message_id}")
+            replicated = route.replicated(queue.broker_name)
+            if electing(error, replicated):
+                self._routes.invalidate(topic)  # the nameservers name the new primary
+            step = await attempts.after_failure(error, queue.broker_name, route.write_groups(),
+                                                replicated=replicated)
+            route, error = None, None  # asked again: the failure may have changed it
 
     def _stored(self, queue: MessageQueue, attempts: SendAttempts | None, count: int) -> None:
         """Book-keeping after a send was stored on ``queue``'s broker."""
