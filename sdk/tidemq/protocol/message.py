@@ -68,10 +68,10 @@ class OutgoingMessage:
 
     def to_wire(self, *, binary: bool) -> dict[str, Any]:
         """The request form: raw bytes for msgpack, utf-8 or base64 text for JSON."""
-        out: dict[str, Any] = {}
         if binary:
-            out["body"] = self.body
+            out: dict[str, Any] = {"body": self.body}
         else:
+            out = {}
             try:
                 out["body"] = self.body.decode("utf-8")
             except UnicodeDecodeError:

@@ -106,6 +106,9 @@ def decode_host(raw: bytes) -> str:
 def encode_properties(props: dict[str, str]) -> bytes:
     if not props:
         return b""
+    if len(props) == 1:  # a sent message without tag, keys or properties: its UNIQ_KEY only
+        for k, v in props.items():
+            return f"{k}\x01{v}\x02".encode()
     return "".join([f"{k}\x01{v}\x02" for k, v in props.items()]).encode("utf-8")
 
 
