@@ -95,10 +95,7 @@ class Broker:
         await self.offsets.start()
         self.simple = SimpleConsumerService(self.store, s.redis_url, s.cluster, self.hold,
                                             self.offsets)
-        # the dedup map misses what the store held before this start: none of it when the
-        # store holds no record, so a fresh store never consults its index for duplicates
-        held = store.log.write_offset > store.log.min_offset
-        dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms() if held else 0)
+        dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
         delays = Delays(s.delay_levels_ms, s.max_delay_ms)
         self.sender = SendService(
             self.store, self.topics, dedup, self.metrics, s.limits(), delays,

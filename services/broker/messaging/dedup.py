@@ -8,9 +8,8 @@ Three layers, cheapest first:
    result lists the write's places) and its index in that write, so a concurrent duplicate
    waits for the first request's result instead of storing a second copy;
 3. the store's unique-key index (``find_by_unique_key``), consulted only while the map cannot
-   be complete for the window: during the first ``window_s`` after a start on a store that
-   holds records (messages stored by the previous run), or after the size bound evicted an
-   entry younger than the window.
+   be complete for the window: during the first ``window_s`` after a start (messages stored by
+   the previous run), or after the size bound evicted an entry younger than the window.
 
 Only client-given ids are remembered: an id the broker assigned cannot be retried by a client
 that never knew it, so remembering it would only cost memory.
