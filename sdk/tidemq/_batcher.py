@@ -80,16 +80,16 @@ class Coalescer:
         if batch is not None and batch.size + size > self.max_bytes:
             self._flush(key)
             batch = None
+        loop = asyncio.get_running_loop()
         if batch is None:
             batch = _Batch(broker, topic)
             self._open[key] = batch
-            loop = asyncio.get_running_loop()
             if self.linger_s > 0 and self._outstanding.get(key, 0):
                 # a request is out: gather until it answers (``_run`` flushes), at most linger
                 batch.timer = loop.call_later(self.linger_s, self._flush, key)
             else:
                 batch.timer = loop.call_soon(self._flush, key)
-        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[SendResult] = loop.create_future()
         batch.messages.append(message)
         batch.futures.append(future)
         batch.size += size

@@ -5,7 +5,8 @@ Received messages are ``tidemq.protocol.ReceivedMessage`` (also ``tidemq.Receive
 
 from __future__ import annotations
 
-import uuid
+import os
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -13,10 +14,20 @@ from tidemq._exceptions import ConfigurationError, server_error
 from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError, validate_topic_name
 from tidemq.protocol.message import DEFAULT_LIMITS, Limits
 
+#: Random bits of message ids: a private generator (a user's ``random.seed`` cannot make two
+#: processes repeat each other's ids), seeded from ``os.urandom`` and again in a forked child.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+_UUID4_CLEAR = ~((0xF << 76) | (0x3 << 62))  # the version and variant bits of a uuid4 ...
+_UUID4_SET = (0x4 << 76) | (0x2 << 62)  # ... set to version 4, variant RFC 4122
+
 
 def new_message_id() -> str:
-    """A fresh message id: 32 hex characters (uuid4), well under the 64-character limit."""
-    return uuid.uuid4().hex
+    """A fresh message id: 32 hex characters (uuid4), well under the 64-character limit.
+
+    The same form as ``uuid.uuid4().hex`` (122 random bits), drawn without a system call per id.
+    """
+    return f"{_ids.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
 
 
 @dataclass(slots=True)
@@ -91,13 +102,42 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
         raise ConfigurationError(f"body must be bytes or str, got {type(message.body).__name__}")
     body = bytes(body)
     if len(body) > limits.max_body_bytes:
-        raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"body: {len(body)} bytes exceeds the "
-                           f"limit of {limits.max_body_bytes} bytes")
+        raise _body_too_large(body, limits)
     message_id = message.message_id or new_message_id()
     if len(message_id) > limits.max_message_id_chars:
         raise server_error(ErrorCode.BAD_REQUEST, f"message_id: at most "
                            f"{limits.max_message_id_chars} characters, got {len(message_id)}")
     keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
+    if message.delay_level or message.delay_ms is not None or message.deliver_at_ms is not None:
+        _check_delay(message, limits)
+    if message.queue_id is not None and message.queue_id < 0:
+        raise server_error(ErrorCode.BAD_REQUEST, f"queue_id: must be >= 0, got "
+                           f"{message.queue_id}")
+    out = OutgoingMessage(body, message_id, message.tag or None, keys, dict(message.properties),
+                          message.queue_id, message.sharding_key, message.delay_level,
+                          message.delay_ms, message.deliver_at_ms)
+    if out.properties and out.properties_size() > limits.max_properties_bytes:
+        raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"properties: {out.properties_size()} "
+                           f"bytes exceeds the limit of {limits.max_properties_bytes} bytes")
+    return out
+
+
+def body_to_outgoing(body: bytes | str, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
+    """``to_outgoing(Message(body))`` without building the ``Message``: a bare body (``bytes``
+    or ``str``) has nothing else to check."""
+    raw = body.encode("utf-8") if isinstance(body, str) else body
+    if len(raw) > limits.max_body_bytes:
+        raise _body_too_large(raw, limits)
+    return OutgoingMessage(raw, new_message_id())
+
+
+def _body_too_large(body: bytes, limits: Limits) -> Exception:
+    return server_error(ErrorCode.MESSAGE_TOO_LARGE, f"body: {len(body)} bytes exceeds the "
+                        f"limit of {limits.max_body_bytes} bytes")
+
+
+def _check_delay(message: Message, limits: Limits) -> None:
+    """The delay fields of ``message`` (one at most, each in range), as the broker checks them."""
     delays = [name for name, value in (("delay_level", message.delay_level or None),
                                        ("delay_ms", message.delay_ms),
                                        ("deliver_at_ms", message.deliver_at_ms))
@@ -111,25 +151,6 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
     if message.delay_ms is not None and not 0 <= message.delay_ms <= limits.max_delay_ms:
         raise server_error(ErrorCode.INVALID_DELAY, f"delay_ms: must be "
                            f"0-{limits.max_delay_ms} ms, got {message.delay_ms}")
-    if message.queue_id is not None and message.queue_id < 0:
-        raise server_error(ErrorCode.BAD_REQUEST, f"queue_id: must be >= 0, got "
-                           f"{message.queue_id}")
-    out = OutgoingMessage(
-        body=body,
-        message_id=message_id,
-        tag=message.tag or None,
-        keys=keys,
-        properties=dict(message.properties),
-        queue_id=message.queue_id,
-        sharding_key=message.sharding_key,
-        delay_level=message.delay_level,
-        delay_ms=message.delay_ms,
-        deliver_at_ms=message.deliver_at_ms,
-    )
-    if out.properties_size() > limits.max_properties_bytes:
-        raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"properties: {out.properties_size()} "
-                           f"bytes exceeds the limit of {limits.max_properties_bytes} bytes")
-    return out
 
 
 def wire_size(message: OutgoingMessage) -> int:

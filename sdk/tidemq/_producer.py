@@ -37,7 +37,14 @@ from tidemq._exceptions import (
 )
 from tidemq._fault import SendAttempts, Step, electing
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
-from tidemq._message import Message, SendResult, check_topic, to_outgoing, wire_size
+from tidemq._message import (
+    Message,
+    SendResult,
+    body_to_outgoing,
+    check_topic,
+    to_outgoing,
+    wire_size,
+)
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._tasks import finish_tasks
@@ -63,6 +70,10 @@ class SendOptions(TypedDict, total=False):
     delay_ms: int | None
     deliver_at_ms: int | None
     message_id: str | None
+
+
+_SEND_OPTIONS = SendOptions.__optional_keys__
+_BARE_BODIES = (bytes, str)  # exact types ``_outgoing`` takes without a Message
 
 
 class Producer(Client):
@@ -157,8 +168,24 @@ class Producer(Client):
         keys, properties, sharding_key, queue_id, delay_level, delay_ms, deliver_at_ms,
         message_id) override its fields.
         """
-        topic, out = await self._prepare(message, options, "send")
-        return await self._deliver(topic, out)
+        topic, out = self._outgoing(message, options, "send")
+        if not self._started:
+            await self.start()
+        route = await self._routes.get(topic)  # an unknown topic fails here, before queueing
+        self._check_open()
+        if route.electing():
+            return await self._deliver(topic, out, route)
+        # the first attempt here (most sends need no other), the rest in _deliver
+        explicit = out.queue_id
+        queue = self._selector.select(route, sharding_key=out.sharding_key, queue_id=explicit,
+                                      health=self._health, reshard=self._ordered_failover)
+        out.queue_id = queue.queue_id
+        try:
+            result = await self._coalescer.submit(queue.address, topic, out)
+        except TidemqError as exc:
+            return await self._deliver(topic, out, route, failed=(explicit, queue, exc))
+        self._stored(queue, None, 1)
+        return result
 
     async def send_oneway(self, message: Message | Body, **options: Unpack[SendOptions]) -> None:
         """Queue one message without waiting for the broker; a failure is only logged.
@@ -268,51 +295,83 @@ class Producer(Client):
         self, message: Message | Body, options: SendOptions, method: str,
     ) -> tuple[str, OutgoingMessage]:
         """Validate a message, start the producer and look its topic's route up."""
-        unknown = sorted(options.keys() - SendOptions.__optional_keys__)
-        if unknown:  # as Python says it for a named keyword argument
-            raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
-        self._check_open()
-        msg = self._as_message(message, dict(options))
-        if not msg.topic:
-            raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
-        check_topic(msg.topic, self._valid_topics)
-        out = to_outgoing(msg)
+        topic, out = self._outgoing(message, options, method)
         if not self._started:
             await self.start()
-        await self._routes.get(msg.topic)  # an unknown topic fails here, before queueing
+        await self._routes.get(topic)  # an unknown topic fails here, before queueing
         self._check_open()
-        return msg.topic, out
+        return topic, out
 
-    async def _deliver(self, topic: str, out: OutgoingMessage) -> SendResult:
-        """Send one message through the coalescer, failing over as ``tidemq._fault`` says."""
-        explicit = out.queue_id
+    def _outgoing(
+        self, message: Message | Body, options: SendOptions, method: str,
+    ) -> tuple[str, OutgoingMessage]:
+        """The topic and wire form of a message to send, checked (``_prepare`` without I/O)."""
+        if not options.keys() <= _SEND_OPTIONS:  # as Python says it for a named keyword argument
+            unknown = sorted(options.keys() - _SEND_OPTIONS)
+            raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
+        self._check_open()
+        topic = options.get("topic")
+        if topic and len(options) == 1 and type(message) in _BARE_BODIES:
+            # the common case, send(body, topic=...): no Message to build and copy
+            if topic not in self._valid_topics:
+                check_topic(topic, self._valid_topics)
+            return topic, body_to_outgoing(message)  # type: ignore[arg-type]
+        msg = self._as_message(message, options)
+        topic = msg.topic
+        if not topic:
+            raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
+        if topic not in self._valid_topics:
+            check_topic(topic, self._valid_topics)
+        return topic, to_outgoing(msg)
+
+    async def _deliver(
+        self, topic: str, out: OutgoingMessage, route: TopicRoute | None = None,
+        failed: tuple[int | None, MessageQueue, TidemqError] | None = None,
+    ) -> SendResult:
+        """Send one message through the coalescer, failing over as ``tidemq._fault`` says.
+
+        ``route``: the topic's route when the caller just looked it up; ``failed``: the
+        caller's first attempt failed: the message's own queue id (None: any), the queue
+        tried (over ``route``) and the error.
+        """
         attempts: SendAttempts | None = None
-        step, queue = Step.SELECT, None
+        step = Step.SELECT
+        queue: MessageQueue | None = None
+        error: TidemqError | None = None
+        if failed is None:
+            explicit = out.queue_id
+        else:
+            explicit, queue, error = failed
         while True:
-            route = await self._write_route(topic)
-            if step is Step.SELECT or queue is None:
-                queue = self._selector.select(
-                    route, sharding_key=out.sharding_key, queue_id=explicit,
-                    health=self._health, avoid=attempts.tried if attempts else (),
-                    reshard=self._ordered_failover)
-            out.queue_id = queue.queue_id
-            try:
-                result = await self._coalescer.submit(queue.address, topic, out)
-            except TidemqError as exc:
-                if attempts is None:
-                    movable = explicit is None and (out.sharding_key is None
-                                                    or self._ordered_failover)
-                    attempts = SendAttempts(self._health, self._http.retry, movable=movable,
-                                            first=queue.broker_name,
-                                            what=f"message {out.message_id}")
-                replicated = route.replicated(queue.broker_name)
-                if electing(exc, replicated):
-                    self._routes.invalidate(topic)  # the nameservers name the new primary
-                step = await attempts.after_failure(exc, queue.broker_name, route.write_groups(),
-                                                    replicated=replicated)
-                continue
-            self._stored(queue, attempts, 1)
-            return result
+            if error is None:
+                if route is None or route.electing():
+                    route = await self._write_route(topic)
+                if step is Step.SELECT or queue is None:
+                    queue = self._selector.select(
+                        route, sharding_key=out.sharding_key, queue_id=explicit,
+                        health=self._health, avoid=attempts.tried if attempts else (),
+                        reshard=self._ordered_failover)
+                out.queue_id = queue.queue_id
+                try:
+                    result = await self._coalescer.submit(queue.address, topic, out)
+                except TidemqError as exc:
+                    error = exc
+                else:
+                    self._stored(queue, attempts, 1)
+                    return result
+            assert route is not None and queue is not None  # set with every error
+            if attempts is None:
+                movable = explicit is None and (out.sharding_key is None
+                                                or self._ordered_failover)
+                attempts = SendAttempts(self._health, self._http.retry, movable=movable,
+                                        first=queue.broker_name,
+                                        what=f"message {out.message_id}")
+            replicated = route.replicated(queue.broker_name)
+            if electing(error, replicated):
+                self._routes.invalidate(topic)  # the nameservers name the new primary
+            step = await attempts.after_failure(error, queue.broker_name, route.write_groups(),
+                                                replicated=replicated)
+            route, error = None, None  # asked again: the failure may have changed it
 
     def _stored(self, queue: MessageQueue, attempts: SendAttempts | None, count: int) -> None:
         """Book-keeping after a send was stored on ``queue``'s broker."""
@@ -329,7 +388,7 @@ class Producer(Client):
                      ", ".join(sorted(attempts.uncertain - {queue.broker_name})))
 
     @staticmethod
-    def _as_message(message: Message | Body, overrides: dict[str, Any]) -> Message:
+    def _as_message(message: Message | Body, overrides: Mapping[str, Any]) -> Message:
         given = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(message, Message):
             return dataclasses.replace(message, **given) if given else message

@@ -39,21 +39,17 @@ def to_record(msg: OutgoingMessage, topic: str, queue_id: int, message_id: str,
     """The record a validated outgoing message is stored as."""
     props = dict(msg.properties) if msg.properties else {}
     props[UNIQ_KEY] = message_id
-    if msg.tag:
-        props[TAGS] = msg.tag
+    tag = msg.tag
+    if tag:
+        props[TAGS] = tag
     if msg.keys:
         props[KEYS] = KEY_SEPARATOR.join(msg.keys)
     if msg.sharding_key is not None:
         props[SHARDING_KEY] = msg.sharding_key
-    return MessageRecord(
-        topic=topic,
-        queue_id=queue_id,
-        body=msg.body,
-        properties=props,
-        tag_code=tag_code(msg.tag),
-        born_timestamp=now_ms,
-        born_host=host,
-    )
+    # positional (once per message on the send path): topic, queue_id, body, properties,
+    # tag_code, flag, sys_flag, born_timestamp, born_host
+    return MessageRecord(topic, queue_id, msg.body, props, tag_code(tag) if tag else 0, 0, 0,
+                         now_ms, host)
 
 
 def user_properties(props: dict[str, str]) -> dict[str, str]:

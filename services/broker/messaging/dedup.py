@@ -4,8 +4,9 @@ Three layers, cheapest first:
 
 1. ``recent``: an insertion-ordered map of what this process stored, expired from the front by
    time (and by size: ``max_entries`` bounds memory);
-2. ``in flight``: a future per key being stored right now, so a concurrent duplicate waits for
-   the first request's result instead of storing a second copy;
+2. ``in flight``: per key being stored right now, the future of its write (one per write, whose
+   result lists the write's places) and its index in that write, so a concurrent duplicate
+   waits for the first request's result instead of storing a second copy;
 3. the store's unique-key index (``find_by_unique_key``), consulted only while the map cannot
    be complete for the window: during the first ``window_s`` after a start (messages stored by
    the previous run), or after the size bound evicted an entry younger than the window.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 DedupKey = tuple[str, str]  # (topic, message_id)
@@ -34,6 +36,10 @@ class Placed(NamedTuple):
     waiting: tuple[int, int] | None = None
 
 
+#: The future of one write of keys being stored: where each record of the write went (by index).
+WriteFuture = asyncio.Future[Sequence["Placed | None"]]
+
+
 class DedupCache:
     def __init__(self, window_s: float, max_entries: int, started_ms: int) -> None:
         self.window_ms = int(window_s * 1000)
@@ -41,7 +47,7 @@ class DedupCache:
         # keys younger than this may be missing from ``_recent``; older ones are outside it
         self._complete_since_ms = started_ms
         self._recent: OrderedDict[DedupKey, Remembered] = OrderedDict()
-        self._inflight: dict[DedupKey, asyncio.Future[Placed]] = {}
+        self._inflight: dict[DedupKey, tuple[WriteFuture, int]] = {}
         self.hits = 0  # duplicates answered without storing (metrics read it)
 
     @property
@@ -66,25 +72,38 @@ class DedupCache:
             return None
         return Placed(entry[0], entry[1], entry[3])
 
-    def in_flight(self, key: DedupKey) -> asyncio.Future[Placed] | None:
+    def in_flight(self, key: DedupKey) -> tuple[WriteFuture, int] | None:
+        """The future of the write storing ``key`` right now and its index there, or None."""
         return self._inflight.get(key)
 
-    def begin(self, key: DedupKey) -> asyncio.Future[Placed]:
-        """Mark ``key`` as being stored; duplicates arriving meanwhile await the future."""
-        fut: asyncio.Future[Placed] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
+    def begin(self, keys: Mapping[int, DedupKey]) -> WriteFuture:
+        """Mark ``keys`` (index in one write → key) as being stored; duplicates arriving
+        meanwhile await the returned future and take their index of its result."""
+        fut: WriteFuture = asyncio.get_running_loop().create_future()
+        inflight = self._inflight
+        for i, key in keys.items():
+            inflight[key] = (fut, i)
         return fut
 
-    def finish(self, key: DedupKey, fut: asyncio.Future[Placed], placed: Placed | None,
-               error: BaseException | None = None, stored_ms: int = 0) -> None:
-        """End an in-flight store: remember its result, or hand its error to the waiters."""
-        if self._inflight.get(key) is fut:
-            del self._inflight[key]
+    def finish(self, keys: Mapping[int, DedupKey], fut: WriteFuture,
+               placed: Sequence[Placed | None] | None, error: BaseException | None = None,
+               stored_ms: Sequence[int] = ()) -> None:
+        """End an in-flight write: remember where each of ``keys`` went (``placed`` and
+        ``stored_ms`` by index), or hand its error to the waiters."""
+        inflight = self._inflight
+        for i, key in keys.items():
+            entry = inflight.get(key)
+            if entry is not None and entry[0] is fut:
+                del inflight[key]
+            if placed is not None:
+                where = placed[i]
+                if where is not None:
+                    self.remember(key, where, stored_ms[i])
+        if fut.done():
+            return
         if placed is not None:
-            self.remember(key, placed, stored_ms)
-            if not fut.done():
-                fut.set_result(placed)
-        elif not fut.done():
+            fut.set_result(placed)
+        else:
             fut.set_exception(error or RuntimeError("store did not answer"))
             fut.exception()  # retrieved: nobody may be waiting
 

@@ -29,7 +29,7 @@ from tidemq.protocol import (
 )
 
 from services.broker.messaging.convert import to_record
-from services.broker.messaging.dedup import DedupCache, DedupKey, Placed
+from services.broker.messaging.dedup import DedupCache, DedupKey, Placed, WriteFuture
 from services.broker.messaging.query import MessageState
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
@@ -91,7 +91,8 @@ def check_put(result: PutResult) -> list[Appended]:
 class DelayRouter(Protocol):
     def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
         """Due time (epoch ms) of a delayed message, None to deliver at once; raises
-        ProtocolError(INVALID_DELAY) for a delay it cannot honour."""
+        ProtocolError(INVALID_DELAY) for a delay it cannot honour. Asked only about a message
+        with a delay field set (one without is delivered at once)."""
 
     def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
         """The record to store instead of ``record`` so that it is delivered at ``due_ms``."""
@@ -161,8 +162,10 @@ class SendService:
         ids: list[str] = []
         given: list[bool] = []
         # validate everything and build the records before anything is stored
+        check_delay = self.delays.check
         for msg in msgs:
-            due = self.delays.check(msg, now)
+            due = (check_delay(msg, now) if msg.delay_level or msg.delay_ms is not None
+                   or msg.deliver_at_ms is not None else None)
             queue_id = self.select_queue(cfg, msg)
             mid = msg.message_id or new_message_id()
             record = to_record(msg, topic, queue_id, mid, now, host)
@@ -201,7 +204,7 @@ class SendService:
         placed: list[Placed | None] = [None] * n
         to_store: list[int] = []
         same_as: list[tuple[int, int]] = []  # (i, j): record i repeats record j of this batch
-        waits: list[tuple[int, asyncio.Future[Placed]]] = []
+        waits: list[tuple[int, WriteFuture, int]] = []  # (i, write of its first copy, index)
         keys: dict[int, DedupKey] = {}
         if cache.enabled:
             cache.expire(now)
@@ -215,8 +218,8 @@ class SendService:
                         same_as.append((i, j))
                         continue
                     hit = cache.lookup(key, now)
-                    if hit is None and (fut := cache.in_flight(key)) is not None:
-                        waits.append((i, fut))
+                    if hit is None and (other := cache.in_flight(key)) is not None:
+                        waits.append((i, *other))
                         continue
                     if hit is None and use_index:
                         hit = self._indexed(key, now)
@@ -233,14 +236,14 @@ class SendService:
             # in flight from here: a concurrent duplicate waits for this write's result. The
             # write runs as its own task so that its result is remembered even if this
             # request is cancelled (client gone) while the store is still writing it.
-            futures = {i: cache.begin(key) for i, key in keys.items()}
-            write = asyncio.ensure_future(self._store(records, to_store, placed, keys, futures))
+            future = cache.begin(keys)
+            write = asyncio.ensure_future(self._store(records, to_store, placed, keys, future))
             write.add_done_callback(_retrieve)
             await asyncio.shield(write)
         elif to_store:
             await self._store(records, to_store, placed)
-        for i, fut in waits:
-            placed[i] = await asyncio.shield(fut)
+        for i, fut, j in waits:
+            placed[i] = (await asyncio.shield(fut))[j]
         for i, j in same_as:
             placed[i] = placed[j]
         duplicates = n - len(to_store)
@@ -251,12 +254,10 @@ class SendService:
 
     async def _store(self, records: list[MessageRecord], to_store: list[int],
                      placed: list[Placed | None], keys: dict[int, DedupKey] | None = None,
-                     futures: dict[int, asyncio.Future[Placed]] | None = None) -> None:
+                     future: WriteFuture | None = None) -> None:
         """One store write of ``records[i] for i in to_store``; fills ``placed`` and settles
-        the dedup futures of ``keys`` (the result, or the error for the waiters)."""
+        the dedup ``future`` of ``keys`` (the places, or the error for the waiters)."""
         cache = self.dedup
-        keys = keys or {}
-        futures = futures or {}
         batch = records if len(to_store) == len(records) else [records[i] for i in to_store]
         started = time.perf_counter()
         try:
@@ -267,15 +268,17 @@ class SendService:
         except BaseException as exc:
             err = exc if isinstance(exc, ProtocolError) else ProtocolError(
                 ErrorCode.UNAVAILABLE, f"store write failed: {type(exc).__name__}")
-            for i, fut in futures.items():
-                cache.finish(keys[i], fut, None, err)
+            if future is not None and keys:
+                cache.finish(keys, future, None, err)
             raise
         waiting = self.delays.waiting
+        stored_ms = [0] * len(records) if future is not None else []
         for i, app in zip(to_store, appended, strict=True):
-            placed[i] = where = Placed(app.queue_id, app.queue_offset, waiting(records[i]))
-            pending = futures.get(i)
-            if pending is not None:
-                cache.finish(keys[i], pending, where, stored_ms=app.store_timestamp)
+            placed[i] = Placed(app.queue_id, app.queue_offset, waiting(records[i]))
+            if stored_ms:
+                stored_ms[i] = app.store_timestamp
+        if future is not None and keys:
+            cache.finish(keys, future, placed, stored_ms=stored_ms)
 
     def _indexed(self, key: DedupKey, now: int) -> Placed | None:
         """The first copy of ``key`` in the store's unique-key index within the window."""

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct(">IIqqqII")
 HEADER_SIZE = HEADER.size  # 40
 SLOT = struct.Struct(">I")
+SLOT_SIZE = SLOT.size  # 4
 ENTRY = struct.Struct(">IqiI")  # hash, offset, ms since begin, previous entry
 ENTRY_SIZE = ENTRY.size  # 20
 INDEX_MAGIC = 0x7D1E_1D01
@@ -101,12 +102,14 @@ class IndexFile:
         if self.sealed:
             raise RuntimeError(f"index file {self.path.name} is sealed")
         h = zlib.crc32(key.encode("utf-8"))
-        slot_at = HEADER_SIZE + (h % self.slots) * SLOT.size
-        (prev,) = SLOT.unpack_from(self.mm, slot_at)
-        self.count += 1
-        ENTRY.pack_into(self.mm, self._entries_at + self.count * ENTRY_SIZE, h, phys,
-                        max(0, store_ms - self.begin_ms), prev)
-        SLOT.pack_into(self.mm, slot_at, self.count)
+        mm = self.mm
+        slot_at = HEADER_SIZE + (h % self.slots) * SLOT_SIZE
+        (prev,) = SLOT.unpack_from(mm, slot_at)
+        count = self.count = self.count + 1
+        delta = store_ms - self.begin_ms
+        ENTRY.pack_into(mm, self._entries_at + count * ENTRY_SIZE, h, phys,
+                        delta if delta > 0 else 0, prev)
+        SLOT.pack_into(mm, slot_at, count)
         if store_ms > self.end_ms:
             self.end_ms = store_ms
         if phys > self.end_phys:

@@ -57,6 +57,8 @@ BLANK_SIZE = BLANK.size  # 8
 PREFIX = struct.Struct(">iII")  # total_size, magic, crc
 STORE_TS = struct.Struct(">q")
 STORE_TS_AT = 56
+POSITION = struct.Struct(">qq")  # queue_offset, physical_offset: known when written
+POSITION_AT = 20
 U8 = struct.Struct(">B")
 U16 = struct.Struct(">H")
 I32 = struct.Struct(">i")
@@ -104,6 +106,9 @@ def decode_host(raw: bytes) -> str:
 def encode_properties(props: dict[str, str]) -> bytes:
     if not props:
         return b""
+    if len(props) == 1:  # a sent message without tag, keys or properties: its UNIQ_KEY only
+        for k, v in props.items():
+            return f"{k}\x01{v}\x02".encode()
     return "".join([f"{k}\x01{v}\x02" for k, v in props.items()]).encode("utf-8")
 
 
@@ -131,13 +136,20 @@ class UnfitRecord(ValueError):
 
 
 def check_fits(rec: MessageRecord) -> None:
-    """Raise UnfitRecord unless every header field of ``rec`` fits its slot. One trial pack of
-    the header decides (the writer packs the same fields later, where a failure would stop it);
-    only a failure looks field by field for the one to name."""
+    """Raise UnfitRecord unless every header field of ``rec`` fits its slot."""
+    encode_head(rec, b"")
+
+
+def encode_head(rec: MessageRecord, store_host: bytes) -> bytes:
+    """The header of ``rec`` up to body_len with what is known before it is written; the
+    writer's ``append_encoded`` fills in total_size, queue_offset, physical_offset,
+    store_timestamp and the CRC. Raises UnfitRecord unless every field fits its slot: packing
+    decides, so the writer never meets a field it cannot pack; only a failure looks field by
+    field for the one to name."""
     try:
-        HEAD.pack(0, MAGIC, 0, rec.queue_id, rec.flag, 0, 0, rec.sys_flag, rec.born_timestamp,
-                  encode_host(rec.born_host), 0, b"", rec.reconsume_times,
-                  rec.prepared_tx_offset, rec.tag_code)
+        return HEAD.pack(0, MAGIC, 0, rec.queue_id, rec.flag, 0, 0, rec.sys_flag,
+                         rec.born_timestamp, encode_host(rec.born_host), 0, store_host,
+                         rec.reconsume_times, rec.prepared_tx_offset, rec.tag_code)
     except (struct.error, TypeError, ValueError, AttributeError):
         raise UnfitRecord(_unfit_field(rec)) from None
 
@@ -176,6 +188,21 @@ def append_record(buf: bytearray, rec: MessageRecord, total_size: int, queue_off
     crc = zlib.crc32(payload, zlib.crc32(memoryview(head)[12:]))
     at = len(buf)
     buf += head
+    CRC.pack_into(buf, at + 8, crc)
+    buf += payload
+
+
+def append_encoded(buf: bytearray, head: bytes, payload: bytes, queue_offset: int,
+                   physical_offset: int, store_timestamp: int) -> None:
+    """``append_record`` for a record whose ``encode_head`` and ``encode_payload`` were made
+    before: fills in the fields known only now, then the CRC."""
+    at = len(buf)
+    buf += head
+    I32.pack_into(buf, at, HEAD_SIZE + len(payload))
+    POSITION.pack_into(buf, at + POSITION_AT, queue_offset, physical_offset)
+    STORE_TS.pack_into(buf, at + STORE_TS_AT, store_timestamp)
+    with memoryview(buf) as view:  # released before buf grows again
+        crc = zlib.crc32(payload, zlib.crc32(view[at + 12:]))
     CRC.pack_into(buf, at + 8, crc)
     buf += payload
 

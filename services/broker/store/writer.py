@@ -31,8 +31,9 @@ from tidemq.protocol import KEYS, UNIQ_KEY
 from services.broker.store import record
 from services.broker.store.commitlog import CommitLog, StoreClosedError
 from services.broker.store.config import FlushMode, StoreConfig
+from services.broker.store.consume_queue import ConsumeQueue
 from services.broker.store.dispatcher import Dispatcher, dispatchable
-from services.broker.store.record import append_record
+from services.broker.store.record import append_encoded, encode_head
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ HEADER_WRITTEN = record.HEADER_SIZE - 4  # body_len is written as part of the pa
 @dataclass(slots=True, eq=False)
 class _Request:
     records: list[MessageRecord]
+    heads: list[bytes]  # record.encode_head of each record
     payloads: list[bytes]
     nbytes: int
     enqueued: float
@@ -126,8 +128,8 @@ class GroupCommitWriter:
                 self.stats["busy"] += 1
             return refusal
         try:  # a record the layout cannot hold fails its own request here, never the writer
-            for r in records:
-                record.check_fits(r)
+            store_host = self.store_host
+            heads = [encode_head(r, store_host) for r in records]
             payloads = [record.encode_payload(r) for r in records]
         except (ValueError, TypeError) as exc:
             return PutResult(PutStatus.INVALID, message=str(exc))
@@ -141,7 +143,7 @@ class GroupCommitWriter:
             return PutResult(PutStatus.TOO_LARGE, message=f"a {largest}-byte record cannot fit "
                              f"a {self.log.segment_bytes}-byte segment")
         fut: asyncio.Future[PutResult] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(records, payloads, nbytes, now, fut))
+        self._queue.append(_Request(records, heads, payloads, nbytes, now, fut))
         self._pending_bytes += nbytes
         self._wake.set()
         return await fut
@@ -186,31 +188,44 @@ class GroupCommitWriter:
                 req.future.set_result(failure or req.result)  # type: ignore[arg-type]
 
     def _write_batch(self, batch: list[_Request]) -> None:
-        clog, disp, store_host = self.log, self.dispatcher, self.store_host
+        clog, disp = self.log, self.dispatcher
+        fits, dispatch_to, queue = clog.fits, disp.dispatch_to, disp.queue
         now_ms = int(time.time() * 1000)
         buf = bytearray()
+        base = clog.write_offset  # where buf starts in the log
+        queues: dict[tuple[str, int], ConsumeQueue] = {}  # looked up once per batch
+        records = 0
         for req in batch:
             appended: list[Appended] = []
-            for rec, payload in zip(req.records, req.payloads, strict=True):
+            for rec, head, payload in zip(req.records, req.heads, req.payloads, strict=True):
                 size = HEADER_WRITTEN + len(payload)
-                if not clog.fits(len(buf) + size):
+                if not fits(len(buf) + size):
                     if buf:
                         clog.write(buf)
                         buf = bytearray()
                     clog.roll()
-                phys = clog.write_offset + len(buf)
-                cq = disp.queue(rec.topic, rec.queue_id) if dispatchable(rec.sys_flag) else None
-                qoff = cq.max_offset if cq is not None else 0
-                append_record(buf, rec, size, qoff, phys, now_ms, store_host, payload)
+                    base = clog.write_offset
+                phys = base + len(buf)
+                topic, queue_id = rec.topic, rec.queue_id
+                if dispatchable(rec.sys_flag):
+                    cq = queues.get((topic, queue_id))
+                    if cq is None:
+                        cq = queues[(topic, queue_id)] = queue(topic, queue_id)
+                    qoff = cq.max_offset
+                else:
+                    cq, qoff = None, 0
+                append_encoded(buf, head, payload, qoff, phys, now_ms)
                 props = rec.properties
-                disp.dispatch_to(cq, rec.topic, qoff, phys, size, rec.tag_code, now_ms,
-                                 props.get(UNIQ_KEY, ""), props.get(KEYS, ""))
-                appended.append(Appended(phys, size, rec.queue_id, qoff, now_ms))
+                dispatch_to(cq, topic, qoff, phys, size, rec.tag_code, now_ms,
+                            props.get(UNIQ_KEY, ""), props.get(KEYS, ""))
+                appended.append(Appended(phys, size, queue_id, qoff, now_ms))
             req.result = PutResult(PutStatus.OK, appended)
-            self.stats["put_records"] += len(req.records)
-            self.stats["put_bytes"] += req.nbytes
-        self.stats["put_requests"] += len(batch)
-        self.stats["writes"] += 1
+            records += len(appended)
+        stats = self.stats
+        stats["put_records"] += records
+        stats["put_bytes"] += sum(req.nbytes for req in batch)
+        stats["put_requests"] += len(batch)
+        stats["writes"] += 1
         if buf:
             clog.write(buf)
 
