@@ -21,12 +21,19 @@ system-deps:
 up: $(STAMP) system-deps
 	$(BIN)/tidemq up $(UP_ARGS)
 
+# The suite runs in parallel (pytest-xdist): one worker per CPU, at most 4 (the integration tests
+# start several processes each), every test file on one worker so that a module's fixtures
+# start once. PYTEST_WORKERS=0 runs it in this one process, e.g.
+# make test PYTEST_WORKERS=0 PYTEST_ARGS='tests/cli/test_cli.py -x'
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
 test: $(STAMP) system-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 # The tests that start no real process (no redis-server, service, Spark or docker-compose).
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration" $(PYTEST_ARGS)
 
 # bench/install-peers.sh installs the peers measured beside tidemq (nats-server, nats-py);
 # it never fails the run: a missing peer is reported as skipped.

@@ -99,8 +99,10 @@ def test_idle_triggers_of_a_real_query_keep_it_live(spark: Any, events_broker: B
     writer = ExpositionWriter(cfg.output)
     query = start_query(spark, cfg, writer)
     try:
-        deadline = time.monotonic() + 60
-        while writer.liveness.state.newest_event_s is None:  # the batch with the two events
+        # the query's first batch (the two events): its planning starts Spark's Python workers,
+        # which took over 45 s on a loaded 2-core machine; as long as test_sidecar_quiet waits
+        deadline = time.monotonic() + 120
+        while writer.liveness.state.newest_event_s is None:
             assert query.isActive and time.monotonic() < deadline, query.exception()
             time.sleep(0.2)
         read_at = writer.liveness.state.newest_event_s

@@ -137,12 +137,18 @@ def test_cancel_races_delivery(cluster: DelayCluster) -> None:
 def test_cancel_right_after_send_wins(cluster: DelayCluster) -> None:
     topic = cluster.broker.create_topic(queues=2)
     ids = [unique("e") for _ in range(300)]
+    # Due well after the 300 cancels end even on a loaded machine (with 3 s, cancels still
+    # running at the due time were answered 409 ALREADY_DELIVERED): every cancel races the
+    # scheduler's intake, never the delivery.
+    delay_s = 10.0
     began = time.monotonic()
-    cluster.broker.send(topic, *({"message_id": m, "body": "x", "delay_ms": 3000} for m in ids))
+    cluster.broker.send(topic, *({"message_id": m, "body": "x", "delay_ms": int(delay_s * 1000)}
+                                 for m in ids))
     outcome = _cancel_all(cluster, ids)  # most before the scheduler took them in
+    assert time.monotonic() - began < delay_s, "the cancels did not end before the due time"
     assert set(outcome.values()) == {200}
     cluster.restart_scheduler(signal.SIGKILL)  # early cancels are durable
-    time.sleep(max(0.0, 3.5 - (time.monotonic() - began)))
+    time.sleep(max(0.0, delay_s + 0.5 - (time.monotonic() - began)))
     assert cluster.pull_all(topic) == []
     assert cluster.scheduled(topic)["pending"] == 0
 

@@ -246,6 +246,14 @@ class CheckAnswerer:
     def answered_ids(self) -> set[str]:
         return {txid for txid, _ in self.answered}
 
+    def answer_ms(self, txid: str, timeout: float = 15.0) -> int:
+        """When this answerer's end of ``txid`` was acknowledged (wall ms). The broker commits
+        before its answer reaches this thread, so a test that saw the commit waits here for
+        the answerer to record it; a check answered by another answerer never shows up."""
+        wait_until(lambda: txid in self.answered_ids(), timeout,
+                   f"{self.client_id} to record its answer to {txid}")
+        return dict(self.answered)[txid]
+
     def _run(self) -> None:
         for _ in itertools.count():
             if self._stop.is_set():

@@ -14,6 +14,7 @@ every test uses its own topics and groups. ``cluster.client`` runs a scenario of
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -60,6 +61,19 @@ def _works(python: Path, version: str) -> bool:
 
 @pytest.fixture(scope="session")
 def rmq_python() -> Path:
+    # pytest-xdist workers (and other checkouts' test runs) share RMQ_VENV: one builds it while
+    # the others wait, then find it working; nobody replaces it under a worker that uses it.
+    lock = RMQ_VENV.with_name(f"{RMQ_VENV.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            return _build_rmq_venv()
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def _build_rmq_venv() -> Path:
     version = _client_version()
     python = RMQ_VENV / "bin" / "python"
     if _works(python, version):
