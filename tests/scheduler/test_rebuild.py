@@ -164,7 +164,11 @@ def test_a_rolled_timer_outlives_retention_and_a_rebuild(
             assert time.monotonic() < deadline, "retention never dropped the first records"
             broker.send(filler, *({"body": big} for _ in range(30)))
             time.sleep(0.2)
-        assert cluster.status()["pending_timers"] == 18
+        # 18 once the last roll's copies are filed: resolving a rolled copy marks the older
+        # copies ROLLED (pending - n) before the copies are fsynced and filed (pending + n), so
+        # status can show fewer for that moment (0 was seen under load)
+        wait_until(lambda: cluster.status()["pending_timers"] == 18, 10,
+                   "18 pending timers after the rolls")
         cancel_ok(cluster, ids[2:5])  # after rolls: a rolled copy is cancelled
         floor = cluster.status()["gauges"]["rebuild_floor"]
         assert floor >= len(ids)  # the rebuild floor moved past the original records
