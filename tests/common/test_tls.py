@@ -76,11 +76,15 @@ def tls(tmp_path_factory: pytest.TempPathFactory,
                           DATA_DIR=str(work / "scheduler"))),
         ("console", env("TIDEMQ_CONSOLE_", "console", NAMESERVERS=ns_url)),
     ]
+    tls_cluster: TlsCluster | None = None
     try:
         for name, service_env in plan:
             procs[name] = ServiceProcess(name, ports[name], service_env, work).start(60.0)
-        yield TlsCluster(pki, procs)
+        tls_cluster = TlsCluster(pki, procs)
+        yield tls_cluster
     finally:
+        if tls_cluster is not None:
+            tls_cluster.http.close()  # its kept-alive connections would hold each stop 5 s
         for proc in reversed(procs.values()):
             proc.stop()
 
