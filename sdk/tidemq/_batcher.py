@@ -1,13 +1,10 @@
 """Coalescing of concurrent sends into one request per (broker, topic).
 
 A send appends its message to the open batch of its (broker, topic) and waits on its own future.
-Linger is adaptive, so one message never waits for company: when no outstanding request to that
-(broker, topic) holds a message of the same queue, the batch goes at the end of the current
-event-loop turn (the sends made in the same turn share it); while one does, the batch gathers
-until that request answers, or ``linger_s`` passes, whichever is first. (A steady trickle spread
-over a topic's queues so never waits behind the previous message's round trip, and a queue's
-messages still follow one another request by request; under load every queue has a request
-out, so batches form as before.) A full batch (``max_messages`` or
+Linger is adaptive, so one message never waits for company: when no request to that (broker,
+topic) is outstanding, the batch goes at the end of the current event-loop turn (the sends made
+in the same turn share it); while one is outstanding, the batch gathers until that request
+answers, or ``linger_s`` passes, whichever is first. A full batch (``max_messages`` or
 ``max_bytes``) goes at once. Under load this turns many sends into few requests; on a quiet
 topic a message costs one round trip. The answer's results come back in request order, so
 result *i* resolves the future of message *i*. A failed request fails every future of its batch
@@ -68,8 +65,7 @@ class Coalescer:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._open: dict[tuple[str, str], _Batch] = {}
-        # per (broker, topic): queue id -> requests flushed, not answered, holding that queue
-        self._outstanding: dict[tuple[str, str], dict[int, int]] = {}
+        self._outstanding: dict[tuple[str, str], int] = {}  # requests flushed, not answered
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests_sent = 0  # batches handed to ``send``, for tests and stats
@@ -88,11 +84,8 @@ class Coalescer:
         if batch is None:
             batch = _Batch(broker, topic)
             self._open[key] = batch
-            busy = self._outstanding.get(key)
-            if self.linger_s > 0 and busy and (message.queue_id is None
-                                               or message.queue_id in busy):
-                # a request holding this queue is out: gather until it answers (``_run``
-                # flushes), at most linger
+            if self.linger_s > 0 and self._outstanding.get(key, 0):
+                # a request is out: gather until it answers (``_run`` flushes), at most linger
                 batch.timer = loop.call_later(self.linger_s, self._flush, key)
             else:
                 batch.timer = loop.call_soon(self._flush, key)
@@ -127,9 +120,7 @@ class Coalescer:
             return
         if batch.timer is not None:
             batch.timer.cancel()
-        out = self._outstanding.setdefault(key, {})
-        for qid in _queues_of(batch):
-            out[qid] = out.get(qid, 0) + 1
+        self._outstanding[key] = self._outstanding.get(key, 0) + 1
         task = asyncio.create_task(self._run(batch), name=f"tidemq-send-{batch.topic}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -143,13 +134,9 @@ class Coalescer:
             _fail(batch.futures, ClientClosedError("the producer closed before the send completed"))
             raise
         finally:
-            out = self._outstanding.get(key, {})
-            for qid in _queues_of(batch):
-                left = out.pop(qid, 1) - 1
-                if left:
-                    out[qid] = left
-            if not out:
-                self._outstanding.pop(key, None)
+            left = self._outstanding.pop(key, 1) - 1
+            if left:
+                self._outstanding[key] = left
             if key in self._open:  # what gathered while this request was out goes now
                 self._flush(key)
 
@@ -179,11 +166,6 @@ class Coalescer:
             for future, result in zip(futures, results, strict=True):
                 if not future.done():
                     future.set_result(result)
-
-
-def _queues_of(batch: _Batch) -> set[int]:
-    """The queue ids a batch's messages go to (-1 for a message without one)."""
-    return {-1 if m.queue_id is None else m.queue_id for m in batch.messages}
 
 
 def _fail(futures: list[asyncio.Future[SendResult]], exc: BaseException) -> None:
