@@ -244,11 +244,7 @@ class Producer(Client):
                     attempts = SendAttempts(self._health, self._http.retry, movable=not pinned,
                                             first=broker.broker_name,
                                             what=f"batch of {len(outs)} to {topic!r}")
-                replicated = route.replicated(broker.broker_name)
-                if electing(exc, replicated):
-                    self._routes.invalidate(topic)  # the nameservers name the new primary
-                step = await attempts.after_failure(exc, broker.broker_name, route.write_groups(),
-                                                    replicated=replicated)
+                step = await self._failed(topic, route, broker.broker_name, attempts, exc)
                 continue
             if len(results) != len(outs):
                 raise UnexpectedResponseError(
@@ -366,12 +362,18 @@ class Producer(Client):
                 attempts = SendAttempts(self._health, self._http.retry, movable=movable,
                                         first=queue.broker_name,
                                         what=f"message {out.message_id}")
-            replicated = route.replicated(queue.broker_name)
-            if electing(error, replicated):
-                self._routes.invalidate(topic)  # the nameservers name the new primary
-            step = await attempts.after_failure(error, queue.broker_name, route.write_groups(),
-                                                replicated=replicated)
+            step = await self._failed(topic, route, queue.broker_name, attempts, error)
             route, error = None, None  # asked again: the failure may have changed it
+
+    async def _failed(self, topic: str, route: TopicRoute, broker_name: str,
+                      attempts: SendAttempts, exc: TidemqError) -> Step:
+        """A send to ``broker_name`` failed: what to do next (``tidemq._fault``); an electing
+        group's route is asked for again, since the nameservers name the new primary."""
+        replicated = route.replicated(broker_name)
+        if electing(exc, replicated):
+            self._routes.invalidate(topic)
+        return await attempts.after_failure(exc, broker_name, route.write_groups(),
+                                            replicated=replicated)
 
     def _stored(self, queue: MessageQueue, attempts: SendAttempts | None, count: int) -> None:
         """Book-keeping after a send was stored on ``queue``'s broker."""
