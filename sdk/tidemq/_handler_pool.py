@@ -55,10 +55,6 @@ class HandlerPool:
         self._settling: asyncio.Event | None = None  # set after each handler while one waits
 
     @property
-    def waiting(self) -> int:
-        return len(self._line)
-
-    @property
     def full(self) -> bool:
         return not self._room.is_set()
 

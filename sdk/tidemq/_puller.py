@@ -251,7 +251,8 @@ class QueuePuller:
             await asyncio.shield(task)  # one at a time; stop() waits for it, bounded
 
     async def consume_first(self, message: ReceivedMessage) -> bool:
-        """A pool worker's first attempt (its permit held, its timeout watched by the pool)."""
+        """Run the handler once, with no permit or timeout of its own (a pool worker holds
+        both; ``_invoke`` adds them); True when it consumed the message."""
         try:
             result = await self._handler(message)
         except Exception:
@@ -330,18 +331,12 @@ class QueuePuller:
         try:
             # a timeout scope in this task, not wait_for: no extra task per message
             async with asyncio.timeout(self._s.consume_timeout_s):
-                result = await self._handler(message)
+                return await self.consume_first(message)
         except TimeoutError:
-            log.warning("%s: handler timed out after %ss on message %s", self.queue,
-                        self._s.consume_timeout_s, message.message_id)
-            return False
-        except Exception:
-            log.exception("%s: handler raised on message %s (will retry)", self.queue,
-                          message.message_id)
+            self.timed_out(message, self._s.consume_timeout_s)
             return False
         finally:
             self._permits.release()
-        return result is None or result == ConsumeResult.SUCCESS
 
     async def _reset_offset(self) -> None:
         try:
