@@ -168,11 +168,7 @@ class Producer(Client):
         keys, properties, sharding_key, queue_id, delay_level, delay_ms, deliver_at_ms,
         message_id) override its fields.
         """
-        topic, out = self._outgoing(message, options, "send")
-        if not self._started:
-            await self.start()
-        route = await self._routes.get(topic)  # an unknown topic fails here, before queueing
-        self._check_open()
+        topic, out, route = await self._prepare(message, options, "send")
         if route.electing():
             return await self._deliver(topic, out, route)
         # the first attempt here (most sends need no other), the rest in _deliver
@@ -193,8 +189,9 @@ class Producer(Client):
         Takes the arguments of ``send``. Invalid arguments and unknown topics still raise here.
         ``close()`` waits (bounded) for queued oneway messages.
         """
-        topic, out = await self._prepare(message, options, "send_oneway")
-        task = asyncio.create_task(self._deliver(topic, out), name=f"tidemq-oneway-{topic}")
+        topic, out, route = await self._prepare(message, options, "send_oneway")
+        task = asyncio.create_task(self._deliver(topic, out, route),
+                                   name=f"tidemq-oneway-{topic}")
         self._oneway.add(task)
         task.add_done_callback(self._oneway.discard)
         task.add_done_callback(_log_oneway_failure)
@@ -289,14 +286,14 @@ class Producer(Client):
 
     async def _prepare(
         self, message: Message | Body, options: SendOptions, method: str,
-    ) -> tuple[str, OutgoingMessage]:
+    ) -> tuple[str, OutgoingMessage, TopicRoute]:
         """Validate a message, start the producer and look its topic's route up."""
         topic, out = self._outgoing(message, options, method)
         if not self._started:
             await self.start()
-        await self._routes.get(topic)  # an unknown topic fails here, before queueing
+        route = await self._routes.get(topic)  # an unknown topic fails here, before queueing
         self._check_open()
-        return topic, out
+        return topic, out, route
 
     def _outgoing(
         self, message: Message | Body, options: SendOptions, method: str,
