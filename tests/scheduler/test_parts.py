@@ -72,8 +72,8 @@ def test_due_times_and_invalid_delays() -> None:
 
 def test_waiting_copies_keep_the_message_whole() -> None:
     held: list[bool] = []
-    d = _router()
-    d.on_first_delay = lambda: held.append(True)
+    d = Delays(parse_delay_levels("1s 2s 3s"), max_delay_ms=30 * DAY,
+               on_first_delay=lambda: held.append(True))
     rec = MessageRecord(topic="Orders", queue_id=3, body=b"b", properties={"UNIQ_KEY": "m",
                         "TAGS": "t", "KEYS": "k"}, tag_code=7, flag=1, born_timestamp=5)
     level = d.route_record(rec, NOW, delay_level=3)

@@ -28,6 +28,7 @@ from services.broker.delays.routing import WAITING_PROPERTIES, Delays, is_waitin
 from services.broker.messaging.send import check_put, now_ms
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
+from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
 
@@ -58,10 +59,11 @@ def latest_copy(copies: list[StoredRecord], group: str) -> StoredRecord:
 
 
 class RetryService:
-    def __init__(self, store: MessageStore, topics: TopicManager, metrics: BrokerMetrics,
-                 max_reconsume_times: int, delays: Delays | None = None,
+    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+                 metrics: BrokerMetrics, max_reconsume_times: int, delays: Delays | None = None,
                  backoff: bool = False) -> None:
         self.store = store
+        self.appender = appender
         self.topics = topics
         self.metrics = metrics
         self.max_reconsume_times = max_reconsume_times
@@ -105,7 +107,7 @@ class RetryService:
         level = delay_level or (retry_delay_level(times) if self.backoff else 0)
         if not dead and level and self.delays is not None:
             record = self.delays.route_record(record, now_ms(), delay_level=min(level, levels))
-        check_put(await self.store.put([record]))
+        check_put(await self.appender.append([record]))
         self.metrics.retries.labels("dlq" if dead else "retry").inc()
         if dead:
             log.info("message %s of group %s reconsumed %d times (max %d): moved to %s",

@@ -51,12 +51,13 @@ class Delays:
     """The broker's ``DelayRouter`` (see messaging.send): delay levels and arbitrary delays."""
 
     def __init__(self, levels_ms: tuple[int, ...], max_delay_ms: int,
-                 on_first_delay: Callable[[], None] | None = None) -> None:
+                 on_first_delay: Callable[[], None] | None = None,
+                 lookup: Callable[[str], dict[str, Any] | None] | None = None) -> None:
         self.levels_ms = levels_ms
         self.max_delay_ms = max_delay_ms
         self.on_first_delay = on_first_delay  # e.g. hold retention for the scheduler
-        # the standing of a delayed message by id (the ScheduleService's, which reads the store)
-        self.lookup: Callable[[str], dict[str, Any] | None] | None = None
+        # the standing of a delayed message by id (delays/service.py's ``DelayLookup``)
+        self.lookup = lookup
         self.routed_levels = 0
         self.routed_timers = 0
 

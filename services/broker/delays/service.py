@@ -62,6 +62,7 @@ from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
 from services.broker.messaging.send import SendService, check_put, now_ms
 from services.broker.messaging.topics import TopicManager
+from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
 from services.common.constants import SCHEDULER_FLOOR_OWNER
@@ -110,11 +111,44 @@ def parse_delivery(row: Any) -> MessageRecord:
                          r.prepared_tx_offset)
 
 
-class ScheduleService:
-    def __init__(self, store: MessageStore, topics: TopicManager, sender: SendService,
-                 delays: Delays, scheduler: SchedulerClient | None, broker_name: str,
-                 pulls: PullService) -> None:
+class DelayLookup:
+    """What the store says about delayed messages, asked by the delay router (``Delays``,
+    built before every service that stores): the standing of a repeated send, and the
+    retention hold before the first delay."""
+
+    def __init__(self, store: MessageStore) -> None:
         self.store = store
+
+    def hold_for_scheduler(self) -> None:
+        """Before the first delayed message: keep everything from here until the scheduler
+        reports its own progress (a scheduler that never ran must not lose timers)."""
+        if SCHEDULER_FLOOR_OWNER not in self.store.floors:
+            self.store.set_retention_floor(SCHEDULER_FLOOR_OWNER, self.store.log.write_offset)
+
+    def standing(self, message_id: str) -> dict[str, Any] | None:
+        """For a repeated send of a delayed message (``Delays.standing``): ``{state:
+        "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its delivered copy;
+        None while it waits. Read from the store: repeated sends are rare."""
+        copies = self.store.find_by_unique_key(message_id)
+        newest = _newest_that_matters(copies)
+        if newest is None or is_waiting(newest):
+            return None
+        if newest.topic == CANCELS_TOPIC:
+            return {"state": MessageState.CANCELLED.value}
+        real = next((c.properties.get(REAL_TOPIC) for c in copies if is_waiting(c)), None)
+        delivered = next((c for c in copies if c.topic == real), None)
+        if delivered is None:
+            return None
+        return {"state": MessageState.STORED.value, "queue_id": delivered.queue_id,
+                "queue_offset": delivered.queue_offset}
+
+
+class ScheduleService:
+    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+                 sender: SendService, delays: Delays, scheduler: SchedulerClient | None,
+                 broker_name: str, pulls: PullService) -> None:
+        self.store = store
+        self.appender = appender  # cancel records (deliveries go through ``sender``)
         self.pulls = pulls
         self.topics = topics
         self.sender = sender
@@ -124,7 +158,6 @@ class ScheduleService:
         self.delivered = 0  # messages stored by deliver
         self.duplicates = 0  # strict re-deliveries found already stored
         self.cancelled = 0
-        delays.lookup = self.standing  # a repeated send of a delayed message asks here
 
     async def start(self) -> None:
         await self.topics.ensure_system(SCHEDULE_TOPIC)
@@ -134,12 +167,6 @@ class ScheduleService:
     async def close(self) -> None:
         if self.scheduler is not None:
             await self.scheduler.close()
-
-    def hold_for_scheduler(self) -> None:
-        """Before the first delayed message: keep everything from here until the scheduler
-        reports its own progress (a scheduler that never ran must not lose timers)."""
-        if SCHEDULER_FLOOR_OWNER not in self.store.floors:
-            self.store.set_retention_floor(SCHEDULER_FLOOR_OWNER, self.store.log.write_offset)
 
     # --- for the scheduler ------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -361,23 +388,6 @@ class ScheduleService:
         log.info("cancelled delayed message %s (due %s)", message_id, hint.get("due_ms"))
         return {"message_id": message_id, "state": "cancelled"}
 
-    def standing(self, message_id: str) -> dict[str, Any] | None:
-        """For a repeated send of a delayed message (``Delays.standing``): ``{state:
-        "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its delivered copy;
-        None while it waits. Read from the store: repeated sends are rare."""
-        copies = self.store.find_by_unique_key(message_id)
-        newest = _newest_that_matters(copies)
-        if newest is None or is_waiting(newest):
-            return None
-        if newest.topic == CANCELS_TOPIC:
-            return {"state": MessageState.CANCELLED.value}
-        real = next((c.properties.get(REAL_TOPIC) for c in copies if is_waiting(c)), None)
-        delivered = next((c for c in copies if c.topic == real), None)
-        if delivered is None:
-            return None
-        return {"state": MessageState.STORED.value, "queue_id": delivered.queue_id,
-                "queue_offset": delivered.queue_offset}
-
     async def _record_cancel(self, message_id: str, waiting: StoredRecord | None,
                              hint: dict[str, Any]) -> None:
         props = {UNIQ_KEY: message_id}
@@ -390,7 +400,7 @@ class ScheduleService:
         record = MessageRecord(topic=CANCELS_TOPIC, queue_id=0, body=b"",
                                properties=props, born_timestamp=now_ms())
         await self.topics.ensure_system(CANCELS_TOPIC, 1)
-        check_put(await self.store.put([record]))
+        check_put(await self.appender.append([record]))
 
     async def scheduled(self, topic: str | None) -> dict[str, Any]:
         if topic:

@@ -1,6 +1,7 @@
 """The send path: validate a batch as a whole, pick queues, de-duplicate, store, answer.
 
-Hot path: no pydantic, no Redis, one ``store.put`` per request, metrics counted per batch.
+Hot path: no pydantic, no Redis, one ``Appender.append`` per request (store/appender.py: the
+store's writer, or the replication gate around it), metrics counted per batch.
 Delayed delivery goes through one seam, ``DelayRouter`` (the broker's is
 ``services.broker.delays.routing.Delays``): it validates a message's delay and stores a delayed
 message as its waiting copy.
@@ -33,6 +34,7 @@ from services.broker.messaging.dedup import DedupCache, DedupKey, Placed, WriteF
 from services.broker.messaging.query import MessageState
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
+from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import (
     Appended,
@@ -110,10 +112,11 @@ class DelayRouter(Protocol):
 # --- the send service ---------------------------------------------------------------------------
 
 class SendService:
-    def __init__(self, store: MessageStore, topics: TopicManager, dedup: DedupCache,
-                 metrics: BrokerMetrics, limits: Limits, delays: DelayRouter, *,
-                 auto_create_queues: int | None = None) -> None:
-        self.store = store
+    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+                 dedup: DedupCache, metrics: BrokerMetrics, limits: Limits, delays: DelayRouter,
+                 *, auto_create_queues: int | None = None) -> None:
+        self.store = store  # reads (the unique-key index); writes go through ``appender``
+        self.appender = appender
         self.topics = topics
         self.dedup = dedup
         self.metrics = metrics
@@ -248,7 +251,7 @@ class SendService:
             placed[i] = placed[j]
         duplicates = n - len(to_store)
         if duplicates:
-            cache.hits += duplicates
+            cache.count_hits(duplicates)
             self.metrics.dedup_hits.inc(duplicates)
         return cast(list[Placed], placed)  # every slot is filled above
 
@@ -261,7 +264,7 @@ class SendService:
         batch = records if len(to_store) == len(records) else [records[i] for i in to_store]
         started = time.perf_counter()
         try:
-            result = await self.store.put(batch)
+            result = await self.appender.append(batch)
             self.metrics.observe_put(batch[0].topic, batch, result.status,
                                      time.perf_counter() - started)
             appended = check_put(result)

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 from tidemq.protocol import (
@@ -93,16 +94,21 @@ def check_shrink(current: TopicConfig | None, queues: int,
             "deletes them, or move the topic's traffic to a new topic")
 
 
+class WriteGuard(Protocol):
+    def require_writable(self) -> None:
+        """Raise ProtocolError when this broker may not change its topics (a replica:
+        NOT_PRIMARY); replication's ``BrokerRole`` is the broker's."""
+
+
 class TopicManager:
     """The topic table, persisted to ``{data_dir}/topics.json``."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, guard: WriteGuard | None = None) -> None:
         self.path = data_dir / FILE_NAME
         self._topics: dict[str, TopicConfig] = {}
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[TopicConfig], None]] = []
-        # raises when this broker may not change its topics (a replica: NOT_PRIMARY)
-        self.write_guard: Callable[[], None] | None = None
+        self.guard = guard  # asked before a client's create, update or delete (None: never)
 
     def add_listener(self, callback: Callable[[TopicConfig], None]) -> None:
         """Called after every create, update or delete (e.g. to heartbeat the nameservers)."""
@@ -165,8 +171,8 @@ class TopicManager:
     async def put(self, name: str, queues: int, perm: Perm) -> tuple[TopicConfig, bool]:
         """Create or update an ordinary topic; returns (config, changed)."""
         self.check_creatable(name)
-        if self.write_guard is not None:
-            self.write_guard()
+        if self.guard is not None:
+            self.guard.require_writable()
         return await self._set(TopicConfig(name, check_queues(queues), perm))
 
     async def ensure_system(self, name: str, queues: int | None = None) -> tuple[TopicConfig, bool]:
@@ -184,8 +190,8 @@ class TopicManager:
         403 FORBIDDEN_SYSTEM_TOPIC for a system topic, 404 TOPIC_NOT_FOUND for an unknown one.
         """
         self.check_creatable(name)
-        if self.write_guard is not None:
-            self.write_guard()
+        if self.guard is not None:
+            self.guard.require_writable()
         async with self._lock:
             cfg = self._topics.get(name)
             if cfg is None:

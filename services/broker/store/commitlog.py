@@ -169,6 +169,11 @@ class CommitLog:
         self._new_segment(seg.start + self.segment_bytes)
         self.write_offset = self.segments[-1].start
 
+    def fail(self, reason: str) -> None:
+        """Stop the log for good: every later write refuses with ``reason`` (the writer's
+        sticky error after a failed batch or fsync)."""
+        self.error = reason
+
     def write(self, data: bytes | bytearray) -> None:
         """Append ``data`` (whole records) to the current segment."""
         if self.error:

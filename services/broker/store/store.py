@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from services.broker.store.commitlog import CLOSED, CommitLog
 from services.broker.store.config import StoreConfig
 from services.broker.store.dispatcher import Dispatcher
 from services.broker.store.index import Index, topic_key, unique_key
-from services.broker.store.retention import Retention
+from services.broker.store.retention import DiskSpace, Retention
 from services.broker.store.types import (
     GetResult,
     GetStatus,
@@ -54,16 +53,16 @@ class MessageStore:
         self.floors: dict[str, int] = {}
         self._listeners: list[Listener] = []
         self._sync_lock = asyncio.Lock()
+        self.disk = DiskSpace(root, config.disk_full_ratio)
         self.writer = GroupCommitWriter(config, self.log, self.dispatcher, self._notify,
-                                        self._sync_lock)
-        self.put = self.writer.put  # type: ignore[method-assign]  # skip a coroutine layer
+                                        self._sync_lock, self.disk)
         self.retention = Retention(self)
         self._tasks: list[asyncio.Task[None]] = []
         self._checkpoint_job: asyncio.Future[None] | None = None  # the thread of a checkpoint
         self.recovery_seconds = 0.0
         self.recovered_records = 0
         # replication: records at or past this physical offset are not served (None: all)
-        self.visible_offset: int | None = None
+        self.visible_offset: int | None = None  # see limit_reads
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -144,8 +143,7 @@ class MessageStore:
             await asyncio.sleep(interval)
             try:
                 await self.checkpoint()
-                usage = shutil.disk_usage(self.root)
-                self.writer.disk_full = usage.used / usage.total > self.config.disk_full_ratio
+                self.disk.refresh()
             except OSError:
                 log.exception("checkpoint failed; retrying in %.1fs", interval)
 
@@ -170,8 +168,11 @@ class MessageStore:
 
     # --- writing ---------------------------------------------------------------------------
     async def put(self, records: list[MessageRecord]) -> PutResult:
-        """Append records contiguously, in order, in one group commit."""
-        return await self.writer.put(records)
+        """Append records contiguously, in order, in one group commit: the writer's own path,
+        not gated. The broker's services write through the ``Appender`` their composition
+        root hands them (store/appender.py), which is the replication gate in a replicated
+        group."""
+        return await self.writer.append(records)
 
     def add_listener(self, callback: Listener) -> None:
         self._listeners.append(callback)
@@ -209,6 +210,11 @@ class MessageStore:
             return target
 
     # --- reading ---------------------------------------------------------------------------
+    def limit_reads(self, offset: int | None) -> None:
+        """Serve no record at or past ``offset`` (the replication high-water mark; None: serve
+        everything): consume-queue reads and index lookups stop there."""
+        self.visible_offset = offset
+
     def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         cq = self.dispatcher.queues.get((topic, queue_id))
         return (cq.min_offset, cq.max_offset) if cq else (0, 0)
@@ -350,7 +356,6 @@ class MessageStore:
         return None if error is None or error == CLOSED else error
 
     def stats(self) -> dict[str, float]:
-        disk = shutil.disk_usage(self.root)
         return {
             **{k: float(v) for k, v in self.writer.stats.items()},
             "writer_failed": 1.0 if self.failure else 0.0,
@@ -360,7 +365,7 @@ class MessageStore:
             "commitlog_segments": float(len(self.log.segments)),
             "consume_queues": float(len(self.dispatcher.queues)),
             "index_files": float(len(self.index.files)),
-            "disk_used_ratio": disk.used / disk.total,
+            "disk_used_ratio": self.disk.used_ratio(),
             "recovery_seconds": self.recovery_seconds,
             "pid": float(os.getpid()),
         }

@@ -244,6 +244,12 @@ class TxChecking:
     def start_rebuild(self) -> None:
         self._rebuild = asyncio.create_task(self._rebuild_pending(), name="tx-rebuild")
 
+    async def rebuild_again(self) -> None:
+        """After ``TransactionService.reload`` (a promotion): find the pending ones again."""
+        await self.stop()
+        self.rebuilt.clear()
+        self.start_rebuild()
+
     async def stop(self) -> None:
         if self._rebuild is not None and not self._rebuild.done():
             self._rebuild.cancel()

@@ -27,7 +27,7 @@ LEVELS_MS = (1000, 5000)  # a two-level delay table
 
 
 class MemoryStore:
-    """The part of MessageStore the send path uses, in memory; ``gate`` holds puts."""
+    """The store and appender the send path uses, in memory; ``gate`` holds appends."""
 
     def __init__(self) -> None:
         self.records: list[StoredRecord] = []
@@ -36,7 +36,7 @@ class MemoryStore:
         self.gate: asyncio.Event | None = None
         self.puts = 0
 
-    async def put(self, records: list[MessageRecord]) -> PutResult:
+    async def append(self, records: list[MessageRecord]) -> PutResult:
         self.puts += 1
         if self.gate is not None:
             await self.gate.wait()
@@ -62,8 +62,8 @@ async def service(tmp_path: Path) -> tuple[SendService, MemoryStore]:
     topics = TopicManager(tmp_path)
     await topics.put("T", 4, Perm.READ_WRITE)
     store = MemoryStore()
-    svc = SendService(store, topics, DedupCache(600, 1000, 0), BrokerMetrics(),  # type: ignore
-                      Limits(), Delays(LEVELS_MS, Limits().max_delay_ms))
+    svc = SendService(store, store, topics, DedupCache(600, 1000, 0),  # type: ignore
+                      BrokerMetrics(), Limits(), Delays(LEVELS_MS, Limits().max_delay_ms))
     return svc, store
 
 

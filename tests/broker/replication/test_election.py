@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.replication.election import Claim, Elector, GroupKeys, best_member
+from services.broker.replication.election import (
+    Claim,
+    Elector,
+    GroupKeys,
+    LeaseFence,
+    best_member,
+)
 from services.common.etcd import EtcdClient, KeyValue
 from tests.support.etcd import EtcdServer
 
@@ -27,7 +33,7 @@ class FakeRole:
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
         self.epoch = 0
-        self.fence: Callable[[], bool] = lambda: False
+        self.fence = LeaseFence()  # the elector moves it
         self.promoted: list[tuple[int, float]] = []  # (epoch, monotonic time)
         self.demoted: list[tuple[str, int]] = []
 
@@ -60,7 +66,7 @@ async def client(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
 def _elector(client: EtcdClient, role: FakeRole, group: str, broker_id: int) -> Elector:
     return Elector(client, role, cluster="test", broker_name=group, broker_id=broker_id,
                    address=f"http://127.0.0.1:{20000 + broker_id}", lease_s=LEASE_S,
-                   margin_s=MARGIN_S, interval_s=INTERVAL_S)
+                   margin_s=MARGIN_S, interval_s=INTERVAL_S, fence=role.fence)
 
 
 def _started(client: EtcdClient, roles: list[FakeRole], group: str) -> list[Elector]:
