@@ -22,9 +22,9 @@ from services.broker.consumers.offsets import OffsetStore
 from services.broker.consumers.retry import RetryService
 from services.broker.consumers.service import ConsumerService
 from services.broker.consumers.simple import SimpleConsumerService
-from services.broker.delays.routing import Delays, delay_view
+from services.broker.delays.routing import DelayRouter, delay_view
 from services.broker.delays.scheduler_api import SchedulerClient
-from services.broker.delays.service import DelayLookup, ScheduleService
+from services.broker.delays.service import DelayLookup, DelayService
 from services.broker.internal import InternalService
 from services.broker.messaging.dedup import DedupCache
 from services.broker.messaging.longpoll import PullHold
@@ -63,7 +63,7 @@ class Broker:
     sender: SendService
     pulls: PullService
     retries: RetryService
-    schedule: ScheduleService
+    delays: DelayService
     consumers: ConsumerService
     internal: InternalService
     transactions: TransactionService
@@ -113,21 +113,21 @@ class Broker:
                                             self.offsets)
         # --- the services that store records, each holding the appender -------------------
         lookup = DelayLookup(store)
-        delays = Delays(s.delay_levels_ms, s.max_delay_ms,
-                        on_first_delay=lookup.hold_for_scheduler, lookup=lookup.standing)
+        router = DelayRouter(s.delay_levels_ms, s.max_delay_ms,
+                             on_first_delay=lookup.hold_for_scheduler, lookup=lookup.standing)
         dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
         self.sender = SendService(
-            store, self.appender, topics, dedup, self.metrics, s.limits(), delays,
+            store, self.appender, topics, dedup, self.metrics, s.limits(), router,
             auto_create_queues=s.default_queues if s.auto_create_topics else None)
         self.pulls = PullService(store, topics, self.hold, self.metrics, s.long_poll_max_ms)
         self.retries = RetryService(store, self.appender, topics, self.metrics,
-                                    s.max_reconsume_times, delays,
+                                    s.max_reconsume_times, router,
                                     backoff=s.retry_backoff and bool(s.scheduler_url))
         scheduler = (SchedulerClient(s.scheduler_url, s.token, s.scheduler_timeout_s)
                      if s.scheduler_url else None)
-        self.schedule = ScheduleService(store, self.appender, topics, self.sender, delays,
-                                        scheduler, s.broker_name, self.pulls)
-        await self.schedule.start()
+        self.delays = DelayService(store, self.appender, topics, self.sender, router,
+                                   scheduler, s.broker_name, self.pulls)
+        await self.delays.start()
         self.consumers = ConsumerService(store, topics, self.groups, self.offsets,
                                          self.simple, self.pulls, s.long_poll_max_ms)
         self.internal = InternalService(store, topics, self.sender)
@@ -188,7 +188,7 @@ class Broker:
             ("transaction rebuild", self.tx_checking.stop()),
             ("simple consumer", self.simple.close()),
             ("offset store", self.offsets.close()),
-            ("scheduler client", self.schedule.close()),
+            ("scheduler client", self.delays.close()),
             ("message store", self.store.close()),
         ]
         for name, step in steps:

@@ -19,7 +19,7 @@ from tidemq.protocol import (
 )
 
 from services.broker.consumers.retry import latest_copy
-from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, Delays, delay_view
+from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter, delay_view
 from services.broker.messaging.query import MessageState
 from services.broker.store.types import MessageRecord, StoredRecord
 from services.common.delaylevels import (
@@ -48,8 +48,8 @@ def test_delay_table_parsing() -> None:
             parse_delay_levels(bad)
 
 
-def _router() -> Delays:
-    return Delays(parse_delay_levels("1s 2s 3s"), max_delay_ms=30 * DAY)
+def _router() -> DelayRouter:
+    return DelayRouter(parse_delay_levels("1s 2s 3s"), max_delay_ms=30 * DAY)
 
 
 def test_due_times_and_invalid_delays() -> None:
@@ -72,7 +72,7 @@ def test_due_times_and_invalid_delays() -> None:
 
 def test_waiting_copies_keep_the_message_whole() -> None:
     held: list[bool] = []
-    d = Delays(parse_delay_levels("1s 2s 3s"), max_delay_ms=30 * DAY,
+    d = DelayRouter(parse_delay_levels("1s 2s 3s"), max_delay_ms=30 * DAY,
                on_first_delay=lambda: held.append(True))
     rec = MessageRecord(topic="Orders", queue_id=3, body=b"b", properties={"UNIQ_KEY": "m",
                         "TAGS": "t", "KEYS": "k"}, tag_code=7, flag=1, born_timestamp=5)
@@ -86,7 +86,7 @@ def test_waiting_copies_keep_the_message_whole() -> None:
     assert d.route_record(rec, NOW) is rec
     assert held == [True]  # the retention hold is asked for once
     # a transaction keeps the delay on its half message and routes at commit: counted from then
-    stash = Delays.stash(OutgoingMessage(body=b"", delay_ms=5000))
+    stash = DelayRouter.stash(OutgoingMessage(body=b"", delay_ms=5000))
     half = MessageRecord(topic="Orders", queue_id=0, body=b"", properties={"UNIQ_KEY": "m",
                          **stash})
     committed = d.route_committed(half, NOW + 60_000)

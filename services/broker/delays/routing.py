@@ -47,8 +47,9 @@ DELAY_TOPICS = frozenset({SCHEDULE_TOPIC, INTAKE_TOPIC})
 WAITING_PROPERTIES = (REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS)
 
 
-class Delays:
-    """The broker's ``DelayRouter`` (see messaging.send): delay levels and arbitrary delays."""
+class DelayRouter:
+    """Where a delayed message waits (delay levels and arbitrary delays): the one seam the send,
+    transaction and retry paths route a delay through."""
 
     def __init__(self, levels_ms: tuple[int, ...], max_delay_ms: int,
                  on_first_delay: Callable[[], None] | None = None,
@@ -89,12 +90,15 @@ class Delays:
             return deliver_at_ms if deliver_at_ms > now_ms else None
         return None
 
-    def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
+    def validate(self, msg: OutgoingMessage, now_ms: int) -> int | None:
+        """Due time (epoch ms) of a delayed message, None to deliver at once; raises
+        ProtocolError(INVALID_DELAY) for a delay it cannot honour."""
         return self.due_for(now_ms, delay_level=msg.delay_level, delay_ms=msg.delay_ms,
                             deliver_at_ms=msg.deliver_at_ms)
 
     # --- routing ------------------------------------------------------------------------------
     def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
+        """The record to store instead of ``record`` so that it is delivered at ``due_ms``."""
         return self.waiting_copy(record, due_ms, msg.delay_level)
 
     @staticmethod
@@ -107,6 +111,9 @@ class Delays:
         return None if qid is None or due is None else (qid, due)
 
     def standing(self, message_id: str) -> dict[str, Any] | None:
+        """What a repeated send of a delayed message learns beyond its first result: fields
+        saying it was cancelled (``state``) or where it was delivered (``state``, ``queue_id``,
+        ``queue_offset``); None while it still waits."""
         return self.lookup(message_id) if self.lookup is not None else None
 
     def route_record(self, record: MessageRecord, now_ms: int, *, delay_level: int = 0,

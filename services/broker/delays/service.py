@@ -51,7 +51,7 @@ from services.broker.delays.routing import (
     INTAKE_TOPIC,
     SCHEDULE_TOPIC,
     WAITING_PROPERTIES,
-    Delays,
+    DelayRouter,
     due_of,
     is_consumable,
     is_waiting,
@@ -112,7 +112,7 @@ def parse_delivery(row: Any) -> MessageRecord:
 
 
 class DelayLookup:
-    """What the store says about delayed messages, asked by the delay router (``Delays``,
+    """What the store says about delayed messages, asked by the delay router (``DelayRouter``,
     built before every service that stores): the standing of a repeated send, and the
     retention hold before the first delay."""
 
@@ -126,7 +126,7 @@ class DelayLookup:
             self.store.set_retention_floor(SCHEDULER_FLOOR_OWNER, self.store.log.write_offset)
 
     def standing(self, message_id: str) -> dict[str, Any] | None:
-        """For a repeated send of a delayed message (``Delays.standing``): ``{state:
+        """For a repeated send of a delayed message (``DelayRouter.standing``): ``{state:
         "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its delivered copy;
         None while it waits. Read from the store: repeated sends are rare."""
         copies = self.store.find_by_unique_key(message_id)
@@ -143,16 +143,16 @@ class DelayLookup:
                 "queue_offset": delivered.queue_offset}
 
 
-class ScheduleService:
+class DelayService:
     def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
-                 sender: SendService, delays: Delays, scheduler: SchedulerClient | None,
+                 sender: SendService, delay_router: DelayRouter, scheduler: SchedulerClient | None,
                  broker_name: str, pulls: PullService) -> None:
         self.store = store
         self.appender = appender  # cancel records (deliveries go through ``sender``)
         self.pulls = pulls
         self.topics = topics
         self.sender = sender
-        self.delays = delays
+        self.delay_router = delay_router
         self.scheduler = scheduler
         self.broker_name = broker_name
         self.delivered = 0  # messages stored by deliver
@@ -170,8 +170,9 @@ class ScheduleService:
 
     # --- for the scheduler ------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        return {"broker_name": self.broker_name, "delay_levels_ms": list(self.delays.levels_ms),
-                "max_delay_ms": self.delays.max_delay_ms, "schedule_topic": SCHEDULE_TOPIC,
+        router = self.delay_router
+        return {"broker_name": self.broker_name, "delay_levels_ms": list(router.levels_ms),
+                "max_delay_ms": router.max_delay_ms, "schedule_topic": SCHEDULE_TOPIC,
                 "intake_topic": INTAKE_TOPIC}
 
     def levels_due(self, offsets: dict[int, int], now: int, max_count: int) -> dict[str, Any]:
@@ -180,7 +181,7 @@ class ScheduleService:
         max_count = max(1, min(max_count, MAX_DUE_PER_LEVEL))
         out: dict[int, dict[str, Any]] = {}
         min_phys = self.store.log.min_offset
-        for qid in range(len(self.delays.levels_ms)):
+        for qid in range(len(self.delay_router.levels_ms)):
             cq = self.store.dispatcher.queues.get((SCHEDULE_TOPIC, qid))
             lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
             offset = min(max(offsets.get(qid, 0), lo), hi)
@@ -300,7 +301,7 @@ class ScheduleService:
         Without ``topic`` only consume-queue units are read; with it, the records too."""
         by_queue: dict[int, int] = {}
         level_due: int | None = None
-        for qid in range(len(self.delays.levels_ms)):
+        for qid in range(len(self.delay_router.levels_ms)):
             n, due = self._count(SCHEDULE_TOPIC, qid, offsets.get(qid, 0), topic,
                                  {o for q, o in skip if q == qid}, first_only=True)
             by_queue[qid] = n

@@ -4,7 +4,7 @@
 
     SendService ─┐
     TransactionService (and the checker's actions) ─┤
-    ScheduleService (deliveries, cancels) ─┼──► Appender.append(records) ──► PutResult
+    DelayService (deliveries, cancels) ─┼──► Appender.append(records) ──► PutResult
     RetryService ─┘
 
 The composition root (``services/broker/service.py``, ``Broker.start``) picks the appender once:

@@ -192,7 +192,7 @@ class TransactionService:
         now = now_ms()
         plan: list[tuple[OutgoingMessage, int, str]] = []
         for msg in msgs:
-            due = self.sender.delays.check(msg, now)  # refuses what cannot be honoured
+            due = self.sender.delay_router.validate(msg, now)  # refuses what cannot be honoured
             plan.append((msg, self.sender.select_queue(cfg, msg),
                          msg.message_id or new_message_id()))
             if due is None:
@@ -371,9 +371,9 @@ class TransactionService:
         record = commit_copy(half, info, tag_code(half.properties.get(TAGS)))
         delayed = delayed_message(half)
         if delayed is not None:
-            due = self.sender.delays.check(delayed, now)  # counted from the commit
+            due = self.sender.delay_router.validate(delayed, now)  # counted from the commit
             if due is not None:
-                routed = self.sender.delays.route(record, delayed, due)
+                routed = self.sender.delay_router.route(record, delayed, due)
                 routed.sys_flag |= record.sys_flag
                 return routed
         return record

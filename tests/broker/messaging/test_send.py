@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tidemq.protocol import ErrorCode, Limits, Perm, ProtocolError
 
-from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, Delays
+from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
 from services.broker.messaging.dedup import DedupCache, Placed
 from services.broker.messaging.send import SendService, check_put, now_ms
 from services.broker.messaging.topics import TopicManager
@@ -63,7 +63,7 @@ async def service(tmp_path: Path) -> tuple[SendService, MemoryStore]:
     await topics.put("T", 4, Perm.READ_WRITE)
     store = MemoryStore()
     svc = SendService(store, store, topics, DedupCache(600, 1000, 0),  # type: ignore
-                      BrokerMetrics(), Limits(), Delays(LEVELS_MS, Limits().max_delay_ms))
+                      BrokerMetrics(), Limits(), DelayRouter(LEVELS_MS, Limits().max_delay_ms))
     return svc, store
 
 
