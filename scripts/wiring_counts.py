@@ -33,8 +33,9 @@ MUTATORS = {"append", "insert", "extend"}
 # write into one of these from outside is a rewiring; a write into a data object is not
 PARTS = {"broker", "store", "writer", "log", "retention", "index", "dispatcher", "role",
          "hooks", "replication", "quorum", "gate", "visibility", "follower", "source", "delays",
-         "schedule", "queries", "transactions", "tx", "tx_checking", "registrar", "topics",
-         "sender", "pulls", "hold", "offsets", "simple", "dedup", "elector", "door"}
+         "delay_router", "schedule", "queries", "transactions", "tx", "tx_checking",
+         "checker_requests", "registrar", "topics", "sender", "pulls", "hold", "offsets",
+         "simple", "dedup", "elector", "door"}
 
 
 def _is_part(node: ast.expr) -> bool:

@@ -23,7 +23,7 @@ from services.broker.consumers.retry import RetryService
 from services.broker.consumers.service import ConsumerService
 from services.broker.consumers.simple import SimpleConsumerService
 from services.broker.delays.routing import DelayRouter, delay_view
-from services.broker.delays.scheduler_api import SchedulerClient
+from services.broker.delays.scheduler_client import SchedulerClient
 from services.broker.delays.service import DelayLookup, DelayService
 from services.broker.internal import InternalService
 from services.broker.messaging.dedup import DedupCache
@@ -41,7 +41,7 @@ from services.broker.replication.role import BrokerRole, always, static_role
 from services.broker.settings import BrokerSettings
 from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
-from services.broker.transactions.checker_api import TxChecking
+from services.broker.transactions.checker_requests import CheckerRequests
 from services.broker.transactions.service import TransactionService
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Broker:
     consumers: ConsumerService
     internal: InternalService
     transactions: TransactionService
-    tx_checking: TxChecking
+    checker_requests: CheckerRequests
     queries: QueryService
     registrar: NameserverRegistrar
     elector: Elector | None
@@ -137,11 +137,11 @@ class Broker:
             dedup_max_entries=s.dedup_max_entries, check_hold_s=s.check_hold_s,
             max_ended=s.max_ended_transactions)
         await self.transactions.start()
-        self.tx_checking = TxChecking(self.transactions, s.broker_name, self.pulls)
-        self.tx_checking.start_rebuild()
+        self.checker_requests = CheckerRequests(self.transactions, s.broker_name, self.pulls)
+        self.checker_requests.start_rebuild()
         # waiting / cancelled delays first, then transactions, then a plain message's state
         self.queries = QueryService(store, topics,
-                                    views=(delay_view, self.tx_checking.message_view))
+                                    views=(delay_view, self.checker_requests.message_view))
         for loop in self._loops:
             loop.start()
         # --- the cluster: nameservers, replication, election --------------------------------
@@ -185,7 +185,7 @@ class Broker:
             ("replication", self.replication.close()),
             ("nameserver registrar", self.registrar.stop()),
             *((f"loop {loop.name}", loop.stop()) for loop in self._loops),
-            ("transaction rebuild", self.tx_checking.stop()),
+            ("transaction rebuild", self.checker_requests.stop()),
             ("simple consumer", self.simple.close()),
             ("offset store", self.offsets.close()),
             ("scheduler client", self.delays.close()),
@@ -231,7 +231,7 @@ class Broker:
         now = now_ms()
         self.sender.dedup.mark_incomplete(now)
         self.transactions.reload(now)
-        await self.tx_checking.rebuild_again()
+        await self.checker_requests.rebuild_again()
 
     def health(self) -> str | None:
         """Why this broker cannot take writes until it is restarted (its /healthz fails), or

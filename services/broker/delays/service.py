@@ -56,7 +56,7 @@ from services.broker.delays.routing import (
     is_consumable,
     is_waiting,
 )
-from services.broker.delays.scheduler_api import SchedulerClient
+from services.broker.delays.scheduler_client import SchedulerClient
 from services.broker.internal import records_of
 from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState

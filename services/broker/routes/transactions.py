@@ -144,7 +144,7 @@ async def pending(
                             f"state must be 'pending' (the only list kept), got {state!r}")
     if producer_group is not None:
         validate_group_name(producer_group)
-    found = await broker_of(request).tx_checking.pending(producer_group, max)
+    found = await broker_of(request).checker_requests.pending(producer_group, max)
     return reply(request, {"transactions": found})
 
 

@@ -12,7 +12,7 @@
 - ``poll_checks``: the long poll producers answer checks from (``CheckChannel``).
 
 The checker's side (scan pages, check/discard actions, restart rebuild, message states) is in
-``checker_api.py``; the records and their properties in ``model.py``.
+``checker_requests.py``; the records and their properties in ``model.py``.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ _STATE_VIEW = {TxState.HALF: MessageState.HALF, TxState.COMMITTED: MessageState.
                TxState.DISCARDED: MessageState.DISCARDED}
 
 
-class TxChecking:
+class CheckerRequests:
     def __init__(self, service: TransactionService, broker_name: str,
                  pulls: PullService | None = None) -> None:
         self.tx = service
