@@ -63,7 +63,7 @@ from tidemq._exceptions import (
 )
 from tidemq._fault import SendAttempts, Step
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
-from tidemq._message import Message, check_topic, to_outgoing
+from tidemq._message import Message, to_outgoing, validate_topic
 from tidemq._routes import MessageQueue
 from tidemq._selector import QueueSelector
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
@@ -230,7 +230,7 @@ class TransactionProducer(Client):
                                      f"{type(message).__name__}")
         if not msg.topic:
             raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
-        check_topic(msg.topic, self._valid_topics)
+        validate_topic(msg.topic, self._valid_topics)
         out = to_outgoing(msg)
         msg.message_id = out.message_id
         await self.start()

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from services.cli import supervisor as sup_module
-from services.cli.supervisor import HEALTHY, UNHEALTHY, Supervisor, Unhealthy, check
+from services.cli.supervisor import HEALTHY, UNHEALTHY, Supervisor, Unhealthy, health_of
 from tests.cli.test_supervisor import SLEEPER, always, run_in_thread, wait_for
 
 SHORT_LIVED = [sys.executable, "-c", "import time; time.sleep(0.4)"]
@@ -45,13 +45,13 @@ def test_check_tells_an_unhealthy_answer_from_no_answer() -> None:
     def refused() -> bool:
         raise httpx.ConnectError("refused")
 
-    assert check(always) == (HEALTHY, "")
-    assert check(Switch()) == (HEALTHY, "")
+    assert health_of(always) == (HEALTHY, "")
+    assert health_of(Switch()) == (HEALTHY, "")
     unhealthy = Switch()
     unhealthy.state = UNHEALTHY
-    assert check(unhealthy) == (UNHEALTHY, "UNAVAILABLE: store writer stopped")
-    assert check(refused)[0] == "unreachable"
-    assert check(lambda: False)[0] == "unreachable"
+    assert health_of(unhealthy) == (UNHEALTHY, "UNAVAILABLE: store writer stopped")
+    assert health_of(refused)[0] == "unreachable"
+    assert health_of(lambda: False)[0] == "unreachable"
 
 
 def test_killing_a_healthy_child_again_and_again_is_no_crash_loop(

@@ -25,7 +25,7 @@ from tidemq.protocol import (
 )
 
 from services.broker.delays.routing import WAITING_PROPERTIES, DelayRouter, is_waiting
-from services.broker.messaging.send import check_put, now_ms
+from services.broker.messaging.send import appended_or_raise, now_ms
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.store.appender import Appender
@@ -108,7 +108,7 @@ class RetryService:
         level = delay_level or (retry_delay_level(times) if self.backoff else 0)
         if not dead and level and router is not None:
             record = router.route_record(record, now_ms(), delay_level=min(level, levels))
-        check_put(await self.appender.append([record]))
+        appended_or_raise(await self.appender.append([record]))
         self.metrics.retries.labels("dlq" if dead else "retry").inc()
         if dead:
             log.info("message %s of group %s reconsumed %d times (max %d): moved to %s",

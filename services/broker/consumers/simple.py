@@ -176,9 +176,9 @@ class SimpleConsumerService:
                       max_count: int = 16, invisible_ms: int = 30_000,
                       wait_ms: int = 20_000) -> list[Received]:
         """Hand out up to ``max_count`` messages, waiting up to ``wait_ms`` when none is ready."""
-        _check_range("max", max_count, 1, MAX_RECEIVE)
-        _check_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
-        _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
+        _validate_range("max", max_count, 1, MAX_RECEIVE)
+        _validate_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
+        _validate_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
         queues = list(dict.fromkeys(queue_ids))
         if not queues:
             return []
@@ -355,7 +355,7 @@ class SimpleConsumerService:
     async def change_invisibility(self, group: str, receipt_handle: str,
                                   invisible_ms: int) -> str:
         """Make a received message invisible ``invisible_ms`` from now; returns its new handle."""
-        _check_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
+        _validate_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
         r = self._receipt(group, receipt_handle)
         key = (group, r.topic)
         async with self._lock(key):
@@ -473,7 +473,7 @@ class SimpleConsumerService:
             log.warning("group %s: acked, but committing offsets failed: %s", group, exc.message)
 
 
-def _check_range(name: str, value: int, low: int, high: int) -> None:
+def _validate_range(name: str, value: int, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"{name} must be an integer from {low} to {high}, got {value!r}")

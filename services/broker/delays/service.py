@@ -60,7 +60,7 @@ from services.broker.delays.scheduler_client import SchedulerClient
 from services.broker.internal import records_of
 from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
-from services.broker.messaging.send import SendService, check_put, now_ms
+from services.broker.messaging.send import SendService, appended_or_raise, now_ms
 from services.broker.messaging.topics import TopicManager
 from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
@@ -401,7 +401,7 @@ class DelayService:
         record = MessageRecord(topic=CANCELS_TOPIC, queue_id=0, body=b"",
                                properties=props, born_timestamp=now_ms())
         await self.topics.ensure_system(CANCELS_TOPIC, 1)
-        check_put(await self.appender.append([record]))
+        appended_or_raise(await self.appender.append([record]))
 
     async def scheduled(self, topic: str | None) -> dict[str, Any]:
         if topic:

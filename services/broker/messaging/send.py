@@ -79,7 +79,7 @@ def new_message_id() -> str:
     return uuid.uuid4().hex
 
 
-def check_put(result: PutResult) -> list[Appended]:
+def appended_or_raise(result: PutResult) -> list[Appended]:
     """The appended records of a successful put, or the ProtocolError its status maps to."""
     if result.status is PutStatus.OK:
         return result.appended
@@ -245,7 +245,7 @@ class SendService:
             result = await self.appender.append(batch)
             self.metrics.observe_put(batch[0].topic, batch, result.status,
                                      time.perf_counter() - started)
-            appended = check_put(result)
+            appended = appended_or_raise(result)
         except BaseException as exc:
             err = exc if isinstance(exc, ProtocolError) else ProtocolError(
                 ErrorCode.UNAVAILABLE, f"store write failed: {type(exc).__name__}")

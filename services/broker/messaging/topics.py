@@ -68,14 +68,14 @@ class TopicConfig:
         return {"name": self.name, "queues": self.queues, "perm": self.perm.value}
 
 
-def check_queues(queues: int) -> int:
+def validate_queues(queues: int) -> int:
     if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"queues must be an integer 1-{MAX_QUEUES}, got {queues!r}")
     return queues
 
 
-def check_shrink(current: TopicConfig | None, queues: int,
+def validate_shrink(current: TopicConfig | None, queues: int,
                  offsets: Callable[[str, int], tuple[int, int]]) -> None:
     """409 QUEUES_NOT_EMPTY when ``queues`` would drop queues of ``current`` that still hold
     messages (``offsets``: topic, queue id → (min, max)): routes stop naming the dropped queues,
@@ -160,7 +160,7 @@ class TopicManager:
     # --- writes ----------------------------------------------------------------------------------
 
     @staticmethod
-    def check_creatable(name: str) -> None:
+    def validate_creatable(name: str) -> None:
         """400 INVALID_TOPIC_NAME or 403 FORBIDDEN_SYSTEM_TOPIC unless the API may create it."""
         validate_topic_name(name)
         if is_system_topic(name):
@@ -170,10 +170,10 @@ class TopicManager:
 
     async def put(self, name: str, queues: int, perm: Perm) -> tuple[TopicConfig, bool]:
         """Create or update an ordinary topic; returns (config, changed)."""
-        self.check_creatable(name)
+        self.validate_creatable(name)
         if self.guard is not None:
             self.guard.require_writable()
-        return await self._set(TopicConfig(name, check_queues(queues), perm))
+        return await self._set(TopicConfig(name, validate_queues(queues), perm))
 
     async def ensure_system(self, name: str, queues: int | None = None) -> tuple[TopicConfig, bool]:
         """Create an internal topic if absent (retry and DLQ topics get one queue)."""
@@ -182,14 +182,14 @@ class TopicManager:
             return cfg, False
         validate_topic_name(name)
         count = queues or SYSTEM_TOPIC_QUEUES.get(name, 1)
-        return await self._set(TopicConfig(name, check_queues(count), Perm.READ_WRITE))
+        return await self._set(TopicConfig(name, validate_queues(count), Perm.READ_WRITE))
 
     async def delete(self, name: str) -> TopicConfig:
         """Remove an ordinary topic from the table; returns its last config.
 
         403 FORBIDDEN_SYSTEM_TOPIC for a system topic, 404 TOPIC_NOT_FOUND for an unknown one.
         """
-        self.check_creatable(name)
+        self.validate_creatable(name)
         if self.guard is not None:
             self.guard.require_writable()
         async with self._lock:

@@ -89,7 +89,7 @@ class HeartbeatDoc(_Doc):
 @lean(lambda request: {})
 async def begin(request: Request) -> Response:
     broker = broker_of(request)
-    broker.transactions.check_enabled()
+    broker.transactions.require_enabled()
     payload = await read_payload(request, broker.sender.max_request_bytes)
     if isinstance(payload, dict):
         reject_unknown(payload, HALF_FIELDS, "a half-message request")

@@ -18,7 +18,7 @@ The composition root (``services/broker/service.py``, ``Broker.start``) picks th
   it answers.
 
 Outcomes the caller expects (busy, disk full, not primary, ...) come back as the result's
-``PutStatus``; ``messaging.send.check_put`` turns them into the client's error.
+``PutStatus``; ``messaging.send.appended_or_raise`` turns them into the client's error.
 """
 
 from __future__ import annotations

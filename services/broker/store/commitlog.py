@@ -118,7 +118,7 @@ class CommitLog:
                             return  # torn at the end of the file
                         break  # the record continues in the next chunk
                     try:
-                        record.check(view, p, seg.start + pos + p)
+                        record.validate(view, p, seg.start + pos + p)
                     except CorruptRecord:
                         return
                     yield view, p, seg.start + pos + p

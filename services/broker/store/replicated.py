@@ -89,7 +89,7 @@ def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
             sealed = True
             break
         try:
-            size = record.check(view, p, phys)
+            size = record.validate(view, p, phys)
             metas.append(record.decode_meta(view, p, phys))
         except (CorruptRecord, UnicodeDecodeError, ValueError) as exc:
             raise ChunkError(f"corrupt record at {phys}: {exc}") from exc

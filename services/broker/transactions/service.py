@@ -39,7 +39,7 @@ from tidemq.protocol.numbers import INT32_MAX, shown
 
 from services.broker.consumers.membership import ProducerRegistry
 from services.broker.messaging.convert import to_wire
-from services.broker.messaging.send import SendService, check_put, new_message_id, now_ms
+from services.broker.messaging.send import SendService, appended_or_raise, new_message_id, now_ms
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.store.appender import Appender
@@ -148,7 +148,7 @@ class TransactionService:
         result = await self.appender.append(records)
         self.metrics.put_requests.labels(result.status.value).inc()
         self.metrics.put_latency.observe(time.perf_counter() - started)
-        return check_put(result)
+        return appended_or_raise(result)
 
     def count(self, records: list[MessageRecord]) -> None:
         kinds = collections.Counter(r.properties.get(TAGS, "") for r in records
@@ -158,7 +158,7 @@ class TransactionService:
 
     # --- half messages -------------------------------------------------------------------------
 
-    def check_enabled(self) -> None:
+    def require_enabled(self) -> None:
         if self.reject:
             raise ProtocolError(ErrorCode.TRANSACTIONS_DISABLED,
                                 "this broker rejects transactional messages "
@@ -167,7 +167,7 @@ class TransactionService:
 
     async def begin(self, payload: Any, host: str) -> dict[str, Any]:
         """``POST /v1/transactions``: store half messages; the answer of docs/api.md."""
-        self.check_enabled()
+        self.require_enabled()
         if not isinstance(payload, dict):
             raise ProtocolError(ErrorCode.BAD_REQUEST, "the body must be an object")
         group = parse_group(payload)

@@ -12,7 +12,7 @@ from tidemq.protocol import ErrorCode, Limits, Perm, ProtocolError
 
 from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
 from services.broker.messaging.dedup import DedupCache, Placed
-from services.broker.messaging.send import SendService, check_put, now_ms
+from services.broker.messaging.send import SendService, appended_or_raise, now_ms
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.store.types import (
@@ -166,9 +166,9 @@ async def test_a_bad_message_rejects_the_whole_batch(service: Any) -> None:
     (PutStatus.TOO_LARGE, ErrorCode.MESSAGE_TOO_LARGE)])
 def test_put_status_maps_to_error_code(status: PutStatus, code: ErrorCode) -> None:
     with pytest.raises(ProtocolError) as err:
-        check_put(PutResult(status, message="why"))
+        appended_or_raise(PutResult(status, message="why"))
     assert err.value.code is code and "why" in err.value.message
-    assert check_put(PutResult(PutStatus.OK, [])) == []
+    assert appended_or_raise(PutResult(PutStatus.OK, [])) == []
 
 
 async def test_delayed_messages_are_stored_as_waiting_copies(service: Any) -> None:
