@@ -30,7 +30,7 @@ from services.broker.messaging.dedup import DedupCache
 from services.broker.messaging.longpoll import PullHold
 from services.broker.messaging.pull import PullService
 from services.broker.messaging.query import QueryService
-from services.broker.messaging.send import SendService, now_ms
+from services.broker.messaging.send import SendService
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.registrar import NameserverRegistrar
@@ -43,6 +43,7 @@ from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.transactions.checker_requests import CheckerRequests
 from services.broker.transactions.service import TransactionService
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -25,12 +25,13 @@ from tidemq.protocol import (
 )
 
 from services.broker.delays.routing import WAITING_PROPERTIES, DelayRouter, is_waiting
-from services.broker.messaging.send import appended_or_raise, now_ms
+from services.broker.messaging.send import appended_or_raise
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -60,11 +60,12 @@ from services.broker.delays.scheduler_client import SchedulerClient
 from services.broker.internal import records_of
 from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
-from services.broker.messaging.send import SendService, appended_or_raise, now_ms
+from services.broker.messaging.send import SendService, appended_or_raise
 from services.broker.messaging.topics import TopicManager
 from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
+from services.common.clock import now_ms
 from services.common.constants import SCHEDULER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)

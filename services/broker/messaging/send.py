@@ -12,7 +12,6 @@ import asyncio
 import itertools
 import logging
 import time
-import uuid
 import zlib
 from typing import Any, cast
 
@@ -29,7 +28,7 @@ from tidemq.protocol import (
 )
 
 from services.broker.delays.routing import DelayRouter
-from services.broker.messaging.convert import to_record
+from services.broker.messaging.convert import new_message_id, to_record
 from services.broker.messaging.dedup import DedupCache, DedupKey, Placed, WriteFuture
 from services.broker.messaging.query import MessageState
 from services.broker.messaging.topics import TopicConfig, TopicManager
@@ -42,6 +41,7 @@ from services.broker.store.types import (
     PutResult,
     PutStatus,
 )
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +69,6 @@ PUT_ERRORS: dict[PutStatus, tuple[ErrorCode, str]] = {
                                     "they are not acknowledged; retry later (a record written "
                                     "on the primary only may then be stored twice)"),
 }
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def new_message_id() -> str:
-    return uuid.uuid4().hex
 
 
 def appended_or_raise(result: PutResult) -> list[Appended]:

@@ -43,7 +43,6 @@ from tidemq.protocol.numbers import INT64_MAX, integer
 
 from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
-from services.broker.messaging.send import now_ms
 from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
 from services.broker.transactions.check_channel import CheckTicket
 from services.broker.transactions.model import (
@@ -63,6 +62,7 @@ from services.broker.transactions.model import (
     op_records,
 )
 from services.broker.transactions.service import TransactionService
+from services.common.clock import now_ms
 from services.common.constants import CHECKER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)

@@ -38,8 +38,8 @@ from tidemq.protocol import (
 from tidemq.protocol.numbers import INT32_MAX, shown
 
 from services.broker.consumers.membership import ProducerRegistry
-from services.broker.messaging.convert import to_wire
-from services.broker.messaging.send import SendService, appended_or_raise, new_message_id, now_ms
+from services.broker.messaging.convert import new_message_id, to_wire
+from services.broker.messaging.send import SendService, appended_or_raise
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.store.appender import Appender
@@ -77,6 +77,7 @@ from services.broker.transactions.requests import (
     parse_group,
 )
 from services.broker.transactions.table import HalfCache, HalfDedup, KeyedLocks, TxTable
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from tidemq.protocol import ErrorCode, Limits, Perm, ProtocolError
 
 from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
 from services.broker.messaging.dedup import DedupCache, Placed
-from services.broker.messaging.send import SendService, appended_or_raise, now_ms
+from services.broker.messaging.send import SendService, appended_or_raise
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.store.types import (
@@ -22,6 +22,7 @@ from services.broker.store.types import (
     PutStatus,
     StoredRecord,
 )
+from services.common.clock import now_ms
 
 LEVELS_MS = (1000, 5000)  # a two-level delay table
 
