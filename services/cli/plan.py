@@ -205,10 +205,6 @@ def resolve_token(env: Mapping[str, str], stored: str | None = None) -> str:
     return env.get("TIDEMQ_TOKEN") or stored or secrets.token_hex(16)
 
 
-def needs_managed_redis(env: Mapping[str, str]) -> bool:
-    return not env.get("REDIS_URL")
-
-
 def service_port(opts: UpOptions, name: str) -> int:
     return int(getattr(opts, f"{name}_port"))
 

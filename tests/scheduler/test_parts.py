@@ -13,7 +13,6 @@ from tidemq.protocol import (
     REAL_TOPIC,
     TIMER_DELIVER_MS,
     ErrorCode,
-    OutgoingMessage,
     ProtocolError,
     SystemTopic,
 )
@@ -85,14 +84,6 @@ def test_waiting_copies_keep_the_message_whole() -> None:
     assert timer.properties[TIMER_DELIVER_MS] == str(NOW + 90_000)
     assert d.route_record(rec, NOW) is rec
     assert held == [True]  # the retention hold is asked for once
-    # a transaction keeps the delay on its half message and routes at commit: counted from then
-    stash = DelayRouter.stash(OutgoingMessage(body=b"", delay_ms=5000))
-    half = MessageRecord(topic="Orders", queue_id=0, body=b"", properties={"UNIQ_KEY": "m",
-                         **stash})
-    committed = d.route_committed(half, NOW + 60_000)
-    assert committed.topic == INTAKE_TOPIC
-    assert committed.properties[TIMER_DELIVER_MS] == str(NOW + 65_000)
-    assert "DELAY_MS" not in committed.properties
 
 
 def _stored(topic: str, props: dict[str, str], n: int = 0) -> StoredRecord:

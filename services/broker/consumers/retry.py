@@ -35,7 +35,8 @@ from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
-FIRST_RETRY_LEVEL = 3  # retries back off from delay level 3 (10 s) upwards (DESIGN.md §3)
+# retries back off from delay level 3 (10 s) upwards (docs/api.md, POST /v1/groups/{group}/retry)
+FIRST_RETRY_LEVEL = 3
 MAX_DELAY_LEVEL = 18
 
 

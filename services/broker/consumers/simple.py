@@ -383,25 +383,6 @@ class SimpleConsumerService:
         async with self._lock((group, topic)):
             return len((await self._state(group, topic)).inflight)
 
-    async def reset_cursors(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        """Move receive cursors (e.g. with an offset reset); in-flight messages stay in flight."""
-        key = (group, topic)
-        async with self._lock(key):
-            state = await self._state(group, topic)
-            try:
-                if offsets:
-                    await self._redis.hset(self._cursor_key(group, topic),
-                                           mapping={str(q): o for q, o in offsets.items()})
-            except (RedisError, OSError) as exc:
-                self._states.pop(key, None)
-                raise unavailable(f"resetting receive cursors of group {group}", exc) from exc
-            state.cursors.update(offsets)
-
-    def forget(self, group: str) -> None:
-        """Drop the memory mirror of a group (after its Redis state was changed elsewhere)."""
-        for key in [k for k in self._states if k[0] == group]:
-            del self._states[key]
-
     # --- state and Redis ---------------------------------------------------------------------
 
     def _inflight_key(self, group: str, topic: str) -> str:

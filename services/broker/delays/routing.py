@@ -9,9 +9,9 @@ The waiting copy keeps the message whole (body, identity, tag, keys, properties,
 ``REAL_TOPIC``, ``REAL_QID``, ``TIMER_DELIVER_MS`` (and ``DELAY`` for a level). A due time in the
 past, or a delay of 0, means "deliver at once": the message is stored as it is.
 
-Transactions route their committed copy through ``route_record`` (fields given) or
-``route_committed`` (fields kept on the half message as ``stash`` properties), so a delay counts
-from the commit.
+A transaction's half message keeps its delay fields as properties (transactions/requests.py);
+its committed copy goes through ``validate`` and ``route`` at commit, so a delay counts from the
+commit. Retries route through ``route_record`` (fields given).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ INTAKE_TOPIC = SystemTopic.TIMER_INTAKE.value
 CANCELS_TOPIC = SystemTopic.TIMER_CANCELS.value
 DELAY_TOPICS = frozenset({SCHEDULE_TOPIC, INTAKE_TOPIC})
 
-#: What a waiting copy adds to a message (a stashed delay uses DELAY, DELAY_MS or
+#: What a waiting copy adds to a message (a half message keeps its delay in DELAY, DELAY_MS or
 #: TIMER_DELIVER_MS alone); a delivered copy carries none of them.
 WAITING_PROPERTIES = (REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS)
 
@@ -123,35 +123,6 @@ class DelayRouter:
         due = self.due_for(now_ms, delay_level=delay_level, delay_ms=delay_ms,
                            deliver_at_ms=deliver_at_ms)
         return record if due is None else self.waiting_copy(record, due, delay_level)
-
-    @staticmethod
-    def stash(msg: OutgoingMessage) -> dict[str, str]:
-        """Properties that keep ``msg``'s delay on a record stored now and routed later."""
-        if msg.delay_level:
-            return {DELAY: str(msg.delay_level)}
-        if msg.delay_ms:
-            return {DELAY_MS: str(msg.delay_ms)}
-        if msg.deliver_at_ms is not None:
-            return {TIMER_DELIVER_MS: str(msg.deliver_at_ms)}
-        return {}
-
-    def route_committed(self, record: MessageRecord, now_ms: int) -> MessageRecord:
-        """Route a record carrying ``stash`` properties (a committed transactional message):
-        the stash is removed and a relative delay counts from ``now_ms``. A stashed delay that
-        no longer fits (e.g. the table shrank) is delivered at once rather than dropped."""
-        props = record.properties
-        if not any(k in props for k in (DELAY, DELAY_MS, TIMER_DELIVER_MS)):
-            return record
-        clean = {k: v for k, v in props.items() if k not in WAITING_PROPERTIES}
-        plain = dataclasses.replace(record, properties=clean)
-        level = _int(props.get(DELAY))
-        try:
-            return self.route_record(plain, now_ms, delay_level=level or 0,
-                                     delay_ms=_int(props.get(DELAY_MS)) if not level else None,
-                                     deliver_at_ms=_int(props.get(TIMER_DELIVER_MS))
-                                     if not level and DELAY_MS not in props else None)
-        except ProtocolError:
-            return plain
 
     def waiting_copy(self, record: MessageRecord, due_ms: int, level: int = 0) -> MessageRecord:
         """The copy stored instead of ``record`` until ``due_ms``."""

@@ -301,6 +301,3 @@ def is_blank(buf: bytes | bytearray | memoryview, pos: int) -> bool:
     return len(buf) - pos >= BLANK_SIZE and BLANK.unpack_from(buf, pos)[1] == BLANK_MAGIC
 
 
-def offset_id(store_host: str, physical_offset: int) -> str:
-    """Internal id of a record: store host + physical offset, as 32 hex digits."""
-    return (encode_host(store_host) + struct.pack(">q", physical_offset)).hex().upper()

@@ -104,7 +104,7 @@ def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
     disp = store.dispatcher
     for m in metas:
         disp.dispatch(m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.size,
-                      m.sys_flag, m.tag_code, m.store_timestamp, m.unique_key, m.keys)
+                      m.tag_code, m.store_timestamp, m.unique_key, m.keys)
     touched = disp.write_pending()
     if touched:
         store._notify(touched)

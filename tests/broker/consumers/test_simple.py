@@ -373,15 +373,3 @@ async def test_redis_down_is_unavailable_then_recovers(store: FakeStore,
     finally:
         await svc.close()
         await offsets.close()
-
-
-async def test_reset_cursors(store: FakeStore, svc: SimpleConsumerService) -> None:
-    for i in range(5):
-        store.append("T", 0, f"m{i}")
-    assert len(await svc.receive("G", "T", [0], max_count=2, wait_ms=0)) == 2
-    await svc.reset_cursors("G", "T", {0: 4})
-    assert bodies(await svc.receive("G", "T", [0], wait_ms=0)) == ["m4"]
-    svc.forget("G")  # reloaded from Redis: the same cursor
-    await svc.reset_cursors("G", "T", {0: 3})
-    assert bodies(await svc.receive("G", "T", [0], wait_ms=0)) == ["m3"]
-    assert await svc.inflight_count("G", "T") == 4
