@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.clock import FakeClock
 from tests.support.procs import RedisServer
 
 # pytest imports readline at start (``_pytest.capture._readline_workaround``), and GNU readline
@@ -34,3 +35,9 @@ def store_dir(tmp_path: Path) -> Path:
     path = tmp_path / "store"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock the test moves by hand (tests/support/clock.py)."""
+    return FakeClock()

@@ -14,12 +14,10 @@ the wiring this replaced (``store.put`` replaced by the writer's and then the ga
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import enum
 import inspect
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +33,7 @@ from services.broker.transactions.model import TxAction
 from services.broker.transactions.requests import EndRequest
 from tests.support.etcd import EtcdServer
 from tests.support.procs import RedisServer
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -132,13 +131,6 @@ def _settings(tmp_path: Path, redis_url: str, etcd_url: str) -> BrokerSettings:
         flush_interval_ms=50)
 
 
-async def _elected(broker: Broker, within_s: float = 20.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not broker.role.may_write():
-        assert time.monotonic() < deadline, "the broker was not elected primary"
-        await asyncio.sleep(0.05)
-
-
 async def _exercise(broker: Broker) -> None:
     """Writes through every service that writes: plain, repeated, delayed, transactional."""
     one = {"messages": [{"message_id": "m-1", "body": "a"}]}
@@ -161,7 +153,7 @@ async def test_nothing_rewires_a_part_after_it_is_built(
     first = Broker(settings)
     await first.start()
     try:
-        await _elected(first)
+        await wait_until_async(first.role.may_write, what="elected primary")
         await _exercise(first)
     finally:
         parts = parts_of(first)
@@ -169,7 +161,7 @@ async def test_nothing_rewires_a_part_after_it_is_built(
     again = Broker(settings)
     await again.start()
     try:
-        await _elected(again)
+        await wait_until_async(again.role.may_write, what="elected primary")
         await _exercise(again)
     finally:
         parts |= parts_of(again)

@@ -13,18 +13,11 @@ from services.broker.replication.quorum import Quorum, kth_largest
 from services.broker.replication.role import BrokerRole, Role
 from services.broker.replication.visibility import Visibility
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
+from tests.support.clock import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def quorum(k: int = 2, *, sync: bool = True, durable: bool = False) -> tuple[Quorum, Clock]:
-    clock = Clock()
+def quorum(k: int = 2, *, sync: bool = True, durable: bool = False) -> tuple[Quorum, FakeClock]:
+    clock = FakeClock()
     return Quorum(k, lag_max_s=1.0, durable=durable, sync=sync, clock=clock), clock
 
 

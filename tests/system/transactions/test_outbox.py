@@ -10,15 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.transactions import (
-    Cluster,
-    Producer,
-    delivered,
-    pending,
-    state_of,
-    unique,
-    wait_until,
-)
+from tests.support.transactions import Cluster, Producer, delivered, pending, state_of, unique
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
