@@ -33,7 +33,8 @@ A record::
     0   size               u32   this record, these 4 bytes included
     4   batch_pos          u32   from the batch's first byte to this record's first byte
     8   ordinal            u16   this record's index in its batch (0, 1, ...)
-    10  crc                u32   CRC32 of bytes [14, size): everything after this field
+    10  crc                u32   CRC32 of bytes [4, 10) then [14, size): the record without its
+                                 size and without this field
     14  flag               i32   the user's flag
     18  reconsume_times    i32
     22  born_timestamp     i64   ms since epoch, when the producer made the message
@@ -49,10 +50,10 @@ A record::
     67  message id, tag, keys, properties, body
 
 Rules:
-- ``size``, ``batch_pos`` and ``ordinal`` are layout fields outside every checksum: readers
-  check them against where the record is (records tile the batch exactly; each record's
-  ``batch_pos`` and ``ordinal`` are its own), and the broker may rewrite them when it cuts
-  records out of a batch (a duplicate) without touching any record's CRC.
+- A record's CRC binds it to its place (``batch_pos``, ``ordinal``), so a record served alone
+  still proves its queue offset; a broker that drops records from a batch (duplicates of a
+  retry) encodes the remaining records again. ``size`` is outside every checksum: readers check
+  it against the field lengths and the records must tile the batch exactly.
 - A commit log reader tells a v2 record from a v1 record by the u32 at byte 4: a v1 record (and
   a batch header) has its magic there, whose high half is ``MAGIC_BASE``'s; a v2 record has
   ``batch_pos`` there, always below 2^31. A consume-queue unit of a v2 record points at the
@@ -89,11 +90,12 @@ HEADER_FIXED = PRODUCER_AT + PRODUCER.size  # 65: records_at = HEADER_FIXED + to
 HEADER = struct.Struct(">III" + "qqq8s8s" + "HHiiB")
 assert HEADER.size == HEADER_FIXED
 
-#: A record's layout fields: size, batch_pos, ordinal.
-LAYOUT = struct.Struct(">IIH")
-CRC_AT = LAYOUT.size  # 10
+#: A record's place: batch_pos, ordinal (bytes [4, 10), under the record's CRC).
+PLACE = struct.Struct(">IH")
+PLACE_AT = 4
+CRC_AT = PLACE_AT + PLACE.size  # 10
 CRC = struct.Struct(">I")
-CRC_FROM = CRC_AT + CRC.size  # 14: a record's CRC covers [14, size)
+CRC_FROM = CRC_AT + CRC.size  # 14: a record's CRC covers [4, 10) and [14, size)
 #: The fields after the CRC up to the variable parts (what the producer packs per record).
 FIELDS = struct.Struct(">iiqqqqBHHHHI")
 RECORD = struct.Struct(">IIHI" + "iiqqqqBHHHHI")  # a record's fixed part in one unpack
@@ -216,9 +218,11 @@ class BatchBuilder:
                                     prepared_tx_offset, delay_value, delay_kind, mid, tg, ks,
                                     props, body)) from None
         tail = b"".join((fields, mid, tg, ks, props, body))
+        place = PLACE.pack(pos, self._count)
         size = CRC_FROM + len(tail)
-        buf += LAYOUT.pack(size, pos, self._count)
-        buf += CRC.pack(zlib.crc32(tail))
+        buf += U32.pack(size)
+        buf += place
+        buf += CRC.pack(zlib.crc32(tail, zlib.crc32(place)))
         buf += tail
         self._count += 1
         return size

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from tidemq.protocol.batch import (
     BROKER_AT,
+    CRC_AT,
     CRC_FROM,
     FORMAT_VERSION,
     HEADER,
@@ -28,6 +29,7 @@ from tidemq.protocol.batch import (
     KEY_SEPARATOR,
     MAGIC_BASE,
     MAGIC_HIGH,
+    PLACE_AT,
     RECORD,
     RECORD_FIXED,
     DelayKind,
@@ -111,6 +113,11 @@ class DecodedRecord:
     prepared_tx_offset: int
     delay_kind: int
     delay_value: int
+
+
+def record_crc(view: memoryview, p: int, size: int) -> int:
+    """The CRC the record at ``view[p:p + size]`` should carry."""
+    return zlib.crc32(view[p + CRC_FROM:p + size], zlib.crc32(view[p + PLACE_AT:p + CRC_AT]))
 
 
 def version_at(buf: Buffer, at: int) -> int | None:
@@ -215,7 +222,7 @@ def check(buf: Buffer, at: int = 0, *, strict: bool = True, offset: int | None =
             raise BatchError("batch_pos", f"says {pos}, the record is at {p - at}", i)
         if ordinal != i:
             raise BatchError("ordinal", f"says {ordinal}, the record is number {i}", i)
-        if crc32(view[p + CRC_FROM:p + size]) != crc:
+        if crc32(view[p + CRC_FROM:p + size], crc32(view[p + PLACE_AT:p + CRC_AT])) != crc:
             raise BatchError("crc", "the record's CRC does not match its bytes", i)
         tag_at = var_at + id_len
         keys_at = tag_at + tag_len
@@ -333,7 +340,7 @@ def decode_record(buf: Buffer, p: int, index: int | None = None,
         raise BatchError("size", f"{size} bytes disagree with the buffer or the field lengths",
                          index)
     view = memoryview(buf)
-    if verify and zlib.crc32(view[p + CRC_FROM:p + size]) != crc:
+    if verify and record_crc(view, p, size) != crc:
         raise BatchError("crc", "the record's CRC does not match its bytes", index)
     a = p + RECORD_FIXED
     b = a + id_len

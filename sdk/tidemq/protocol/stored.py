@@ -26,9 +26,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from tidemq.protocol.batch import (
+    CRC_AT,
     CRC_FROM,
     HEADER_FIXED,
     KEY_SEPARATOR,
+    PLACE_AT,
     RECORD,
     RECORD_FIXED,
     decode_properties,
@@ -169,7 +171,8 @@ def decode_stored(blob: Buffer, *, verify: bool = True) -> list[StoredMessage]:
                                   + body_len != size):
                 raise BatchError("size", f"group {group}: {size} bytes disagree with the "
                                  "answer or the field lengths (truncated record)", k)
-            if verify and crc32(view[p + CRC_FROM:p + size]) != crc:
+            if verify and crc32(view[p + CRC_FROM:p + size],
+                                crc32(view[p + PLACE_AT:p + CRC_AT])) != crc:
                 raise BatchError("crc", f"group {group}: the record's CRC does not match its "
                                  "bytes", k)
             a = p + RECORD_FIXED
