@@ -41,12 +41,9 @@ from tidemq.protocol.properties import RESERVED_PROPERTIES, RETRY_TOPIC
 
 GROUP = struct.Struct(">I")
 
-_SLOTS = {name: ReceivedMessage.__dict__[name] for name in (
-    "message_id", "topic", "queue_id", "queue_offset", "body", "tag", "keys", "properties",
-    "born_timestamp_ms", "store_timestamp_ms", "reconsume_times", "receipt_handle", "state",
-    "origin_topic")}
-_BODY, _KEYS, _PROPS, _ORIGIN = (_SLOTS["body"], _SLOTS["keys"], _SLOTS["properties"],
-                                 _SLOTS["origin_topic"])
+# the base class's slots of the lazy fields (a subclass property reads and writes them)
+_BODY, _KEYS, _PROPS, _ORIGIN = (ReceivedMessage.__dict__[name] for name in (
+    "body", "keys", "properties", "origin_topic"))
 
 
 def append_group(out: bytearray, head: Buffer, records: Iterable[Buffer]) -> int:
@@ -76,66 +73,79 @@ class StoredMessage(ReceivedMessage):
         self._at = 0
         super().__init__(*args, **kwargs)
 
-    def _field(self, slot: Any) -> Any:  # the slot's value, decoded on first use
-        try:
-            return slot.__get__(self, StoredMessage)
-        except AttributeError:
-            self._decode_rest()
-            return slot.__get__(self, StoredMessage)
-
     def _decode_rest(self) -> None:
+        """Decode keys, properties, origin topic and body; then let the answer's bytes go."""
         src, p = self._src, self._at
-        assert src is not None  # every lazy slot is set once the bytes are let go
+        assert src is not None
+        self._src = None
         (size, _, _, _, _, _, _, _, _, _, _, id_len, tag_len, keys_len, props_len,
          _) = RECORD.unpack_from(src, p)
         c = p + RECORD_FIXED + id_len + tag_len
         d = c + keys_len
         e = d + props_len
         view = memoryview(src)
-        raw_keys = str(view[c:d], "utf-8")
-        props = decode_properties(view[d:e])
-        origin = props.get(RETRY_TOPIC) or None
-        if props and not props.keys().isdisjoint(RESERVED_PROPERTIES):
-            props = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES}
-        for slot, value in ((_KEYS, raw_keys.split(KEY_SEPARATOR) if raw_keys else []),
-                            (_PROPS, props), (_ORIGIN, origin),
-                            (_BODY, bytes(view[e:p + size]))):
-            try:
-                slot.__get__(self, StoredMessage)
-            except AttributeError:  # not set by hand meanwhile
-                slot.__set__(self, value)
-        self._src = None  # every lazy field is decoded: the answer's bytes may go
+        if keys_len:
+            _KEYS.__set__(self, str(view[c:d], "utf-8").split(KEY_SEPARATOR))
+        else:
+            _KEYS.__set__(self, [])
+        if props_len:
+            props = decode_properties(view[d:e])
+            _ORIGIN.__set__(self, props.get(RETRY_TOPIC) or None)
+            if not props.keys().isdisjoint(RESERVED_PROPERTIES):
+                props = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES}
+            _PROPS.__set__(self, props)
+        else:
+            _ORIGIN.__set__(self, None)
+            _PROPS.__set__(self, {})
+        _BODY.__set__(self, bytes(view[e:p + size]))
 
+    # every lazy field: decoded on first read, and before a first write (so it is not undone)
     @property
     def body(self) -> bytes:
-        return self._field(_BODY)
+        if self._src is not None:
+            self._decode_rest()
+        return _BODY.__get__(self, StoredMessage)
 
     @body.setter
     def body(self, value: bytes) -> None:
+        if self._src is not None:
+            self._decode_rest()
         _BODY.__set__(self, value)
 
     @property
     def keys(self) -> list[str]:
-        return self._field(_KEYS)
+        if self._src is not None:
+            self._decode_rest()
+        return _KEYS.__get__(self, StoredMessage)
 
     @keys.setter
     def keys(self, value: list[str]) -> None:
+        if self._src is not None:
+            self._decode_rest()
         _KEYS.__set__(self, value)
 
     @property
     def properties(self) -> dict[str, str]:
-        return self._field(_PROPS)
+        if self._src is not None:
+            self._decode_rest()
+        return _PROPS.__get__(self, StoredMessage)
 
     @properties.setter
     def properties(self, value: dict[str, str]) -> None:
+        if self._src is not None:
+            self._decode_rest()
         _PROPS.__set__(self, value)
 
     @property
     def origin_topic(self) -> str | None:
-        return self._field(_ORIGIN)
+        if self._src is not None:
+            self._decode_rest()
+        return _ORIGIN.__get__(self, StoredMessage)
 
     @origin_topic.setter
     def origin_topic(self, value: str | None) -> None:
+        if self._src is not None:
+            self._decode_rest()
         _ORIGIN.__set__(self, value)
 
 
@@ -144,10 +154,6 @@ def decode_stored(blob: Buffer, *, verify: bool = True) -> list[StoredMessage]:
     record when the blob is not whole, well-formed groups (or a CRC fails, with ``verify``)."""
     out: list[StoredMessage] = []
     new = object.__new__
-    s_id, s_topic, s_qid, s_qoff, s_tag, s_born, s_store, s_recon, s_handle, s_state = (
-        _SLOTS[n] for n in ("message_id", "topic", "queue_id", "queue_offset", "tag",
-                            "born_timestamp_ms", "store_timestamp_ms", "reconsume_times",
-                            "receipt_handle", "state"))
     crc32 = zlib.crc32
     view = memoryview(blob)
     p, end = 0, len(blob)
@@ -185,16 +191,16 @@ def decode_stored(blob: Buffer, *, verify: bool = True) -> list[StoredMessage]:
             m = new(StoredMessage)
             m._src = blob
             m._at = p
-            s_id.__set__(m, mid)
-            s_topic.__set__(m, topic)
-            s_qid.__set__(m, qid)
-            s_qoff.__set__(m, base_q + ordinal)
-            s_tag.__set__(m, tag)
-            s_born.__set__(m, born)
-            s_store.__set__(m, store_ts)
-            s_recon.__set__(m, reconsume)
-            s_handle.__set__(m, None)
-            s_state.__set__(m, None)
+            m.message_id = mid
+            m.topic = topic
+            m.queue_id = qid
+            m.queue_offset = base_q + ordinal
+            m.tag = tag
+            m.born_timestamp_ms = born
+            m.store_timestamp_ms = store_ts
+            m.reconsume_times = reconsume
+            m.receipt_handle = None
+            m.state = None
             out.append(m)
             p += size
         group += 1
