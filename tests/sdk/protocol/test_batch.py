@@ -20,7 +20,14 @@ from tidemq.protocol.batch import (
     seal,
     tag_code,
 )
-from tidemq.protocol.batch_read import BatchError, check, decode_record, read_head, split, version_at
+from tidemq.protocol.batch_read import (
+    BatchError,
+    check,
+    decode_record,
+    read_head,
+    split,
+    version_at,
+)
 from tidemq.protocol.message import Limits
 
 HOST = b"\x0a\x00\x00\x01\x00\x00\x2a\x8f"  # 10.0.0.1:10911
