@@ -619,9 +619,9 @@ def main(argv: list[str] | None = None) -> int:
             ratio(rd["msgs_per_s"], a["msgs_per_s"]) >= TARGET_READ),
         Row("sequential read by queue, vs baseline", rd["msgs_per_s"], "msgs/s",
             ratio(rd["msgs_per_s"], b)),
-        *[Row(f"  CPU per record, {what} (the store runs in this process: its one side)",
-              us[key], "µs") for key, what in (("baseline", "baseline"), ("async", "async"),
-                                               ("sync", "sync"), ("read", "read"))],
+        *[Row(f"  CPU per record, {what} (this process: the store's one side)", us[key], "µs")
+          for key, what in (("baseline", "baseline"), ("async", "async append"),
+                            ("sync", "sync append"), ("read", "sequential read"))],
         Row(f"recovery: open + close, {rc['log_gib']:.2f} GiB log, "
             f"{rc['lag_mib']:.0f} MiB past checkpoint", rc["total_s"], "s",
             target=f"<= {rec_target_s:.0f} s (2 GiB)", met=rc["total_s"] <= rec_target_s),
