@@ -96,6 +96,7 @@ PLACE_AT = 4
 CRC_AT = PLACE_AT + PLACE.size  # 10
 CRC = struct.Struct(">I")
 CRC_FROM = CRC_AT + CRC.size  # 14: a record's CRC covers [4, 10) and [14, size)
+LEAD = struct.Struct(">IIHI")  # size, batch_pos, ordinal, crc: the record up to CRC_FROM
 #: The fields after the CRC up to the variable parts (what the producer packs per record).
 FIELDS = struct.Struct(">iiqqqqBHHHHI")
 RECORD = struct.Struct(">IIHI" + "iiqqqqBHHHHI")  # a record's fixed part in one unpack
@@ -198,17 +199,22 @@ class BatchBuilder:
         ``code`` overrides the tag code (a delay-level record's due time)."""
         buf = self._buf
         pos = len(buf)
-        if self._count >= MAX_COUNT:
-            raise UnfitBatch(f"a batch holds at most {MAX_COUNT} records")
-        if pos > MAX_BATCH_POS:
-            raise UnfitBatch(f"batch_pos: a record cannot start {pos} bytes into a batch")
+        n = self._count
+        if n >= MAX_COUNT or pos > MAX_BATCH_POS:
+            raise UnfitBatch(f"a batch holds at most {MAX_COUNT} records" if n >= MAX_COUNT else
+                             f"batch_pos: a record cannot start {pos} bytes into a batch")
         mid = message_id.encode("utf-8")
-        tg = tag.encode("utf-8") if tag else b""
-        ks = (keys if isinstance(keys, str) else KEY_SEPARATOR.join(keys)).encode("utf-8") \
-            if keys else b""
-        props = encode_properties(properties) if properties else b""
-        if code is None:
-            code = zlib.crc32(tg) + 1 if tg else 0
+        if tag or keys or properties:
+            tg = tag.encode("utf-8") if tag else b""
+            ks = (keys if isinstance(keys, str) else KEY_SEPARATOR.join(keys)).encode("utf-8") \
+                if keys else b""
+            props = encode_properties(properties) if properties else b""
+            if code is None:
+                code = zlib.crc32(tg) + 1 if tg else 0
+        else:  # the common message: a body and its id
+            tg = ks = props = b""
+            if code is None:
+                code = 0
         try:
             fields = FIELDS.pack(flag, reconsume_times, born_timestamp, code, prepared_tx_offset,
                                  delay_value, delay_kind, len(mid), len(tg), len(ks),
@@ -218,13 +224,10 @@ class BatchBuilder:
                                     prepared_tx_offset, delay_value, delay_kind, mid, tg, ks,
                                     props, body)) from None
         tail = b"".join((fields, mid, tg, ks, props, body))
-        place = PLACE.pack(pos, self._count)
         size = CRC_FROM + len(tail)
-        buf += U32.pack(size)
-        buf += place
-        buf += CRC.pack(zlib.crc32(tail, zlib.crc32(place)))
+        buf += LEAD.pack(size, pos, n, zlib.crc32(tail, zlib.crc32(PLACE.pack(pos, n))))
         buf += tail
-        self._count += 1
+        self._count = n + 1
         return size
 
     def finish(self) -> bytes:

@@ -202,6 +202,7 @@ def check(buf: Buffer, at: int = 0, *, strict: bool = True, offset: int | None =
     ids, keys, delayed = summary.message_ids, summary.keys, summary.delayed
     view = memoryview(buf)
     crc32 = zlib.crc32
+    max_body, max_id = limits.max_body_bytes, limits.max_message_id_chars
     p, stop = at + head.records_at, at + head.size
     payload = 0
     for i in range(head.count):
@@ -233,8 +234,10 @@ def check(buf: Buffer, at: int = 0, *, strict: bool = True, offset: int | None =
             raise BatchError("message_id" if keys_len == 0 else "keys", "is not utf-8",
                              i) from None
         if strict:
-            _strict(view, i, tag_at, keys_at, mid, code, key, props_len, body_len, limits,
-                    allowed)
+            if (tag_len or code or keys_len or props_len or body_len > max_body
+                    or not 0 < len(mid) <= max_id or not mid.isalnum()):
+                _strict(view, i, tag_at, keys_at, mid, code, key, props_len, body_len, limits,
+                        allowed)  # the common record (an id, a body in its limit) skips this
             payload += body_len + props_len
         if kind:
             delayed.append(i)
