@@ -40,6 +40,7 @@ from tidemq.protocol.message import ReceivedMessage
 from tidemq.protocol.properties import RESERVED_PROPERTIES, RETRY_TOPIC
 
 GROUP = struct.Struct(">I")
+BODY, REST = 1, 2  # a StoredMessage's lazy parts
 
 # the base class's slots of the lazy fields (a subclass property reads and writes them)
 _BODY, _KEYS, _PROPS, _ORIGIN = (ReceivedMessage.__dict__[name] for name in (
@@ -64,32 +65,36 @@ class StoredMessage(ReceivedMessage):
     """A received message over stored bytes: id, tag, offsets and times are read at once;
     ``keys``, ``properties`` (with ``origin_topic``) and ``body`` on first use."""
 
-    __slots__ = ("_at", "_src")
-    _src: Buffer | None  # the answer's bytes until every lazy field is decoded
+    __slots__ = ("_at", "_lazy", "_src")
+    _src: Buffer | None  # the answer's bytes while a lazy field is not decoded yet
     _at: int  # where this message's record starts in them
+    _lazy: int  # BODY | REST: the parts not decoded yet
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # dataclasses.replace and copies
         self._src = None
         self._at = 0
+        self._lazy = 0
         super().__init__(*args, **kwargs)
 
-    def _decode_rest(self) -> None:
-        """Decode keys, properties, origin topic and body; then let the answer's bytes go."""
+    def _decode(self, part: int) -> None:
+        """Decode ``part``: BODY (the body alone: what a handler reads) or REST (keys,
+        properties, origin topic); the answer's bytes go once both are decoded."""
         src, p = self._src, self._at
         assert src is not None
-        self._src = None
         (size, _, _, _, _, _, _, _, _, _, _, id_len, tag_len, keys_len, props_len,
-         _) = RECORD.unpack_from(src, p)
+         body_len) = RECORD.unpack_from(src, p)
+        self._lazy &= ~part
+        if not self._lazy:
+            self._src = None
+        if part == BODY:
+            _BODY.__set__(self, src[p + size - body_len:p + size])
+            return
         c = p + RECORD_FIXED + id_len + tag_len
         d = c + keys_len
-        e = d + props_len
         view = memoryview(src)
-        if keys_len:
-            _KEYS.__set__(self, str(view[c:d], "utf-8").split(KEY_SEPARATOR))
-        else:
-            _KEYS.__set__(self, [])
+        _KEYS.__set__(self, str(view[c:d], "utf-8").split(KEY_SEPARATOR) if keys_len else [])
         if props_len:
-            props = decode_properties(view[d:e])
+            props = decode_properties(view[d:d + props_len])
             _ORIGIN.__set__(self, props.get(RETRY_TOPIC) or None)
             if not props.keys().isdisjoint(RESERVED_PROPERTIES):
                 props = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES}
@@ -97,61 +102,63 @@ class StoredMessage(ReceivedMessage):
         else:
             _ORIGIN.__set__(self, None)
             _PROPS.__set__(self, {})
-        _BODY.__set__(self, bytes(view[e:p + size]))
 
     # every lazy field: decoded on first read, and before a first write (so it is not undone)
     @property
     def body(self) -> bytes:
-        if self._src is not None:
-            self._decode_rest()
+        if self._lazy & BODY:
+            self._decode(BODY)
         return _BODY.__get__(self, StoredMessage)
 
     @body.setter
     def body(self, value: bytes) -> None:
-        if self._src is not None:
-            self._decode_rest()
+        self._lazy &= ~BODY
+        if not self._lazy:
+            self._src = None
         _BODY.__set__(self, value)
 
     @property
     def keys(self) -> list[str]:
-        if self._src is not None:
-            self._decode_rest()
+        if self._lazy & REST:
+            self._decode(REST)
         return _KEYS.__get__(self, StoredMessage)
 
     @keys.setter
     def keys(self, value: list[str]) -> None:
-        if self._src is not None:
-            self._decode_rest()
+        if self._lazy & REST:
+            self._decode(REST)
         _KEYS.__set__(self, value)
 
     @property
     def properties(self) -> dict[str, str]:
-        if self._src is not None:
-            self._decode_rest()
+        if self._lazy & REST:
+            self._decode(REST)
         return _PROPS.__get__(self, StoredMessage)
 
     @properties.setter
     def properties(self, value: dict[str, str]) -> None:
-        if self._src is not None:
-            self._decode_rest()
+        if self._lazy & REST:
+            self._decode(REST)
         _PROPS.__set__(self, value)
 
     @property
     def origin_topic(self) -> str | None:
-        if self._src is not None:
-            self._decode_rest()
+        if self._lazy & REST:
+            self._decode(REST)
         return _ORIGIN.__get__(self, StoredMessage)
 
     @origin_topic.setter
     def origin_topic(self, value: str | None) -> None:
-        if self._src is not None:
-            self._decode_rest()
+        if self._lazy & REST:
+            self._decode(REST)
         _ORIGIN.__set__(self, value)
 
 
 def decode_stored(blob: Buffer, *, verify: bool = True) -> list[StoredMessage]:
     """The messages of a stored-form answer, in order; BatchError naming the group and the
     record when the blob is not whole, well-formed groups (or a CRC fails, with ``verify``)."""
+    if type(blob) is not bytes:
+        blob = bytes(blob)  # a body is sliced from it: bytes, whatever the answer came as
     out: list[StoredMessage] = []
     new = object.__new__
     crc32 = zlib.crc32
@@ -191,6 +198,7 @@ def decode_stored(blob: Buffer, *, verify: bool = True) -> list[StoredMessage]:
             m = new(StoredMessage)
             m._src = blob
             m._at = p
+            m._lazy = BODY | REST
             m.message_id = mid
             m.topic = topic
             m.queue_id = qid

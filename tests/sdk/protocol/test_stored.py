@@ -9,7 +9,7 @@ import pytest
 from tidemq.protocol import ReceivedMessage
 from tidemq.protocol.batch import BatchBuilder, fill
 from tidemq.protocol.batch_read import BatchError, check
-from tidemq.protocol.stored import StoredMessage, append_group, decode_stored
+from tidemq.protocol.stored import BODY, REST, StoredMessage, append_group, decode_stored
 
 
 def stored_batch(topic: str, queue_id: int, base_q: int, n: int, store_ms: int) -> bytearray:
@@ -47,11 +47,13 @@ def test_groups_carry_offsets_and_times_from_their_headers() -> None:
 
 def test_keys_properties_and_body_wait_until_read() -> None:
     m, other = decode_stored(group_of(stored_batch("Orders", 0, 0, 2, 1), [1, 0]))
-    assert m._src is not None  # nothing lazy decoded yet
+    assert m._lazy == BODY | REST and m._src is not None  # nothing lazy decoded yet
     assert m.body == b"body-1"
-    assert m._src is None  # one read decoded the rest and let the answer's bytes go
+    assert m._lazy == REST and m._src is not None  # the body alone (what a handler reads)
     assert (m.keys, m.properties, m.origin_topic) == (["k1"], {"n": "1"}, "Orders")
-    assert other._src is not None and other.origin_topic is None and other._src is None
+    assert m._lazy == 0 and m._src is None  # all decoded: the answer's bytes may go
+    assert other.origin_topic is None and other._lazy == BODY
+    assert other.body == b"body-0" and other._src is None
 
 
 def test_a_stored_message_equals_its_wire_form_field_for_field() -> None:
