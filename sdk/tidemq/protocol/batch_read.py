@@ -41,8 +41,6 @@ from tidemq.protocol.properties import RESERVED_PROPERTIES
 
 Buffer = bytes | bytearray | memoryview
 
-#: Versions a reader of the commit log understands (1: services/broker/store/record.py).
-KNOWN_VERSIONS = frozenset({1, FORMAT_VERSION})
 _DELAY_KINDS = frozenset(int(k) for k in DelayKind)
 
 

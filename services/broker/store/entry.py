@@ -25,8 +25,6 @@ from tidemq.protocol import KEYS, TAGS, UNIQ_KEY
 from tidemq.protocol.batch import (
     HEADER_FIXED,
     KEY_SEPARATOR,
-    MAGIC_BASE,
-    MAGIC_HIGH,
     MAX_TOPIC_BYTES,
     BatchBuilder,
     fill,
@@ -39,6 +37,7 @@ from tidemq.protocol.batch_read import (
     check,
     decode_record,
     read_head,
+    version_at,
 )
 from tidemq.protocol.stored import GROUP
 
@@ -54,12 +53,7 @@ ReadBytes = Callable[[int, int], bytes]
 def kind_at(buf: Buffer, pos: int) -> int | None:
     """What starts at ``buf[pos:]``: V1 (a v1 record), V2 (a v2 batch header), None (neither:
     a v2 record, a blank, or junk)."""
-    if len(buf) - pos < 8:
-        return None
-    magic = int.from_bytes(buf[pos + 4:pos + 8], "big")
-    if magic & MAGIC_HIGH != MAGIC_BASE:
-        return None
-    version = magic & 0xFFFF
+    version = version_at(buf, pos)
     return version if version in (V1, V2) else None
 
 
