@@ -7,8 +7,8 @@ them; a "rich" row adds a tag, two keys and two properties) and is reported in C
 record (``time.process_time``), the best of 3 x 5 rounds (the box is shared: the best round is
 the one least disturbed):
 
-- v2 steps: the producer's ``BatchBuilder`` (encode + CRC), the broker's strict ``check`` of a
-  client batch, its ``fill`` of the broker part, the integrity ``check`` recovery and
+- v2 steps: the producer's ``BatchBuilder`` (encode + CRC), the broker's strict ``validate`` of
+  a client batch, its ``fill`` of the broker part, the integrity ``validate`` recovery and
   replication run, building a stored-form pull answer (``append_group``), and the consumer's
   ``decode_stored`` (eager part; then with every body read);
 - today's (v1) steps, for scale: the SDK's ``to_wire`` + ``msgpack.packb``, the broker's
@@ -63,7 +63,7 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     import msgpack
     from tidemq.protocol import ReceivedMessage, parse_messages
     from tidemq.protocol import batch as v2
-    from tidemq.protocol.batch_read import check
+    from tidemq.protocol.batch_read import validate
     from tidemq.protocol.message import OutgoingMessage
     from tidemq.protocol.stored import append_group, decode_stored
 
@@ -96,13 +96,13 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     host = v1.encode_host("127.0.0.1:10911")
     out["v2_encode"] = best_us(encode, n, rounds)
     out["v2_encode_rich"] = best_us(lambda: encode(True), n, rounds)
-    out["v2_check_strict"] = best_us(lambda: [check(b) for b in raw], n, rounds)
-    out["v2_check_strict_rich"] = best_us(lambda: [check(b) for b in rich], n, rounds)
+    out["v2_validate_strict"] = best_us(lambda: [validate(b) for b in raw], n, rounds)
+    out["v2_validate_strict_rich"] = best_us(lambda: [validate(b) for b in rich], n, rounds)
     out["v2_fill"] = best_us(lambda: [v2.fill(b, 0, 4096 * i, 100 * i, 1, host)
                                       for i, b in enumerate(stored)], n, rounds)
-    out["v2_check_stored"] = best_us(lambda: [check(b, strict=False, offset=4096 * i)
+    out["v2_validate_stored"] = best_us(lambda: [validate(b, strict=False, offset=4096 * i)
                                               for i, b in enumerate(stored)], n, rounds)
-    sums = [check(b, strict=False) for b in stored]
+    sums = [validate(b, strict=False) for b in stored]
 
     def serve() -> bytes:
         blob = bytearray()
@@ -194,10 +194,10 @@ def keep_best(best: dict[str, Any], new: dict[str, Any]) -> None:
 STEPS = [
     ("v2_encode", "v2 producer: BatchBuilder.add + finish (encode, CRC)"),
     ("v2_encode_rich", "v2 producer, with tag, 2 keys, 2 properties"),
-    ("v2_check_strict", "v2 broker: strict check of a client batch (CRCs, ids, limits)"),
-    ("v2_check_strict_rich", "v2 broker: strict check, with tag, keys, properties"),
+    ("v2_validate_strict", "v2 broker: strict validate of a client batch (CRCs, ids, limits)"),
+    ("v2_validate_strict_rich", "v2 broker: strict validate, with tag, keys, properties"),
     ("v2_fill", "v2 broker: fill the broker part + head CRC (per batch)"),
-    ("v2_check_stored", "v2 recovery / replica: integrity check + summary"),
+    ("v2_validate_stored", "v2 recovery / replica: integrity validate + summary"),
     ("v2_serve", "v2 broker pull: stored-form answer (append_group)"),
     ("v2_decode_lazy", "v2 consumer: decode_stored (CRC, ids, tags, offsets)"),
     ("v2_decode_bodies", "v2 consumer: decode_stored + every body read"),

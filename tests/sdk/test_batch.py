@@ -1,5 +1,5 @@
 """The producer's batch encoder (tidemq._batch): messages as the SDK checked them become the
-log's record format, which the broker's strict check accepts as it is."""
+log's record format, which the broker's strict validation accepts as it is."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tidemq._batch import QueueBatch, delay_of, encode_messages
 from tidemq._message import Message, to_outgoing
 from tidemq.protocol import SHARDING_KEY, OutgoingMessage
 from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind, tag_code
-from tidemq.protocol.batch_read import BatchError, check, decode_record
+from tidemq.protocol.batch_read import BatchError, decode_record, validate
 
 
 def test_sent_messages_become_records_the_broker_accepts() -> None:
@@ -19,7 +19,7 @@ def test_sent_messages_become_records_the_broker_accepts() -> None:
             to_outgoing(Message("at", deliver_at_ms=1_767_225_600_000)),
             to_outgoing(Message("in", delay_ms=90_000))]
     raw = encode_messages("Orders", 5, msgs, born_ms=1_700_000_000_000)
-    s = check(raw, allowed=CLIENT_PROPERTIES)
+    s = validate(raw, allowed=CLIENT_PROPERTIES)
     assert (s.head.topic, s.head.queue_id, s.head.count) == ("Orders", 5, 5)
     assert s.message_ids == [m.message_id for m in msgs]
     assert s.tag_codes == [tag_code("Paid"), 0, 0, 0, 0]
@@ -37,7 +37,7 @@ def test_sent_messages_become_records_the_broker_accepts() -> None:
 def test_the_sharding_key_is_the_only_reserved_property_a_client_may_send() -> None:
     raw = encode_messages("Orders", 0, [to_outgoing(Message("x", sharding_key="k"))], 1)
     with pytest.raises(BatchError, match=r"records\[0\]\.properties: 'SHARDING_KEY'"):
-        check(raw)
+        validate(raw)
 
 
 def test_a_queue_batch_grows_as_messages_are_added() -> None:

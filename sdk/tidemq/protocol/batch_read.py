@@ -3,7 +3,7 @@
 Pure functions over a buffer, no I/O:
 
 - ``split`` cuts a request body into its batches (a body may hold several);
-- ``check`` validates one batch and returns its ``BatchSummary``: everything dispatch needs
+- ``validate`` validates one batch and returns its ``BatchSummary``: everything dispatch needs
   (positions, sizes, tag codes, message ids, keys) without copying a body. A client's batch is
   checked ``strict``ly (names, widths, limits, reserved properties, delays); a stored one
   (recovery, replication) is checked for integrity and for the offset it must live at;
@@ -179,7 +179,7 @@ def read_head(buf: Buffer, at: int = 0, end: int | None = None, *,
                      count, queue_id, sys_flag, topic, records_at)
 
 
-def check(buf: Buffer, at: int = 0, *, strict: bool = True, offset: int | None = None,
+def validate(buf: Buffer, at: int = 0, *, strict: bool = True, offset: int | None = None,
           allowed: frozenset[str] = frozenset(), limits: Limits = DEFAULT_LIMITS,
           end: int | None = None) -> BatchSummary:
     """Validate the batch at ``buf[at:]`` (its records' CRCs included) and summarize it.
@@ -255,13 +255,13 @@ def check(buf: Buffer, at: int = 0, *, strict: bool = True, offset: int | None =
     summary.payload_bytes = payload
     if strict and delayed:
         for i in delayed:
-            _check_delay(buf, at + positions[i], i, limits)
+            _validate_delay(buf, at + positions[i], i, limits)
     return summary
 
 
 def _strict(view: memoryview, i: int, tag_at: int, keys_at: int, mid: str, code: int, key: str,
             props_len: int, body_len: int, limits: Limits, allowed: frozenset[str]) -> None:
-    """A client record's names, widths and limits (``check``'s strict part)."""
+    """A client record's names, widths and limits (``validate``'s strict part)."""
     if not mid or len(mid) > limits.max_message_id_chars:
         raise BatchError("message_id", f"{len(mid)} characters; 1-"
                          f"{limits.max_message_id_chars} allowed", i)
@@ -295,10 +295,10 @@ def _strict(view: memoryview, i: int, tag_at: int, keys_at: int, mid: str, code:
                              f"{limits.max_properties_bytes} bytes", i,
                              ErrorCode.MESSAGE_TOO_LARGE)
         at = keys_at + len(key.encode("utf-8"))
-        _check_properties(view[at:at + props_len], i, allowed)
+        _validate_properties(view[at:at + props_len], i, allowed)
 
 
-def _check_properties(raw: memoryview, i: int, allowed: frozenset[str]) -> None:
+def _validate_properties(raw: memoryview, i: int, allowed: frozenset[str]) -> None:
     try:
         text = str(raw, "utf-8")
     except UnicodeDecodeError:
@@ -314,7 +314,7 @@ def _check_properties(raw: memoryview, i: int, allowed: frozenset[str]) -> None:
             raise BatchError("properties", f"{name!r} is a reserved property name", i)
 
 
-def _check_delay(buf: Buffer, p: int, i: int, limits: Limits) -> None:
+def _validate_delay(buf: Buffer, p: int, i: int, limits: Limits) -> None:
     (_, _, _, _, _, _, _, _, _, value, kind, *_) = RECORD.unpack_from(buf, p)
     bad = ErrorCode.INVALID_DELAY
     if kind not in _DELAY_KINDS:

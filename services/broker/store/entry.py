@@ -3,7 +3,7 @@
 
 Pure functions over buffers; the caller does the reading:
 
-- ``kind_at`` / ``check_entry``: what starts at a position and whether it is whole (recovery
+- ``kind_at`` / ``validate_entry``: what starts at a position and whether it is whole (recovery
   scans and replication chunks walk the log entry by entry; both kinds start with their size),
   checked against the offset it must live at;
 - ``stored_record`` / ``read_record``: a consume-queue or index pointer to a ``StoredRecord``,
@@ -34,9 +34,9 @@ from tidemq.protocol.batch_read import (
     BatchHead,
     BatchSummary,
     Buffer,
-    check,
     decode_record,
     read_head,
+    validate,
     version_at,
 )
 from tidemq.protocol.stored import GROUP
@@ -57,17 +57,17 @@ def kind_at(buf: Buffer, pos: int) -> int | None:
     return version if version in (V1, V2) else None
 
 
-def check_entry(buf: Buffer, pos: int, offset: int) -> BatchSummary | None:
+def validate_entry(buf: Buffer, pos: int, offset: int) -> BatchSummary | None:
     """Validate the entry at ``buf[pos:]``, which lives at commit log ``offset``: a v2 batch
     answers its summary (dispatch uses it), a v1 record None; CorruptRecord otherwise."""
     kind = kind_at(buf, pos)
     if kind == V1:
-        record.check(buf, pos, offset)
+        record.check(buf, pos, offset)  # record.validate once issue 21's rename lands
         return None
     if kind != V2:
         raise CorruptRecord(offset, "neither a record nor a batch starts here")
     try:
-        return check(buf, pos, strict=False, offset=offset)
+        return validate(buf, pos, strict=False, offset=offset)
     except BatchError as exc:
         raise CorruptRecord(offset, exc.message) from None
 

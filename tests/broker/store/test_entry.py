@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ReceivedMessage
 from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.batch_read import BatchHead, check
+from tidemq.protocol.batch_read import BatchHead, validate
 from tidemq.protocol.stored import decode_stored
 
 from services.broker.messaging.convert import to_wire
 from services.broker.store import record
 from services.broker.store.dispatcher import Dispatcher
-from services.broker.store.entry import V1, V2, as_group, check_entry, kind_at, read_record
+from services.broker.store.entry import V1, V2, as_group, kind_at, read_record, validate_entry
 from services.broker.store.index import Index, topic_key, unique_key
 from services.broker.store.record import CorruptRecord
 from services.broker.store.types import MessageRecord, StoredRecord, SysFlag, tag_code
@@ -82,7 +82,7 @@ def test_a_message_reads_back_the_same_from_either_version() -> None:
     start = len(log.data)
     batch = v2_bytes([message(1), message(2)], start, 6)
     log.append(batch)
-    s = check(batch, strict=False)
+    s = validate(batch, strict=False)
     heads: dict[int, BatchHead] = {}
     got = [read_record(log.read_bytes, start + p, n, heads)
            for p, n in zip(s.positions, s.sizes, strict=True)]
@@ -100,7 +100,7 @@ def test_a_record_whose_batch_does_not_hold_it_is_corrupt() -> None:
     log.append(b"\0" * 100)
     batch = v2_bytes([message(1)], 100, 0)
     log.append(batch)
-    s = check(batch, strict=False)
+    s = validate(batch, strict=False)
     at, size = 100 + s.positions[0], s.sizes[0]
     assert read_record(log.read_bytes, at, size).message_id == "m-1"
     log.data[100 + 20] ^= 1  # the header's base_queue_offset, not sealed again
@@ -110,17 +110,17 @@ def test_a_record_whose_batch_does_not_hold_it_is_corrupt() -> None:
         read_record(log.read_bytes, at, size + 10)
 
 
-def test_check_entry_tells_the_versions_apart() -> None:
+def test_validate_entry_tells_the_versions_apart() -> None:
     v1 = v1_bytes(message(0), 4096, 0)
     v2 = v2_bytes([message(1), message(2)], 4096, 0)
     assert (kind_at(v1, 0), kind_at(v2, 0)) == (V1, V2)
-    assert check_entry(v1, 0, 4096) is None
-    summary = check_entry(v2, 0, 4096)
+    assert validate_entry(v1, 0, 4096) is None
+    summary = validate_entry(v2, 0, 4096)
     assert summary is not None and summary.message_ids == ["m-1", "m-2"]
     with pytest.raises(CorruptRecord, match="lives at 4096, read at 0"):
-        check_entry(v2, 0, 0)
+        validate_entry(v2, 0, 0)
     with pytest.raises(CorruptRecord, match="neither a record nor a batch"):
-        check_entry(v2, summary.positions[0], 4096 + summary.positions[0])
+        validate_entry(v2, summary.positions[0], 4096 + summary.positions[0])
 
 
 def test_a_v1_record_serves_as_a_stored_form_group() -> None:
@@ -136,17 +136,17 @@ def test_dispatch_batch_writes_every_unit_and_index_entry(tmp_path: Path) -> Non
     disp = Dispatcher(tmp_path / "cq", 50, index)
     disp.load()
     batch = v2_bytes([message(i) for i in range(3)], 4096, 0)
-    disp.dispatch_batch(check(batch, strict=False))
+    disp.dispatch_batch(validate(batch, strict=False))
     half = v2_bytes([message(9, sys_flag=int(SysFlag.PREPARED))], 8192, 0)
-    disp.dispatch_batch(check(half, strict=False))
+    disp.dispatch_batch(validate(half, strict=False))
     assert disp.write_pending() == {("Orders", 2)}
-    s = check(batch, strict=False)
+    s = validate(batch, strict=False)
     cq = disp.queues[("Orders", 2)]
     assert cq.read_units(0, 10) == [(4096 + p, n, tag_code("Paid"))
                                     for p, n in zip(s.positions, s.sizes, strict=True)]
     assert cq.max_offset == 3  # the half batch got no unit
     assert index.lookup(unique_key("m-1")) == [4096 + s.positions[1]]
-    half_at = 8192 + check(half, strict=False).positions[0]
+    half_at = 8192 + validate(half, strict=False).positions[0]
     assert sorted(index.lookup(topic_key("Orders", "user-7"))) == [
         *(4096 + p for p in s.positions), half_at]  # a half is indexed, not queued
     assert index.lookup(unique_key("m-9")) == [half_at]

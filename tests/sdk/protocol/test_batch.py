@@ -22,10 +22,10 @@ from tidemq.protocol.batch import (
 )
 from tidemq.protocol.batch_read import (
     BatchError,
-    check,
     decode_record,
     read_head,
     split,
+    validate,
     version_at,
 )
 from tidemq.protocol.message import Limits
@@ -44,7 +44,7 @@ def two_records() -> bytes:
 
 def test_round_trip_keeps_every_field() -> None:
     raw = two_records()
-    s = check(raw)
+    s = validate(raw)
     assert (s.head.topic, s.head.queue_id, s.head.sys_flag, s.head.count) == ("Orders", 3, 0, 2)
     assert s.message_ids == ["m-1", "m-2"]
     assert s.keys == ["order-42\x1fuser-7", ""]
@@ -64,17 +64,17 @@ def test_round_trip_keeps_every_field() -> None:
 
 def test_the_broker_fills_its_part_outside_the_records_crcs() -> None:
     raw = two_records()
-    before = check(raw)
+    before = validate(raw)
     stored = bytearray(raw)
     fill(stored, 0, 8192, 40, 1_767_225_601_000, HOST, b"\x7f\0\0\1\0\0\x30\x39")
     assert stored[HEADER_FIXED:] == raw[HEADER_FIXED:]  # no record byte changed
-    s = check(stored, strict=False, offset=8192)
+    s = validate(stored, strict=False, offset=8192)
     assert (s.head.base_physical, s.head.base_queue_offset, s.head.store_timestamp) == (
         8192, 40, 1_767_225_601_000)
     assert (s.head.store_host, s.head.born_host) == (HOST, b"\x7f\0\0\1\0\0\x30\x39")
     assert s.positions == before.positions and s.message_ids == before.message_ids
     with pytest.raises(BatchError, match=r"batch\.base_physical: .* lives at 8192, read at 4096"):
-        check(stored, strict=False, offset=4096)
+        validate(stored, strict=False, offset=4096)
 
 
 def test_a_broker_field_changed_without_resealing_fails_the_head_crc() -> None:
@@ -82,14 +82,14 @@ def test_a_broker_field_changed_without_resealing_fails_the_head_crc() -> None:
     fill(stored, 0, 8192, 40, 1, HOST)
     stored[25] ^= 0x01  # base_queue_offset
     with pytest.raises(BatchError, match=r"batch\.head_crc"):
-        check(stored, strict=False)
+        validate(stored, strict=False)
 
 
 def test_magic_carries_version_2_and_readers_tell_versions_apart() -> None:
     raw = two_records()
     assert int.from_bytes(raw[4:8], "big") == MAGIC == MAGIC_BASE | 2
     assert version_at(raw, 0) == 2
-    s = check(raw)
+    s = validate(raw)
     assert version_at(raw, s.positions[1]) is None  # a record's batch_pos is no magic
     assert version_at((MAGIC_BASE | 1).to_bytes(8, "big"), 0) == 1
 
@@ -102,7 +102,7 @@ def _with_magic(raw: bytes, version: int) -> bytearray:
 
 def test_unknown_version_is_named() -> None:
     with pytest.raises(BatchError, match=r"batch\.magic: unknown format version 7") as exc:
-        check(_with_magic(two_records(), 7))
+        validate(_with_magic(two_records(), 7))
     assert exc.value.index is None and exc.value.code is ErrorCode.BAD_REQUEST
 
 
@@ -114,32 +114,32 @@ def _reseal_record(buf: bytearray, p: int) -> None:
 
 def test_wrong_crc_names_the_record() -> None:
     raw = bytearray(two_records())
-    s = check(raw)
+    s = validate(raw)
     raw[s.positions[1] + s.sizes[1] - 1] ^= 0xFF  # the last body byte of record 1
     with pytest.raises(BatchError, match=r"^BAD_REQUEST: records\[1\]\.crc: ") as exc:
-        check(raw)
+        validate(raw)
     assert (exc.value.index, exc.value.field) == (1, "crc")
 
 
 def test_truncated_record_names_the_record() -> None:
     raw = bytearray(two_records())
-    s = check(raw)
+    s = validate(raw)
     cut = raw[:s.positions[1] + 20]  # record 1 torn 20 bytes in; the header says more
     cut[0:4] = len(cut).to_bytes(4, "big")
     seal(cut, 0)
     with pytest.raises(BatchError, match=r"records\[1\]\.size: .*truncated record"):
-        check(cut)
+        validate(cut)
 
 
 def test_a_size_that_overruns_the_body_names_the_field() -> None:
     raw = bytearray(two_records())
-    s = check(raw)
+    s = validate(raw)
     p = s.positions[0]
     body_len_at = p + RECORD_FIXED - 4
     raw[body_len_at:body_len_at + 4] = (10_000).to_bytes(4, "big")
     _reseal_record(raw, p)
     with pytest.raises(BatchError, match=r"records\[0\]\.body_len: .*overrun"):
-        check(raw)
+        validate(raw)
 
 
 def test_a_reserved_property_is_refused_unless_allowed() -> None:
@@ -148,9 +148,9 @@ def test_a_reserved_property_is_refused_unless_allowed() -> None:
                                       "properties": {"SHARDING_KEY": "u-7"}}])
     with pytest.raises(BatchError, match=r"records\[1\]\.properties: 'SHARDING_KEY' is a "
                        "reserved property name"):
-        check(raw)
-    assert check(raw, allowed=frozenset({"SHARDING_KEY"})).head.count == 2
-    assert check(raw, strict=False).head.count == 2  # a stored batch may hold system props
+        validate(raw)
+    assert validate(raw, allowed=frozenset({"SHARDING_KEY"})).head.count == 2
+    assert validate(raw, strict=False).head.count == 2  # a stored batch may hold system props
 
 
 @pytest.mark.parametrize(("record", "field", "code"), [
@@ -174,21 +174,21 @@ def test_strict_checks_name_record_and_field(record: dict[str, object], field: s
     rec = {"body": b"ok", "message_id": "m", **record}
     raw = encode_batch("Orders", 0, [{"body": b"fine", "message_id": "first"}, rec])
     with pytest.raises(BatchError) as exc:
-        check(raw, limits=limits)
+        validate(raw, limits=limits)
     assert (exc.value.index, exc.value.field, exc.value.code) == (1, field, code)
     assert exc.value.message.startswith(f"records[1].{field}: ")
-    assert check(raw, strict=False).head.count == 2  # intact bytes: only the rules refuse it
+    assert validate(raw, strict=False).head.count == 2  # intact bytes: only the rules refuse it
 
 
 def test_batch_limits_are_413() -> None:
     limits = Limits(max_batch_messages=2, max_batch_bytes=10)
     three = encode_batch("T", 0, [{"body": b"", "message_id": str(i)} for i in range(3)])
     with pytest.raises(BatchError, match=r"batch\.count: 3 records") as exc:
-        check(three, limits=limits)
+        validate(three, limits=limits)
     assert exc.value.code is ErrorCode.MESSAGE_TOO_LARGE
     big = encode_batch("T", 0, [{"body": b"123456", "message_id": str(i)} for i in range(2)])
     with pytest.raises(BatchError, match=r"batch\.total_size: batch of 12 bytes") as exc:
-        check(big, limits=limits)
+        validate(big, limits=limits)
     assert exc.value.code is ErrorCode.MESSAGE_TOO_LARGE
 
 
@@ -221,7 +221,7 @@ def test_records_and_headers_the_layout_cannot_hold_are_refused_by_the_encoder()
 
 def test_read_head_alone_checks_a_header_without_its_records() -> None:
     raw = two_records()
-    s = check(raw)
+    s = validate(raw)
     head = read_head(raw[:s.head.records_at], whole=False)
     assert (head.size, head.topic, head.count) == (len(raw), "Orders", 2)
     with pytest.raises(BatchError, match="total_size"):

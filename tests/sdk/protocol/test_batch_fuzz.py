@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.batch_read import BatchError, check, decode_record, split
+from tidemq.protocol.batch_read import BatchError, decode_record, split, validate
 from tidemq.protocol.stored import append_group, decode_stored
 
 text = st.text(st.characters(blacklist_characters="\x00\x01\x02\x1f",
@@ -40,7 +40,7 @@ def build(spec: tuple[str, int, list[dict[str, Any]]]) -> bytes:
 def outcome(buf: bytes | bytearray, **kw: Any) -> Any:
     """The summary, or the BatchError; any other exception fails the test."""
     try:
-        return check(buf, **kw)
+        return validate(buf, **kw)
     except BatchError as exc:
         return exc
 
@@ -49,7 +49,7 @@ def outcome(buf: bytes | bytearray, **kw: Any) -> Any:
 @given(spec=batches)
 def test_every_record_round_trips(spec: tuple[str, int, list[dict[str, Any]]]) -> None:
     raw = build(spec)
-    s = check(raw)
+    s = validate(raw)
     assert (s.head.topic, s.head.queue_id, s.head.count) == (spec[0], spec[1], len(spec[2]))
     for p, want in zip(s.positions, spec[2], strict=True):
         got = decode_record(raw, p)
@@ -105,7 +105,7 @@ def test_a_damaged_pull_answer_is_refused(spec: tuple[str, int, list[dict[str, A
                                           where: int, mask: int) -> None:
     raw = bytearray(build(spec))
     fill(raw, 0, 0, 0, 1, b"\0" * 8)
-    s = check(raw, strict=False)
+    s = validate(raw, strict=False)
     blob = bytearray()
     append_group(blob, raw[:s.head.records_at],
                  [raw[p:p + n] for p, n in zip(s.positions, s.sizes, strict=True)])

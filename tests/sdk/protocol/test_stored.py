@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from tidemq.protocol import ReceivedMessage
 from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.batch_read import BatchError, check
+from tidemq.protocol.batch_read import BatchError, validate
 from tidemq.protocol.stored import BODY, REST, StoredMessage, append_group, decode_stored
 
 
@@ -24,7 +24,7 @@ def stored_batch(topic: str, queue_id: int, base_q: int, n: int, store_ms: int) 
 
 
 def group_of(raw: bytearray, pick: list[int]) -> bytes:
-    s = check(raw, strict=False)
+    s = validate(raw, strict=False)
     out = bytearray()
     append_group(out, raw[:s.head.records_at],
                  [raw[s.positions[i]:s.positions[i] + s.sizes[i]] for i in pick])
