@@ -11,6 +11,7 @@ Pure functions over buffers; the caller does the reading:
   its batch's header (``offset - batch_pos``), and its message id, tag and keys come back as the
   ``UNIQ_KEY``, ``TAGS`` and ``KEYS`` properties a v1 record keeps them in, so every reader of
   ``StoredRecord`` works unchanged;
+- ``store_timestamp``: a record's store time without decoding it (``offset_for_time``);
 - ``as_group``: a v1 record as a stored-form pull group (a one-record v2 batch, filled), so a
   stored-form pull can serve segments written before v2.
 
@@ -126,6 +127,21 @@ def read_record(read_bytes: ReadBytes, offset: int, size: int,
         if heads is not None:
             heads[start] = head
     return stored_record(head, buf, 0, offset)
+
+
+def store_timestamp(read_bytes: ReadBytes, offset: int) -> int | None:
+    """The store time of the record of either version at ``offset`` (a v2 record's is its
+    batch's), without decoding it; None when it cannot be read."""
+    lead = read_bytes(offset, 8)
+    if len(lead) < 8:
+        return None
+    if kind_at(lead, 0) == V1:
+        raw = read_bytes(offset + record.STORE_TS_AT, 8)
+        return int.from_bytes(raw, "big", signed=True) if len(raw) == 8 else None
+    try:
+        return read_head_of(read_bytes, offset, int.from_bytes(lead[4:8], "big")).store_timestamp
+    except CorruptRecord:
+        return None
 
 
 def as_group(rec: StoredRecord) -> bytes:

@@ -15,7 +15,15 @@ from tidemq.protocol.stored import decode_stored
 from services.broker.messaging.convert import to_wire
 from services.broker.store import record
 from services.broker.store.dispatcher import Dispatcher
-from services.broker.store.entry import V1, V2, as_group, kind_at, read_record, validate_entry
+from services.broker.store.entry import (
+    V1,
+    V2,
+    as_group,
+    kind_at,
+    read_record,
+    store_timestamp,
+    validate_entry,
+)
 from services.broker.store.index import Index, topic_key, unique_key
 from services.broker.store.record import CorruptRecord
 from services.broker.store.types import MessageRecord, StoredRecord, SysFlag, tag_code
@@ -93,6 +101,19 @@ def test_a_message_reads_back_the_same_from_either_version() -> None:
                              rec.physical_offset)
         same(rec, want)
     assert list(heads) == [start]  # one header read serves the batch's records
+
+
+def test_store_timestamps_of_either_version() -> None:
+    log = Log()
+    log.append(v1_bytes(message(0), 0, 0))
+    start = len(log.data)
+    batch = v2_bytes([message(1), message(2)], start, 1)
+    log.append(batch)
+    s = validate(batch, strict=False)
+    assert store_timestamp(log.read_bytes, 0) == STORE_MS
+    assert store_timestamp(log.read_bytes, start + s.positions[1]) == STORE_MS
+    assert store_timestamp(log.read_bytes, start + s.positions[1] + 3) is None  # no record
+    assert store_timestamp(log.read_bytes, len(log.data)) is None
 
 
 def test_a_record_whose_batch_does_not_hold_it_is_corrupt() -> None:
