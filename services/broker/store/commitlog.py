@@ -20,7 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.broker.store import record
+from tidemq.protocol.batch import RECORD_FIXED
+from tidemq.protocol.batch_read import BatchSummary
+
+from services.broker.store import entry, record
+from services.broker.store.entry import read_record, validate_entry
 from services.broker.store.record import BLANK, BLANK_MAGIC, BLANK_SIZE, CorruptRecord
 from services.broker.store.types import StoredRecord
 from services.common.files import fsync_dir
@@ -29,7 +33,7 @@ log = logging.getLogger(__name__)
 
 CLOSED = "closed"  # ``error`` of a log closed cleanly (not a failure)
 
-SCAN_CHUNK = 8 * 1024 * 1024  # bytes read at a time by recovery scans
+SCAN_CHUNK = 8 * 1024 * 1024  # bytes read at a time by recovery scans (a larger entry: whole)
 
 
 class StoreClosedError(Exception):
@@ -85,11 +89,12 @@ class CommitLog:
     def min_offset(self) -> int:
         return self.segments[0].start
 
-    def scan(self, start: int) -> Iterator[tuple[memoryview, int, int]]:
-        """Yield ``(buffer, pos, physical_offset)`` for each valid record from ``start`` on.
+    def scan(self, start: int) -> Iterator[tuple[memoryview, int, int, BatchSummary | None]]:
+        """Yield ``(buffer, pos, physical_offset, summary)`` for each valid entry from ``start``
+        on: a v1 record (summary None) or a v2 batch (its summary, for dispatch).
 
-        Stops at the first invalid record or at the end of data; ``self.scan_end`` then holds
-        the offset just past the last valid record (where the log must be truncated).
+        Stops at the first invalid entry or at the end of data; ``self.scan_end`` then holds
+        the offset just past the last valid entry (where the log must be truncated).
         """
         self.scan_end = start
         i = self._segment_index(start)
@@ -99,8 +104,10 @@ class CommitLog:
         while i < len(self.segments):
             seg = self.segments[i]
             sealed = False
+            want = SCAN_CHUNK
             while pos < seg.length and not sealed:
-                view = memoryview(os.pread(seg.fd, min(SCAN_CHUNK, seg.length - pos), pos))
+                view = memoryview(os.pread(seg.fd, min(want, seg.length - pos), pos))
+                want = SCAN_CHUNK
                 p = 0
                 while True:
                     if record.is_blank(view, p):
@@ -111,20 +118,22 @@ class CommitLog:
                             return  # a torn header at the end of the file
                         break
                     size = int.from_bytes(view[p:p + 4], "big")
-                    if size < record.MIN_RECORD_SIZE or size > SCAN_CHUNK:
+                    if size < record.MIN_RECORD_SIZE or size > self.segment_bytes:
                         return
                     if p + size > len(view):
                         if pos + p + size > seg.length:
                             return  # torn at the end of the file
-                        break  # the record continues in the next chunk
+                        if p == 0:
+                            want = size  # an entry larger than a chunk: read it whole
+                        break  # the entry continues in the next chunk
                     try:
-                        record.validate(view, p, seg.start + pos + p)
+                        summary = validate_entry(view, p, seg.start + pos + p)
                     except CorruptRecord:
                         return
-                    yield view, p, seg.start + pos + p
+                    yield view, p, seg.start + pos + p, summary
                     p += size
                     self.scan_end = seg.start + pos + p
-                if p == 0 and not sealed:
+                if p == 0 and not sealed and want == SCAN_CHUNK:
                     return
                 pos += p
             i += 1
@@ -224,7 +233,8 @@ class CommitLog:
         return os.pread(seg.fd, size, offset - seg.start)
 
     def read(self, offset: int, size: int | None = None) -> StoredRecord | None:
-        """The CRC-checked record at ``offset``, or None when absent or corrupt."""
+        """The CRC-checked record of either format at ``offset``, or None when absent or
+        corrupt (a v2 record's topic, queue and times come from its batch's header)."""
         if offset < self.min_offset or offset >= self.write_offset:
             return None
         if size is None:
@@ -232,18 +242,17 @@ class CommitLog:
             if len(head) < 4:
                 return None
             size = int.from_bytes(head, "big")
-            if size < record.MIN_RECORD_SIZE or size > self.segment_bytes:
+            if size < RECORD_FIXED or size > self.segment_bytes:
                 return None
-        buf = self.read_bytes(offset, size)
         try:
-            return record.decode(buf, 0, offset)
+            return read_record(self.read_bytes, offset, size)
         except (CorruptRecord, UnicodeDecodeError, ValueError) as exc:
             log.error("refusing to serve record at %d: %s", offset, exc)
             return None
 
     def store_timestamp(self, offset: int) -> int | None:
-        raw = self.read_bytes(offset + record.STORE_TS_AT, 8)
-        return int.from_bytes(raw, "big", signed=True) if len(raw) == 8 else None
+        """The store time of the record at ``offset`` (either format), without decoding it."""
+        return entry.store_timestamp(self.read_bytes, offset)
 
     # --- retention -------------------------------------------------------------------------
     def delete_oldest(self) -> Segment | None:

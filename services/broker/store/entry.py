@@ -6,11 +6,11 @@ Pure functions over buffers; the caller does the reading:
 - ``kind_at`` / ``validate_entry``: what starts at a position and whether it is whole (recovery
   scans and replication chunks walk the log entry by entry; both kinds start with their size),
   checked against the offset it must live at;
-- ``stored_record`` / ``read_record``: a consume-queue or index pointer to a ``StoredRecord``,
-  either version; a v2 record takes its topic, queue, queue offset, store time and hosts from
-  its batch's header (``offset - batch_pos``), and its message id, tag and keys come back as the
-  ``UNIQ_KEY``, ``TAGS`` and ``KEYS`` properties a v1 record keeps them in, so every reader of
-  ``StoredRecord`` works unchanged;
+- ``stored_record`` / ``read_record`` / ``record_in``: a consume-queue or index pointer to a
+  ``StoredRecord``, either version; a v2 record takes its topic, queue, queue offset, store
+  time and hosts from its batch's header (``offset - batch_pos``), and its message id, tag
+  and keys come back as the ``UNIQ_KEY``, ``TAGS`` and ``KEYS`` properties a v1 record keeps
+  them in, so every reader of ``StoredRecord`` works unchanged;
 - ``store_timestamp``: a record's store time without decoding it (``offset_for_time``);
 - ``as_group``: a v1 record as a stored-form pull group (a one-record v2 batch, filled), so a
   stored-form pull can serve segments written before v2.
@@ -117,16 +117,24 @@ def read_record(read_bytes: ReadBytes, offset: int, size: int,
     buf = read_bytes(offset, size)
     if len(buf) < 8 or len(buf) != size:
         raise CorruptRecord(offset, "beyond the log's end")
-    if kind_at(buf, 0) == V1:
-        return record.decode(buf, 0, offset)
-    batch_pos = int.from_bytes(buf[4:8], "big")
+    return record_in(buf, 0, offset, read_bytes, heads)
+
+
+def record_in(buf: Buffer, p: int, offset: int, read_bytes: ReadBytes,
+              heads: dict[int, BatchHead] | None = None) -> StoredRecord:
+    """The record of either version at ``buf[p:]``, which holds commit log ``offset`` whole
+    (a span read for several records); a v2 record's header is read with ``read_bytes``
+    unless ``heads`` (by batch offset) has it."""
+    if kind_at(buf, p) == V1:
+        return record.decode(buf, p, offset)
+    batch_pos = int.from_bytes(buf[p + 4:p + 8], "big")
     start = offset - batch_pos
     head = heads.get(start) if heads is not None else None
     if head is None:
         head = read_head_of(read_bytes, offset, batch_pos)
         if heads is not None:
             heads[start] = head
-    return stored_record(head, buf, 0, offset)
+    return stored_record(head, buf, p, offset)
 
 
 def store_timestamp(read_bytes: ReadBytes, offset: int) -> int | None:

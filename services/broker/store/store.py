@@ -15,11 +15,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tidemq.protocol.batch_read import BatchHead
+
 from services.broker.store import record, replicated
 from services.broker.store.checkpoint import Checkpoint
 from services.broker.store.commitlog import CLOSED, CommitLog
 from services.broker.store.config import StoreConfig
 from services.broker.store.dispatcher import Dispatcher
+from services.broker.store.entry import record_in
 from services.broker.store.index import Index, topic_key, unique_key
 from services.broker.store.retention import DiskSpace, Retention
 from services.broker.store.types import (
@@ -87,13 +90,19 @@ class MessageStore:
                                                        min(cp.dispatched, self.log.write_offset))
         self.dispatcher.truncate_from(start)
         n = 0
-        for view, pos, phys in self.log.scan(start):
-            m = record.decode_meta(view, pos, phys)
-            self.dispatcher.dispatch(m.topic, m.queue_id, m.queue_offset, phys, m.size,
-                                     m.tag_code, m.store_timestamp, m.unique_key, m.keys)
-            n += 1
-            if n % 50_000 == 0:
+        dispatched = 0
+        for view, pos, phys, summary in self.log.scan(start):
+            if summary is not None:  # a v2 batch
+                self.dispatcher.dispatch_batch(summary)
+                n += summary.head.count
+            else:
+                m = record.decode_meta(view, pos, phys)
+                self.dispatcher.dispatch(m.topic, m.queue_id, m.queue_offset, phys, m.size,
+                                         m.tag_code, m.store_timestamp, m.unique_key, m.keys)
+                n += 1
+            if n - dispatched >= 50_000:
                 self.dispatcher.write_pending()
+                dispatched = n
         self.dispatcher.write_pending()
         if self.log.scan_end < self.log.write_offset:
             log.warning("recovery: valid data ends at %d, file data at %d",
@@ -269,6 +278,8 @@ class MessageStore:
         out: list[StoredRecord] = []
         i = 0
         seg_bytes = self.log.segment_bytes
+        read_bytes = self.log.read_bytes
+        heads: dict[int, BatchHead] = {}  # v2 batch headers by offset, for this call
         while i < len(spots):
             start, size = spots[i]
             end, j = start + size, i + 1
@@ -281,7 +292,7 @@ class MessageStore:
             buf = self.log.read_bytes(start, end - start)
             for phys, _ in spots[i:j]:
                 try:
-                    out.append(record.decode(buf, phys - start, phys))
+                    out.append(record_in(buf, phys - start, phys, read_bytes, heads))
                 except (record.CorruptRecord, UnicodeDecodeError, ValueError) as exc:
                     log.error("refusing to serve record at %d: %s", phys, exc)
             i = j

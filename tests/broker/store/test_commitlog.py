@@ -45,7 +45,7 @@ def test_reopen_and_scan_yields_every_record_in_order(tmp_path: Path) -> None:
     log.close()
     log = CommitLog(tmp_path, 8192)
     log.open()
-    seen = [phys for _, _, phys in log.scan(0)]
+    seen = [phys for _, _, phys, _ in log.scan(0)]
     assert seen == offsets and log.scan_end == end
     log.close()
 
