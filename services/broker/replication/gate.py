@@ -16,11 +16,13 @@ nothing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from services.broker.replication.quorum import Quorum
 from services.broker.replication.role import BrokerRole
 from services.broker.store.appender import Appender
+from services.broker.store.batches import Batch
 from services.broker.store.types import MessageRecord, PutResult, PutStatus
 
 
@@ -54,6 +56,13 @@ class WriteGate:
         await self._drained.wait()
 
     async def append(self, records: list[MessageRecord]) -> PutResult:
+        return await self._through(self.writer.append, records)
+
+    async def append_batches(self, batches: list[Batch]) -> PutResult:
+        return await self._through(self.writer.append_batches, batches)
+
+    async def _through(self, write: Callable[[Any], Awaitable[PutResult]], entries: Any
+                       ) -> PutResult:
         if not self.role.may_write():
             return self._not_primary()
         if not self.quorum.enough():
@@ -61,7 +70,7 @@ class WriteGate:
         self.writing += 1
         self._drained.clear()
         try:
-            result = await self.writer.append(records)
+            result = await write(entries)
         finally:
             self.writing -= 1
             if not self.writing:
@@ -70,8 +79,7 @@ class WriteGate:
             return result
         self._wrote()
         if self.quorum.sync and result.appended:
-            last = result.appended[-1]
-            end = last.physical_offset + last.size
+            end = max(a.physical_offset + a.size for a in result.appended)
             if not await self.quorum.wait_for(end, self.timeout_s):
                 if not self.role.may_write():  # demoted or fenced meanwhile: say so
                     return self._not_primary()

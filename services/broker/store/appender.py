@@ -5,7 +5,7 @@
     SendService ─┐
     TransactionService (and the checker's actions) ─┤
     DelayService (deliveries, cancels) ─┼──► Appender.append(records) ──► PutResult
-    RetryService ─┘
+    RetryService ─┘            SendService (a producer's batches) ──► Appender.append_batches
 
 The composition root (``services/broker/service.py``, ``Broker.start``) picks the appender once:
 
@@ -25,11 +25,18 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from services.broker.store.batches import Batch
 from services.broker.store.types import MessageRecord, PutResult
 
 
 class Appender(Protocol):
     async def append(self, records: list[MessageRecord]) -> PutResult:
-        """Store ``records`` contiguously and in order, in one group commit; the result says
-        where each landed (``OK``) or why they are not acknowledged."""
+        """Store ``records`` contiguously, in one group commit (as v2 batches, each queue's
+        records in order); the result says where each landed (``OK``) or why they are not
+        acknowledged."""
+        ...
+
+    async def append_batches(self, batches: list[Batch]) -> PutResult:
+        """Store producer-made v2 batches contiguously and in order, in one group commit; the
+        result has one ``Appended`` per batch (its start, size and first queue offset)."""
         ...

@@ -1,22 +1,28 @@
 """Group commit: the store's single writer.
 
-Concurrent ``put`` calls enqueue requests; one task drains the queue, packs every waiting
-record into one buffer, writes it with one ``pwrite``, dispatches the records and wakes
-long-pollers. Under ``flush=async`` requests are acknowledged once the write returns (the
-data is in the OS, so a process crash loses nothing acknowledged). Under ``flush=sync`` a
-second task runs ``fdatasync`` in a thread while the writer keeps packing the next batch,
-and acknowledges every request the sync covered — one fsync serves hundreds of records.
+Concurrent ``put`` calls enqueue requests; one task drains the queue, puts every waiting
+entry into one buffer, writes it with one ``pwrite``, dispatches the records and wakes
+long-pollers. Every entry is a record format v2 batch (``tidemq.protocol.batch``): a
+producer's batch as it arrived (``append_batches``), or the batches ``append`` encodes a put's
+records into (``store/batches.py``). The writer fills each batch's broker part (physical
+offset, queue offset of its first record, store time, hosts) in place, seals its header CRC
+and dispatches it from its summary.
+
+Under ``flush=async`` requests are acknowledged once the write returns (the data is in the
+OS, so a process crash loses nothing acknowledged). Under ``flush=sync`` a second task runs
+``fdatasync`` in a thread while the writer keeps packing the next batch, and acknowledges
+every request the sync covered — one fsync serves hundreds of records.
 
 The writer is the store's ``Appender`` (store/appender.py): the broker's services write through
-``append``, directly or through the replication gate that wraps it.
+``append`` / ``append_batches``, directly or through the replication gate that wraps it.
 
 Flow control: when the queue's head has waited longer than ``max_send_wait_ms`` or the bytes
 waiting exceed ``max_pending_bytes``, ``append`` answers BUSY at once instead of queueing; while
 ``disk.full`` (store/retention.py, ``DiskSpace``) it answers DISK_FULL.
 
-Failures: ``append`` packs every record's header once before queueing it, so a record the layout
-cannot hold (a field past its slot's width) fails its own request (INVALID) and never reaches a
-batch. An error inside the writer task is a bug or an I/O failure: it is sticky (the commit
+Failures: ``append`` encodes every record before queueing it, so a record the layout cannot
+hold (a field past its slot's width) fails its own request (INVALID) and never reaches a
+write. An error inside the writer task is a bug or an I/O failure: it is sticky (the commit
 log's ``error``, set through ``CommitLog.fail``), every later append answers UNAVAILABLE, and
 the broker's /healthz reports it.
 """
@@ -31,28 +37,27 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tidemq.protocol import KEYS, UNIQ_KEY
+from tidemq.protocol.batch import fill
 
 from services.broker.store import record
+from services.broker.store.batches import Batch, encode_records
 from services.broker.store.commitlog import CommitLog, StoreClosedError
 from services.broker.store.config import FlushMode, StoreConfig
 from services.broker.store.consume_queue import ConsumeQueue
 from services.broker.store.dispatcher import Dispatcher
-from services.broker.store.record import append_encoded, encode_head
 from services.broker.store.retention import DiskSpace
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
 
 WRITE_BATCH_BYTES = 4 * 1024 * 1024  # at most this much is packed into one write
-HEADER_WRITTEN = record.HEADER_SIZE - 4  # body_len is written as part of the payload
+RECORDS_BATCH_BYTES = 1024 * 1024  # a put's records share v2 batches of at most this much
 
 
 @dataclass(slots=True, eq=False)
 class _Request:
-    records: list[MessageRecord]
-    heads: list[bytes]  # record.encode_head of each record
-    payloads: list[bytes]
+    batches: list[Batch]  # format v2, broker part still zero
+    where: list[tuple[int, int]] | None  # per record (batch, ordinal); None: answer per batch
     nbytes: int
     enqueued: float
     future: asyncio.Future[PutResult]
@@ -82,6 +87,8 @@ class GroupCommitWriter:
         self.sync_lock = sync_lock
         self.disk = disk  # DISK_FULL while disk.full
         self.store_host = record.encode_host(config.store_host)
+        # a put's records are cut into batches that always fit a segment
+        self.max_batch_bytes = min(RECORDS_BATCH_BYTES, config.segment_bytes // 4)
         self.closed = False
         self._queue: deque[_Request] = deque()
         self._pending_bytes = 0
@@ -128,30 +135,44 @@ class GroupCommitWriter:
 
     async def append(self, records: list[MessageRecord]) -> PutResult:
         """Queue ``records`` for the next batch; answered once written (``flush=async``) or
-        once the fsync covering them returned (``flush=sync``)."""
-        now = time.monotonic()
-        refusal = self._refusal(now)
+        once the fsync covering them returned (``flush=sync``). The result has one
+        ``Appended`` per record, in order."""
+        refusal = self._refused()
         if refusal is not None:
-            if refusal.status == PutStatus.BUSY:
-                self.stats["busy"] += 1
             return refusal
         try:  # a record the layout cannot hold fails its own request here, never the writer
-            store_host = self.store_host
-            heads = [encode_head(r, store_host) for r in records]
-            payloads = [record.encode_payload(r) for r in records]
+            batches, where = encode_records(records, self.max_batch_bytes)
         except (ValueError, TypeError) as exc:
             return PutResult(PutStatus.INVALID, message=str(exc))
+        return await self._enqueue(batches, where)
+
+    async def append_batches(self, batches: list[Batch]) -> PutResult:
+        """Queue producer-made v2 batches (validated, broker part zero) for the next write;
+        the result has one ``Appended`` per batch: where it starts, its size and the queue
+        offset of its first record."""
+        refusal = self._refused()
+        if refusal is not None:
+            return refusal
+        return await self._enqueue(batches, None)
+
+    def _refused(self) -> PutResult | None:
+        refusal = self._refusal(time.monotonic())
+        if refusal is not None and refusal.status == PutStatus.BUSY:
+            self.stats["busy"] += 1
+        return refusal
+
+    async def _enqueue(self, batches: list[Batch], where: list[tuple[int, int]] | None
+                       ) -> PutResult:
         nbytes = largest = 0
-        for p in payloads:
-            nbytes += len(p)
-            largest = max(largest, len(p))
-        nbytes += HEADER_WRITTEN * len(payloads)
-        largest += HEADER_WRITTEN
+        for b in batches:
+            n = len(b.raw)
+            nbytes += n
+            largest = max(largest, n)
         if largest + record.BLANK_SIZE > self.log.segment_bytes:
-            return PutResult(PutStatus.TOO_LARGE, message=f"a {largest}-byte record cannot fit "
+            return PutResult(PutStatus.TOO_LARGE, message=f"a {largest}-byte batch cannot fit "
                              f"a {self.log.segment_bytes}-byte segment")
         fut: asyncio.Future[PutResult] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(records, heads, payloads, nbytes, now, fut))
+        self._queue.append(_Request(batches, where, nbytes, time.monotonic(), fut))
         self._pending_bytes += nbytes
         self._wake.set()
         return await fut
@@ -198,16 +219,19 @@ class GroupCommitWriter:
 
     def _write_batch(self, batch: list[_Request]) -> None:
         clog, disp = self.log, self.dispatcher
-        fits, dispatch_to, queue = clog.fits, disp.dispatch_to, disp.queue
+        fits, dispatch_batch, queue = clog.fits, disp.dispatch_batch, disp.queue
+        store_host = self.store_host
         now_ms = int(time.time() * 1000)
         buf = bytearray()
         base = clog.write_offset  # where buf starts in the log
         queues: dict[tuple[str, int], ConsumeQueue] = {}  # looked up once per batch
         records = 0
         for req in batch:
-            appended: list[Appended] = []
-            for rec, head, payload in zip(req.records, req.heads, req.payloads, strict=True):
-                size = HEADER_WRITTEN + len(payload)
+            placed: list[Appended] = []
+            for b in req.batches:
+                raw, summary = b.raw, b.summary
+                head = summary.head
+                size = len(raw)
                 if not fits(len(buf) + size):
                     if buf:
                         clog.write(buf)
@@ -215,18 +239,28 @@ class GroupCommitWriter:
                     clog.roll()
                     base = clog.write_offset
                 phys = base + len(buf)
-                topic, queue_id = rec.topic, rec.queue_id
+                topic, queue_id = head.topic, head.queue_id
                 cq = queues.get((topic, queue_id))
                 if cq is None:
                     cq = queues[(topic, queue_id)] = queue(topic, queue_id)
                 qoff = cq.max_offset
-                append_encoded(buf, head, payload, qoff, phys, now_ms)
-                props = rec.properties
-                dispatch_to(cq, topic, qoff, phys, size, rec.tag_code, now_ms,
-                            props.get(UNIQ_KEY, ""), props.get(KEYS, ""))
-                appended.append(Appended(phys, size, queue_id, qoff, now_ms))
-            req.result = PutResult(PutStatus.OK, appended)
-            records += len(appended)
+                at = len(buf)
+                buf += raw
+                fill(buf, at, phys, qoff, now_ms, store_host, b.born_host)
+                head.base_physical, head.base_queue_offset = phys, qoff
+                head.store_timestamp, head.store_host, head.born_host = (now_ms, store_host,
+                                                                         b.born_host)
+                dispatch_batch(summary)
+                placed.append(Appended(phys, size, queue_id, qoff, now_ms))
+                records += head.count
+            if req.where is None:
+                req.result = PutResult(PutStatus.OK, placed)
+            else:  # one answer per record, in the request's order
+                req.result = PutResult(PutStatus.OK, [
+                    Appended(placed[k].physical_offset + req.batches[k].summary.positions[i],
+                             req.batches[k].summary.sizes[i], placed[k].queue_id,
+                             placed[k].queue_offset + i, now_ms)
+                    for k, i in req.where])
         stats = self.stats
         stats["put_records"] += records
         stats["put_bytes"] += sum(req.nbytes for req in batch)

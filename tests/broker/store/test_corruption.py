@@ -1,5 +1,6 @@
 """Junk bytes and truncation at random positions of the last segment → recovery to the last
-valid record; a corrupt record is never served."""
+valid entry; a corrupt record is never served. The log's entries are format v2 batches, so a
+batch is kept or cut whole: junk anywhere in it drops its every record."""
 
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ def _flip(path: Path, pos: int, n: int) -> None:
         f.write(bytes(b ^ 0xFF for b in old))
 
 
+def _batch_ends(root: Path, spots: list[tuple[int, int]]) -> list[int]:
+    """Where the batch holding each record (at ``spots``) ends in the log."""
+    segments = {int(p.name): p.read_bytes() for p in (root / "commitlog").iterdir()}
+    seg_bytes = small_config(root).segment_bytes
+    ends = []
+    for o, _ in spots:
+        start = o - o % seg_bytes
+        data = segments[start]
+        batch = o - int.from_bytes(data[o - start + 4:o - start + 8], "big")
+        ends.append(batch + int.from_bytes(data[batch - start:batch - start + 4], "big"))
+    return ends
+
+
 def _last_segment(root: Path) -> Path:
     return sorted((root / "commitlog").iterdir())[-1]
 
@@ -52,6 +66,7 @@ def _last_segment(root: Path) -> Path:
 async def test_junk_in_last_segment_recovers_to_last_valid_record(store_dir: Path,
                                                                    seed: int) -> None:
     spots, _ = await _written(store_dir)
+    ends = _batch_ends(store_dir, spots)
     seg = _last_segment(store_dir)
     start = int(seg.name)
     size = seg.stat().st_size
@@ -59,10 +74,10 @@ async def test_junk_in_last_segment_recovers_to_last_valid_record(store_dir: Pat
     pos = rnd.randrange(0, size - 1)
     _flip(seg, pos, 8)
     hit = start + pos
-    survivors = [o for o, n in spots if o + n <= hit]
+    survivors = [o for o, end in zip(spots, ends, strict=True) if end <= hit]
     store = await MessageStore.open(small_config(store_dir))
     alive = [i for i in range(40, 200) if store.find_by_unique_key(f"id-T-{i}")]
-    assert len(alive) == len(survivors)  # every record before the junk, none after
+    assert len(alive) == len(survivors)  # every batch before the junk, none after
     for q in (0, 1):
         got = store.get("T", q, 0, 1000).records
         assert all(r.physical_offset < hit for r in got if r.physical_offset >= start)
@@ -75,15 +90,17 @@ async def test_junk_in_last_segment_recovers_to_last_valid_record(store_dir: Pat
 @pytest.mark.parametrize("seed", range(8))
 async def test_truncation_recovers_to_last_whole_record(store_dir: Path, seed: int) -> None:
     spots, _ = await _written(store_dir)
+    ends = _batch_ends(store_dir, spots)
     seg = _last_segment(store_dir)
     start = int(seg.name)
     cut = random.Random(seed).randrange(0, seg.stat().st_size)
     os.truncate(seg, cut)
     store = await MessageStore.open(small_config(store_dir))
-    whole = [o + n for o, n in spots if o >= start and o + n <= start + cut]
+    whole = [end for (o, _), end in zip(spots, ends, strict=True)
+             if o >= start and end <= start + cut]
     assert store.log.write_offset == max([start, *whole])
     assert len([o for o, n in spots if store.read(o) is not None]) == \
-        len([o for o, n in spots if o + n <= start + cut])
+        len([end for end in ends if end <= start + cut])
     for q in (0, 1):
         lo, hi = store.queue_offsets("T", q)
         assert len(store.get("T", q, 0, 1000).records) == hi - lo

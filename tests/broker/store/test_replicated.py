@@ -31,6 +31,11 @@ def whole_log(store: MessageStore) -> list[tuple[int, bytes]]:
     return [(seg.start, os.pread(seg.fd, seg.length, 0)) for seg in store.log.segments]
 
 
+def batch_of(store: MessageStore, phys: int) -> int:
+    """Where the v2 batch holding the record at ``phys`` starts (an entry boundary)."""
+    return phys - int.from_bytes(store.log.read_bytes(phys + 4, 4), "big")
+
+
 async def open_pair(tmp_path: Path) -> tuple[MessageStore, MessageStore]:
     return (await MessageStore.open(small_config(tmp_path / "p")),
             await MessageStore.open(small_config(tmp_path / "r")))
@@ -64,7 +69,8 @@ async def test_a_chunk_is_whole_records_and_a_big_record_comes_whole(tmp_path: P
     primary, replica = await open_pair(tmp_path)
     try:
         await primary.put([make_record(i, size=3000) for i in range(5)])
-        size = primary.read(0).size  # type: ignore[union-attr]
+        size = primary.log.write_offset  # one batch
+        await primary.put([make_record(i, size=3000) for i in range(5, 7)])
         assert len(primary.read_chunk(0, size + 10)) == size
         assert len(primary.read_chunk(0, 10)) == size  # larger than max_bytes: sent whole
         assert primary.read_chunk(primary.log.write_offset, 1000) == b""
@@ -95,9 +101,10 @@ async def test_corrupt_or_misplaced_chunks_are_refused_whole(tmp_path: Path) -> 
 async def test_truncate_cuts_log_queues_and_index_then_copying_resumes(tmp_path: Path) -> None:
     primary, replica = await open_pair(tmp_path)
     try:
-        res = await primary.put([make_record(i, size=900) for i in range(150)])
+        appended = [a for k in range(0, 150, 10) for a in (await primary.put(
+            [make_record(i, size=900) for i in range(k, k + 10)])).appended]
         copy_all(primary, replica)
-        cut = res.appended[60].physical_offset
+        cut = batch_of(primary, appended[60].physical_offset)
         removed = replica.truncate(cut)
         assert removed == primary.log.write_offset - cut
         assert replica.log.write_offset == cut
@@ -116,15 +123,17 @@ async def test_truncate_cuts_log_queues_and_index_then_copying_resumes(tmp_path:
 
 async def test_truncation_survives_a_restart(tmp_path: Path) -> None:
     primary, replica = await open_pair(tmp_path)
-    res = await primary.put([make_record(i) for i in range(40)])
+    await primary.put([make_record(i) for i in range(10)])
+    res = await primary.put([make_record(i) for i in range(10, 40)])
     copy_all(primary, replica)
-    replica.truncate(res.appended[10].physical_offset)
+    cut = batch_of(primary, res.appended[0].physical_offset)
+    replica.truncate(cut)
     await replica.close()
     await primary.close()
     again = await MessageStore.open(small_config(tmp_path / "r"))
     try:
         assert again.queue_offsets("T", 0) == (0, 10)
-        assert again.log.write_offset == res.appended[10].physical_offset
+        assert again.log.write_offset == cut
     finally:
         await again.close()
 
