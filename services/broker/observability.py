@@ -81,6 +81,12 @@ class BrokerMetrics:
 
     def observe_put(self, topic: str, records: Sequence[MessageRecord], status: PutStatus,
                     seconds: float) -> None:
+        self.observe_put_of(topic, len(records), sum(len(r.body) for r in records), status,
+                            seconds)
+
+    def observe_put_of(self, topic: str, count: int, nbytes: int, status: PutStatus,
+                       seconds: float) -> None:
+        """``observe_put`` of ``count`` messages of ``nbytes`` (bodies and properties)."""
         self.put_requests.labels(status.value).inc()
         self.put_latency.observe(seconds)
         if status is PutStatus.OK:
@@ -88,8 +94,8 @@ class BrokerMetrics:
             if children is None:
                 children = (self.messages_put.labels(topic), self.put_bytes.labels(topic))
                 self._topic_children[topic] = children
-            children[0].inc(len(records))
-            children[1].inc(sum(len(r.body) for r in records))
+            children[0].inc(count)
+            children[1].inc(nbytes)
         elif status is PutStatus.BUSY:
             self.busy_rejections.inc()
 

@@ -36,6 +36,16 @@ def too_large(size: int, limit: int) -> ProtocolError:
 async def read_payload(request: Request, limit: int = MAX_ADMIN_BODY) -> Any:
     """The decoded body (JSON or msgpack); 413 MESSAGE_TOO_LARGE past ``limit`` bytes, checked
     before the body is held in memory; 415 for a body of any other media type."""
+    raw = await read_raw(request, limit)
+    content_type = request.headers.get("content-type")
+    if raw:
+        request_is_msgpack(content_type)
+    return decode_payload(raw, content_type)
+
+
+async def read_raw(request: Request, limit: int) -> bytes:
+    """The body's bytes as they came; 413 MESSAGE_TOO_LARGE past ``limit`` bytes, checked
+    before the body is held in memory."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise too_large(int(declared), limit)
@@ -46,11 +56,7 @@ async def read_payload(request: Request, limit: int = MAX_ADMIN_BODY) -> Any:
         if size > limit:
             raise too_large(size, limit)
         chunks.append(chunk)
-    content_type = request.headers.get("content-type")
-    raw = b"".join(chunks)
-    if raw:
-        request_is_msgpack(content_type)
-    return decode_payload(raw, content_type)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def read_model(request: Request, model: type[M]) -> M:

@@ -7,6 +7,7 @@ from typing import Any, cast
 import msgpack
 import orjson
 
+from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.codes import ErrorCode, ProtocolError
 
 CONTENT_JSON = "application/json"
@@ -16,6 +17,13 @@ CONTENT_MSGPACK = "application/msgpack"
 #: Media types a request body may have; a body without a content type is read as JSON.
 JSON_TYPES = frozenset({CONTENT_JSON})
 MSGPACK_TYPES = frozenset({CONTENT_MSGPACK, "application/x-msgpack"})
+
+
+def is_batch(content_type: str | None) -> bool:
+    """Whether a request body is record format v2 batches (``CONTENT_BATCH``)."""
+    if not content_type:
+        return False
+    return content_type.partition(";")[0].strip().lower() == CONTENT_BATCH
 
 
 def is_msgpack(content_type: str | None) -> bool:

@@ -30,6 +30,7 @@ from tidemq.protocol import (
 from services.broker.delays.routing import DelayRouter
 from services.broker.messaging.convert import new_message_id, to_record
 from services.broker.messaging.dedup import DedupCache, DedupKey, Placed, WriteFuture
+from services.broker.messaging.intake import BatchIntake
 from services.broker.messaging.query import MessageState
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
@@ -96,6 +97,7 @@ class SendService:
         # a send request's body at most: JSON may escape a byte into up to 6 characters
         self.max_request_bytes = 6 * limits.max_batch_bytes + 1024 * 1024
         self._round_robin = itertools.count()
+        self.intake = BatchIntake(self)
 
     async def writable_topic(self, topic: str) -> TopicConfig:
         """The topic a public send may write, creating it when auto-creation is on."""
@@ -149,6 +151,15 @@ class SendService:
             given.append(msg.message_id is not None)
         repeated: set[int] = set()
         placed = await self.put_records(records, given, now, repeated)
+        return self.results(ids, placed, repeated)
+
+    async def send_batches(self, topic: str, raw: bytes, host: str) -> dict[str, Any]:
+        """Store a request of producer-made v2 batches (``messaging/intake.py``)."""
+        return await self.intake.send(topic, raw, host)
+
+    def results(self, ids: list[str], placed: list[Placed], repeated: set[int]
+                ) -> list[dict[str, Any]]:
+        """A send's answer per message, in request order."""
         return [{"message_id": mid, "queue_id": p.queue_id, "queue_offset": p.queue_offset}
                 if p.waiting is None else self._waiting_result(mid, p, i in repeated)
                 for i, (mid, p) in enumerate(zip(ids, placed, strict=True))]
@@ -195,7 +206,7 @@ class SendService:
                         waits.append((i, *other))
                         continue
                     if hit is None and use_index:
-                        hit = self._indexed(key, now)
+                        hit = self.indexed(key, now)
                     if hit is not None:
                         placed[i] = hit
                         if repeated is not None:
@@ -253,7 +264,7 @@ class SendService:
         if future is not None and keys:
             cache.finish(keys, future, placed, stored_ms=stored_ms)
 
-    def _indexed(self, key: DedupKey, now: int) -> Placed | None:
+    def indexed(self, key: DedupKey, now: int) -> Placed | None:
         """The first copy of ``key`` in the store's unique-key index within the window."""
         topic, mid = key
         horizon = now - self.dedup.window_ms

@@ -16,12 +16,12 @@ from services.broker.messaging.convert import born_host
 from services.broker.messaging.pull import MAX_PULL, Pulled
 from services.broker.service import Broker
 from services.common.app import token_guard
-from services.common.bodies import StrictBody, body_doc, read_model, read_payload
+from services.common.bodies import StrictBody, body_doc, read_model, read_payload, read_raw
 from services.common.constants import LONG_POLL_MAX_MS
 
 __all__ = ["LONG_POLL_MAX_MS", "PULL_ERRORS", "Offset", "PullMax", "QueueId", "StrictBody",
            "WaitMs", "body_doc", "broker_of", "client_host", "internal_auth", "pull_answer",
-           "read_model", "read_payload", "wants_msgpack"]
+           "read_model", "read_payload", "read_raw", "wants_msgpack"]
 
 
 #: Parameters the pull-shaped endpoints share.

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, validate_group_name
+from tidemq.protocol.codec import is_batch
 
 from services.broker.messaging.convert import to_wire
 from services.broker.messaging.pull import DEFAULT_PULL, MAX_PULL, TagFilter
@@ -30,6 +31,7 @@ from services.broker.routes._common import (
     client_host,
     pull_answer,
     read_payload,
+    read_raw,
     wants_msgpack,
 )
 from services.broker.routes.answers import PullAnswer, PullManyAnswer, SendAnswer
@@ -95,9 +97,14 @@ class SendDoc(BaseModel):
 async def send(topic: TopicName, request: Request) -> Response:
     began = time.monotonic_ns()
     broker = broker_of(request)
-    payload = await read_payload(request, broker.sender.max_request_bytes)
-    results = await broker.sender.send(topic, payload, client_host(request))
-    response = reply(request, {"results": results})
+    sender = broker.sender
+    if is_batch(request.headers.get("content-type")):  # the SDK's batches (record format v2)
+        raw = await read_raw(request, sender.max_request_bytes)
+        response = reply(request, await sender.send_batches(topic, raw, client_host(request)))
+    else:
+        payload = await read_payload(request, sender.max_request_bytes)
+        results = await sender.send(topic, payload, client_host(request))
+        response = reply(request, {"results": results})
     if TIMING_HEADER in request.headers:  # the latency bench: received, stored (ns)
         response.headers[TIMING_HEADER] = f"recv={began},stored={time.monotonic_ns()}"
     return response
