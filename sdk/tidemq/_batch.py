@@ -3,7 +3,10 @@
 A ``QueueBatch`` is the open batch of one (topic, queue): each message is encoded into it when
 it is added (``tidemq.protocol.batch``), so sending costs one ``finish``. A send request's body
 (content type ``application/x-tidemq-batch``) is one or more finished batches back to back, all
-for the request's topic.
+for the request's topic (``encode_request``: one batch per queue the request's messages go
+to). The broker answers per batch (``{"batches": [[queue_id, first queue offset, count]]}``),
+or per message as a JSON send when it stored the request another way (a delayed message, a
+duplicate); ``results_of`` reads either.
 
 What a message says that the record has no field for rides in the properties the broker
 allows from a client (``tidemq.protocol.batch.CLIENT_PROPERTIES``): the sharding key. Delays
@@ -13,7 +16,10 @@ are record fields.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from tidemq._exceptions import UnexpectedResponseError
+from tidemq._message import SendResult
 from tidemq.protocol import SHARDING_KEY, OutgoingMessage
 from tidemq.protocol.batch import BatchBuilder, DelayKind
 
@@ -75,3 +81,52 @@ def encode_messages(topic: str, queue_id: int, messages: Iterable[OutgoingMessag
         batch.add(msg, born_ms)
     return batch.finish()
 
+
+
+def encode_request(topic: str, messages: list[OutgoingMessage], born_ms: int
+                   ) -> tuple[bytes, list[tuple[int, int]]]:
+    """A send request's body for ``messages`` (each with its queue id) and, per message, its
+    ``(batch, ordinal)``: the batches go in the order their queues first appear."""
+    batches: dict[int, tuple[int, QueueBatch]] = {}
+    where: list[tuple[int, int]] = []
+    for msg in messages:
+        qid = msg.queue_id
+        if qid is None:
+            raise ValueError("a batched message needs its queue_id (the selector sets one)")
+        slot = batches.get(qid)
+        if slot is None:
+            slot = batches[qid] = (len(batches), QueueBatch(topic, qid))
+        where.append((slot[0], slot[1].count))
+        slot[1].add(msg, born_ms)
+    return b"".join(b.finish() for _, b in batches.values()), where
+
+
+def results_of(answer: Any, topic: str, messages: list[OutgoingMessage],
+               where: list[tuple[int, int]]) -> list[SendResult]:
+    """The results of a batch send in message order, from either answer: per batch, or per
+    message in the request's record order (batch by batch)."""
+    try:
+        placed = answer.get("batches")
+        if placed is not None:
+            return [SendResult(str(msg.message_id), topic, int(placed[b][0]),
+                               int(placed[b][1]) + k)
+                    for msg, (b, k) in zip(messages, where, strict=True)]
+        results = answer["results"]
+        starts = [0] * (max(b for b, _ in where) + 1)  # where each batch's results begin
+        for b, k in where:
+            if b + 1 < len(starts):
+                starts[b + 1] = max(starts[b + 1], k + 1)
+        for b in range(1, len(starts)):
+            starts[b] += starts[b - 1]
+        return [send_result(results[starts[b] + k], topic) for b, k in where]
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        raise UnexpectedResponseError(f"malformed send answer: {exc!r}") from exc
+
+
+def send_result(r: dict[str, Any], topic: str) -> SendResult:
+    """One result of a send answer (docs/api.md); a delayed message's has no queue offset."""
+    offset = r["queue_offset"]
+    due = r.get("deliver_at_ms")
+    return SendResult(str(r["message_id"]), topic, int(r["queue_id"]),
+                      None if offset is None else int(offset), str(r.get("state") or "stored"),
+                      None if due is None else int(due))

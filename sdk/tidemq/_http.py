@@ -252,13 +252,26 @@ class HttpClient:
         ``binary`` selects msgpack for the request body and asks for msgpack back.
         ``timeout_s`` overrides the client's timeout (long polls need more than their wait).
         """
+        return await self._retrying(method, target, body, params, binary, timeout_s, retry,
+                                    None)
+
+    async def call_raw(self, method: str, target: str, content: bytes, content_type: str, *,
+                       retry: RetryPolicy | None = None) -> Any:
+        """``call`` with a body already encoded (``content_type``, e.g. record format v2
+        batches); the answer is asked for in msgpack."""
+        return await self._retrying(method, target, None, None, True, None, retry,
+                                    (content, content_type))
+
+    async def _retrying(self, method: str, target: str, body: Any, params: Params | None,
+                        binary: bool, timeout_s: float | None, retry: RetryPolicy | None,
+                        raw: tuple[bytes, str] | None) -> Any:
         policy = retry or self.retry
         started = time.monotonic()
         attempt = 0
         while True:
             attempt += 1
             try:
-                return await self._once(method, target, body, params, binary, timeout_s)
+                return await self._once(method, target, body, params, binary, timeout_s, raw)
             except TidemqError as exc:
                 if not exc.retriable or attempt >= policy.max_attempts:
                     raise
@@ -272,13 +285,19 @@ class HttpClient:
 
     async def _once(
         self, method: str, target: str, body: Any, params: Params | None, binary: bool,
-        timeout_s: float | None,
+        timeout_s: float | None, raw: tuple[bytes, str] | None = None,
     ) -> Any:
         if self._closed:
             raise ClientClosedError("the client is closed")
         content_type = CONTENT_MSGPACK if binary else CONTENT_JSON
-        content = encode_payload(body, content_type) if body is not None else None
-        headers = self.request_headers(content_type, content is not None)
+        content: bytes | None
+        if raw is not None:
+            content = raw[0]
+            headers = self.request_headers(content_type, False)
+            headers["content-type"] = raw[1]
+        else:
+            content = encode_payload(body, content_type) if body is not None else None
+            headers = self.request_headers(content_type, content is not None)
         if self._signer is not None:
             headers.update(self._signer.headers(method, target, params, content))
         if self._wire is not None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
 from tidemq._auth import Credentials
+from tidemq._batch import encode_request, results_of, send_result
 from tidemq._batcher import Coalescer
 from tidemq._client import Client
 from tidemq._constants import (
@@ -33,6 +34,7 @@ from tidemq._exceptions import (
     TopicNotFoundError,
     TransportError,
     UnexpectedResponseError,
+    UnsupportedMediaTypeError,
     server_error,
 )
 from tidemq._fault import SendAttempts, Step, electing
@@ -49,6 +51,7 @@ from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._tasks import finish_tasks
 from tidemq.protocol import ErrorCode, OutgoingMessage
+from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.message import DEFAULT_LIMITS
 
 log = logging.getLogger("tidemq.producer")
@@ -133,6 +136,7 @@ class Producer(Client):
                                     max_messages=max_batch, max_bytes=max_batch_bytes,
                                     max_in_flight=max_in_flight)
         self._close_timeout_s = close_timeout_s
+        self._msgpack_only: set[str] = set()  # brokers that answered 415 to record batches
         self._valid_topics: set[str] = set()
         self._oneway: set[asyncio.Task[SendResult]] = set()
         self._started = False
@@ -403,27 +407,32 @@ class Producer(Client):
     async def _post(
         self, broker: str, topic: str, messages: list[OutgoingMessage],
     ) -> list[SendResult]:
-        """``POST /v1/topics/{topic}/messages`` in msgpack; one result per message, in order."""
-        body = {"messages": [m.to_wire(binary=True) for m in messages]}
+        """``POST /v1/topics/{topic}/messages``: record format v2 batches (the log's own
+        bytes), or msgpack to a broker that does not take them (415); one result per
+        message, in order."""
+        target = url(broker, "v1", "topics", topic, "messages")
         try:  # no retries here: _deliver / send_batch decide where a failed send goes
-            answer = await self._http.call("POST", url(broker, "v1", "topics", topic, "messages"),
-                                           body=body, binary=True, retry=NO_RETRY)
+            if broker not in self._msgpack_only:
+                content, where = encode_request(topic, messages, int(time.time() * 1000))
+                try:
+                    answer = await self._http.call_raw("POST", target, content, CONTENT_BATCH,
+                                                       retry=NO_RETRY)
+                except UnsupportedMediaTypeError:
+                    log.info("broker %s does not take record batches: sending msgpack", broker)
+                    self._msgpack_only.add(broker)
+                else:
+                    return results_of(answer, topic, messages, where)
+            if broker in self._msgpack_only:
+                answer = await self._http.call(
+                    "POST", target, body={"messages": [m.to_wire(binary=True) for m in messages]},
+                    binary=True, retry=NO_RETRY)
         except (TopicNotFoundError, TransportError):
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise
         try:
-            return [_send_result(r, topic) for r in answer["results"]]
+            return [send_result(r, topic) for r in answer["results"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
-
-
-def _send_result(r: dict[str, Any], topic: str) -> SendResult:
-    """One result of a send answer (docs/api.md); a delayed message's has no queue offset."""
-    offset = r["queue_offset"]
-    due = r.get("deliver_at_ms")
-    return SendResult(str(r["message_id"]), topic, int(r["queue_id"]),
-                      None if offset is None else int(offset), str(r.get("state") or "stored"),
-                      None if due is None else int(due))
 
 
 def _log_oneway_failure(future: asyncio.Future[SendResult]) -> None:

@@ -4,7 +4,9 @@ Just enough of docs/api.md for the SDK: topics, send (with dedup by message id),
 long-poll), group heartbeat / leave / offsets / retry, simple-consumer receive / ack /
 invisibility, half messages and their ends, producer heartbeats and (empty) check polls, and
 nameserver routes and cluster view. Every request is recorded; ``fail_next`` queues canned error
-answers for a path prefix.
+answers for a path prefix. A send of record format v2 batches (the SDK's producer) is recorded
+as the ``{"messages": [...]}`` body a msgpack send of the same messages would have (its
+``content_type`` says which came); ``batches_refused`` answers such a send 415 instead.
 """
 
 from __future__ import annotations
@@ -19,13 +21,41 @@ from urllib.parse import unquote
 
 import httpx
 from tidemq.protocol import (
+    SHARDING_KEY,
     ErrorCode,
+    OutgoingMessage,
     ProtocolError,
     decode_payload,
     encode_payload,
     parse_messages,
     retry_topic,
 )
+from tidemq.protocol.batch import CONTENT_BATCH, DelayKind
+from tidemq.protocol.batch_read import decode_record, split, validate
+
+
+def request_payload(content: bytes, content_type: str | None) -> Any:
+    """A request body decoded: JSON, msgpack, or record batches (as ``batch_body``)."""
+    if content_type == CONTENT_BATCH:
+        return batch_body(content)
+    return decode_payload(content, content_type)
+
+
+def batch_body(raw: bytes) -> dict[str, Any]:
+    """A request of record format v2 batches as the msgpack send body of its messages."""
+    out = []
+    for at, _ in split(raw):
+        s = validate(raw, at, strict=False)
+        for p in s.positions:
+            rec = decode_record(raw, at + p)
+            props = dict(rec.properties)
+            kind, value = rec.delay_kind, rec.delay_value
+            out.append(OutgoingMessage(
+                rec.body, rec.message_id, rec.tag, rec.keys, props, s.head.queue_id,
+                props.pop(SHARDING_KEY, None), value if kind == DelayKind.LEVEL else 0,
+                value if kind == DelayKind.DELAY_MS else None,
+                value if kind == DelayKind.DELIVER_AT_MS else None).to_wire(binary=True))
+    return {"messages": out}
 
 
 @dataclass
@@ -59,6 +89,7 @@ class FakeBroker:
         self.long_poll_cap_s = long_poll_cap_s
         self.filter_tags = True  # False: let every tag through, as a tag-hash collision would
         self.multi_pull = True  # False: an older broker without POST /v1/pull (404, no code)
+        self.refuses_form = False  # True: POST /v1/pull refuses its "form" field (400)
         self.queues: dict[str, list[list[dict[str, Any]]]] = {}
         self.dedup: dict[tuple[str, str], dict[str, Any]] = {}
         self.members: dict[str, dict[str, float]] = {}  # group → client → last heartbeat
@@ -172,7 +203,12 @@ class FakeBroker:
                 "max_offset": len(queue)}
 
     async def _pull_many(self, body: Any) -> Any:
-        """``POST /v1/pull``: the queues with news; when none has any, one capped wait."""
+        """``POST /v1/pull``: the queues with news; when none has any, one capped wait. It
+        answers messages whatever ``form`` asks (as a broker may); ``refuses_form``: the
+        field is refused, as a broker from before the stored form does."""
+        if "form" in body and self.refuses_form:
+            raise ProtocolError(ErrorCode.BAD_REQUEST,
+                                "unknown field 'form': not part of this request")
         limit = body.get("max", 32)
         wait_ms = int(body.get("wait_ms", 0))
         for attempt in range(2):
@@ -292,6 +328,7 @@ class FakeCluster:
         self.requests: list[Recorded] = []
         self._canned: list[tuple[str, Canned]] = []
         self._lose: list[str] = []
+        self.batches_refused = False  # True: a send of record batches is 415 (an older broker)
         self.transport = httpx.MockTransport(self._serve)
 
     @property
@@ -327,12 +364,15 @@ class FakeCluster:
         parts = [unquote(p) for p in raw_path.strip("/").split("/")]
         path = "/" + "/".join(parts)
         content_type = request.headers.get("content-type")
-        body = decode_payload(request.content, content_type) if request.content else None
+        body = request_payload(request.content, content_type) if request.content else None
         params = dict(request.url.params)
         self.requests.append(Recorded(request.method, origin, path, params, content_type, body))
         if origin in self.down:
             raise httpx.ConnectError(f"connection refused: {origin}", request=request)
         accept = request.headers.get("accept", "application/json")
+        if content_type == CONTENT_BATCH and self.batches_refused:
+            return self._answer(415, {"code": "UNSUPPORTED_MEDIA_TYPE", "message": "fake: no "
+                                      "record batches"}, "application/json")
         for i, (prefix, canned) in enumerate(self._canned):
             if path.startswith(prefix):
                 del self._canned[i]

@@ -4,11 +4,12 @@ log's record format, which the broker's strict validation accepts as it is."""
 from __future__ import annotations
 
 import pytest
-from tidemq._batch import QueueBatch, delay_of, encode_messages
+from tidemq._batch import QueueBatch, delay_of, encode_messages, encode_request, results_of
+from tidemq._exceptions import UnexpectedResponseError
 from tidemq._message import Message, to_outgoing
 from tidemq.protocol import SHARDING_KEY, OutgoingMessage
 from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind, tag_code
-from tidemq.protocol.batch_read import BatchError, decode_record, validate
+from tidemq.protocol.batch_read import BatchError, decode_record, split, validate
 
 
 def test_sent_messages_become_records_the_broker_accepts() -> None:
@@ -57,3 +58,28 @@ def test_delay_of_each_field() -> None:
     assert delay_of(OutgoingMessage(b"", "m")) == (DelayKind.NONE, 0)
     assert delay_of(OutgoingMessage(b"", "m", delay_level=18)) == (DelayKind.LEVEL, 18)
     assert delay_of(OutgoingMessage(b"", "m", delay_ms=0)) == (DelayKind.DELAY_MS, 0)
+
+
+def test_a_request_holds_one_batch_per_queue_and_its_answer_maps_back() -> None:
+    msgs = [to_outgoing(Message(f"m{i}")) for i in range(5)]
+    for m, qid in zip(msgs, [2, 0, 2, 2, 0], strict=True):
+        m.queue_id = qid
+    raw, where = encode_request("Orders", msgs, born_ms=1)
+    assert where == [(0, 0), (1, 0), (0, 1), (0, 2), (1, 1)]
+    (a, n), (b, _) = split(raw)
+    assert validate(raw, a, end=a + n).message_ids == [msgs[i].message_id for i in (0, 2, 3)]
+    assert validate(raw, b).head.queue_id == 0
+    results = results_of({"batches": [[2, 40, 3], [0, 7, 2]]}, "Orders", msgs, where)
+    assert [(r.message_id, r.queue_id, r.queue_offset) for r in results] == [
+        (msgs[0].message_id, 2, 40), (msgs[1].message_id, 0, 7), (msgs[2].message_id, 2, 41),
+        (msgs[3].message_id, 2, 42), (msgs[4].message_id, 0, 8)]
+    per_message = [{"message_id": msgs[i].message_id, "queue_id": msgs[i].queue_id,
+                    "queue_offset": 100 + i} for i in (0, 2, 3, 1, 4)]  # record order
+    again = results_of({"results": per_message}, "Orders", msgs, where)
+    assert [r.queue_offset for r in again] == [100, 101, 102, 103, 104]
+    assert [r.message_id for r in again] == [m.message_id for m in msgs]
+    with pytest.raises(UnexpectedResponseError):
+        results_of({"results": per_message[:2]}, "Orders", msgs, where)
+    unplaced = to_outgoing(Message("x"))
+    with pytest.raises(ValueError, match="queue_id"):
+        encode_request("Orders", [unplaced], born_ms=1)

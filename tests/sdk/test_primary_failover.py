@@ -13,7 +13,9 @@ from tidemq import NotPrimaryError, Producer, RetryPolicy, TransportError
 from tidemq._fault import electing
 from tidemq._routes import parse_route
 from tidemq.protocol import CONTENT_MSGPACK, ErrorCode
-from tidemq.protocol.codec import decode_payload, encode_payload
+from tidemq.protocol.codec import encode_payload
+
+from tests.sdk.fakes import request_payload
 
 TOPIC = "orders"
 NS = "http://ns:1"
@@ -49,7 +51,7 @@ class Group:
             raise httpx.ConnectError("connection refused", request=request)
         if base in self.not_primary:
             return httpx.Response(503, json={"code": "NOT_PRIMARY", "message": "a replica"})
-        body = decode_payload(request.content, request.headers.get("content-type"))
+        body = request_payload(request.content, request.headers.get("content-type"))
         results = []
         for m in body["messages"]:
             self.sent[base].append(m["message_id"])

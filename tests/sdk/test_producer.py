@@ -16,6 +16,7 @@ from tidemq import (
     RetryPolicy,
     TopicNotFoundError,
 )
+from tidemq.protocol.batch import CONTENT_BATCH
 
 from tests.sdk.fakes import Canned, FakeCluster
 
@@ -40,7 +41,7 @@ async def test_concurrent_sends_are_coalesced_and_each_caller_gets_its_own_resul
             producer.send(f"body-{i}", topic="orders", tag="t") for i in range(100)))
     requests = cluster.requests_to("/v1/topics/orders/messages")
     assert 1 <= len(requests) <= 2
-    assert all(r.content_type == "application/msgpack" for r in requests)
+    assert all(r.content_type == CONTENT_BATCH for r in requests)  # record format v2
     stored = cluster.broker.queues["orders"]
     last_offset: dict[int, int] = {}
     for i, result in enumerate(results):
@@ -51,6 +52,18 @@ async def test_concurrent_sends_are_coalesced_and_each_caller_gets_its_own_resul
         assert result.queue_offset > last_offset.get(result.queue_id, -1)  # request order
         last_offset[result.queue_id] = result.queue_offset
     assert len({r.message_id for r in results}) == 100
+
+
+async def test_a_broker_without_record_batches_gets_msgpack(cluster: FakeCluster) -> None:
+    cluster.batches_refused = True
+    async with _producer(cluster) as producer:
+        first = await producer.send(b"one", topic="orders")
+        second = await producer.send(b"two", topic="orders")
+    kinds = [r.content_type for r in cluster.requests_to("/v1/topics/orders/messages")]
+    assert kinds == [CONTENT_BATCH, "application/msgpack", "application/msgpack"]
+    stored = cluster.broker.queues["orders"]
+    assert stored[first.queue_id][first.queue_offset]["body"] == b"one"
+    assert stored[second.queue_id][second.queue_offset]["body"] == b"two"
 
 
 async def test_max_batch_bounds_a_request(cluster: FakeCluster) -> None:
