@@ -29,6 +29,9 @@ from typing import Any
 
 import msgpack
 from tidemq._wire import WireResponse, WireTransport
+from tidemq.protocol.batch import CONTENT_BATCH
+from tidemq.protocol.batch_read import split, validate
+from tidemq.protocol.stored import decode_stored
 
 from services.common.constants import TIMING_HEADER
 
@@ -51,6 +54,14 @@ class Timings:
     sends: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # left, recv, stored
     pulls: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # woke, answered, back
     handled: dict[str, tuple[int, int]] = field(default_factory=dict)  # sent, handler called
+
+
+def _sent_ids(content: bytes, content_type: str | None) -> list[str]:
+    """The message ids of a send's body: record batches (the SDK's) or msgpack."""
+    if content_type == CONTENT_BATCH:
+        return [mid for at, size in split(content)
+                for mid in validate(content, at, strict=False, end=at + size).message_ids]
+    return [m["message_id"] for m in msgpack.unpackb(content, raw=False)["messages"]]
 
 
 class TimingTransport(WireTransport):
@@ -83,16 +94,17 @@ class TimingTransport(WireTransport):
         stamps = _stamps(response.headers.get(TIMING_HEADER.lower()))
         if response.status == 200 and stamps:
             if is_send:
-                for m in msgpack.unpackb(content or b"", raw=False)["messages"]:
-                    self.timings.sends[m["message_id"]] = (left, stamps["recv"],
-                                                           stamps["stored"])
+                for mid in _sent_ids(content or b"", headers.get("content-type")):
+                    self.timings.sends[mid] = (left, stamps["recv"], stamps["stored"])
             else:
                 answer = msgpack.unpackb(response.content, raw=False)
                 pages = answer["queues"] if "queues" in answer else [answer]
                 for page in pages:
-                    for m in page.get("messages") or ():
-                        self.timings.pulls[m["message_id"]] = (stamps["woke"],
-                                                               stamps["answered"], back)
+                    ids = ([m.message_id for m in decode_stored(page["stored"], verify=False)]
+                           if page.get("stored") else
+                           [m["message_id"] for m in page.get("messages") or ()])
+                    for mid in ids:
+                        self.timings.pulls[mid] = (stamps["woke"], stamps["answered"], back)
         return response
 
 

@@ -2,7 +2,10 @@
 path.
 
 Message endpoints (pull, receive) speak msgpack; the rest JSON. Long polls get a timeout of
-their wait plus the client's normal request timeout.
+their wait plus the client's normal request timeout. Pulls ask for the stored form: the records
+as the broker's log holds them (``tidemq.protocol.stored``), decoded lazily into
+``StoredMessage`` objects; a broker that answers with messages is read as before, and one that
+refuses the ``form`` field of a multi-queue pull is asked again without it from then on.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemq._exceptions import ServerError, UnexpectedResponseError, server_error
+from tidemq._exceptions import BadRequestError, ServerError, UnexpectedResponseError, server_error
 from tidemq._http import HttpClient, RetryPolicy, url
 from tidemq._routes import MessageQueue
 from tidemq.protocol import ReceivedMessage
+from tidemq.protocol.batch_read import BatchError
+from tidemq.protocol.stored import decode_stored
+from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +50,24 @@ class QueueAsk:
     tags: str
 
 
-def _pull_result(answer: Any, where: object) -> PullResult:
-    messages = _messages(answer, str(where))
-    # A retry/DLQ copy names the topic it was first sent to ("origin_topic", not a field
-    # of ReceivedMessage): kept aside so the push consumer can show that topic.
-    origins = {m.queue_offset: str(raw["origin_topic"])
-               for m, raw in zip(messages, answer.get("messages") or [], strict=True)
-               if raw.get("origin_topic")}
+def _pull_result(answer: Any, where: object, topic: str) -> PullResult:
+    stored = answer.get("stored") if isinstance(answer, dict) else None
+    if stored is not None:
+        try:
+            messages: list[ReceivedMessage] = list(decode_stored(stored))
+        except (BatchError, TypeError) as exc:
+            raise UnexpectedResponseError(f"malformed stored pull answer for {where}: "
+                                          f"{exc}") from exc
+        # only a retry or DLQ copy has an origin topic (reading it decodes its properties)
+        origins = {m.queue_offset: m.origin_topic for m in messages if m.origin_topic} \
+            if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) else {}
+    else:
+        messages = _messages(answer, str(where))
+        # A retry/DLQ copy names the topic it was first sent to ("origin_topic", not a field
+        # of ReceivedMessage): kept aside so the push consumer can show that topic.
+        origins = {m.queue_offset: str(raw["origin_topic"])
+                   for m, raw in zip(messages, answer.get("messages") or [], strict=True)
+                   if raw.get("origin_topic")}
     try:
         return PullResult(messages, int(answer["next_offset"]),
                           int(answer.get("min_offset", 0)),
@@ -71,6 +88,7 @@ class BrokerApi:
 
     def __init__(self, http: HttpClient) -> None:
         self.http = http
+        self._messages_only: set[str] = set()  # brokers whose multi-queue pull has no "form"
 
     def _long_poll_timeout(self, wait_ms: int) -> float:
         return wait_ms / 1000.0 + self.http.timeout_s
@@ -80,14 +98,14 @@ class BrokerApi:
         group: str | None, retry: RetryPolicy | None = None,
     ) -> PullResult:
         params: dict[str, str | int] = {"offset": offset, "max": max_messages,
-                                        "wait_ms": wait_ms, "tags": tags}
+                                        "wait_ms": wait_ms, "tags": tags, "form": "stored"}
         if group:
             params["group"] = group
         target = url(queue.address, "v1", "topics", queue.topic, "queues", queue.queue_id,
                      "messages")
         answer = await self.http.call("GET", target, params=params, binary=True,
                                       timeout_s=self._long_poll_timeout(wait_ms), retry=retry)
-        return _pull_result(answer, queue)
+        return _pull_result(answer, queue, queue.topic)
 
     async def pull_many(
         self, broker: str, asks: Sequence[QueueAsk], *, max_messages: int, wait_ms: int,
@@ -102,8 +120,20 @@ class BrokerApi:
             "max": max_messages, "wait_ms": wait_ms}
         if group:
             body["group"] = group
-        answer = await self.http.call("POST", url(broker, "v1", "pull"), body=body, binary=True,
-                                      timeout_s=self._long_poll_timeout(wait_ms), retry=retry)
+        if broker not in self._messages_only:
+            body["form"] = "stored"
+        target = url(broker, "v1", "pull")
+        timeout_s = self._long_poll_timeout(wait_ms)
+        try:
+            answer = await self.http.call("POST", target, body=body, binary=True,
+                                          timeout_s=timeout_s, retry=retry)
+        except BadRequestError as exc:
+            if "form" not in body or "'form'" not in exc.message:
+                raise
+            self._messages_only.add(broker)  # a broker from before the stored form
+            del body["form"]
+            answer = await self.http.call("POST", target, body=body, binary=True,
+                                          timeout_s=timeout_s, retry=retry)
         out: list[tuple[MessageQueue, PullResult | ServerError]] = []
         try:
             entries = answer["queues"]
@@ -116,7 +146,7 @@ class BrokerApi:
                     out.append((queue, server_error(str(error["code"]),
                                                     str(error.get("message", "")))))
                 else:
-                    out.append((queue, _pull_result(entry, queue)))
+                    out.append((queue, _pull_result(entry, queue, queue.topic)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UnexpectedResponseError(f"malformed multi-queue pull answer from {broker}: "
                                           f"{exc!r}") from exc

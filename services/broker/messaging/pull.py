@@ -40,6 +40,11 @@ class TagFilter:
     def codes(self) -> frozenset[int] | None:
         return None if self.tags is None else frozenset(tag_code(t) for t in self.tags)
 
+    @property
+    def raw(self) -> frozenset[bytes] | None:
+        """The exact tags as a stored record holds them (utf-8)."""
+        return None if self.tags is None else frozenset(t.encode("utf-8") for t in self.tags)
+
     def matches(self, record: StoredRecord) -> bool:
         return self.tags is None or record.tag in self.tags
 
@@ -51,11 +56,13 @@ class Pulled:
     min_offset: int
     max_offset: int
     woke_ns: int = 0  # monotonic ns when a held pull was woken (0: not held)
+    stored: bytes = b""  # a stored-form pull: the records as the log holds them
+    count: int = 0  # ... and how many
 
 
 def _idle(res: GetResult) -> bool:
     """Nothing to answer yet and nothing left to scan: the pull may be held."""
-    return not res.records and res.next_offset >= res.max_offset and res.status in (
+    return not res.found and res.next_offset >= res.max_offset and res.status in (
         GetStatus.NO_MESSAGE, GetStatus.NO_MATCHED, GetStatus.NO_QUEUE,
         GetStatus.OFFSET_TOO_SMALL)
 
@@ -89,11 +96,12 @@ class PullService:
 
     async def pull(self, topic: str, queue_id: int, offset: int, max_count: int, wait_ms: int,
                    tags: TagFilter, *, group: str | None = None,
-                   internal: bool = False) -> Pulled:
+                   internal: bool = False, stored: bool = False) -> Pulled:
         """Read up to ``max_count`` messages from ``offset``, holding up to ``wait_ms`` for one.
 
         ``group`` (optional) only feeds the consumer lag gauge. ``internal`` pulls (checker,
-        scheduler) may read topics not in the topic table yet.
+        scheduler) may read topics not in the topic table yet. ``stored``: answer with the
+        records' stored bytes (``Pulled.stored``) rather than decoded records.
         """
         if internal:
             validate_topic_name(topic)
@@ -101,7 +109,7 @@ class PullService:
             self.readable_topic(topic, queue_id)
         max_count = max(1, min(max_count, MAX_PULL))
         wait_s = max(0, min(wait_ms, self.long_poll_max_ms)) / 1000
-        res = self._get(topic, queue_id, offset, max_count, tags)
+        res = self._get(topic, queue_id, offset, max_count, tags, stored)
         woke_ns = 0
         if wait_s > 0 and _idle(res):
             deadline = time.monotonic() + wait_s
@@ -114,20 +122,22 @@ class PullService:
                 offset = res.next_offset
                 await self.hold.wait(key, min(remaining, WAIT_SLICE_S))
                 woke_ns = time.monotonic_ns()
-                res = self._get(topic, queue_id, offset, max_count, tags)
+                res = self._get(topic, queue_id, offset, max_count, tags, stored)
         records = res.records
-        if tags.tags is not None:
+        if tags.tags is not None and records:
             records = [r for r in records if tags.matches(r)]
         if not internal:
-            self.metrics.observe_pull(topic, len(records))
+            self.metrics.observe_pull(topic, len(records) or res.count)
             if group:
                 self.metrics.consumer_lag.labels(group, topic, str(queue_id)).set(
                     max(0, res.max_offset - res.next_offset))
-        return Pulled(records, res.next_offset, res.min_offset, res.max_offset, woke_ns)
+        return Pulled(records, res.next_offset, res.min_offset, res.max_offset, woke_ns,
+                      res.stored, res.count)
 
     def _get(self, topic: str, queue_id: int, offset: int, max_count: int,
-             tags: TagFilter) -> GetResult:
-        res = self.store.get(topic, queue_id, offset, max_count, tags.codes)
+             tags: TagFilter, stored: bool = False) -> GetResult:
+        res = (self.store.get_stored(topic, queue_id, offset, max_count, tags.codes, tags.raw)
+               if stored else self.store.get(topic, queue_id, offset, max_count, tags.codes))
         status = res.status
         if status is GetStatus.OFFSET_OVERFLOW or (status is GetStatus.NO_QUEUE
                                                     and offset > res.max_offset):
@@ -135,5 +145,5 @@ class PullService:
                                 f"offset {offset} is beyond the end of {topic} queue {queue_id} "
                                 f"(min_offset {res.min_offset}, max_offset {res.max_offset})")
         if status is GetStatus.OFFSET_TOO_SMALL and res.next_offset < res.min_offset:
-            res = self.store.get(topic, queue_id, res.min_offset, max_count, tags.codes)
+            return self._get(topic, queue_id, res.min_offset, max_count, tags, stored)
         return res

@@ -60,6 +60,8 @@ class QueueNews:
     max_offset: int = 0
     error: ProtocolError | None = None
     news: bool = False  # something to answer at once (messages, more to scan, an error)
+    stored: bytes = b""  # a stored-form pull: the records as the log holds them
+    count: int = 0  # ... and how many
 
 
 @dataclass(slots=True)
@@ -73,7 +75,7 @@ def parse_wants(payload: Any) -> tuple[list[QueueWant], int, int, str | None]:
     (400 BAD_REQUEST naming the field) into the wants, ``max``, ``wait_ms`` and ``group``."""
     if not isinstance(payload, dict):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "body: expected an object {queues: [...]}")
-    unknown = set(payload) - {"queues", "max", "wait_ms", "group"}
+    unknown = set(payload) - {"queues", "max", "wait_ms", "group", "form"}
     if unknown:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"unknown field {sorted(unknown)[0]!r}: not part of this request")
@@ -107,9 +109,23 @@ def parse_wants(payload: Any) -> tuple[list[QueueWant], int, int, str | None]:
     return wants, max_count, wait_ms, group
 
 
+FORMS = ("messages", "stored")  # how a pull answers: decoded messages, or stored bytes
+
+
+def pull_form(form: Any, where: str = "form") -> bool:
+    """Whether a pull asks for the stored form (``form``: "messages", the default, or
+    "stored"); 400 naming ``where`` for anything else."""
+    if form is None or form == "messages":
+        return False
+    if form == "stored":
+        return True
+    raise ProtocolError(ErrorCode.BAD_REQUEST, f"{where}: expected one of {', '.join(FORMS)}, "
+                        f"got {form!r}")
+
+
 def _news(res: GetResult) -> bool:
     """The queue has something to say now (the single pull's "not idle")."""
-    return bool(res.records) or res.next_offset < res.max_offset or res.status not in (
+    return bool(res.found) or res.next_offset < res.max_offset or res.status not in (
         GetStatus.NO_MESSAGE, GetStatus.NO_MATCHED, GetStatus.NO_QUEUE,
         GetStatus.OFFSET_TOO_SMALL)
 
@@ -121,10 +137,11 @@ class ManyPuller:
         self.pulls = pulls
 
     async def pull(self, wants: list[QueueWant], max_count: int, wait_ms: int,
-                   group: str | None = None) -> ManyAnswer:
+                   group: str | None = None, stored: bool = False) -> ManyAnswer:
+        """``stored``: answer each queue's records as the log holds them."""
         pulls = self.pulls
         wait_s = max(0, min(wait_ms, pulls.long_poll_max_ms)) / 1000
-        news, watched = self._scan(wants, max_count)
+        news, watched = self._scan(wants, max_count, stored)
         woke_ns = 0
         if not news and wait_s > 0 and watched:
             deadline = time.monotonic() + wait_s
@@ -136,13 +153,13 @@ class ManyPuller:
                 # synchronous scan, then wait at once: no notify can slip in between
                 await pulls.hold.wait(keys, min(remaining, WAIT_SLICE_S))
                 woke_ns = time.monotonic_ns()
-                news, watched = self._scan(wants, max_count)
+                news, watched = self._scan(wants, max_count, stored)
         # queues whose offset moved past messages of other tags report where to go on
         moved = [n for n in watched if not n.news and n.want.offset != n.want.start]
         self._observe(news, group)
         return ManyAnswer(news + moved, woke_ns)
 
-    def _scan(self, wants: list[QueueWant], max_count: int,
+    def _scan(self, wants: list[QueueWant], max_count: int, stored: bool = False,
               ) -> tuple[list[QueueNews], list[QueueNews]]:
         """Read every queue once: the queues with news, and every readable queue (to watch).
 
@@ -159,21 +176,22 @@ class ManyPuller:
                     readable.append(item)
                     continue
                 res = self.pulls._get(want.topic, want.queue_id, want.offset,
-                                      min(max_count, budget), want.tags)
+                                      min(max_count, budget), want.tags, stored)
             except ProtocolError as exc:
                 item.error, item.news = exc, True
                 news.append(item)
                 continue
             records = res.records
-            if want.tags.tags is not None:
+            if want.tags.tags is not None and records:
                 records = [r for r in records if want.tags.matches(r)]
             item.records, item.next_offset = records, res.next_offset
+            item.stored, item.count = res.stored, res.count
             item.min_offset, item.max_offset = res.min_offset, res.max_offset
             readable.append(item)
             if _news(res):
                 item.news = True
                 news.append(item)
-                budget -= len(records)
+                budget -= len(records) or res.count
             else:
                 want.offset = res.next_offset  # hold from the end of the queue
         return news, readable
@@ -183,21 +201,25 @@ class ManyPuller:
         for n in news:
             if n.error is not None:
                 continue
-            metrics.observe_pull(n.want.topic, len(n.records))
+            metrics.observe_pull(n.want.topic, len(n.records) or n.count)
             if group:
                 metrics.consumer_lag.labels(group, n.want.topic, str(n.want.queue_id)).set(
                     max(0, n.max_offset - n.next_offset))
 
 
-def many_answer(answer: ManyAnswer, wire: Any) -> dict[str, Any]:
-    """The body of ``POST /v1/pull``: one entry per queue with news."""
+def many_answer(answer: ManyAnswer, wire: Any, stored: bool = False) -> dict[str, Any]:
+    """The body of ``POST /v1/pull``: one entry per queue with news (``stored``: its records
+    as one stored-form blob, ``tidemq.protocol.stored``, instead of ``messages``)."""
     queues: list[dict[str, Any]] = []
     for n in answer.news:
         entry: dict[str, Any] = {"topic": n.want.topic, "queue_id": n.want.queue_id}
         if n.error is not None:
             entry["error"] = n.error.to_wire()
         else:
-            entry["messages"] = [wire(r) for r in n.records]
+            if stored:
+                entry["stored"] = n.stored
+            else:
+                entry["messages"] = [wire(r) for r in n.records]
             entry["next_offset"] = n.next_offset
             entry["min_offset"] = n.min_offset
             entry["max_offset"] = n.max_offset

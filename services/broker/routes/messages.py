@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, validate_group_name
-from tidemq.protocol.codec import is_batch
+from tidemq.protocol.codec import CONTENT_MSGPACK, encode_payload, is_batch
 
 from services.broker.messaging.convert import to_wire
 from services.broker.messaging.pull import DEFAULT_PULL, MAX_PULL, TagFilter
@@ -18,6 +18,7 @@ from services.broker.messaging.pull_many import (
     ManyPuller,
     many_answer,
     parse_wants,
+    pull_form,
 )
 from services.broker.routes._common import (
     LONG_POLL_MAX_MS,
@@ -43,6 +44,11 @@ from services.common.openapi import TopicName, errors
 router = APIRouter(tags=["messages"], route_class=LeanRoute)
 
 
+def msgpack_reply(payload: dict[str, Any]) -> Response:
+    """A stored-form answer: msgpack whatever the client accepts (it carries raw bytes)."""
+    return Response(encode_payload(payload, CONTENT_MSGPACK), media_type=CONTENT_MSGPACK)
+
+
 def send_params(request: Request) -> dict[str, Any]:
     """``send``'s parameters: the topic is any path segment (the sender validates the name)."""
     return {"topic": request.path_params["topic"]}
@@ -59,7 +65,7 @@ def pull_params(request: Request) -> dict[str, Any] | None:
         return None
     return {"topic": request.path_params["topic"], "queue_id": queue_id, "offset": offset,
             "max": max_, "wait_ms": wait_ms, "tags": query.get("tags", "*"),
-            "group": query.get("group")}
+            "group": query.get("group"), "form": query.get("form", "messages")}
 
 
 class MessageDoc(BaseModel):
@@ -122,14 +128,22 @@ async def pull(
     wait_ms: WaitMs = 0,
     tags: Annotated[str, Query(description='"*" or "tagA || tagB"')] = "*",
     group: Annotated[str | None, Query(description="consumer group (lag metrics)")] = None,
+    form: Annotated[str, Query(description='"messages", or "stored": the records as the log '
+                                           'holds them, in msgpack (docs/api.md)')] = "messages",
 ) -> Response:
     broker = broker_of(request)
     if group:
         validate_group_name(group)
+    stored = pull_form(form)
     answer = await broker.pulls.pull(topic, queue_id, offset, max, wait_ms,
-                                     TagFilter.parse(tags), group=group)
-    binary = wants_msgpack(request)
-    response = reply(request, pull_answer(answer, lambda r: to_wire(r, binary)))
+                                     TagFilter.parse(tags), group=group, stored=stored)
+    if stored:
+        response = msgpack_reply({"stored": answer.stored, "next_offset": answer.next_offset,
+                                  "min_offset": answer.min_offset,
+                                  "max_offset": answer.max_offset})
+    else:
+        binary = wants_msgpack(request)
+        response = reply(request, pull_answer(answer, lambda r: to_wire(r, binary)))
     if TIMING_HEADER in request.headers:  # the latency bench: woken, answered (ns)
         response.headers[TIMING_HEADER] = f"woke={answer.woke_ns},answered={time.monotonic_ns()}"
     return response
@@ -150,6 +164,9 @@ class PullManyDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     queues: list[PullQueueDoc] = Field(min_length=1, max_length=MAX_PULL_QUEUES)
+    form: Literal["messages", "stored"] = Field(
+        "messages", description='"stored": each queue answers its records as the log holds '
+                                'them (a "stored" blob, msgpack only; docs/api.md)')
     max: int = Field(DEFAULT_PULL, ge=1, le=MAX_PULL, description="messages at most per queue")
     wait_ms: int = Field(0, ge=0, le=LONG_POLL_MAX_MS,
                          description="long poll while no queue has a message (ms)")
@@ -162,10 +179,13 @@ class PullManyDoc(BaseModel):
 @lean(lambda request: {})
 async def pull_many(request: Request) -> Response:
     broker = broker_of(request)
-    wants, max_count, wait_ms, group = parse_wants(await read_payload(request))
-    answer = await ManyPuller(broker.pulls).pull(wants, max_count, wait_ms, group)
+    payload = await read_payload(request)
+    wants, max_count, wait_ms, group = parse_wants(payload)
+    stored = pull_form(payload.get("form"))
+    answer = await ManyPuller(broker.pulls).pull(wants, max_count, wait_ms, group, stored)
     binary = wants_msgpack(request)
-    response = reply(request, many_answer(answer, lambda r: to_wire(r, binary)))
+    body = many_answer(answer, lambda r: to_wire(r, binary), stored)
+    response = msgpack_reply(body) if stored else reply(request, body)
     if TIMING_HEADER in request.headers:  # the latency bench: woken, answered (ns)
         response.headers[TIMING_HEADER] = f"woke={answer.woke_ns},answered={time.monotonic_ns()}"
     return response

@@ -25,6 +25,7 @@ from services.broker.store.dispatcher import Dispatcher
 from services.broker.store.entry import record_in
 from services.broker.store.index import Index, topic_key, unique_key
 from services.broker.store.retention import DiskSpace, Retention
+from services.broker.store.stored_read import spans, stored_groups
 from services.broker.store.types import (
     GetResult,
     GetStatus,
@@ -37,8 +38,6 @@ from services.common.loop import cancel_tasks
 
 log = logging.getLogger(__name__)
 
-COALESCE_GAP = 64 * 1024  # reads of records closer than this share one pread
-MAX_SPAN = 4 * 1024 * 1024  # ... as long as the span stays below this
 TAG_SCAN_FACTOR = 16  # with a tag filter, scan up to this many units per wanted message
 
 Listener = Callable[[set[tuple[str, int]]], None]
@@ -232,14 +231,36 @@ class MessageStore:
 
     def get(self, topic: str, queue_id: int, offset: int, max_count: int,
             tag_codes: frozenset[int] | None = None) -> GetResult:
+        """Up to ``max_count`` records from ``offset`` whose tag code is in ``tag_codes``."""
+        res, wanted = self._select(topic, queue_id, offset, max_count, tag_codes)
+        if wanted:
+            res.records = self.read_many(wanted)
+        return self._judged(res)
+
+    def get_stored(self, topic: str, queue_id: int, offset: int, max_count: int,
+                   tag_codes: frozenset[int] | None = None,
+                   tags: frozenset[bytes] | None = None) -> GetResult:
+        """``get`` answered in stored form (``store/stored_read.py``): ``res.stored`` holds the
+        selected records as the log holds them, ``res.count`` how many; ``tags`` (exact tag
+        bytes) rules out tag-code collisions."""
+        res, wanted = self._select(topic, queue_id, offset, max_count, tag_codes)
+        if wanted:
+            res.stored, res.count = stored_groups(self.log.read_bytes, wanted,
+                                                  self.log.segment_bytes, tags)
+        return self._judged(res)
+
+    def _select(self, topic: str, queue_id: int, offset: int, max_count: int,
+                tag_codes: frozenset[int] | None) -> tuple[GetResult, list[tuple[int, int]]]:
+        """The consume-queue walk of a read: a result with its offsets and status so far, and
+        the ``(offset, size)`` of the records to read."""
         cq = self.dispatcher.queues.get((topic, queue_id))
         lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
         if offset > hi:
-            return GetResult(GetStatus.OFFSET_OVERFLOW, [], offset, lo, hi)
+            return GetResult(GetStatus.OFFSET_OVERFLOW, [], offset, lo, hi), []
         corrected = offset < lo
         offset = max(offset, lo)
         if cq is None or offset == hi:
-            return GetResult(GetStatus.NO_MESSAGE, [], offset, lo, hi)
+            return GetResult(GetStatus.NO_MESSAGE, [], offset, lo, hi), []
         scan = max_count if tag_codes is None else max_count * TAG_SCAN_FACTOR
         units = cq.read_units(offset, min(scan, 65_536))
         wanted: list[tuple[int, int]] = []
@@ -261,14 +282,18 @@ class MessageStore:
                 continue
             wanted.append((phys, size))
             nbytes += size
-        records = self.read_many(wanted)
         if held:
             hi = next_offset  # consumers see the queue end at the high-water mark
         status = (GetStatus.OFFSET_TOO_SMALL if corrected else
-                  GetStatus.FOUND if records else
                   GetStatus.NO_MESSAGE if held and next_offset == offset else
-                  GetStatus.NO_MATCHED)
-        return GetResult(status, records, next_offset, lo, hi)
+                  GetStatus.NO_MATCHED)  # FOUND once records are read (_judged)
+        return GetResult(status, [], next_offset, lo, hi), wanted
+
+    @staticmethod
+    def _judged(res: GetResult) -> GetResult:
+        if res.status is GetStatus.NO_MATCHED and res.found:
+            res.status = GetStatus.FOUND
+        return res
 
     def read(self, physical_offset: int) -> StoredRecord | None:
         return self.log.read(physical_offset)
@@ -276,20 +301,11 @@ class MessageStore:
     def read_many(self, spots: list[tuple[int, int]]) -> list[StoredRecord]:
         """Records at ``(offset, size)`` spots (ascending); nearby ones share one pread."""
         out: list[StoredRecord] = []
-        i = 0
-        seg_bytes = self.log.segment_bytes
         read_bytes = self.log.read_bytes
         heads: dict[int, BatchHead] = {}  # v2 batch headers by offset, for this call
-        while i < len(spots):
-            start, size = spots[i]
-            end, j = start + size, i + 1
-            while j < len(spots):
-                nxt, nsize = spots[j]
-                if (nxt - end > COALESCE_GAP or nxt + nsize - start > MAX_SPAN
-                        or nxt // seg_bytes != start // seg_bytes or nxt < end):
-                    break
-                end, j = nxt + nsize, j + 1
-            buf = self.log.read_bytes(start, end - start)
+        i = 0
+        for start, end, j in spans(spots, self.log.segment_bytes):
+            buf = read_bytes(start, end - start)
             for phys, _ in spots[i:j]:
                 try:
                     out.append(record_in(buf, phys - start, phys, read_bytes, heads))

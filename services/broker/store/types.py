@@ -122,4 +122,11 @@ class GetResult:
     next_offset: int
     min_offset: int
     max_offset: int
+    stored: bytes = b""  # a stored-form read (get_stored): the records as the log holds them
+    count: int = 0  # ... and how many
+
+    @property
+    def found(self) -> int:
+        """How many records the read answers, in either form."""
+        return len(self.records) or self.count
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import msgpack
 import pytest
 from tidemq.protocol.batch import CONTENT_BATCH, BatchBuilder
+from tidemq.protocol.stored import decode_stored
 
 from tests.support.broker import BrokerHandle, run_broker
 from tests.support.procs import RedisServer
@@ -62,3 +63,30 @@ def test_a_bad_batch_is_a_400_naming_record_and_field(broker: BrokerHandle) -> N
     message = broker.error(resp, 400, "BAD_REQUEST")
     assert "batches[0].records[1].crc" in message
     assert broker.pull(topic, 0)["max_offset"] == 0
+
+
+def test_pulls_in_stored_form_carry_the_same_messages(broker: BrokerHandle) -> None:
+    topic = broker.create_topic(queues=2)
+    broker.http.post(f"/v1/topics/{topic}/messages", headers=BATCH_HEADERS,
+                     content=batch(topic, 0, ["p1", "p2"]) + batch(topic, 1, ["p3"], tag="Other"))
+    broker.send(topic, {"message_id": "p4", "body": "json", "tag": "Paid", "queue_id": 0})
+    resp = broker.http.get(f"/v1/topics/{topic}/queues/0/messages",
+                           params={"form": "stored", "offset": 1})
+    assert resp.headers["content-type"] == "application/msgpack"
+    answer = msgpack.unpackb(resp.content)
+    assert (answer["next_offset"], answer["min_offset"], answer["max_offset"]) == (3, 0, 3)
+    got = decode_stored(answer["stored"])
+    want = broker.pull(topic, 0, offset=1)["messages"]
+    assert [(m.message_id, m.body.decode(), m.tag, m.keys, m.properties, m.queue_offset,
+             m.store_timestamp_ms) for m in got] == [
+        (w["message_id"], w["body"], w["tag"], w["keys"], w["properties"], w["queue_offset"],
+         w["store_timestamp_ms"]) for w in want]
+    many = broker.http.post("/v1/pull", content=msgpack.packb({
+        "queues": [{"topic": topic, "queue_id": 0, "offset": 0, "tags": "Paid"},
+                   {"topic": topic, "queue_id": 1, "offset": 0, "tags": "Paid"}],
+        "form": "stored"}), headers={"content-type": "application/msgpack"})
+    entries = {e["queue_id"]: e for e in msgpack.unpackb(many.content)["queues"]}
+    assert [m.message_id for m in decode_stored(entries[0]["stored"])] == ["p1", "p2", "p4"]
+    assert entries[1]["stored"] == b"" and entries[1]["next_offset"] == 1  # tag skipped
+    bad = broker.http.get(f"/v1/topics/{topic}/queues/0/messages", params={"form": "raw"})
+    assert "form" in broker.error(bad, 400, "BAD_REQUEST")

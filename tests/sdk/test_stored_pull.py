@@ -1,0 +1,64 @@
+"""The consumer's side of stored-form pulls (tidemq._broker_api): a ``stored`` answer decodes into
+lazy messages (origin topics read only in retry and DLQ topics); a messages answer is read as
+before; a broker refusing the multi-queue pull's ``form`` field is asked without it."""
+
+from __future__ import annotations
+
+from tidemq._broker_api import BrokerApi, QueueAsk, _pull_result
+from tidemq._http import HttpClient
+from tidemq._routes import MessageQueue
+from tidemq.protocol import RETRY_TOPIC
+from tidemq.protocol.batch import BatchBuilder, fill
+from tidemq.protocol.stored import StoredMessage, append_group
+
+from tests.sdk.fakes import FakeCluster
+
+
+def blob(topic: str, first_offset: int, n: int) -> bytes:
+    b = BatchBuilder(topic, 1)
+    for i in range(n):
+        b.add(f"body {i}".encode(), f"m{i}", tag="t", properties={RETRY_TOPIC: "Orders"})
+    raw = bytearray(b.finish())
+    fill(raw, 0, 4096, first_offset, 1_767_225_600_000, b"\0" * 8)
+    s_at = 65 + len(topic.encode())
+    records = []
+    p = s_at
+    while p < len(raw):
+        size = int.from_bytes(raw[p:p + 4], "big")
+        records.append(bytes(raw[p:p + size]))
+        p += size
+    out = bytearray()
+    append_group(out, raw[:s_at], records)
+    return bytes(out)
+
+
+def test_a_stored_answer_decodes_into_lazy_messages() -> None:
+    answer = {"stored": blob("%RETRY%g", 10, 3), "next_offset": 13, "min_offset": 0,
+              "max_offset": 13}
+    res = _pull_result(answer, "q", "%RETRY%g")
+    assert [(m.message_id, m.queue_offset, m.topic) for m in res.messages] == [
+        ("m0", 10, "%RETRY%g"), ("m1", 11, "%RETRY%g"), ("m2", 12, "%RETRY%g")]
+    assert all(isinstance(m, StoredMessage) for m in res.messages)
+    assert res.origin_topics == {10: "Orders", 11: "Orders", 12: "Orders"}
+    assert res.messages[1].body == b"body 1" and res.messages[1].properties == {}
+    plain = _pull_result({**answer, "stored": blob("Orders", 0, 2)}, "q", "Orders")
+    assert plain.origin_topics == {} and plain.messages[0]._lazy  # nothing decoded yet
+
+
+async def test_a_broker_refusing_the_form_field_is_asked_without_it() -> None:
+    cluster = FakeCluster()
+    cluster.broker.queues["T"] = [[]]
+    cluster.broker.put("T", 0, b"hi", message_id="x")
+    cluster.broker.refuses_form = True
+    http = HttpClient(transport=cluster.transport)
+    api = BrokerApi(http)
+    queue = MessageQueue("broker-0", "T", 0, cluster.broker_url)
+    try:
+        for _ in range(2):
+            (got,) = await api.pull_many(cluster.broker_url, [QueueAsk(queue, 0, "*")],
+                                         max_messages=8, wait_ms=0, group=None)
+            assert got[1].messages[0].message_id == "x"  # type: ignore[union-attr]
+    finally:
+        await http.aclose()
+    forms = [("form" in r.body) for r in cluster.requests_to("/v1/pull")]
+    assert forms == [True, False, False]  # refused once, then asked without it
