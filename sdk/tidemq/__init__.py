@@ -26,6 +26,7 @@ from tidemq._exceptions import (
     InvalidReceiptHandleError,
     InvalidTopicNameError,
     LocalTransactionError,
+    LocalTransactionFailed,
     MessageNotFoundError,
     MessageTooLargeError,
     NotEnoughReplicasError,
@@ -56,13 +57,8 @@ from tidemq._push_consumer import PushConsumer
 from tidemq._routes import MessageQueue
 from tidemq._simple_consumer import SimpleConsumer
 from tidemq._tags import TagExpression
-from tidemq._transaction import (
-    LocalTransactionFailed,
-    TransactionListener,
-    TransactionProducer,
-    TransactionSendResult,
-    TransactionState,
-)
+from tidemq._transaction import TransactionListener, TransactionProducer
+from tidemq._transaction_types import TransactionSendResult, TransactionState
 from tidemq.protocol import ErrorCode, ReceivedMessage
 
 __all__ = [

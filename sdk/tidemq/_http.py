@@ -48,9 +48,12 @@ from tidemq._exceptions import (
     TidemqError,
     TransportError,
     UnexpectedResponseError,
+    WireConnectError,
+    WireError,
+    WireTimeout,
     server_error,
 )
-from tidemq._wire import WireConnectError, WireError, WireTimeout, WireTransport
+from tidemq._wire import WireTransport
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK, ProtocolError
 from tidemq.protocol.codec import decode_payload, encode_payload
 

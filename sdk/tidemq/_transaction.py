@@ -39,8 +39,6 @@ import logging
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol, Self
 
 from tidemq._auth import Credentials
@@ -55,6 +53,7 @@ from tidemq._exceptions import (
     ClientClosedError,
     ConfigurationError,
     LocalTransactionError,
+    LocalTransactionFailed,
     TidemqError,
     TopicNotFoundError,
     TransportError,
@@ -68,6 +67,7 @@ from tidemq._routes import MessageQueue
 from tidemq._selector import QueueSelector
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
+from tidemq._transaction_types import TransactionSendResult, TransactionState
 from tidemq.protocol import OutgoingMessage, ProtocolError, ReceivedMessage, validate_topic_name
 
 log = logging.getLogger("tidemq.transactions")
@@ -77,21 +77,6 @@ CHECK_WAIT_MS = 20_000  # one long poll for checks
 CHECK_MAX = 256  # checks per poll
 
 
-class TransactionState(StrEnum):
-    """What a local transaction did; also the action sent to the broker."""
-
-    COMMIT = "commit"  # deliver the message
-    ROLLBACK = "rollback"  # never deliver it
-    UNKNOWN = "unknown"  # not known yet: the broker will check again later
-
-
-class LocalTransactionFailed(Exception):
-    """Raise from ``execute_local_transaction`` when the local transaction failed *and is known
-    to be rolled back* (chain the cause: ``raise LocalTransactionFailed(...) from exc``): the
-    producer ends it with ROLLBACK at once, then ``send`` raises ``LocalTransactionError`` from
-    the cause. Any other exception means UNKNOWN (the broker checks)."""
-
-
 class TransactionListener(Protocol):
     """The application's side of a transactional producer."""
 
@@ -99,19 +84,6 @@ class TransactionListener(Protocol):
                                         ) -> TransactionState: ...
 
     async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState: ...
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionSendResult:
-    message_id: str
-    transaction_id: str
-    topic: str
-    local_state: TransactionState  # what execute_local_transaction answered
-    broker: str  # the broker holding the transaction
-    # what execute_local_transaction raised; set only on the result a LocalTransactionError
-    # carries (a returned result never has one)
-    error: BaseException | None = None
-    end_error: TidemqError | None = None  # the end did not reach the broker (a check will)
 
 
 class TransactionProducer(Client):

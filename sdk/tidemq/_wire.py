@@ -34,28 +34,10 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlencode
 
+from tidemq._exceptions import WireConnectError, WireError, WireTimeout
+
 _HEAD_LIMIT = 64 * 1024  # bytes of status line + headers at most
 _NO_BODY = frozenset((204, 304))
-
-
-class WireError(Exception):
-    """The request failed after it was (maybe) sent: the server may have processed it."""
-
-    sent = True
-
-
-class WireConnectError(WireError):
-    """No connection could be opened: nothing was sent."""
-
-    sent = False
-
-
-class WireTimeout(TimeoutError):
-    """The caller's deadline passed; ``sent`` says whether the request had gone out."""
-
-    def __init__(self, message: str, *, sent: bool) -> None:
-        super().__init__(message)
-        self.sent = sent
 
 
 @dataclass(slots=True)
