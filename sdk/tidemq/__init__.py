@@ -59,6 +59,7 @@ from tidemq._simple_consumer import SimpleConsumer
 from tidemq._tags import TagExpression
 from tidemq._transaction import TransactionListener, TransactionProducer
 from tidemq._transaction_types import TransactionSendResult, TransactionState
+from tidemq._transport import HttpTransport, MockTransport, TransportRequest, TransportResponse
 from tidemq.protocol import ErrorCode, ReceivedMessage
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "ForbiddenError",
     "ForbiddenSystemTopicError",
     "Handler",
+    "HttpTransport",
     "InternalServerError",
     "InvalidBodyEncodingError",
     "InvalidDelayError",
@@ -86,6 +88,7 @@ __all__ = [
     "MessageNotFoundError",
     "MessageQueue",
     "MessageTooLargeError",
+    "MockTransport",
     "NotEnoughReplicasError",
     "NotPrimaryError",
     "OffsetOutOfRangeError",
@@ -110,6 +113,8 @@ __all__ = [
     "TransactionState",
     "TransactionsDisabledError",
     "TransportError",
+    "TransportRequest",
+    "TransportResponse",
     "UnauthorizedError",
     "UnavailableError",
     "UnexpectedResponseError",
