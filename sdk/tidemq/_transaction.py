@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, Self
 
+from tidemq import _hooks
 from tidemq._auth import Credentials
 from tidemq._client import Client
 from tidemq._constants import (
@@ -305,7 +306,10 @@ class TransactionProducer(Client):
             return TransactionState.UNKNOWN, exc
 
     async def _check(self, message: ReceivedMessage) -> str:
-        return TransactionState(await self.listener.check_local_transaction(message)).value
+        check = self.listener.check_local_transaction
+        if _hooks.tracer is not None:
+            return TransactionState(await _hooks.tracer.check(check, message, self.group)).value
+        return TransactionState(await check(message)).value
 
     # -- requests ----------------------------------------------------------------------------
 

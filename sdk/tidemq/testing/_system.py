@@ -209,7 +209,8 @@ class TidemqSystem:
 
     async def advance_clock(self, seconds: float) -> None:
         """Move the scheduler's clock forward: a delayed message due within ``seconds`` from
-        now is delivered at once (the clock never moves back)."""
+        now is delivered at once. The clock never moves back: for the rest of the session
+        every delay is that much shorter (assert "not early" only in a system of its own)."""
         await self._internal(self.scheduler_url, "/internal/v1/clock",
                              {"advance_ms": int(seconds * 1000)})
 
