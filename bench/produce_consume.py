@@ -1,6 +1,8 @@
 """Produce / consume benchmark: tidemq through its SDK against Redis Streams and NATS JetStream.
 
-Run ``python -m bench.produce_consume [--quick] [--json] [--profile DIR]``.
+Run ``python -m bench.produce_consume [--quick] [--json] [--profile DIR] [--otel]``
+(``--otel``: tidemq's produce and consume rows again with OpenTelemetry tracing on, each right
+after its row with tracing off, and the overhead; bench/_otel.py).
 
 Every system gets the same workload of 1 KiB messages, on servers the bench starts on free
 ports (data in a temp dir) and stops at the end:
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import _otel
 from bench._breakdown import SEGMENTS, Timings, TimingTransport, summary
 from bench._common import Row, err, loop_name, print_json, print_table, run
 from bench._peers import (
@@ -375,8 +378,10 @@ async def run_peer(peer: Any, sizes: Sizes, bodies: list[bytes], pad: bytes,
 
 
 async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
-                     prof: Profiler, results: dict[str, Any]) -> None:
+                     prof: Profiler, results: dict[str, Any], otel: bool = False) -> None:
     t = Tidemq(tmp / "tidemq")
+    tracings = {k: _otel.Tracing(ratio) for k, (ratio, _) in _otel.CONFIGS.items()} \
+        if otel else {}
     n = sizes.messages
     await t.start()
     try:
@@ -388,13 +393,25 @@ async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
         pids = {"broker": t.broker.pid, "client": os.getpid()}
         with prof.phase("produce-await", pids):
             r["produce_await"] = (await t.produce("BenchTP1", n, SENDERS, 1, bodies)).as_dict()
+        for k, tracing in tracings.items():  # --otel: the phase again with tracing on
+            with tracing.on():
+                r[f"produce_await_{k}"] = (await t.produce(f"BenchTP1{k}", n, SENDERS, 1,
+                                                           bodies)).as_dict()
         with prof.phase("produce", pids):
             r["produce"] = (await t.produce("BenchTP", n, SENDERS, WINDOW, bodies)).as_dict()
+        for k, tracing in tracings.items():
+            with tracing.on():
+                r[f"produce_{k}"] = (await t.produce(f"BenchTP{k}", n, SENDERS, WINDOW,
+                                                     bodies)).as_dict()
         sink = Sink()
         with prof.phase("consume", pids):
             r["consume"] = (await t.consume("BenchTP", n, sink)).as_dict()
         if sink.bytes != n * BODY_BYTES:
             raise RuntimeError(f"tidemq: consumed {sink.bytes} bytes, expected {n * BODY_BYTES}")
+        for k, tracing in tracings.items():
+            with tracing.on():
+                r[f"consume_{k}"] = (await t.consume(f"BenchTP{k}", n, Sink())).as_dict()
+            r[f"{k}_spans"] = tracing.spans()
         r["raw_pull"] = (await t.raw_pull("BenchTP", n, Sink())).as_dict()
         with prof.phase("latency", pids):
             r["latency"] = (await t.latency(RATE, sizes.latency_s, sizes.warmup_s,
@@ -402,13 +419,16 @@ async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
         r["latency_breakdown"] = summary(t.timings, r["latency"]["samples"])
     finally:
         await t.close()
+        for tracing in tracings.values():
+            tracing.close()
 
 
-async def run_all(tmp: Path, sizes: Sizes, prof: Profiler, peers_too: bool) -> dict[str, Any]:
+async def run_all(tmp: Path, sizes: Sizes, prof: Profiler, peers_too: bool,
+                  otel: bool = False) -> dict[str, Any]:
     bodies = make_bodies(7)
     pad = make_bodies(8, 1)[0][: BODY_BYTES - STAMP]
     results: dict[str, Any] = {"skipped": {}, "loadavg": {"before": os.getloadavg()[0]}}
-    await run_tidemq(tmp, sizes, bodies, pad, prof, results)
+    await run_tidemq(tmp, sizes, bodies, pad, prof, results, otel)
     peers: list[tuple[str, type[Any]]] = [("redis", RedisStreamsPeer), ("nats", NatsPeer)]
     for key, cls in peers:
         why = cls.available() if peers_too else "--no-peers"
@@ -541,6 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=None, help="override the message count")
     ap.add_argument("--no-peers", action="store_true", help="tidemq only (profiling runs)")
     ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: /tmp)")
+    ap.add_argument("--otel", action="store_true",
+                    help="also run tidemq's produce/consume with OpenTelemetry tracing on and "
+                         "print the overhead (bench/_otel.py)")
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     if args.messages:
@@ -551,13 +574,16 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="tidemq-pc-bench-", dir=args.dir))
     try:
-        res = run(run_all(tmp, sizes, prof, not args.no_peers))
+        res = run(run_all(tmp, sizes, prof, not args.no_peers, args.otel))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     total_s = time.perf_counter() - began
     rows = build_rows(res)
     print_table(f"tidemq produce/consume bench ({'quick' if args.quick else 'full'})", rows,
                 caption=caption(res, sizes, loop, total_s))
+    if args.otel:
+        print_table("tidemq with OpenTelemetry tracing off / on (same run)",
+                    _otel.rows(res.get("tidemq", {})))
     prof.summary()
 
     if args.json:
@@ -595,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             "detail": {k: v for k, v in res.items() if k not in ("skipped", "loadavg")},
             "targets_met": {r.figure: r.met for r in rows if r.met is not None},
             "total_s": total_s,
+            **({"otel": _otel.summary(res.get("tidemq", {}))} if args.otel else {}),
         })
     return 0
 

@@ -22,7 +22,6 @@ OPERATION_TYPE = "messaging.operation.type"  # create, send, receive, process, s
 DESTINATION = "messaging.destination.name"
 PARTITION = "messaging.destination.partition.id"  # the queue id
 MESSAGE_ID = "messaging.message.id"
-BODY_SIZE = "messaging.message.body.size"
 CONSUMER_GROUP = "messaging.consumer.group.name"
 BATCH_COUNT = "messaging.batch.message_count"
 CLIENT_ID = "messaging.client.id"
@@ -92,7 +91,6 @@ def received(message: ReceivedMessage, name: str, kind: str) -> dict[str, Any]:
     attrs[DESTINATION] = message.topic
     attrs[MESSAGE_ID] = message.message_id
     attrs[PARTITION] = str(message.queue_id)
-    attrs[BODY_SIZE] = len(message.body)
     if message.tag:
         attrs[MESSAGE_TAG] = message.tag
     if message.keys:

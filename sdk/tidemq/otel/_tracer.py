@@ -41,13 +41,21 @@ def links_of(messages: list[ReceivedMessage]) -> list[Link]:
     return [link for m in messages for link in creation_context(m.properties)[1]]
 
 
-def inject(properties: dict[str, str]) -> list[Link]:
-    """Put the current context into ``properties``; a context the caller put there already
-    is kept (the conventions' "custom creation context") and returned as a link instead."""
+def inject(properties: dict[str, str], context: Context | None = None) -> list[Link]:
+    """Put ``context`` (default: the current one) into ``properties``; a context the caller
+    put there already is kept (the conventions' "custom creation context") and returned as a
+    link instead."""
     if "traceparent" in properties:
         return creation_context(properties)[1]
-    propagate.inject(properties)
+    propagate.inject(properties, context)
     return []
+
+
+def failed(span: trace.Span, exc: BaseException) -> None:
+    """Record ``exc`` on ``span`` as the conventions ask (status, ``error.type``)."""
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    span.set_attribute(A.ERROR_TYPE, type(exc).__qualname__)
 
 
 class OtelTracer:

@@ -26,11 +26,14 @@ from tidemq._producer import Producer
 from tidemq._simple_consumer import SimpleConsumer
 from tidemq._transaction import TransactionProducer
 from tidemq.otel import _attributes as A
-from tidemq.otel._tracer import inject, links_of
+from tidemq.otel._tracer import failed, inject, links_of
 from tidemq.protocol import ReceivedMessage
 
 _FIELDS = ("topic", "tag", "keys", "properties", "sharding_key", "delay_level", "delay_ms",
            "deliver_at_ms", "message_id")
+
+_BARE = (bytes, str)
+_NORMAL_SEND = {**A.operation("send", "send"), A.MESSAGE_TYPE: "normal"}
 
 #: (class, method name, original function) of every method wrapped; ``unwrap`` restores them.
 Patch = tuple[type, str, Callable[..., Any]]
@@ -56,22 +59,37 @@ def _send_attributes(f: dict[str, Any], transaction: bool = False) -> dict[str, 
 
 
 def _traced_send(tracer: trace.Tracer, original: Callable[..., Any]) -> Callable[..., Any]:
+    # the span is not made current: nothing inside a send makes spans of its own, and
+    # attaching it to the context would cost more than the rest of the wrapper
     @functools.wraps(original)
     async def send(self: Producer, message: Any, **options: Any) -> Any:
-        f = _fields(message, options)
-        if not f["topic"]:
-            return await original(self, message, **options)  # fails with the SDK's own error
-        f["message_id"] = f["message_id"] or new_message_id()
-        with tracer.start_as_current_span(f"send {f['topic']}", kind=SpanKind.PRODUCER,
-                                          attributes=_send_attributes(f)) as span:
+        topic = options.get("topic")
+        if topic and len(options) == 1 and type(message) in _BARE:  # send(body, topic=...)
+            mid = new_message_id()
+            attrs = {**_NORMAL_SEND, A.DESTINATION: topic, A.MESSAGE_ID: mid}
+            properties: dict[str, str] = {}
+        else:
+            f = _fields(message, options)
+            if not f["topic"]:
+                return await original(self, message, **options)  # fails with the SDK's error
+            topic = f["topic"]
+            mid = f["message_id"] = f["message_id"] or new_message_id()
+            attrs = _send_attributes(f)
             properties = dict(f["properties"] or {})
-            for link in inject(properties):
+        span = tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs)
+        try:
+            for link in inject(properties, trace.set_span_in_context(span)):
                 span.add_link(link.context)
             result = await original(self, message, **{**options, "properties": properties,
-                                                      "message_id": f["message_id"]})
+                                                      "message_id": mid})
             if result is not None:
                 span.set_attribute(A.PARTITION, str(result.queue_id))
             return result
+        except Exception as exc:
+            failed(span, exc)
+            raise
+        finally:
+            span.end()
     return send
 
 
