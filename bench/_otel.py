@@ -67,17 +67,32 @@ class Tracing:
         self.provider.shutdown()
 
 
+def _cpu_us(phase: dict[str, Any] | None) -> float | None:
+    """This (client) process's CPU per message over a phase, in microseconds."""
+    if not phase or not phase.get("msgs"):
+        return None
+    return 1e6 * phase["client_cpu_util"] * phase["seconds"] / phase["msgs"]
+
+
 def rows(tidemq: dict[str, Any]) -> list[Row]:
-    """Per phase: off, each configuration on with its overhead (``1 - on/off``)."""
+    """Per phase: off, each configuration on with its overhead (``1 - on/off``), and the client
+    CPU per message (steadier than throughput on a loaded machine)."""
     out: list[Row] = []
     for key, label in PHASES:
-        off = (tidemq.get(key) or {}).get("msgs_per_s")
-        out.append(Row(f"tidemq {label}: tracing off", off, "msgs/s"))
+        off_phase = tidemq.get(key)
+        off = (off_phase or {}).get("msgs_per_s")
+        cpu = _cpu_us(off_phase)
+        out.append(Row(f"tidemq {label}: tracing off", off, "msgs/s", None,
+                       "" if cpu is None else f"client CPU {cpu:.0f} us/msg"))
         for suffix, (_, how) in CONFIGS.items():
-            on = (tidemq.get(f"{key}_{suffix}") or {}).get("msgs_per_s")
+            on_phase = tidemq.get(f"{key}_{suffix}")
+            on = (on_phase or {}).get("msgs_per_s")
+            cpu = _cpu_us(on_phase)
+            note = "" if not (on and off) else f"overhead {100 * (1 - on / off):.0f}%"
+            if cpu is not None:
+                note += f"; client CPU {cpu:.0f} us/msg"
             out.append(Row(f"tidemq {label}: tracing on, {how}", on, "msgs/s",
-                           None if not (on and off) else on / off,
-                           "" if not (on and off) else f"overhead {100 * (1 - on / off):.0f}%"))
+                           None if not (on and off) else on / off, note))
     for suffix, (_, how) in CONFIGS.items():
         out.append(Row(f"spans exported, {how}", tidemq.get(f"{suffix}_spans"), "spans"))
     return out
@@ -88,10 +103,12 @@ def summary(tidemq: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, _ in PHASES:
         off = (tidemq.get(key) or {}).get("msgs_per_s")
-        phase: dict[str, Any] = {"off_msgs_per_s": off}
+        phase: dict[str, Any] = {"off_msgs_per_s": off,
+                                 "off_client_cpu_us_per_msg": _cpu_us(tidemq.get(key))}
         for suffix, (ratio, _) in CONFIGS.items():
             on = (tidemq.get(f"{key}_{suffix}") or {}).get("msgs_per_s")
             phase[suffix] = {"sampled_ratio": ratio, "on_msgs_per_s": on,
+                             "client_cpu_us_per_msg": _cpu_us(tidemq.get(f"{key}_{suffix}")),
                              "overhead_pct": None if not (on and off)
                              else 100.0 * (1 - on / off)}
         out[key] = phase

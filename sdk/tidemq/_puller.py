@@ -260,15 +260,20 @@ class QueuePuller:
             else:
                 result = await _hooks.tracer.process(self._handler, message, self._s.group,
                                                      self._s.clustering)
-        except Exception:
+        except Exception as exc:
             log.exception("%s: handler raised on message %s (will retry)", self.queue,
                           message.message_id)
+            message.failure = f"{type(exc).__name__}: {exc}"
             return False
-        return result is None or result == ConsumeResult.SUCCESS
+        if result is None or result == ConsumeResult.SUCCESS:
+            return True
+        message.failure = "the handler answered RETRY_LATER"
+        return False
 
     def timed_out(self, message: ReceivedMessage, timeout_s: float | None) -> None:
         log.warning("%s: handler timed out after %ss on message %s", self.queue, timeout_s,
                     message.message_id)
+        message.failure = f"the handler timed out after {timeout_s}s"
 
     def finished(self, message: ReceivedMessage, ok: bool) -> None:
         """A pool worker's first attempt ended: done, or failed and recovered in a task."""
@@ -312,7 +317,8 @@ class QueuePuller:
         while not self._stopping:
             try:
                 handing: Awaitable[str] = self._api.send_to_retry(
-                    self.queue.address, self._s.group, message.message_id)
+                    self.queue.address, self._s.group, message.message_id,
+                    reason=message.failure)
                 if _hooks.tracer is not None:
                     handing = _hooks.tracer.settle(handing, message, self._s.group, "retry")
                 where = await handing

@@ -25,9 +25,11 @@ from tidemq.protocol.message import (
 from tidemq.protocol.properties import (
     BORN_MS,
     CHECK_IMMUNITY_TIME_IN_SECONDS,
+    CONSUME_FAILURE,
     DELAY,
     DELAY_MS,
     KEYS,
+    MAX_CONSUME_FAILURE_CHARS,
     MAX_RECONSUME_TIMES,
     ORIGIN_MESSAGE_ID,
     PGROUP,
@@ -60,6 +62,7 @@ from tidemq.protocol.topics import (
 __all__ = [
     "BORN_MS",
     "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    "CONSUME_FAILURE",
     "CONTENT_JSON",
     "CONTENT_MSGPACK",
     "DELAY",
@@ -67,6 +70,7 @@ __all__ = [
     "DELIVERY_FIELDS",
     "EVENT_FIELDS",
     "KEYS",
+    "MAX_CONSUME_FAILURE_CHARS",
     "MAX_RECONSUME_TIMES",
     "ORIGIN_MESSAGE_ID",
     "PGROUP",

@@ -289,6 +289,9 @@ class ReceivedMessage:
     receipt_handle: str | None = None
     state: str | None = None
     origin_topic: str | None = None  # for retry and DLQ copies: the topic first consumed from
+    # why the last attempt to consume it in this process failed (a push consumer sets it and
+    # sends it with the hand-back to the retry topic); never on the wire
+    failure: str | None = None
 
     @property
     def text(self) -> str:
