@@ -16,6 +16,8 @@ from tidemq.protocol.codec import (
 from tidemq.protocol.codes import ErrorCode, ProtocolError
 from tidemq.protocol.events import EVENT_FIELDS, EventKind, EventSource, make_event
 from tidemq.protocol.message import (
+    CONSUME_FAILURE,
+    MAX_CONSUME_FAILURE_CHARS,
     Limits,
     OutgoingMessage,
     ReceivedMessage,
@@ -25,11 +27,9 @@ from tidemq.protocol.message import (
 from tidemq.protocol.properties import (
     BORN_MS,
     CHECK_IMMUNITY_TIME_IN_SECONDS,
-    CONSUME_FAILURE,
     DELAY,
     DELAY_MS,
     KEYS,
-    MAX_CONSUME_FAILURE_CHARS,
     MAX_RECONSUME_TIMES,
     ORIGIN_MESSAGE_ID,
     PGROUP,

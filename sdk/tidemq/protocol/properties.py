@@ -35,15 +35,7 @@ TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"  # checks sent so far (half 
 CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"  # own first-check delay (s)
 BORN_MS = "BORN_MS"  # when the half message was first stored (epoch ms)
 
-# --- shown to users (not reserved) ---------------------------------------------------------
-#: why a consumer failed on a message: set on its retry and DLQ copies from the reason a client
-#: gives with its hand-back (``POST /v1/groups/{group}/retry`` ``reason``; the SDK sends the
-#: handler's exception); a copy handed back without a reason has none
-CONSUME_FAILURE = "TIDE_CONSUME_FAILURE"
-MAX_CONSUME_FAILURE_CHARS = 1024  # longest reason the broker keeps (the SDK cuts it to fit)
-
-#: Every reserved name above: user properties may not reuse them, returned messages never show
-#: them.
+#: Every name above: user properties may not reuse them, returned messages never show them.
 RESERVED_PROPERTIES = frozenset({
     UNIQ_KEY, TAGS, KEYS, SHARDING_KEY, RETRY_TOPIC, ORIGIN_MESSAGE_ID, RECONSUME_TIME,
     MAX_RECONSUME_TIMES, REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS, TIDE_TIMER_ROLLS,
