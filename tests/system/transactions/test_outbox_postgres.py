@@ -23,6 +23,7 @@ from tests.support.transactions import (
     Producer,
     delivered,
     pending,
+    sent_of,
     state_of,
     unique,
     wait_until,
@@ -43,11 +44,6 @@ async def rows(url: str, sql: str) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in await conn.fetch(sql)]
     finally:
         await conn.close()
-
-
-def sent_of(p: Producer) -> list[dict[str, Any]]:
-    return [x["sent"] for x in p.wait_for(lambda ls: any(x.get("done") for x in ls))
-            if "sent" in x]
 
 
 async def test_a_committed_local_transaction_publishes_once(cluster: Cluster, pg: str) -> None:
