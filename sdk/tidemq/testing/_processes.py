@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-START_TIMEOUT_S = 30.0  # a service must answer /healthz within this
+START_TIMEOUT_S = 60.0  # a service must answer /healthz within this (a loaded CI box is slow)
 STOP_TIMEOUT_S = 15.0  # SIGTERM, then SIGKILL after this
 LOG_TAIL_CHARS = 4000  # of a failed process's log, shown in the error
 
