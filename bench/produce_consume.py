@@ -1,8 +1,8 @@
 """Produce / consume benchmark: tidemq through its SDK against Redis Streams and NATS JetStream.
 
 Run ``python -m bench.produce_consume [--quick] [--json] [--profile DIR] [--otel]``
-(``--otel``: tidemq's produce and consume rows again with OpenTelemetry tracing on, each right
-after its row with tracing off, and the overhead; bench/_otel.py).
+(``--otel``: after tidemq's rows, its produce and consume phases in interleaved rounds with
+OpenTelemetry tracing off and on, and the overhead; bench/_otel.py).
 
 Every system gets the same workload of 1 KiB messages, on servers the bench starts on free
 ports (data in a temp dir) and stops at the end:
@@ -380,8 +380,6 @@ async def run_peer(peer: Any, sizes: Sizes, bodies: list[bytes], pad: bytes,
 async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
                      prof: Profiler, results: dict[str, Any], otel: bool = False) -> None:
     t = Tidemq(tmp / "tidemq")
-    tracings = {k: _otel.Tracing(ratio) for k, (ratio, _) in _otel.CONFIGS.items()} \
-        if otel else {}
     n = sizes.messages
     await t.start()
     try:
@@ -393,34 +391,22 @@ async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
         pids = {"broker": t.broker.pid, "client": os.getpid()}
         with prof.phase("produce-await", pids):
             r["produce_await"] = (await t.produce("BenchTP1", n, SENDERS, 1, bodies)).as_dict()
-        for k, tracing in tracings.items():  # --otel: the phase again with tracing on
-            with tracing.on():
-                r[f"produce_await_{k}"] = (await t.produce(f"BenchTP1{k}", n, SENDERS, 1,
-                                                           bodies)).as_dict()
         with prof.phase("produce", pids):
             r["produce"] = (await t.produce("BenchTP", n, SENDERS, WINDOW, bodies)).as_dict()
-        for k, tracing in tracings.items():
-            with tracing.on():
-                r[f"produce_{k}"] = (await t.produce(f"BenchTP{k}", n, SENDERS, WINDOW,
-                                                     bodies)).as_dict()
         sink = Sink()
         with prof.phase("consume", pids):
             r["consume"] = (await t.consume("BenchTP", n, sink)).as_dict()
         if sink.bytes != n * BODY_BYTES:
             raise RuntimeError(f"tidemq: consumed {sink.bytes} bytes, expected {n * BODY_BYTES}")
-        for k, tracing in tracings.items():
-            with tracing.on():
-                r[f"consume_{k}"] = (await t.consume(f"BenchTP{k}", n, Sink())).as_dict()
-            r[f"{k}_spans"] = tracing.spans()
         r["raw_pull"] = (await t.raw_pull("BenchTP", n, Sink())).as_dict()
         with prof.phase("latency", pids):
             r["latency"] = (await t.latency(RATE, sizes.latency_s, sizes.warmup_s,
                                             pad)).as_dict()
         r["latency_breakdown"] = summary(t.timings, r["latency"]["samples"])
+        if otel:
+            r["otel"] = await _otel.measure(t, n, bodies, SENDERS, WINDOW)
     finally:
         await t.close()
-        for tracing in tracings.values():
-            tracing.close()
 
 
 async def run_all(tmp: Path, sizes: Sizes, prof: Profiler, peers_too: bool,
@@ -582,8 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"tidemq produce/consume bench ({'quick' if args.quick else 'full'})", rows,
                 caption=caption(res, sizes, loop, total_s))
     if args.otel:
-        print_table("tidemq with OpenTelemetry tracing off / on (same run)",
-                    _otel.rows(res.get("tidemq", {})))
+        otel = res.get("tidemq", {}).get("otel", {})
+        print_table("tidemq with OpenTelemetry tracing off / on (same run)", _otel.rows(otel),
+                    caption=_otel.caption(otel))
     prof.summary()
 
     if args.json:
@@ -621,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
             "detail": {k: v for k, v in res.items() if k not in ("skipped", "loadavg")},
             "targets_met": {r.figure: r.met for r in rows if r.met is not None},
             "total_s": total_s,
-            **({"otel": _otel.summary(res.get("tidemq", {}))} if args.otel else {}),
+            **({"otel": _otel.summary(res.get("tidemq", {}).get("otel", {}))}
+               if args.otel else {}),
         })
     return 0
 

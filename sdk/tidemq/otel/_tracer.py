@@ -12,6 +12,7 @@ where the handler runs (e.g. the consumer was started inside a span) is linked t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -86,6 +87,11 @@ class OtelTracer:
             return result
         except Exception as exc:
             failed(span, exc)
+            raise
+        except asyncio.CancelledError:  # timed out, or its queue was revoked
+            span.set_attribute(A.ERROR_TYPE, "cancelled")
+            span.set_status(Status(StatusCode.ERROR, "the handler was cancelled (it timed out, "
+                                   "or its queue went to another consumer)"))
             raise
         finally:
             context.detach(token)

@@ -200,3 +200,23 @@ async def test_a_failed_handler_is_settled_to_the_retry_topic(
     settle = next(s for s in spans if s.name == f"settle {topic}")
     assert (settle.attributes or {})["tidemq.settle.action"] == "retry"
     assert (settle.attributes or {})["tidemq.settle.destination"] == "%RETRY%otel-failing"
+
+
+async def test_a_handler_past_its_timeout_ends_its_span_as_cancelled(
+        tidemq_system: TidemqSystem, exporter: InMemorySpanExporter) -> None:
+    topic = await tidemq_system.create_topic(queues=1)
+    async with tidemq_system.producer() as producer:
+        sent = await producer.send(b"order 6", topic=topic)
+
+    async def slow(message: ReceivedMessage) -> None:
+        await asyncio.sleep(30)
+
+    async with tidemq_system.consumer("otel-slow", slow, {topic: "*"}, consume_timeout_s=0.3):
+        for _ in range(200):
+            if any(s.name == f"process {topic}" for s in spans_of(exporter, sent.message_id)):
+                break
+            await asyncio.sleep(0.05)
+    process = next(s for s in spans_of(exporter, sent.message_id)
+                   if s.name == f"process {topic}")
+    assert process.status.status_code is StatusCode.ERROR
+    assert (process.attributes or {})["error.type"] == "cancelled"
