@@ -60,11 +60,13 @@ from tidemq._tags import TagExpression
 from tidemq._transaction import TransactionListener, TransactionProducer
 from tidemq._transaction_types import TransactionSendResult, TransactionState
 from tidemq._transport import HttpTransport, MockTransport, TransportRequest, TransportResponse
+from tidemq._typed import BodyDecodeError, Router
 from tidemq.protocol import ErrorCode, ReceivedMessage
 
 __all__ = [
     "AlreadyDeliveredError",
     "BadRequestError",
+    "BodyDecodeError",
     "BrokerBusyError",
     "BrokerNotFoundError",
     "ClientClosedError",
@@ -99,6 +101,7 @@ __all__ = [
     "ReceivedMessage",
     "RequestTimeoutError",
     "RetryPolicy",
+    "Router",
     "SendResult",
     "ServerError",
     "SimpleConsumer",

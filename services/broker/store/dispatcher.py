@@ -1,11 +1,10 @@
 """Dispatch: from commit log records to every derived structure (consume queues, index).
 
 The writer dispatches each record it appends (from the metadata it already holds), and
-recovery dispatches records it re-reads from the log; both go through ``dispatch`` so the
-rules live in one place:
+recovery dispatches records it re-reads from the log; both go through ``dispatch`` (a v2
+batch: ``dispatch_batch``, from its summary) so the rules live in one place:
 
-- every record gets a unit in its topic's consume queue (a half message is a record of the
-  half topic, which no consumer reads);
+- prepared (half) and rolled-back transaction records get no consume-queue unit;
 - every record is indexed by its unique key (message id) and by each of its keys.
 """
 
@@ -13,9 +12,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tidemq.protocol.batch_read import BatchSummary
+
 from services.broker.store.consume_queue import ConsumeQueue
 from services.broker.store.index import Index, topic_key, unique_key
-from services.broker.store.types import KEY_SEPARATOR
+from services.broker.store.types import KEY_SEPARATOR, SysFlag
+
+_TYPE_MASK = int(SysFlag.TYPE_MASK)  # plain ints: IntFlag operators are slow on the hot path
+_NOT_DISPATCHED = (int(SysFlag.PREPARED), int(SysFlag.ROLLBACK))
+
+
+def dispatchable(sys_flag: int) -> bool:
+    return (sys_flag & _TYPE_MASK) not in _NOT_DISPATCHED
 
 
 class Dispatcher:
@@ -44,20 +52,35 @@ class Dispatcher:
         return cq
 
     def dispatch(self, topic: str, queue_id: int, queue_offset: int, phys: int, size: int,
-                 tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
-        self.dispatch_to(self.queue(topic, queue_id), topic, queue_offset, phys, size, tag_code,
-                         store_ms, uniq, keys)
+                 sys_flag: int, tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
+        cq = self.queue(topic, queue_id) if dispatchable(sys_flag) else None
+        self.dispatch_to(cq, topic, queue_offset, phys, size, tag_code, store_ms, uniq, keys)
 
-    def dispatch_to(self, cq: ConsumeQueue, topic: str, queue_offset: int, phys: int,
+    def dispatch_to(self, cq: ConsumeQueue | None, topic: str, queue_offset: int, phys: int,
                     size: int, tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
-        """``dispatch`` for a caller that already looked up the queue."""
-        cq.append(queue_offset, phys, size, tag_code)
-        self.touched.add((topic, cq.queue_id))
+        """``dispatch`` for a caller that already looked up the queue (None: no unit)."""
+        if cq is not None:
+            cq.append(queue_offset, phys, size, tag_code)
+            self.touched.add((topic, cq.queue_id))
         if uniq:
             self.index.put(unique_key(uniq), phys, store_ms)
         if keys:
             for key in keys.split(KEY_SEPARATOR):
                 self.index.put(topic_key(topic, key), phys, store_ms)
+
+    def dispatch_batch(self, summary: BatchSummary) -> None:
+        """``dispatch`` for every record of a filled v2 batch, from its summary: one queue
+        lookup, record i at ``base_physical + positions[i]`` with queue offset
+        ``base_queue_offset + i``."""
+        head = summary.head
+        topic = head.topic
+        cq = self.queue(topic, head.queue_id) if dispatchable(head.sys_flag) else None
+        base, first, store_ms = head.base_physical, head.base_queue_offset, head.store_timestamp
+        dispatch_to = self.dispatch_to
+        for i, (pos, size, code, uniq, keys) in enumerate(zip(
+                summary.positions, summary.sizes, summary.tag_codes, summary.message_ids,
+                summary.keys, strict=True)):
+            dispatch_to(cq, topic, first + i, base + pos, size, code, store_ms, uniq, keys)
 
     def write_pending(self) -> set[tuple[str, int]]:
         """Put buffered units into their files; return (and forget) the queues that grew."""

@@ -94,7 +94,8 @@ class MessageStore:
         for view, pos, phys in self.log.scan(start):
             m = record.decode_meta(view, pos, phys)
             self.dispatcher.dispatch(m.topic, m.queue_id, m.queue_offset, phys, m.size,
-                                     m.tag_code, m.store_timestamp, m.unique_key, m.keys)
+                                     m.sys_flag, m.tag_code, m.store_timestamp, m.unique_key,
+                                     m.keys)
             n += 1
             if n % 50_000 == 0:
                 self.dispatcher.write_pending()

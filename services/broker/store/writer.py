@@ -37,7 +37,7 @@ from services.broker.store import record
 from services.broker.store.commitlog import CommitLog, StoreClosedError
 from services.broker.store.config import FlushMode, StoreConfig
 from services.broker.store.consume_queue import ConsumeQueue
-from services.broker.store.dispatcher import Dispatcher
+from services.broker.store.dispatcher import Dispatcher, dispatchable
 from services.broker.store.record import append_encoded, encode_head
 from services.broker.store.retention import DiskSpace
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
@@ -216,10 +216,13 @@ class GroupCommitWriter:
                     base = clog.write_offset
                 phys = base + len(buf)
                 topic, queue_id = rec.topic, rec.queue_id
-                cq = queues.get((topic, queue_id))
-                if cq is None:
-                    cq = queues[(topic, queue_id)] = queue(topic, queue_id)
-                qoff = cq.max_offset
+                if dispatchable(rec.sys_flag):
+                    cq = queues.get((topic, queue_id))
+                    if cq is None:
+                        cq = queues[(topic, queue_id)] = queue(topic, queue_id)
+                    qoff = cq.max_offset
+                else:
+                    cq, qoff = None, 0
                 append_encoded(buf, head, payload, qoff, phys, now_ms)
                 props = rec.properties
                 dispatch_to(cq, topic, qoff, phys, size, rec.tag_code, now_ms,
