@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from tidemq._wire import WireResponse, WireTransport
+from tidemq._transport import TransportResponse
+from tidemq._wire import WireTransport
 from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.batch_read import split, validate
 from tidemq.protocol.stored import decode_stored
@@ -78,7 +79,7 @@ class TimingTransport(WireTransport):
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str],
                       content: bytes | None, params: Mapping[str, str | int | float] | None,
-                      timeout_s: float) -> WireResponse:
+                      timeout_s: float) -> TransportResponse:
         path = url.split("://", 1)[-1].partition("/")[2]
         is_send = method == "POST" and path.endswith("/messages")
         is_pull = (method == "GET" and "/queues/" in path) or (

@@ -39,10 +39,9 @@ import logging
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol, Self
 
+from tidemq import _hooks
 from tidemq._auth import Credentials
 from tidemq._client import Client
 from tidemq._constants import (
@@ -55,6 +54,7 @@ from tidemq._exceptions import (
     ClientClosedError,
     ConfigurationError,
     LocalTransactionError,
+    LocalTransactionFailed,
     TidemqError,
     TopicNotFoundError,
     TransportError,
@@ -68,6 +68,8 @@ from tidemq._routes import MessageQueue
 from tidemq._selector import QueueSelector
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
+from tidemq._transaction_types import TransactionSendResult, TransactionState
+from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import OutgoingMessage, ProtocolError, ReceivedMessage, validate_topic_name
 
 log = logging.getLogger("tidemq.transactions")
@@ -77,21 +79,6 @@ CHECK_WAIT_MS = 20_000  # one long poll for checks
 CHECK_MAX = 256  # checks per poll
 
 
-class TransactionState(StrEnum):
-    """What a local transaction did; also the action sent to the broker."""
-
-    COMMIT = "commit"  # deliver the message
-    ROLLBACK = "rollback"  # never deliver it
-    UNKNOWN = "unknown"  # not known yet: the broker will check again later
-
-
-class LocalTransactionFailed(Exception):
-    """Raise from ``execute_local_transaction`` when the local transaction failed *and is known
-    to be rolled back* (chain the cause: ``raise LocalTransactionFailed(...) from exc``): the
-    producer ends it with ROLLBACK at once, then ``send`` raises ``LocalTransactionError`` from
-    the cause. Any other exception means UNKNOWN (the broker checks)."""
-
-
 class TransactionListener(Protocol):
     """The application's side of a transactional producer."""
 
@@ -99,19 +86,6 @@ class TransactionListener(Protocol):
                                         ) -> TransactionState: ...
 
     async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState: ...
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionSendResult:
-    message_id: str
-    transaction_id: str
-    topic: str
-    local_state: TransactionState  # what execute_local_transaction answered
-    broker: str  # the broker holding the transaction
-    # what execute_local_transaction raised; set only on the result a LocalTransactionError
-    # carries (a returned result never has one)
-    error: BaseException | None = None
-    end_error: TidemqError | None = None  # the end did not reach the broker (a check will)
 
 
 class TransactionProducer(Client):
@@ -198,7 +172,7 @@ class TransactionProducer(Client):
 
     async def send(
         self,
-        message: Message | bytes | str,
+        message: Message | bytes | str | JsonModel,
         arg: Any = None,
         *,
         topic: str | None = None,
@@ -225,9 +199,11 @@ class TransactionProducer(Client):
             msg = Message(body=message, **given)
         elif isinstance(message, Message):  # a copy: the message id is filled in below
             msg = dataclasses.replace(message, **given)
+        elif (body := model_body(message)) is not None:
+            msg = Message(body=body, **given)
         else:
-            raise ConfigurationError(f"send: expected a Message, bytes or str, got "
-                                     f"{type(message).__name__}")
+            raise ConfigurationError(f"send: expected a Message, bytes, str or a pydantic "
+                                     f"model, got {type(message).__name__}")
         if not msg.topic:
             raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
         validate_topic(msg.topic, self._valid_topics)
@@ -305,7 +281,10 @@ class TransactionProducer(Client):
             return TransactionState.UNKNOWN, exc
 
     async def _check(self, message: ReceivedMessage) -> str:
-        return TransactionState(await self.listener.check_local_transaction(message)).value
+        check = self.listener.check_local_transaction
+        if _hooks.tracer is not None:
+            return TransactionState(await _hooks.tracer.check(check, message, self.group)).value
+        return TransactionState(await check(message)).value
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -143,6 +143,19 @@ async def _exercise(broker: Broker) -> None:
     await broker.transactions.end("pg", [EndRequest(half["transaction_id"], TxAction.COMMIT)])
 
 
+async def _run(settings: BrokerSettings) -> set[int]:
+    """One broker's life: start, election (a promotion), every kind of write, stop; its parts."""
+    broker = Broker(settings)
+    await broker.start()
+    try:
+        await wait_until_async(broker.role.may_write, what="elected primary")
+        await _exercise(broker)
+    finally:
+        parts = parts_of(broker)
+        await broker.stop()
+    return parts
+
+
 async def test_nothing_rewires_a_part_after_it_is_built(
         tmp_path: Path, redis_server: RedisServer, etcd: EtcdServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,22 +163,8 @@ async def test_nothing_rewires_a_part_after_it_is_built(
     watch = OutsideWrites()
     watch.install(monkeypatch)
     settings = _settings(tmp_path, redis_server.url, etcd.url)
-    first = Broker(settings)
-    await first.start()
-    try:
-        await wait_until_async(first.role.may_write, what="elected primary")
-        await _exercise(first)
-    finally:
-        parts = parts_of(first)
-        await first.stop()
-    again = Broker(settings)
-    await again.start()
-    try:
-        await wait_until_async(again.role.may_write, what="elected primary")
-        await _exercise(again)
-    finally:
-        parts |= parts_of(again)
-        await again.stop()
+    parts = await _run(settings)
+    parts |= await _run(settings)  # a restart: the same data directory, elected again
     assert len(parts) > 40  # the walk found the parts (store, writer, role, services, ...)
     outside = watch.into(parts)
     assert not outside, "written from outside:\n" + "\n".join(outside)

@@ -21,17 +21,15 @@ from urllib.parse import unquote
 
 import httpx
 from tidemq.protocol import (
-    SHARDING_KEY,
     ErrorCode,
-    OutgoingMessage,
     ProtocolError,
     decode_payload,
     encode_payload,
     parse_messages,
     retry_topic,
 )
-from tidemq.protocol.batch import CONTENT_BATCH, DelayKind
-from tidemq.protocol.batch_read import decode_record, split, validate
+from tidemq.protocol.batch import CONTENT_BATCH
+from tidemq.protocol.batch_read import as_messages
 
 
 def request_payload(content: bytes, content_type: str | None) -> Any:
@@ -43,19 +41,7 @@ def request_payload(content: bytes, content_type: str | None) -> Any:
 
 def batch_body(raw: bytes) -> dict[str, Any]:
     """A request of record format v2 batches as the msgpack send body of its messages."""
-    out = []
-    for at, _ in split(raw):
-        s = validate(raw, at, strict=False)
-        for p in s.positions:
-            rec = decode_record(raw, at + p)
-            props = dict(rec.properties)
-            kind, value = rec.delay_kind, rec.delay_value
-            out.append(OutgoingMessage(
-                rec.body, rec.message_id, rec.tag, rec.keys, props, s.head.queue_id,
-                props.pop(SHARDING_KEY, None), value if kind == DelayKind.LEVEL else 0,
-                value if kind == DelayKind.DELAY_MS else None,
-                value if kind == DelayKind.DELIVER_AT_MS else None).to_wire(binary=True))
-    return {"messages": out}
+    return {"messages": [m.to_wire(binary=True) for m in as_messages(raw)]}
 
 
 @dataclass

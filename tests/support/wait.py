@@ -25,13 +25,10 @@ def wait_until(check: Callable[[], T], timeout: float = TIMEOUT_S, what: str = "
                every: float = EVERY_S) -> T:
     """Poll ``check`` until it answers something true, and return that."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+    while not (value := check()):
+        _give_up_after(deadline, timeout, what or check)
         time.sleep(every)
+    return value
 
 
 async def wait_until_async(check: Callable[[], T],
@@ -39,10 +36,12 @@ async def wait_until_async(check: Callable[[], T],
                            what: str = "", every: float = EVERY_ASYNC_S) -> T:
     """``wait_until`` for a test's own event loop: sleeps with ``asyncio.sleep``."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+    while not (value := check()):
+        _give_up_after(deadline, timeout, what or check)
         await asyncio.sleep(every)
+    return value
+
+
+def _give_up_after(deadline: float, timeout: float, what: object) -> None:
+    if time.monotonic() > deadline:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -7,7 +7,8 @@ Pure functions over a buffer, no I/O:
   (positions, sizes, tag codes, message ids, keys) without copying a body. A client's batch is
   checked ``strict``ly (names, widths, limits, reserved properties, delays); a stored one
   (recovery, replication) is checked for integrity and for the offset it must live at;
-- ``decode_record`` decodes one record whole.
+- ``decode_record`` decodes one record whole; ``as_messages`` a request's every record, as the
+  messages a test double of the broker reads.
 
 Every failure is a ``BatchError`` (a ``ProtocolError``: 400, or 413 for a limit) whose message
 names the record index and the field: ``records[3].crc: ...`` or ``batch.magic: ...``.
@@ -36,8 +37,8 @@ from tidemq.protocol.batch import (
     decode_properties,
 )
 from tidemq.protocol.codes import ErrorCode, ProtocolError
-from tidemq.protocol.message import DEFAULT_LIMITS, Limits, has_forbidden
-from tidemq.protocol.properties import RESERVED_PROPERTIES
+from tidemq.protocol.message import DEFAULT_LIMITS, Limits, OutgoingMessage, has_forbidden
+from tidemq.protocol.properties import RESERVED_PROPERTIES, SHARDING_KEY
 
 Buffer = bytes | bytearray | memoryview
 
@@ -357,3 +358,22 @@ def decode_record(buf: Buffer, p: int, index: int | None = None,
                              reconsume, born, code, prepared, kind, delay_value)
     except UnicodeDecodeError:
         raise BatchError("properties", "a text field is not utf-8", index) from None
+
+
+def as_messages(buf: Buffer) -> list[OutgoingMessage]:
+    """A send request's batches as the messages they carry, in record order: each with its
+    batch's queue, its delay from the record's fields and the sharding key from its
+    properties (what a test double of a broker reads; the broker itself never decodes this)."""
+    out: list[OutgoingMessage] = []
+    for at, size in split(buf):
+        s = validate(buf, at, strict=False, end=at + size)
+        for p in s.positions:
+            rec = decode_record(buf, at + p)
+            props = rec.properties
+            kind, value = rec.delay_kind, rec.delay_value
+            out.append(OutgoingMessage(
+                rec.body, rec.message_id, rec.tag, rec.keys, props, s.head.queue_id,
+                props.pop(SHARDING_KEY, None), value if kind == DelayKind.LEVEL else 0,
+                value if kind == DelayKind.DELAY_MS else None,
+                value if kind == DelayKind.DELIVER_AT_MS else None))
+    return out

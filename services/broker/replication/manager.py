@@ -34,7 +34,7 @@ from services.broker.store.store import MessageStore
 from services.common.auth.client import service_auth
 from services.common.constants import TOKEN_HEADER
 from services.common.files import write_atomic
-from services.common.loop import cancel_tasks
+from services.common.loop import Periodic
 from services.common.tls import client_context
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,9 @@ class ReplicationManager:
         self._meta_version: str | None = None
         self._hwm_path = s.data_dir / HWM_FILE
         self._saved_hwm = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        # re-evaluate the in-sync set as time passes; keep the HWM on disk
+        self._ticks = Periodic("repl-tick", max(0.01, s.replica_lag_max_ms / 4000), self.tick,
+                               pause_first=True)
 
     # --- lifecycle -------------------------------------------------------------------------
     def register_metrics(self, registry: CollectorRegistry) -> None:
@@ -92,7 +94,7 @@ class ReplicationManager:
         self.store.add_listener(self.source.wake)  # right after each write: ship it at once
         self.visibility.activate()
         self.topics.add_listener(self._topics_changed)
-        self._tasks.append(asyncio.create_task(self._tick(), name="repl-tick"))
+        self._ticks.start()
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per fetch
         if self.role.role == Role.REPLICA:
             if self.role.primary_address:
@@ -109,25 +111,22 @@ class ReplicationManager:
     async def close(self) -> None:
         """Stop following and answer waiting sends (safe whether ``start`` ran or not)."""
         self.quorum.fail_waiters()
-        await cancel_tasks(*self._tasks)
+        await self._ticks.stop()
         await self.follower.close()
         await self._client.aclose()
 
-    async def _tick(self) -> None:
+    async def tick(self) -> None:
         """Re-evaluate the in-sync set as time passes (replicas that went silent); keep the
         HWM on disk, so that a restart serves at once what consumers could already see."""
-        interval = max(0.01, self.settings.replica_lag_max_ms / 4000)
-        while True:
-            await asyncio.sleep(interval)
-            if self.role.is_primary:
-                self.quorum.advance(self.store.log.write_offset)
-            hwm = self.visibility.hwm
-            if hwm != self._saved_hwm:
-                try:
-                    await asyncio.to_thread(write_atomic, self._hwm_path, str(hwm))
-                    self._saved_hwm = hwm
-                except OSError:
-                    log.exception("saving the high-water mark failed; retrying")
+        if self.role.is_primary:
+            self.quorum.advance(self.store.log.write_offset)
+        hwm = self.visibility.hwm
+        if hwm != self._saved_hwm:
+            try:
+                await asyncio.to_thread(write_atomic, self._hwm_path, str(hwm))
+                self._saved_hwm = hwm
+            except OSError:
+                log.exception("saving the high-water mark failed; retrying")
 
     def _load_hwm(self) -> int:
         """The HWM saved by the previous run, never past the log end (0 when none)."""

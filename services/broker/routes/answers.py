@@ -116,7 +116,7 @@ class PullManyAnswer(BaseModel):
                                                       "a moved offset, an error)")
 
 
-class StoredMessage(MessageOut):
+class StoredMessageOut(MessageOut):
     state: MessageState
     # a message waiting for its delivery has no position: the one field a lookup may leave null
     queue_offset: int | None = Field(  # type: ignore[assignment]

@@ -4,8 +4,7 @@ The writer dispatches each record it appends (from the metadata it already holds
 recovery dispatches records it re-reads from the log; both go through ``dispatch`` (a v2
 batch: ``dispatch_batch``, from its summary) so the rules live in one place:
 
-- every record gets a unit in its topic's consume queue (a half message is a record of the
-  half topic, which no consumer reads);
+- prepared (half) and rolled-back transaction records get no consume-queue unit;
 - every record is indexed by its unique key (message id) and by each of its keys.
 """
 
@@ -17,7 +16,14 @@ from tidemq.protocol.batch_read import BatchSummary
 
 from services.broker.store.consume_queue import ConsumeQueue
 from services.broker.store.index import Index, topic_key, unique_key
-from services.broker.store.types import KEY_SEPARATOR
+from services.broker.store.types import KEY_SEPARATOR, SysFlag
+
+_TYPE_MASK = int(SysFlag.TYPE_MASK)  # plain ints: IntFlag operators are slow on the hot path
+_NOT_DISPATCHED = (int(SysFlag.PREPARED), int(SysFlag.ROLLBACK))
+
+
+def dispatchable(sys_flag: int) -> bool:
+    return (sys_flag & _TYPE_MASK) not in _NOT_DISPATCHED
 
 
 class Dispatcher:
@@ -46,15 +52,16 @@ class Dispatcher:
         return cq
 
     def dispatch(self, topic: str, queue_id: int, queue_offset: int, phys: int, size: int,
-                 tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
-        self.dispatch_to(self.queue(topic, queue_id), topic, queue_offset, phys, size, tag_code,
-                         store_ms, uniq, keys)
+                 sys_flag: int, tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
+        cq = self.queue(topic, queue_id) if dispatchable(sys_flag) else None
+        self.dispatch_to(cq, topic, queue_offset, phys, size, tag_code, store_ms, uniq, keys)
 
-    def dispatch_to(self, cq: ConsumeQueue, topic: str, queue_offset: int, phys: int,
+    def dispatch_to(self, cq: ConsumeQueue | None, topic: str, queue_offset: int, phys: int,
                     size: int, tag_code: int, store_ms: int, uniq: str, keys: str) -> None:
-        """``dispatch`` for a caller that already looked up the queue."""
-        cq.append(queue_offset, phys, size, tag_code)
-        self.touched.add((topic, cq.queue_id))
+        """``dispatch`` for a caller that already looked up the queue (None: no unit)."""
+        if cq is not None:
+            cq.append(queue_offset, phys, size, tag_code)
+            self.touched.add((topic, cq.queue_id))
         if uniq:
             self.index.put(unique_key(uniq), phys, store_ms)
         if keys:
@@ -67,7 +74,7 @@ class Dispatcher:
         ``base_queue_offset + i``."""
         head = summary.head
         topic = head.topic
-        cq = self.queue(topic, head.queue_id)
+        cq = self.queue(topic, head.queue_id) if dispatchable(head.sys_flag) else None
         base, first, store_ms = head.base_physical, head.base_queue_offset, head.store_timestamp
         dispatch_to = self.dispatch_to
         for i, (pos, size, code, uniq, keys) in enumerate(zip(

@@ -115,7 +115,7 @@ def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
             n += m.head.count
             continue
         disp.dispatch(m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.size,
-                      m.tag_code, m.store_timestamp, m.unique_key, m.keys)
+                      m.sys_flag, m.tag_code, m.store_timestamp, m.unique_key, m.keys)
         n += 1
     touched = disp.write_pending()
     if touched:

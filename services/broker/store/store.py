@@ -3,7 +3,7 @@
 The only writer of its directory. ``open`` recovers: it trusts derived data only below the
 checkpoint, validates records forward from there, truncates a torn tail and re-dispatches.
 While open, a checkpoint loop fsyncs everything every ``flush_interval_ms`` and a retention
-loop deletes old segments.
+loop deletes old segments (both ``Periodic`` loops, services/common/loop.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from services.broker.store.types import (
     StoredRecord,
 )
 from services.broker.store.writer import GroupCommitWriter, fsync_all
-from services.common.loop import cancel_tasks
+from services.common.loop import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,11 @@ class MessageStore:
         self.writer = GroupCommitWriter(config, self.log, self.dispatcher, self._notify,
                                         self._sync_lock, self.disk)
         self.retention = Retention(self)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = [
+            Periodic("store-ckpt", config.flush_interval_ms / 1000, self._checkpoint_and_measure,
+                     pause_first=True),
+            Periodic("store-retain", config.retention_interval_s, self.retention.run_once,
+                     pause_first=True)]
         self._checkpoint_job: asyncio.Future[None] | None = None  # the thread of a checkpoint
         self.recovery_seconds = 0.0
         self.recovered_records = 0
@@ -72,8 +76,8 @@ class MessageStore:
         store = cls(config)
         await asyncio.to_thread(store._recover)
         store.writer.start()
-        store._tasks.append(asyncio.create_task(store._checkpoint_loop(), name="store-ckpt"))
-        store._tasks.append(asyncio.create_task(store._retention_loop(), name="store-retain"))
+        for loop in store._loops:
+            loop.start()
         return store
 
     def _recover(self) -> None:
@@ -97,7 +101,8 @@ class MessageStore:
             else:
                 m = record.decode_meta(view, pos, phys)
                 self.dispatcher.dispatch(m.topic, m.queue_id, m.queue_offset, phys, m.size,
-                                         m.tag_code, m.store_timestamp, m.unique_key, m.keys)
+                                         m.sys_flag, m.tag_code, m.store_timestamp, m.unique_key,
+                                         m.keys)
                 n += 1
             if n - dispatched >= 50_000:
                 self.dispatcher.write_pending()
@@ -144,27 +149,15 @@ class MessageStore:
             f.mm.flush()
         self._save_checkpoint(offset, clean)
 
-    async def _checkpoint_loop(self) -> None:
-        interval = self.config.flush_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.checkpoint()
-                self.disk.refresh()
-            except OSError:
-                log.exception("checkpoint failed; retrying in %.1fs", interval)
-
-    async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.retention_interval_s)
-            try:
-                await self.retention.run_once()
-            except OSError:
-                log.exception("retention run failed")
+    async def _checkpoint_and_measure(self) -> None:
+        """Every ``flush_interval_ms``: a checkpoint, then how full the disk is."""
+        await self.checkpoint()
+        self.disk.refresh()
 
     async def close(self) -> None:
         await self.writer.stop()
-        await cancel_tasks(*self._tasks)
+        for loop in self._loops:
+            await loop.stop()
         if self._checkpoint_job is not None:  # a cancelled checkpoint's thread still runs
             await asyncio.wait([self._checkpoint_job])
         if not self.log.error:

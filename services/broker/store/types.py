@@ -21,8 +21,10 @@ class SysFlag(IntFlag):
     """Transaction type bits of a record (RocketMQ's sysFlag, the parts tidemq uses)."""
 
     NONE = 0
+    PREPARED = 0x4  # half message: never dispatched into a real topic's queue
     COMMIT = 0x8  # a committed transactional message re-put into its real topic
-    TYPE_MASK = 0xC  # the transaction type bits (RocketMQ's PREPARED 0x4, ROLLBACK 0xC unused)
+    ROLLBACK = 0xC  # rolled back: never dispatched into a real topic's queue
+    TYPE_MASK = 0xC
 
 
 class PutStatus(StrEnum):

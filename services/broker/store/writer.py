@@ -44,7 +44,7 @@ from services.broker.store.batches import Batch, encode_records
 from services.broker.store.commitlog import CommitLog, StoreClosedError
 from services.broker.store.config import FlushMode, StoreConfig
 from services.broker.store.consume_queue import ConsumeQueue
-from services.broker.store.dispatcher import Dispatcher
+from services.broker.store.dispatcher import Dispatcher, dispatchable
 from services.broker.store.retention import DiskSpace
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 
@@ -240,10 +240,13 @@ class GroupCommitWriter:
                     base = clog.write_offset
                 phys = base + len(buf)
                 topic, queue_id = head.topic, head.queue_id
-                cq = queues.get((topic, queue_id))
-                if cq is None:
-                    cq = queues[(topic, queue_id)] = queue(topic, queue_id)
-                qoff = cq.max_offset
+                if dispatchable(head.sys_flag):
+                    cq = queues.get((topic, queue_id))
+                    if cq is None:
+                        cq = queues[(topic, queue_id)] = queue(topic, queue_id)
+                    qoff = cq.max_offset
+                else:
+                    qoff = 0  # a batch with no consume-queue units
                 at = len(buf)
                 buf += raw
                 fill(buf, at, phys, qoff, now_ms, store_host, b.born_host)

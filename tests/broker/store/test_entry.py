@@ -158,19 +158,18 @@ def test_dispatch_batch_writes_every_unit_and_index_entry(tmp_path: Path) -> Non
     disp.load()
     batch = v2_bytes([message(i) for i in range(3)], 4096, 0)
     disp.dispatch_batch(validate(batch, strict=False))
-    commit = v2_bytes([message(9, sys_flag=int(SysFlag.COMMIT))], 8192, 3)
-    disp.dispatch_batch(validate(commit, strict=False))
+    half = v2_bytes([message(9, sys_flag=int(SysFlag.PREPARED))], 8192, 0)
+    disp.dispatch_batch(validate(half, strict=False))
     assert disp.write_pending() == {("Orders", 2)}
     s = validate(batch, strict=False)
-    commit_at = 8192 + validate(commit, strict=False).positions[0]
     cq = disp.queues[("Orders", 2)]
     assert cq.read_units(0, 10) == [(4096 + p, n, tag_code("Paid"))
-                                    for p, n in zip(s.positions, s.sizes, strict=True)] + [
-        (commit_at, validate(commit, strict=False).sizes[0], tag_code("Paid"))]
-    assert cq.max_offset == 4  # every record gets its unit, whatever its sys_flag
+                                    for p, n in zip(s.positions, s.sizes, strict=True)]
+    assert cq.max_offset == 3  # the half batch got no unit
     assert index.lookup(unique_key("m-1")) == [4096 + s.positions[1]]
+    half_at = 8192 + validate(half, strict=False).positions[0]
     assert sorted(index.lookup(topic_key("Orders", "user-7"))) == [
-        *(4096 + p for p in s.positions), commit_at]
-    assert index.lookup(unique_key("m-9")) == [commit_at]
+        *(4096 + p for p in s.positions), half_at]  # a half is indexed, not queued
+    assert index.lookup(unique_key("m-9")) == [half_at]
     disp.close()
     index.close()

@@ -29,7 +29,7 @@ def append_v1(store: MessageStore, i: int, queue_id: int = 0) -> None:
     raw = record.encode_header(rec, record.HEADER_SIZE - 4 + len(payload), cq.max_offset, phys,
                                ts, STORE_HOST, payload) + payload
     clog.write(raw)
-    store.dispatcher.dispatch(rec.topic, queue_id, cq.max_offset, phys, len(raw), rec.tag_code,
+    store.dispatcher.dispatch(rec.topic, queue_id, cq.max_offset, phys, len(raw), 0, rec.tag_code,
                               ts, rec.properties["UNIQ_KEY"], rec.properties["KEYS"])
     store.dispatcher.write_pending()
 

@@ -11,6 +11,7 @@ from services.broker.store import (
     MessageRecord,
     MessageStore,
     PutStatus,
+    SysFlag,
     tag_code,
 )
 from tests.broker.store.conftest import make_record, small_config
@@ -53,6 +54,16 @@ async def test_tag_filter_skips_units_server_side(store: MessageStore) -> None:
     assert res.next_offset == 10
     none = store.get("T", 0, 28, 4, frozenset({tag_code("zzz")}))
     assert none.status == GetStatus.NO_MATCHED and none.next_offset == 30
+
+
+async def test_half_and_rollback_records_are_not_dispatched(store: MessageStore) -> None:
+    half = make_record(1, topic="Real", sys_flag=SysFlag.PREPARED)
+    rollback = make_record(2, topic="Real", sys_flag=SysFlag.ROLLBACK)
+    commit = make_record(3, topic="Real", sys_flag=SysFlag.COMMIT)
+    await store.put([half, rollback, commit])
+    assert store.queue_offsets("Real", 0) == (0, 1)
+    assert [r.message_id for r in store.get("Real", 0, 0, 10).records] == ["id-Real-3"]
+    assert store.find_by_unique_key("id-Real-1")[0].sys_flag == SysFlag.PREPARED
 
 
 async def test_queries_by_unique_key_key_and_time(store: MessageStore) -> None:

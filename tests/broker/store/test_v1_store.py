@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.store import MessageStore, StoredRecord, tag_code
+from services.broker.store import MessageStore, StoredRecord, SysFlag, tag_code
 from tests.broker.store.conftest import small_config
-from tests.broker.store.v1_store import ARCHIVE, PREPARED, SPEC, Spec
+from tests.broker.store.v1_store import ARCHIVE, SPEC, Spec
 
 ORDERS = [s for s in SPEC if s.topic == "Orders"]
 LOG_END = 196_608 + 16_225  # where the archived log ends (its last segment's start + length)
@@ -64,18 +64,14 @@ async def test_every_record_is_served_from_its_queue(store: MessageStore) -> Non
             same(rec, spec, offset)
 
 
-async def test_tags_keys_ids_and_halves_are_found(store: MessageStore,
-                                                  request: pytest.FixtureRequest) -> None:
+async def test_tags_keys_ids_and_halves_are_found(store: MessageStore) -> None:
     paid = store.get("Orders", 1, 0, 1000, frozenset({tag_code("Paid")})).records
     assert [r.message_id for r in paid] == [
         s.message_id for s in ORDERS if s.queue_id == 1 and s.tag == "Paid"]
     keyed = store.find_by_key("Orders", "user-7")
     assert sorted(r.message_id for r in keyed) == [s.message_id for s in ORDERS if s.keys]
-    for spec in (SPEC[0], SPEC[5], SPEC[161]):
+    for spec in (SPEC[0], SPEC[5], SPEC[161]):  # halves get no queue unit, only the index
         (rec,) = store.find_by_unique_key(spec.message_id)
         same(rec, spec, None if spec.sys_flag else rec.queue_offset)
-    assert SPEC[5].sys_flag == PREPARED
-    if request.node.callspec.params["store"] != "derived files lost":
-        # the archived consume queues, written when a PREPARED record got no unit (re-dispatch
-        # gives it one under today's rule; tidemq itself never wrote the bit, see v1_store.py)
-        assert store.queue_ids("RMQ_SYS_TRANS_HALF_TOPIC") == []
+    assert SPEC[5].sys_flag == int(SysFlag.PREPARED)
+    assert store.queue_ids("RMQ_SYS_TRANS_HALF_TOPIC") == []

@@ -16,12 +16,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.broker.store import MessageRecord, MessageStore, tag_code
+from services.broker.store import MessageRecord, MessageStore, SysFlag, tag_code
 from tests.broker.store.conftest import small_config
 
 ARCHIVE = Path(__file__).parent / "data" / "v1-store.tar.gz"
 COUNT = 240  # records: over several 64 KiB segments (small_config)
-PREPARED = 0x4  # the archive's halves carry RocketMQ's PREPARED bit (tidemq no longer uses it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +39,7 @@ class Spec:
 
     @property
     def sys_flag(self) -> int:
-        return 0 if self.topic == "Orders" else PREPARED
+        return 0 if self.topic == "Orders" else int(SysFlag.PREPARED)
 
     @property
     def message_id(self) -> str:
