@@ -25,13 +25,14 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from tidemq.protocol import KEYS, TAGS, UNIQ_KEY, ErrorCode, ProtocolError
-from tidemq.protocol.batch import CLIENT_PROPERTIES, KEY_SEPARATOR, DelayKind
+from tidemq.protocol import ErrorCode, ProtocolError
+from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind
 from tidemq.protocol.batch_read import BatchError, BatchSummary, decode_record, split, validate
 
 from services.broker.messaging.dedup import DedupKey, Placed
 from services.broker.store import record as v1
 from services.broker.store.batches import Batch
+from services.broker.store.entry import store_properties
 from services.broker.store.types import MessageRecord
 from services.common.clock import now_ms
 
@@ -173,14 +174,8 @@ class BatchIntake:
         for b, s in enumerate(summaries):
             for k, pos in enumerate(s.positions):
                 rec = decode_record(raw, start + pos, k)
-                props = rec.properties
-                props[UNIQ_KEY] = rec.message_id
-                if rec.tag is not None:
-                    props[TAGS] = rec.tag
-                if rec.keys:
-                    props[KEYS] = KEY_SEPARATOR.join(rec.keys)
-                record = MessageRecord(topic, s.head.queue_id, rec.body, props, rec.tag_code,
-                                       rec.flag, 0, rec.born_timestamp, host)
+                record = MessageRecord(topic, s.head.queue_id, rec.body, store_properties(rec),
+                                       rec.tag_code, rec.flag, 0, rec.born_timestamp, host)
                 kind, value = rec.delay_kind, rec.delay_value
                 if kind:
                     try:

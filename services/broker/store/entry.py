@@ -35,6 +35,7 @@ from tidemq.protocol.batch_read import (
     BatchHead,
     BatchSummary,
     Buffer,
+    DecodedRecord,
     decode_record,
     read_head,
     validate,
@@ -73,6 +74,19 @@ def validate_entry(buf: Buffer, pos: int, offset: int) -> BatchSummary | None:
         raise CorruptRecord(offset, exc.message) from None
 
 
+def store_properties(rec: DecodedRecord) -> dict[str, str]:
+    """A v2 record's properties with its message id, tag and keys added as the ``UNIQ_KEY``,
+    ``TAGS`` and ``KEYS`` properties a v1 record (and every ``StoredRecord`` reader) has."""
+    props = rec.properties
+    if rec.message_id:
+        props[UNIQ_KEY] = rec.message_id
+    if rec.tag is not None:
+        props[TAGS] = rec.tag
+    if rec.keys:
+        props[KEYS] = KEY_SEPARATOR.join(rec.keys)
+    return props
+
+
 def stored_record(head: BatchHead, buf: Buffer, p: int, offset: int) -> StoredRecord:
     """The v2 record at ``buf[p:]`` (at commit log ``offset``) of the batch ``head``."""
     try:
@@ -81,12 +95,7 @@ def stored_record(head: BatchHead, buf: Buffer, p: int, offset: int) -> StoredRe
         raise CorruptRecord(offset, exc.message) from None
     if head.base_physical + int.from_bytes(buf[p + 4:p + 8], "big") != offset:
         raise CorruptRecord(offset, "the record's batch_pos does not lead to its batch")
-    props = rec.properties
-    props[UNIQ_KEY] = rec.message_id
-    if rec.tag is not None:
-        props[TAGS] = rec.tag
-    if rec.keys:
-        props[KEYS] = KEY_SEPARATOR.join(rec.keys)
+    props = store_properties(rec)
     return StoredRecord(
         physical_offset=offset, size=rec.size, topic=head.topic, queue_id=head.queue_id,
         queue_offset=head.base_queue_offset + rec.ordinal, body=rec.body, properties=props,
