@@ -10,7 +10,8 @@ batches, without fsync — the ceiling of a store written in this language (its 
 
 1. baseline                 records/s of that loop
 2. async append             64 writer coroutines, ``await store.put([rec])`` each, flush=async
-                            (extra row: 16 records per put)
+                            (extra rows: 16 records per put; a producer's v2 batch of 16,
+                            validated and appended as sent: the broker's part of a batch send)
 3. sync append              the same with flush=sync (group commit), plus records per fsync
                             (extra row: 16 records per put)
 4. sequential read          ``store.get(topic, qid, offset, 32..256)`` per queue, everything back
@@ -51,18 +52,24 @@ from pathlib import Path
 from struct import pack_into as struct_pack_into
 from typing import Any
 
+from tidemq.protocol.batch import CLIENT_PROPERTIES, BatchBuilder
+from tidemq.protocol.batch_read import validate
+
 from bench._common import Row, err, loop_name, print_json, print_table, progress, run
 from services.broker.store import (
     FlushMode,
     GetStatus,
     MessageRecord,
     MessageStore,
+    PutResult,
     PutStatus,
     StoreConfig,
     tag_code,
 )
 from services.broker.store import record as rec_fmt
+from services.broker.store.batches import Batch
 from services.broker.store.checkpoint import Checkpoint
+from services.broker.store.record import encode_host
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -275,19 +282,29 @@ async def _monitor(prog: Any, task: Any, done: Callable[[], int], stop: asyncio.
 
 
 async def bench_append(store: MessageStore, recs: list[MessageRecord], per_put: int,
-                       label: str) -> dict[str, float]:
-    """``WRITERS`` coroutines, each putting ``per_put`` records per call until all are in."""
+                       label: str, batches: bool = False) -> dict[str, float]:
+    """``WRITERS`` coroutines, each putting ``per_put`` records per call until all are in;
+    ``batches``: each call is one producer-made v2 batch of ``per_put`` records (encoded before
+    the clock starts, as a producer does), validated strictly and appended as it is, which is
+    the broker's part of a batch send."""
     done = 0
     busy = 0
     shares = [recs[w::WRITERS] for w in range(WRITERS)]
+    born = encode_host(BORN_HOST)
+
+    async def put_batch(raw: bytes) -> PutResult:
+        summary = validate(raw, allowed=CLIENT_PROPERTIES)
+        return await store.writer.append_batches([Batch(raw, summary, born)])
 
     async def writer(mine: list[MessageRecord]) -> None:
         nonlocal done, busy
         put = store.put
         i, n = 0, len(mine)
+        encoded = [_as_batch(mine[k:k + per_put]) for k in range(0, n, per_put)] \
+            if batches else []
         while i < n:
             batch = mine[i:i + per_put]
-            res = await put(batch)
+            res = await (put_batch(encoded[i // per_put]) if batches else put(batch))
             if res.status is PutStatus.OK:
                 i += per_put
                 done += len(batch)
@@ -318,6 +335,15 @@ async def bench_append(store: MessageStore, recs: list[MessageRecord], per_put: 
             "fsyncs": float(stats["fsyncs"])}
 
 
+def _as_batch(recs: list[MessageRecord]) -> bytes:
+    """The v2 batch a producer would send for ``recs`` (all of one queue)."""
+    b = BatchBuilder(recs[0].topic, recs[0].queue_id)
+    for r in recs:
+        b.add(r.body, r.properties["UNIQ_KEY"], tag=r.properties.get("TAGS"),
+              born_timestamp=r.born_timestamp)
+    return b.finish()
+
+
 def cpu_us(fig: dict[str, float]) -> float:
     """CPU µs per record of a phase: its CPU share over its rate."""
     return fig["cpu_util"] / fig["msgs_per_s"] * 1e6 if fig["msgs_per_s"] else 0.0
@@ -328,12 +354,12 @@ def store_config(root: Path, flush: FlushMode, **kw: Any) -> StoreConfig:
 
 
 async def append_phase(root: Path, recs: list[MessageRecord], flush: FlushMode, per_put: int,
-                       label: str, prof: Profiler, keep_open: bool = False
-                       ) -> tuple[dict[str, float], MessageStore | None]:
+                       label: str, prof: Profiler, keep_open: bool = False,
+                       batches: bool = False) -> tuple[dict[str, float], MessageStore | None]:
     store = await MessageStore.open(store_config(root, flush))
     try:
         with prof.phase(label):
-            res = await bench_append(store, recs, per_put, label)
+            res = await bench_append(store, recs, per_put, label, batches)
     except BaseException:
         await store.close()
         raise
@@ -535,6 +561,14 @@ async def run_store_phases(tmp: Path, sizes: Sizes, records: Records, prof: Prof
     del recs
     shutil.rmtree(tmp / "async16")
 
+    recs = records.many(2_500_000_000, sizes.async_batched)
+    with frozen_garbage():
+        out["async_v2"], _ = await append_phase(
+            tmp / "asyncv2", recs, FlushMode.ASYNC, 16, "async append, producer batches of 16",
+            prof, batches=True)
+    del recs
+    shutil.rmtree(tmp / "asyncv2")
+
     recs = records.many(3_000_000_000, sizes.sync_single)
     with frozen_garbage():
         out["sync"], _ = await append_phase(
@@ -605,6 +639,9 @@ def main(argv: list[str] | None = None) -> int:
         Row("async append, 64 writers x 1 rec/put", a["mb_per_s"], "MB/s"),
         Row("async append, 64 writers x 16 rec/put (extra)", a16["msgs_per_s"], "msgs/s",
             ratio(a16["msgs_per_s"], b)),
+        Row("async append, 64 writers x producer batch of 16 (v2 as sent; extra)",
+            phases["async_v2"]["msgs_per_s"], "msgs/s",
+            ratio(phases["async_v2"]["msgs_per_s"], b)),
         Row("sync append (group commit), 64 x 1 rec/put", s["msgs_per_s"], "msgs/s",
             ratio(s["msgs_per_s"], b), f">= {TARGET_SYNC}x baseline",
             ratio(s["msgs_per_s"], b) >= TARGET_SYNC),
@@ -662,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
             "async_append_ratio": ratio(a["msgs_per_s"], b),
             "async_batched_msgs_per_s": a16["msgs_per_s"],
             "async_batched_ratio": ratio(a16["msgs_per_s"], b),
+            "async_v2_batch_msgs_per_s": phases["async_v2"]["msgs_per_s"],
+            "async_v2_batch_ratio": ratio(phases["async_v2"]["msgs_per_s"], b),
             "sync_append_msgs_per_s": s["msgs_per_s"], "sync_append_mb_per_s": s["mb_per_s"],
             "sync_append_ratio": ratio(s["msgs_per_s"], b),
             "records_per_fsync": s["records_per_fsync"],
