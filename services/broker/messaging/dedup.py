@@ -18,9 +18,10 @@ that never knew it, so remembering it would only cost memory.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 DedupKey = tuple[str, str]  # (topic, message_id)
 #: What is kept per key: (queue id, queue offset, stored ms, waiting) - a Placed and its time.
@@ -38,6 +39,39 @@ class Placed(NamedTuple):
 
 #: The future of one write of keys being stored: where each record of the write went (by index).
 WriteFuture = asyncio.Future[Sequence["Placed | None"]]
+#: A run of consecutive records of one write: queue id, queue offset of its first, count, stored ms.
+Run = tuple[int, int, int, int]
+
+
+class RunPlaces(Sequence[Placed]):
+    """Where each record of a write of runs went, by its index in the write (computed when
+    asked: a waiting duplicate asks for one)."""
+
+    def __init__(self, runs: list[Run]) -> None:
+        self.runs = runs
+        self.starts: list[int] = []
+        n = 0
+        for run in runs:
+            self.starts.append(n)
+            n += run[2]
+        self.size = n
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, i: int) -> Placed: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Placed]: ...
+
+    def __getitem__(self, i: int | slice) -> Placed | Sequence[Placed]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.size))]
+        if not 0 <= i < self.size:
+            raise IndexError(i)
+        r = bisect_right(self.starts, i) - 1
+        qid, first, _, _ = self.runs[r]
+        return Placed(qid, first + i - self.starts[r])
 
 
 class DedupCache:
@@ -80,14 +114,46 @@ class DedupCache:
         """The future of the write storing ``key`` right now and its index there, or None."""
         return self._inflight.get(key)
 
-    def begin(self, keys: Mapping[int, DedupKey]) -> WriteFuture:
-        """Mark ``keys`` (index in one write → key) as being stored; duplicates arriving
-        meanwhile await the returned future and take their index of its result."""
+    def begin(self, keys: Mapping[int, DedupKey] | Sequence[DedupKey]) -> WriteFuture:
+        """Mark ``keys`` (index in one write → key; a sequence: by position) as being stored;
+        duplicates arriving meanwhile await the returned future and take their index of its
+        result."""
         fut: WriteFuture = asyncio.get_running_loop().create_future()
         inflight = self._inflight
-        for i, key in keys.items():
+        for i, key in keys.items() if isinstance(keys, Mapping) else enumerate(keys):
             inflight[key] = (fut, i)
         return fut
+
+    def unknown(self, keys: Sequence[DedupKey], now_ms: int) -> bool:
+        """True when no key of ``keys`` was stored within the window (as this process
+        remembers it) or is being stored now."""
+        recent, inflight = self._recent, self._inflight
+        horizon = now_ms - self.window_ms
+        for key in keys:
+            entry = recent.get(key)
+            if (entry is not None and entry[2] >= horizon) or key in inflight:
+                return False
+        return True
+
+    def finish_runs(self, keys: Sequence[DedupKey], fut: WriteFuture, runs: list[Run]) -> None:
+        """``finish`` for a write of consecutive ``runs`` whose record i has ``keys[i]``."""
+        inflight, recent = self._inflight, self._recent
+        enabled = self.enabled
+        i = 0
+        for qid, first, n, ms in runs:
+            for j in range(n):
+                key = keys[i]
+                i += 1
+                entry = inflight.get(key)
+                if entry is not None and entry[0] is fut:
+                    del inflight[key]
+                if enabled:
+                    if key in recent:
+                        recent.move_to_end(key)
+                    recent[key] = (qid, first + j, ms, None)
+        self._evict()
+        if not fut.done():
+            fut.set_result(RunPlaces(runs))
 
     def finish(self, keys: Mapping[int, DedupKey], fut: WriteFuture,
                placed: Sequence[Placed | None] | None, error: BaseException | None = None,
@@ -116,6 +182,10 @@ class DedupCache:
             return
         self._recent[key] = (placed.queue_id, placed.queue_offset, stored_ms, placed.waiting)
         self._recent.move_to_end(key)
+        self._evict()
+
+    def _evict(self) -> None:
+        """Keep at most ``max_entries``, dropping the oldest."""
         while len(self._recent) > self.max_entries:
             _, (_, _, ts, _) = self._recent.popitem(last=False)
             # an entry still inside the window was dropped: fall back to the index until it ages

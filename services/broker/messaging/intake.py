@@ -29,7 +29,7 @@ from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind
 from tidemq.protocol.batch_read import BatchError, BatchSummary, decode_record, split, validate
 
-from services.broker.messaging.dedup import DedupKey, Placed
+from services.broker.messaging.dedup import DedupKey, Run
 from services.broker.store import record as v1
 from services.broker.store.batches import Batch
 from services.broker.store.entry import store_properties
@@ -104,34 +104,27 @@ class BatchIntake:
         return {"batches": [[qid, first, n] for qid, first, n, _ in placed]}
 
     def _fresh_keys(self, topic: str, summaries: list[BatchSummary], now: int
-                    ) -> dict[int, DedupKey] | None:
-        """The dedup keys of every record by its index in the request, when none is delayed or
-        known (the fast path); None when one is (``{}`` when dedup is off)."""
+                    ) -> list[DedupKey] | None:
+        """The dedup keys of every record in request order, when none is delayed or known
+        (the fast path); None when one is (``[]`` when dedup is off)."""
         if any(s.delayed for s in summaries):
             return None
-        cache = self.sender.dedup
+        sender = self.sender
+        cache = sender.dedup
         if not cache.enabled:
-            return {}
+            return []
         cache.expire(now)
-        use_index = cache.needs_index(now)
-        keys: dict[int, DedupKey] = {}
-        lookup, in_flight, indexed = cache.lookup, cache.in_flight, self.sender.indexed
-        i = 0
-        for s in summaries:
-            for mid in s.message_ids:
-                key = (topic, mid)
-                if (lookup(key, now) is not None or in_flight(key) is not None
-                        or (use_index and indexed(key, now) is not None)):
-                    return None
-                keys[i] = key
-                i += 1
-        if len(keys) != len(set(keys.values())):
-            return None  # an id twice in the request
+        keys = [(topic, mid) for s in summaries for mid in s.message_ids]
+        if not cache.unknown(keys, now) or len(set(keys)) != len(keys):
+            return None  # known, being stored, or twice in the request
+        if cache.needs_index(now):
+            indexed = sender.indexed
+            if any(indexed(key, now) is not None for key in keys):
+                return None
         return keys
 
     async def _append(self, topic: str, batches: list[Batch],
-                      keys: dict[int, DedupKey] | None = None, future: Any = None
-                      ) -> list[tuple[int, int, int, int]]:
+                      keys: list[DedupKey] | None = None, future: Any = None) -> list[Run]:
         """One group commit of ``batches``; per batch (queue, first offset, count, stored ms).
         Settles the dedup ``future`` of ``keys`` (the places, or the error)."""
         from services.broker.messaging.send import appended_or_raise
@@ -149,17 +142,12 @@ class BatchIntake:
             if keys:
                 err = exc if isinstance(exc, ProtocolError) else ProtocolError(
                     ErrorCode.UNAVAILABLE, f"store write failed: {type(exc).__name__}")
-                cache.finish(keys, future, None, err)
+                cache.finish(dict(enumerate(keys)), future, None, err)
             raise
         out = [(a.queue_id, a.queue_offset, b.summary.head.count, a.store_timestamp)
                for a, b in zip(appended, batches, strict=True)]
         if keys:
-            placed: list[Placed | None] = []
-            stored_ms: list[int] = []
-            for qid, first, n, ms in out:
-                placed.extend(Placed(qid, first + j) for j in range(n))
-                stored_ms.extend([ms] * n)
-            cache.finish(keys, future, placed, stored_ms=stored_ms)
+            cache.finish_runs(keys, future, out)
         return out
 
     async def _one_by_one(self, topic: str, raw: bytes, summaries: list[BatchSummary],

@@ -4,6 +4,7 @@ same layers as a JSON send, delays routed per record."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from tidemq.protocol.batch import U32, BatchBuilder, DelayKind, seal
 from tidemq.protocol.batch_read import validate
 
 from services.broker.delays.routing import SCHEDULE_TOPIC, DelayRouter
-from services.broker.messaging.dedup import DedupCache
+from services.broker.messaging.dedup import DedupCache, Placed, RunPlaces
 from services.broker.messaging.send import SendService
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
@@ -159,3 +160,24 @@ async def test_a_delayed_record_waits_and_the_others_are_stored(sent: Any) -> No
         await svc.send_batches("T", b.finish(), HOST)
     assert err.value.code is ErrorCode.INVALID_DELAY and "records[0].delay_value" in \
         err.value.message
+
+
+async def test_a_duplicate_sent_while_the_batch_is_written_waits_for_its_place(
+        sent: Any) -> None:
+    svc, store = sent
+    first, again = await asyncio.gather(
+        svc.send_batches("T", batch(0, ["w1"]) + batch(2, ["w2", "w3"]), HOST),
+        svc.send("T", {"messages": [{"message_id": "w3", "body": "x"},
+                                    {"message_id": "w1", "body": "x"}]}, HOST))
+    assert first == {"batches": [[0, 0, 1], [2, 0, 2]]}
+    assert [(r["queue_id"], r["queue_offset"]) for r in again] == [(2, 1), (0, 0)]
+    assert store.queue_offsets("T", 0) == (0, 1) and store.queue_offsets("T", 2) == (0, 2)
+
+
+def test_run_places_index_a_write_of_runs() -> None:
+    places = RunPlaces([(3, 10, 2, 0), (1, 0, 3, 0)])
+    assert len(places) == 5 and list(places) == [
+        Placed(3, 10), Placed(3, 11), Placed(1, 0), Placed(1, 1), Placed(1, 2)]
+    assert places[1:3] == [Placed(3, 11), Placed(1, 0)]
+    with pytest.raises(IndexError):
+        places[5]
