@@ -24,7 +24,7 @@ from tidemq.protocol.batch_read import BatchError, read_head
 from tidemq.protocol.stored import GROUP
 
 from services.broker.store import record
-from services.broker.store.entry import V1, ReadBytes, as_group, kind_at, read_head_of
+from services.broker.store.entry import ReadBytes, as_group, read_head_of
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ MAX_SPAN = 4 * 1024 * 1024  # ... as long as the span stays below this
 _LENS = struct.Struct(">HH")  # a record's id_len, tag_len
 _LENS_AT = 55
 _CRC = struct.Struct(">I")
+_V1_MAGIC = record.MAGIC.to_bytes(4, "big")
 
 
 def spans(spots: list[tuple[int, int]], segment_bytes: int) -> list[tuple[int, int, int]]:
@@ -72,7 +73,7 @@ def stored_groups(read_bytes: ReadBytes, spots: list[tuple[int, int]], segment_b
             if len(buf) < p + size or size < RECORD_FIXED:
                 log.error("refusing to serve record at %d: beyond the log's end", phys)
                 continue
-            if kind_at(buf, p) == V1:
+            if buf[p + 4:p + 8] == _V1_MAGIC:  # a version 1 record (a v2 one has batch_pos)
                 try:
                     rec = record.decode(buf, p, phys)
                 except (record.CorruptRecord, UnicodeDecodeError, ValueError) as exc:
