@@ -80,7 +80,7 @@ class Broker:
         self.store = await MessageStore.open(s.store_config())
         store = self.store
         self.role = await asyncio.to_thread(
-            static_role, EpochFile(s.data_dir / EPOCH_FILE), s.address,
+            static_role, EpochFile(s.data_dir / EPOCH_FILE), s.internal_url,
             lambda: store.log.write_offset,
             # with etcd every member starts as a replica; the election picks the primary
             s.role or ("replica" if s.etcd_urls else ""), s.broker_id, s.primary_address,
@@ -131,6 +131,7 @@ class Broker:
             s.nameserver_urls, s.cluster, s.broker_name, s.address, self.topics.route_table,
             s.register_interval_s, token=s.token, broker_id=s.broker_id,
             role=self.role.role.value, epoch=self.role.epoch,
+            internal_address=s.internal_address or None,
             grpc_address=s.grpc_address if s.grpc_enabled and s.grpc_port else None,
             max_offset_provider=lambda: store.log.write_offset)
         self.topics.add_listener(self._topic_changed)

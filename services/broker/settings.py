@@ -46,6 +46,10 @@ class BrokerSettings(ServiceSettings):
     broker_id: int = Field(default=0, ge=0, le=MAX_BROKER_ID)  # member of its group (0 = primary)
     # base URL clients use ("" = http://{host}:{port}, https:// when tls_cert is set)
     advertised_address: str = ""
+    # base URL the deployment's own services (checker, scheduler, metrics sidecar, console, the
+    # group's other members) use when it is not the advertised one, e.g. compose's
+    # https://broker-a:10911 while clients on the host get https://127.0.0.1:10911 ("" = address)
+    internal_address: str = ""
     nameservers: str = ""  # comma-separated nameserver base URLs ("" = register nowhere)
     # nameserver heartbeat period (s)
     register_interval_s: float = Field(default=BROKER_HEARTBEAT_INTERVAL_S, gt=0)
@@ -150,7 +154,7 @@ class BrokerSettings(ServiceSettings):
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
-    @field_validator("advertised_address")
+    @field_validator("advertised_address", "internal_address")
     @classmethod
     def _strip_slash(cls, value: str) -> str:
         return value.rstrip("/")
@@ -161,6 +165,11 @@ class BrokerSettings(ServiceSettings):
         if self.advertised_address:
             return self.advertised_address
         return f"{scheme(self.tls)}://{self.reachable_host}:{self.port}"
+
+    @property
+    def internal_url(self) -> str:
+        """The base URL the other services of the deployment reach this broker at."""
+        return self.internal_address or self.address
 
     @property
     def grpc_address(self) -> str:

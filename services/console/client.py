@@ -97,7 +97,8 @@ class ConsoleClient:
 
     async def brokers(self, primaries_only: bool = True) -> list[Broker]:
         _, answer = await self.cluster()
-        found = [Broker(str(b.get("broker_name", "")), str(b.get("address", "")),
+        found = [Broker(str(b.get("broker_name", "")),
+                        str(b.get("internal_address") or b.get("address", "")),
                         str(b.get("role", "primary")), int(b.get("broker_id", 0)),
                         int(b.get("last_heartbeat_ms", 0)), dict(b.get("topics") or {}),
                         int(b.get("max_offset", 0)), int(b.get("epoch") or 0))

@@ -65,6 +65,9 @@ class HeartbeatBody(BaseModel):
     grpc_address: str | None = Field(None, max_length=1024,
                                      description="host:port of its gRPC door, null when none")
     max_offset: StrictInt = Field(0, ge=0, description="commit log max physical offset (bytes)")
+    internal_address: str | None = Field(
+        None, max_length=1024, description="base URL the deployment's own services use, when "
+        "not ``address`` (e.g. a container name, while ``address`` is a published port)")
 
     @field_validator("grpc_address")
     @classmethod
@@ -72,6 +75,11 @@ class HeartbeatBody(BaseModel):
         if address is not None and not GRPC_ADDRESS_RE.match(address):
             raise ValueError(f"{address!r} is not host:port (like 127.0.0.1:8081)")
         return address
+
+    @field_validator("internal_address")
+    @classmethod
+    def _internal_address(cls, address: str | None) -> str | None:
+        return None if address is None else cls._address(address)
 
     @field_validator("address")
     @classmethod
@@ -175,7 +183,8 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
         topics = {name: TopicInfo(queues=t.queues, perm=t.perm) for name, t in body.topics.items()}
         brokers.heartbeat(body.cluster, body.broker_name, body.address, topics,
                           broker_id=body.broker_id, role=body.role, epoch=body.epoch,
-                          grpc_address=body.grpc_address, max_offset=body.max_offset)
+                          grpc_address=body.grpc_address, max_offset=body.max_offset,
+                          internal_address=body.internal_address)
         metrics.heartbeats.inc()
         return reply(request, {})
 
