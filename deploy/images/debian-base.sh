@@ -26,11 +26,17 @@ SECURITY=${DEBIAN_SECURITY_MIRROR:-$(host_mirror debian-security)}
 SECURITY=${SECURITY:-http://deb.debian.org/debian-security}
 
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/tidemq-debian-base.XXXXXX")
-trap 'rm -rf "$ROOT"' EXIT
+LOG=$ROOT.log
+unmount() { grep -o " $ROOT/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l; }
+trap 'unmount; rm -rf "$ROOT" "$LOG"' EXIT
 echo "debootstrap --variant=minbase $SUITE from $MIRROR" >&2
-debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$ROOT.log" 2>&1 \
-    || { tail -n 30 "$ROOT.log" >&2; rm -f "$ROOT.log"; exit 1; }
-rm -f "$ROOT.log"
+# in two stages, so that dpkg installs without an fsync per file (as Debian's official images
+# configure it: docker-apt-speedup, kept for the images' own apt-get installs); half the time
+fail() { tail -n 30 "$LOG" >&2; exit 1; }
+debootstrap --foreign --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$LOG" 2>&1 || fail
+echo force-unsafe-io >"$ROOT/etc/dpkg/dpkg.cfg.d/docker-apt-speedup"
+chroot "$ROOT" /debootstrap/debootstrap --second-stage >>"$LOG" 2>&1 || fail
+unmount
 
 # apt inside the images uses the host's mirror, with the updates and security suites
 rm -f "$ROOT/etc/apt/sources.list"
