@@ -27,7 +27,7 @@ SECURITY=${SECURITY:-http://deb.debian.org/debian-security}
 
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/tidemq-debian-base.XXXXXX")
 LOG=$ROOT.log
-unmount() { grep -o " $ROOT/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l; }
+unmount() { grep -o " $ROOT/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l || true; }
 trap 'unmount; rm -rf "$ROOT" "$LOG"' EXIT
 echo "debootstrap --variant=minbase $SUITE from $MIRROR" >&2
 # in two stages, so that dpkg installs without an fsync per file (as Debian's official images
