@@ -23,22 +23,51 @@ PY=${PY:-$REPO/.venv/bin/python}
 BASE=debian:bookworm-slim
 IMAGES=(tidemq redis etcd prometheus)  # deploy/images/<name>, tagged as docker-compose.yml says
 
+# CPU accounting: this script, its dockerd and every container and build step it runs share one
+# cgroup (the script in $CG/run, dockerd's containers under $CG/docker), so each step's CPU
+# seconds are its own, whatever else the machine runs. Left out where cgroups are not writable.
+CG_NAME=tidemq-compose-$$
+CG=""
+if [ -f /sys/fs/cgroup/cpuacct/cpuacct.usage ]; then CG=/sys/fs/cgroup/cpuacct/$CG_NAME  # v1
+elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then CG=/sys/fs/cgroup/$CG_NAME  # v2
+fi
+if [ -n "$CG" ] && ! { mkdir -p "$CG/run" && echo $$ >"$CG/run/cgroup.procs"; } 2>/dev/null; then
+    rmdir "$CG/run" "$CG" 2>/dev/null; CG=""
+fi
+cpu_ns() {  # CPU time used by everything in the cgroup so far (ns)
+    if [ -f "$CG/cpuacct.usage" ]; then cat "$CG/cpuacct.usage"
+    elif [ -n "$CG" ]; then echo $(( $(sed -n 's/^usage_usec //p' "$CG/cpu.stat") * 1000 ))
+    else echo 0; fi
+}
+uncgroup() {  # back to the root cgroup; remove ours (and what dockerd made under it)
+    [ -n "$CG" ] || return 0
+    echo $$ >"$(dirname "$CG")/cgroup.procs"
+    find /sys/fs/cgroup -depth -type d -path "*/$CG_NAME*" -exec rmdir {} + 2>/dev/null
+    CG=""
+}
+
 STEPS=()
 START=$(date +%s.%N)
 t0=$START
-mark() {  # mark NAME: the time since the last mark, and the load average now
-    local now load
+c0=$(cpu_ns)
+CPU0=$c0
+mark() {  # mark NAME: the time and CPU since the last mark, and the load average now
+    local now cpu load
     now=$(date +%s.%N)
+    cpu=$(cpu_ns)
     load=$(cut -d' ' -f1-3 /proc/loadavg)
-    STEPS+=("$(printf '%-34s %7.1f s   load %s' "$1" "$(echo "$now - $t0" | bc)" "$load")")
-    t0=$now
+    STEPS+=("$(printf '%-40s %6.1f s %6.1f   %s' "$1" "$(echo "$now - $t0" | bc)" \
+        "$(echo "($cpu - $c0) / 1000000000" | bc -l)" "$load")")
+    t0=$now c0=$cpu
 }
 SIZES=()
 report() {
     echo
-    echo "compose-test: step times (load average: 1, 5, 15 min at the step's end)"
+    echo "compose-test: $(nproc) cores; CPU s: used by this run's processes, containers and builds"
+    printf '  %-40s %8s %6s   %s\n' step wall "CPU s" "load average (1, 5, 15 min) at its end"
     printf '  %s\n' "${STEPS[@]}"
-    printf '  %-34s %7.1f s\n' "total" "$(echo "$(date +%s.%N) - $START" | bc)"
+    printf '  %-40s %6.1f s %6.1f\n' "total" "$(echo "$(date +%s.%N) - $START" | bc)" \
+        "$(echo "($(cpu_ns) - $CPU0) / 1000000000" | bc -l)"
     [ ${#SIZES[@]} -eq 0 ] || { echo "compose-test: image sizes"; printf '  %s\n' "${SIZES[@]}"; }
 }
 say() { echo "compose-test: $*" >&2; }
@@ -66,6 +95,7 @@ cleanup() {
         kill -0 "$DOCKERD_PID" 2>/dev/null && kill -9 "$DOCKERD_PID"
         grep -o " $TMP/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null
     fi
+    uncgroup
     rm -rf "$TMP"
     exit $rc
 }
@@ -81,7 +111,8 @@ else
     # its own bridge networks only (compose's), and no change to net.ipv4.ip_forward (which
     # would also turn the host's FORWARD policy to DROP): builds use the host's network
     dockerd --host "unix://$TMP/docker.sock" --data-root "$TMP/root" --exec-root "$TMP/exec" \
-        --pidfile "$TMP/docker.pid" --bridge=none --ip-forward=false >"$TMP/dockerd.log" 2>&1 &
+        --pidfile "$TMP/docker.pid" --bridge=none --ip-forward=false \
+        ${CG:+--cgroup-parent=/$CG_NAME/docker} >"$TMP/dockerd.log" 2>&1 &
     DOCKERD_PID=$!
     export DOCKER_HOST=unix://$TMP/docker.sock
     for _ in $(seq 120); do docker info >/dev/null 2>&1 && break; sleep 0.25; done
@@ -130,7 +161,7 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 mark "build ${#IMAGES[@]} images in parallel ($BUILDER)"
 for name in "${IMAGES[@]}"; do
     read -r _ secs <"$TMP/build-$name.time"
-    STEPS+=("$(printf '  %-32s %7.1f s' "image $name" "$secs")")
+    STEPS+=("$(printf '  %-38s %6.1f s' "image $name" "$secs")")
 done
 
 # every published port on a free one (the variables the compose file reads)
