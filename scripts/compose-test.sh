@@ -84,7 +84,6 @@ export COMPOSE_HTTP_TIMEOUT=300
 cleanup() {
     local rc=$?
     set +e
-    report
     if [ -n "$COMPOSE_UP" ] && [ "${COMPOSE_TEST_KEEP:-}" != 1 ]; then
         [ $rc -ne 0 ] && docker-compose ps >&2 && docker-compose logs --tail=40 >&2
         docker-compose down -v --remove-orphans >/dev/null 2>&1
@@ -95,8 +94,10 @@ cleanup() {
         kill -0 "$DOCKERD_PID" 2>/dev/null && kill -9 "$DOCKERD_PID"
         grep -o " $TMP/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null
     fi
-    uncgroup
     rm -rf "$TMP"
+    mark "stop dockerd, remove its data root"
+    report
+    uncgroup
     exit $rc
 }
 trap cleanup EXIT
