@@ -187,7 +187,7 @@ def test_every_image_but_grafana_is_built_from_one_debian_base() -> None:
     assert {images[name] for name in TIDEMQ} == {"tidemq:local"}
     for name in ("redis", "etcd", "prometheus"):
         assert images[name] == f"tidemq-{name}:local"
-        assert services[name]["build"] == f"deploy/images/{name}"
+        assert services[name]["build"] == {"context": f"deploy/images/{name}", "network": "host"}
     assert images["grafana"].startswith("grafana/grafana:")  # Debian has no package
     for dockerfile in (DEPLOY / "images").glob("*/Dockerfile"):
         froms = [line.split()[1] for line in dockerfile.read_text().splitlines()
