@@ -33,8 +33,8 @@ def test_heartbeat_registers_broker_and_its_routes(registry: BrokerRegistry,
     [broker] = registry.brokers()
     assert broker.to_wire() == {
         "cluster": "c1", "broker_name": "broker-a", "broker_id": 0, "role": "primary",
-        "epoch": 0, "address": "http://127.0.0.1:10911", "internal_address": None, "grpc_address": None,
-        "max_offset": 0,
+        "epoch": 0, "address": "http://127.0.0.1:10911", "internal_address": None,
+        "grpc_address": None, "max_offset": 0,
         "last_heartbeat_ms": clock.now_ms,
         "topics": {"audit": {"queues": 2, "perm": "r"}, "orders": {"queues": 8, "perm": "rw"}},
     }
