@@ -47,6 +47,7 @@ from tidemq import (
 
 from tests.support.compose import preflight
 from tests.support.procs import REPO
+from tests.support.procs import wait_for as poll
 
 pytestmark = pytest.mark.integration
 
@@ -100,19 +101,13 @@ def cli(*args: str, broker: str | None = None) -> str:
                           capture_output=True, text=True, check=True, timeout=60).stdout
 
 
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float) -> Any:
+    """What ``probe`` returns once it is true; fails after ``timeout_s`` (a bound, not a target)."""
+    return poll(probe, timeout_s, what, every=0.5)
+
+
 def tls() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=os.environ["TIDEMQ_TLS_CA"])
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:g} s")
-        time.sleep(0.5)
 
 
 class Loop:
