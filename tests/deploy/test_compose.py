@@ -1,4 +1,5 @@
-"""docker-compose.yml, deploy/Dockerfile and the Prometheus config, validated offline."""
+"""docker-compose.yml, deploy/images and the Prometheus config, validated offline (make
+compose-test runs them for real)."""
 
 from __future__ import annotations
 
