@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ from tidemq import (
 
 from tests.support.compose import preflight
 from tests.support.procs import REPO
-from tests.support.procs import wait_for as poll
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +72,7 @@ DELAY_MS = 5_000
 CHECK_WAIT_S = 180.0
 SEEN_WAIT_S = 120.0
 SIDECAR_WAIT_S = 300.0
+POLL_S = 0.5
 TIDEMQ_JOBS = {"tidemq-nameserver", "tidemq-broker", "tidemq-checker", "tidemq-scheduler",
                "tidemq-metrics", "tidemq-console"}
 
@@ -100,10 +101,6 @@ def cli(*args: str, broker: str | None = None) -> str:
     return subprocess.run([str(Path(sys.executable).parent / "tidemq"), *where, *args],
                           capture_output=True, text=True, check=True, timeout=60).stdout
 
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float) -> Any:
-    """What ``probe`` returns once it is true; fails after ``timeout_s`` (a bound, not a target)."""
-    return poll(probe, timeout_s, what, every=0.5)
 
 
 def tls() -> ssl.SSLContext:
@@ -226,7 +223,7 @@ def test_sent_and_consumed_through_the_sdk_on_both_groups(system: System) -> Non
         return {r.message_id for r in results}
 
     ids = system.loop.run(send())
-    wait_for("every message consumed", lambda: system.seen.has(ids), SEEN_WAIT_S)
+    wait_until(lambda: system.seen.has(ids), SEEN_WAIT_S, "every message consumed", POLL_S)
     for name, broker in BROKERS.items():  # both groups stored some, read at their own port
         shown = json.loads(cli("topic", "show", system.topic, "--json", broker=broker))
         stored = sum(q["max"] for q in shown["offsets"])
@@ -234,13 +231,14 @@ def test_sent_and_consumed_through_the_sdk_on_both_groups(system: System) -> Non
 
 
 def test_an_unknown_transaction_is_checked_back_and_committed(system: System) -> None:
-    wait_for("the UNKNOWN transaction committed by its check",
-             lambda: system.seen.has({system.tx_id}), CHECK_WAIT_S)
+    wait_until(lambda: system.seen.has({system.tx_id}), CHECK_WAIT_S,
+               "the UNKNOWN transaction committed by its check", POLL_S)
     assert system.tx_id in system.listener.checked
 
 
 def test_a_delayed_message_arrives_not_early(system: System) -> None:
-    wait_for("the delayed message", lambda: system.seen.has({system.delayed_id}), SEEN_WAIT_S)
+    wait_until(lambda: system.seen.has({system.delayed_id}), SEEN_WAIT_S, "the delayed message",
+               POLL_S)
     arrived_ms, message = system.seen.messages[system.delayed_id]
     assert message.store_timestamp_ms >= system.deliver_at_ms  # delivered when due, not before
     assert arrived_ms >= system.deliver_at_ms
@@ -253,29 +251,29 @@ def prometheus(query: str) -> list[dict[str, Any]]:
 
 
 def test_prometheus_has_every_target_up_and_the_sidecars_check_series(system: System) -> None:
-    def targets_up() -> dict[str, str] | None:
+    def targets_up() -> dict[str, str]:  # instance → health, once all are up (else empty)
         active = httpx.get(f"{PROMETHEUS}/api/v1/targets", timeout=10).json()["data"][
             "activeTargets"]
         health = {t["labels"]["instance"]: t["health"] for t in active
                   if t["labels"]["job"] in TIDEMQ_JOBS}
         jobs = {t["labels"]["job"] for t in active}
-        return health if jobs >= TIDEMQ_JOBS and set(health.values()) == {"up"} else None
+        return health if jobs >= TIDEMQ_JOBS and set(health.values()) == {"up"} else {}
 
-    health = wait_for("every tidemq target up", targets_up, SEEN_WAIT_S)
+    health = wait_until(targets_up, SEEN_WAIT_S, "every tidemq target up", POLL_S)
     services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
     assert set(health) == {f"{name}:{svc['expose'][0]}" for name, svc in services.items()
                            if svc.get("image") == "tidemq:local" and name != "init-secrets"}
-    wait_for("the check-back test's transaction", lambda: system.seen.has({system.tx_id}),
-             CHECK_WAIT_S)
+    wait_until(lambda: system.seen.has({system.tx_id}), CHECK_WAIT_S,
+               "the check-back test's transaction", POLL_S)
     group = f'producer_group="{system.tx_group}"'
 
-    def series() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
-        checks = prometheus(f"tidemq_transaction_checks_total{{{group}}} >= 1")
-        discards = prometheus(f"tidemq_transaction_discards_total{{{group}}}")
-        return (checks, discards) if checks and discards else None
+    def series() -> dict[str, list[dict[str, Any]]]:  # both families, once both are there
+        found = {"checks": prometheus(f"tidemq_transaction_checks_total{{{group}}} >= 1"),
+                 "discards": prometheus(f"tidemq_transaction_discards_total{{{group}}}")}
+        return found if all(found.values()) else {}
 
-    checks, discards = wait_for("the sidecar's check and discard series", series,
-                                SIDECAR_WAIT_S)
+    found = wait_until(series, SIDECAR_WAIT_S, "the sidecar's check and discard series", POLL_S)
+    checks, discards = found["checks"], found["discards"]
     assert [c["metric"]["topic"] for c in checks] == [system.topic]
     assert [d["metric"]["topic"] for d in discards] == [system.topic]
     assert [float(d["value"][1]) for d in discards] == [0.0]  # committed, nothing discarded
@@ -311,10 +309,10 @@ def test_a_crashed_broker_comes_back_and_nothing_acknowledged_is_lost(system: Sy
     time.sleep(1.0)
     cid = container("broker-a")
     before = crash("broker-a")
-    wait_for("broker-a restarted by its policy", lambda: int(docker(
-        "inspect", "-f", "{{.RestartCount}}", cid)) > before, 60)
-    wait_for("broker-a healthy again", lambda: docker(
-        "inspect", "-f", "{{.State.Health.Status}}", cid) == "healthy", 120)
+    wait_until(lambda: int(docker("inspect", "-f", "{{.RestartCount}}", cid)) > before, 60,
+               "broker-a restarted by its policy", POLL_S)
+    wait_until(lambda: docker("inspect", "-f", "{{.State.Health.Status}}", cid) == "healthy",
+               SEEN_WAIT_S, "broker-a healthy again", POLL_S)
     system.loop.loop.call_soon_threadsafe(stop.set)
     sending.result(120)
     assert len(acked) >= 50
@@ -324,6 +322,7 @@ def test_a_crashed_broker_comes_back_and_nothing_acknowledged_is_lost(system: Sy
     late.subscribe(system.topic, "*")
     system.loop.run(late.start())
     try:
-        wait_for("every acknowledged message consumed", lambda: seen.has(acked), SEEN_WAIT_S)
+        wait_until(lambda: seen.has(acked), SEEN_WAIT_S, "every acknowledged message consumed",
+                   POLL_S)
     finally:
         system.loop.run(late.close())
