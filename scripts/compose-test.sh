@@ -84,6 +84,7 @@ export COMPOSE_HTTP_TIMEOUT=300
 cleanup() {
     local rc=$?
     set +e
+    [ $rc -ne 0 ] && mark "FAILED in the step after the last above"
     if [ -n "$COMPOSE_UP" ] && [ "${COMPOSE_TEST_KEEP:-}" != 1 ]; then
         [ $rc -ne 0 ] && docker-compose ps >&2 && docker-compose logs --tail=40 >&2
         docker-compose down -v --remove-orphans >/dev/null 2>&1
