@@ -250,7 +250,7 @@ class ScheduleService:
         mid = record.properties[UNIQ_KEY]
         return any(c.topic == record.topic and c.reconsume_times == record.reconsume_times
                    and c.born_timestamp == record.born_timestamp and not is_waiting(c)
-                   for c in self.store.find_by_unique_key(mid))
+                   for c in self.store.find_by_unique_key(mid, whole_log=True))
 
     def report_progress(self, owner: str, positions: list[tuple[str, int, int]]) -> int:
         """Hold retention at the first record any of ``positions`` (topic, queue, next offset)

@@ -87,6 +87,7 @@ class ReplicationManager:
         self.quorum.hwm = saved
         self._saved_hwm = saved
         self.store.put = self.gate.put  # type: ignore[method-assign]
+        self.store.settle = self.gate.settle  # type: ignore[method-assign]
         self.store.add_listener(self.source.wake)  # right after each write: ship it at once
         self.visibility.activate()
         self.topics.add_listener(self._topics_changed)

@@ -28,6 +28,7 @@ from services.broker.store.types import (
     GetStatus,
     MessageRecord,
     PutResult,
+    PutStatus,
     StoredRecord,
 )
 from services.broker.store.writer import GroupCommitWriter, fsync_all
@@ -173,6 +174,12 @@ class MessageStore:
         """Append records contiguously, in order, in one group commit."""
         return await self.writer.put(records)
 
+    async def settle(self, end: int) -> PutStatus:
+        """May records written below ``end`` be acknowledged (again) now? Always OK here;
+        replication puts its write gate's answer in place (a dedup hit on a record above the
+        high-water mark waits for the quorum, as its first write did)."""
+        return PutStatus.OK
+
     def add_listener(self, callback: Listener) -> None:
         self._listeners.append(callback)
 
@@ -282,10 +289,10 @@ class MessageStore:
             i = j
         return out
 
-    def _verified(self, offsets: list[int], keep: Callable[[StoredRecord], bool]
-                  ) -> list[StoredRecord]:
+    def _verified(self, offsets: list[int], keep: Callable[[StoredRecord], bool],
+                  whole_log: bool = False) -> list[StoredRecord]:
         out = []
-        limit = self.visible_offset
+        limit = None if whole_log else self.visible_offset
         for phys in sorted(offsets):
             if limit is not None and phys >= limit:
                 continue
@@ -294,12 +301,16 @@ class MessageStore:
                 out.append(rec)
         return out
 
-    def find_by_unique_key(self, message_id: str) -> list[StoredRecord]:
-        """Every record whose message id is ``message_id``, oldest first."""
+    def find_by_unique_key(self, message_id: str, *, whole_log: bool = False
+                           ) -> list[StoredRecord]:
+        """Every record whose message id is ``message_id``, oldest first: below the
+        high-water mark (what readers may see), or in the ``whole_log`` this copy keeps — what
+        a write decision (dedup, "already committed / delivered?") must consult, since a
+        promoted replica keeps records above its high-water mark."""
         offsets = self.index.lookup(unique_key(message_id))
         if not offsets:  # the usual answer while sends check for duplicates
             return []
-        return self._verified(offsets, lambda r: r.message_id == message_id)
+        return self._verified(offsets, lambda r: r.message_id == message_id, whole_log)
 
     def find_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
                     max_count: int = 64) -> list[StoredRecord]:

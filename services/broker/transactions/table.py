@@ -100,7 +100,7 @@ class HalfDedup:
             return hit[0]
         if horizon >= self._complete_since:
             return None
-        for rec in reversed(self.store.find_by_unique_key(message_id)):
+        for rec in reversed(self.store.find_by_unique_key(message_id, whole_log=True)):
             if (rec.topic == HALF_TOPIC and rec.properties.get(REAL_TOPIC) == topic
                     and born_ms_of(rec) >= horizon and rec.properties.get(TRANSACTION_ID)):
                 return rec.properties[TRANSACTION_ID]
@@ -229,7 +229,7 @@ class TxTable:
                     if state.ended:
                         return state
         # no op record: a crash may have torn the tail between a copy and its op record
-        for rec in self.store.find_by_unique_key(message_id):
+        for rec in self.store.find_by_unique_key(message_id, whole_log=True):
             if is_commit_copy(rec, txid):
                 return TxState.COMMITTED
             if rec.topic == DISCARD_TOPIC and rec.properties.get(TRANSACTION_ID) == txid:
