@@ -79,6 +79,9 @@ class BrokerSettings(ServiceSettings):
     disk_high_water_ratio: float = Field(default=0.85, gt=0, le=1)
     # past this disk usage ratio with nothing deletable, refuse sends (DISK_FULL)
     disk_full_ratio: float = Field(default=0.95, gt=0, le=1)
+    # a write that would leave less free space than this is refused (DISK_FULL) before any of
+    # it is written; writes resume by themselves once space returns (bytes)
+    disk_min_free_bytes: int = Field(default=16 * MiB, ge=0)
 
     # --- topics --------------------------------------------------------------------------------
     # queues of a topic created without a count (PUT without queues, auto-creation)
@@ -236,6 +239,7 @@ class BrokerSettings(ServiceSettings):
             retention_interval_s=self.retention_interval_s,
             disk_high_water_ratio=self.disk_high_water_ratio,
             disk_full_ratio=self.disk_full_ratio,
+            disk_min_free_bytes=self.disk_min_free_bytes,
             store_host=self.store_host,
         )
 

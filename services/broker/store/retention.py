@@ -56,9 +56,10 @@ class Retention:
                     cq.advance_min(min_phys)
                 store.index.delete_before(min_phys)
         self.deleted_segments += deleted
-        store.writer.disk_full = self._disk_ratio() > cfg.disk_full_ratio
+        store.writer.disk_full = store.writer.disk_short()
         if store.writer.disk_full:
-            log.error("disk usage past %.0f%% and nothing deletable: refusing writes",
-                      cfg.disk_full_ratio * 100)
+            log.error("disk usage past %.0f%% (or less than %d bytes free) and nothing "
+                      "deletable: refusing writes", cfg.disk_full_ratio * 100,
+                      cfg.disk_min_free_bytes)
         await asyncio.sleep(0)
         return deleted

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.broker.store import record, replicated
-from services.broker.store.checkpoint import Checkpoint
+from services.broker.store.checkpoint import Checkpoint, CorruptCheckpoint
 from services.broker.store.commitlog import CLOSED, CommitLog
 from services.broker.store.config import StoreConfig
 from services.broker.store.dispatcher import Dispatcher
@@ -80,7 +80,11 @@ class MessageStore:
         began = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
         fresh = not self.checkpoint_path.exists()
-        cp = Checkpoint.load(self.checkpoint_path)
+        try:
+            cp = Checkpoint.load(self.checkpoint_path)
+        except CorruptCheckpoint as exc:  # derived data is rebuilt from the whole log
+            log.error("recovery: %s; re-dispatching the whole commit log", exc)
+            cp, fresh = Checkpoint(), True
         self.floors = dict(cp.retention_floors)
         self.log.open()
         self.index.open()
@@ -145,10 +149,12 @@ class MessageStore:
             await asyncio.sleep(interval)
             try:
                 await self.checkpoint()
-                usage = shutil.disk_usage(self.root)
-                self.writer.disk_full = usage.used / usage.total > self.config.disk_full_ratio
+            except OSError as exc:  # a full disk: said once per try, without a traceback
+                log.error("checkpoint failed (%s); retrying in %.1fs", exc, interval)
+            try:
+                self.writer.disk_full = self.writer.disk_short()
             except OSError:
-                log.exception("checkpoint failed; retrying in %.1fs", interval)
+                log.exception("cannot read the disk's usage")
 
     async def _retention_loop(self) -> None:
         while True:

@@ -19,8 +19,10 @@ batch. An error inside the writer task is a bug or an I/O failure: it is sticky 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +41,8 @@ from services.broker.store.types import Appended, MessageRecord, PutResult, PutS
 log = logging.getLogger(__name__)
 
 WRITE_BATCH_BYTES = 4 * 1024 * 1024  # at most this much is packed into one write
+DISK_FULL_TEXT = ("disk is nearly full and nothing can be deleted; writes resume once space "
+                  "returns")
 HEADER_WRITTEN = record.HEADER_SIZE - 4  # body_len is written as part of the payload
 
 
@@ -102,13 +106,19 @@ class GroupCommitWriter:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def disk_short(self, extra: int = 0) -> bool:
+        """Whether the disk is too full to take ``extra`` more bytes: past ``disk_full_ratio``,
+        or less than ``disk_min_free_bytes`` would be left."""
+        usage = shutil.disk_usage(self.config.root)
+        return (usage.used / usage.total > self.config.disk_full_ratio
+                or usage.free - extra < self.config.disk_min_free_bytes)
+
     # --- the put path ----------------------------------------------------------------------
     def _refusal(self, now: float) -> PutResult | None:
         if self.closed or self.log.error:
             return PutResult(PutStatus.UNAVAILABLE, message=self.log.error or "store is closing")
         if self.disk_full:
-            return PutResult(PutStatus.DISK_FULL,
-                             message="disk is nearly full and nothing can be deleted")
+            return PutResult(PutStatus.DISK_FULL, message=DISK_FULL_TEXT)
         waited = (now - self._queue[0].enqueued) if self._queue else 0.0
         if self._sync_waits:
             waited = max(waited, now - self._sync_waits[0].since)
@@ -162,16 +172,23 @@ class GroupCommitWriter:
                 batch.append(req)
                 nbytes += req.nbytes
             try:
+                if self.disk_short(nbytes):  # refused whole, before a byte is written
+                    self.disk_full = True
+                    log.error("disk nearly full: refusing writes until space returns")
+                    self._finish(batch, PutResult(PutStatus.DISK_FULL, message=DISK_FULL_TEXT))
+                    continue
                 self._write_batch(batch)
+                touched = self.dispatcher.write_pending()
             except StoreClosedError as exc:
                 self._finish(batch, PutResult(PutStatus.UNAVAILABLE, message=str(exc)))
                 continue
-            except Exception as exc:  # a bug: make it sticky rather than write past it
+            except Exception as exc:  # a bug or a failing disk: sticky, never write past it
                 log.exception("store writer failed")
                 self.log.error = f"writer failed: {exc}"
+                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                    self.disk_full = True
                 self._finish(batch, PutResult(PutStatus.WRITE_FAILED, message=self.log.error))
                 continue
-            touched = self.dispatcher.write_pending()
             if touched:
                 self.notify(touched)
             if self.config.flush == FlushMode.SYNC:
