@@ -1,0 +1,172 @@
+"""One faults run: hosts up, tidemq on them, the workload on the client host, the nemeses one
+after another, everything healed, the final read, the checker.
+
+``run(schedule, workdir)`` returns the history and the checker's result; the namespaces, mounts
+and processes are gone afterwards whatever happened (and leftovers of a crashed run are removed
+at the start of the next).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench._faults.checker import Result, check
+from bench._faults.cluster import GROUP_A, GROUP_B, HOSTS, Cluster, tail
+from bench._faults.history import Fault, History, RoleSample, Stored, now_ms, read_ops
+from bench._faults.nemesis import Nemesis
+from bench._faults.netns import Network
+from bench._faults.workload import Config
+
+TOPIC = "FaultsT"
+QUEUES = 4
+WARMUP_S = 4.0  # the workload runs this long before the first fault
+GAP_S = 6.0  # after a fault is healed, before the next one
+DRAIN_S = 25.0  # after the last operation: timers come due, checks resolve, consumers read
+
+
+@dataclass
+class Run:
+    history: History
+    result: Result
+    workdir: Path
+    seconds: float
+
+
+class Monitor(threading.Thread):
+    """Samples broker-a's members' roles every ``interval_s`` (the controller reaches every
+    host whatever the partitions)."""
+
+    def __init__(self, cluster: Cluster, interval_s: float = 0.2) -> None:
+        super().__init__(daemon=True, name="faults-monitor")
+        self.cluster = cluster
+        self.interval_s = interval_s
+        self.samples: list[RoleSample] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                self.samples += self.cluster.sample_roles()
+            except Exception:
+                pass
+            self.done.wait(self.interval_s)
+
+
+def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 4,
+        log: Any = print) -> Run:
+    began = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    net = Network(HOSTS)
+    cluster: Cluster | None = None
+    monitor: Monitor | None = None
+    try:
+        net.up()
+        cluster = Cluster(net, workdir).start()
+        _settle(cluster)
+        cluster.create_topic(TOPIC, QUEUES)
+        log(f"cluster up in {time.monotonic() - began:.0f} s; primary of broker-a: "
+            f"{cluster.primary_a()}")
+        monitor = Monitor(cluster)
+        monitor.start()
+        length = WARMUP_S + sum(n.hold_s + GAP_S for n in schedule) + 5.0
+        history_path = workdir / "history.jsonl"
+        cfg = Config(nameservers=cluster.nameservers, groups=[GROUP_A, GROUP_B], topic=TOPIC,
+                     out=str(history_path), duration_s=length, drain_s=DRAIN_S,
+                     writers=writers)
+        (workdir / "workload.json").write_text(json.dumps(asdict(cfg)))
+        wl_log = open(workdir / "workload.log", "ab")
+        workload = subprocess.Popen(net.exec_argv("c1", [
+            sys.executable, "-m", "bench._faults.workload", str(workdir / "workload.json")]),
+            stdout=wl_log, stderr=wl_log, cwd=Path(__file__).resolve().parents[2])
+        wl_log.close()
+        faults = _inject(cluster, schedule, log)
+        code = workload.wait(length + DRAIN_S + 120)
+        end = now_ms()
+        net.heal()
+        if code != 0:
+            raise RuntimeError(f"the workload failed ({code}):\n{tail(workdir / 'workload.log')}")
+        monitor.done.set()
+        final = final_read(cluster)
+        history = History(read_ops(history_path), monitor.samples, faults, final, end)
+        result = check(history)
+        return Run(history, result, workdir, time.monotonic() - began)
+    finally:
+        if monitor is not None:
+            monitor.done.set()
+        if cluster is not None:
+            cluster.close()
+        net.close()
+
+
+def _settle(cluster: Cluster) -> None:
+    """Wait until broker-a keeps one primary for two seconds (start-up elections done)."""
+    deadline = time.monotonic() + 60
+    held, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        p = cluster.primary_a()
+        if p != held:
+            held, since = p, time.monotonic()
+        elif p is not None and time.monotonic() - since > 2.0:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("broker-a did not settle on a primary")
+
+
+def _inject(cluster: Cluster, schedule: list[Nemesis], log: Any) -> list[Fault]:
+    faults = []
+    time.sleep(WARMUP_S)
+    for nemesis in schedule:
+        fault = Fault(nemesis.family, nemesis.name, now_ms())
+        try:
+            fault.note = nemesis.start(cluster)
+            time.sleep(nemesis.hold_s)
+        finally:
+            healed = nemesis.heal(cluster)
+            fault.heal_ms = now_ms()
+        fault.note += f" / {healed}"
+        faults.append(fault)
+        log(f"  {nemesis.family:<10} {nemesis.name}: {fault.note}")
+        time.sleep(GAP_S)
+    return faults
+
+
+def final_read(cluster: Cluster) -> list[Stored]:
+    """Every record of the topic, read from each group's primary (after everything healed,
+    once the primary's high-water mark covers its log)."""
+    out: list[Stored] = []
+    for group, name in ((GROUP_A, cluster.wait_primary_a(60)), (GROUP_B, "b0")):
+        url = cluster.procs[name].url
+        for q in range(QUEUES):
+            offset = 0
+            while True:
+                resp = cluster.http.get(f"{url}/v1/topics/{TOPIC}/queues/{q}/messages",
+                                        params={"offset": offset, "max": 1024, "wait_ms": 0},
+                                        timeout=10)
+                resp.raise_for_status()
+                answer = resp.json()
+                for m in answer["messages"]:
+                    key, seq = _key_seq(m.get("body", ""))
+                    out.append(Stored(m["message_id"], TOPIC, group, q, m["queue_offset"],
+                                      key, seq))
+                if answer["next_offset"] <= offset or (not answer["messages"] and \
+                        answer["next_offset"] >= answer["max_offset"]):
+                    break
+                offset = answer["next_offset"]
+    return out
+
+
+def _key_seq(body: str) -> tuple[str | None, int]:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None, 0
+    if isinstance(doc, dict) and doc.get("key"):
+        return str(doc["key"]), int(doc.get("seq", 0))
+    return None, 0
