@@ -7,9 +7,11 @@ three copies on n1-n3, broker-b on n4, etcd and Redis (with Sentinel) on n5/n6, 
 n7 and n4, the workload on c1. While the workload sends (plain and sharding-key messages, delayed
 messages, some cancelled, transactions committed, rolled back and left UNKNOWN) and two consumer
 groups read, the nemeses run one after another, each healed before the next: every nemesis once
-with ``--quick`` (about 14 faults), three rounds without. Then the checker reads the history
+with ``--quick`` (13 faults), three rounds without. Then the checker reads the history
 (bench/_faults/checker.py) and prints the violations, the timers' lateness and each fault's
 unavailability window. The exit status is 1 when any violation was found.
+``--clock-limits`` runs only the clock steps tidemq does not survive (a primary's and a
+scheduler's wall clock; docs/reliability.md, "Known limits"): it shows what they cost.
 
 JSON keys: ``lost``, ``duplicates``, ``unexpected``, ``order_violations``, ``aborted_read``,
 ``early_timers``, ``late_p99_ms``, ``split_brain_acks``, ``unavailable_s_max``,
@@ -27,7 +29,7 @@ from pathlib import Path
 from bench._common import err, print_json
 from bench._faults.checker import table
 from bench._faults.history import dump
-from bench._faults.nemesis import long_schedule
+from bench._faults.nemesis import clock_limits, long_schedule
 from bench._faults.netns import available
 from bench._faults.run import run
 
@@ -36,6 +38,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--clock-limits", action="store_true",
+                    help="step the clocks of a primary and a scheduler (known limits)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the run's directory (logs, history) here")
     args = ap.parse_args(argv)
@@ -45,7 +49,7 @@ def main(argv: list[str]) -> int:
         if args.json:
             print_json({"skipped": why})
         return 0
-    schedule = long_schedule(1 if args.quick else 3)
+    schedule = clock_limits() if args.clock_limits else long_schedule(1 if args.quick else 3)
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="tidemq-faults-"))
     try:
         done = run(schedule, workdir, log=err.print)

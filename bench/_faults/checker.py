@@ -16,7 +16,9 @@ Violations (each a count, with examples):
 - ``split_brain_acks``: a send acknowledged by a broker after another member of its group had
   become primary under a newer epoch (seen by the controller before the send began);
 - ``offsets_backwards``: a consumer group's committed offset read back lower than an offset
-  whose commit had been acknowledged before.
+  whose commit had been acknowledged before;
+- ``crashes``: a service found dead after the run that no nemesis left dead (the harness
+  restarts what it killed; anything else died by itself).
 
 Measures: timer lateness p50/p99/max (first read minus due time) and, per fault, the longest
 time any broker group acknowledged no send while it lasted (its unavailability window).
@@ -32,7 +34,8 @@ from typing import Any
 from bench._faults.history import FAIL, OK, History, Op
 
 VIOLATIONS = ("lost", "duplicates", "unexpected", "order_violations", "aborted_read",
-              "early_timers", "after_cancel", "split_brain_acks", "offsets_backwards")
+              "early_timers", "after_cancel", "split_brain_acks", "offsets_backwards",
+              "crashes")
 TIMER_GRACE_MS = 15_000  # a timer due this long before the end must have been read by then
 RECOVERY_MS = 20_000  # a fault's unavailability is looked for until this long after its heal
 EXAMPLES = 5  # examples kept per violation kind
@@ -72,6 +75,8 @@ class Result:
 
 def check(h: History) -> Result:
     r = Result(faults=len(h.faults))
+    for name in h.crashed:
+        r.flag("crashes", f"{name} died during the run")
     sent: dict[str, Op] = {}  # id → the operation that sent it (send, delay or txn)
     for op in h.ops:
         if op.f in ("send", "delay", "txn") and op.id:
@@ -199,15 +204,17 @@ def _unavailability(h: History, r: Result) -> None:
             acks[op.group].append(op.complete_ms)
     for times in acks.values():
         times.sort()
+    # sends stop before the end (reads go on): no ack after the last send began means nothing
+    last = max((op.invoke_ms for op in h.by_kind("send")), default=h.end_ms)
     for i, fault in enumerate(h.faults):
-        until = min(fault.heal_ms + RECOVERY_MS, h.end_ms) if fault.heal_ms else h.end_ms
+        until = min(fault.heal_ms + RECOVERY_MS, last) if fault.heal_ms else last
         worst = 0
         for times in acks.values():
             # gaps between acks from the fault's start, up to the first ack past the window
             # (or the end of the run, when the group never acknowledged again)
             after = [t for t in times if t > fault.start_ms]
             inside = [t for t in after if t < until]
-            later = after[len(inside):len(inside) + 1] or [h.end_ms]
+            later = after[len(inside):len(inside) + 1] or [max(until, fault.start_ms)]
             points = [fault.start_ms, *inside, *later]
             worst = max(worst, max(b - a for a, b in itertools.pairwise(points)))
         r.unavailable_s[f"{i + 1}. {fault.name}"] = worst / 1000

@@ -16,6 +16,7 @@ nemesis through a file; the monotonic clock untouched, as an NTP step leaves it)
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -39,7 +40,7 @@ CLUSTER = "FaultsCluster"
 SENTINEL_PORT = 26379
 MASTER = "tidemq"
 TMPFS_MB = 48  # broker-b's data directory (the disk nemesis fills it)
-SEGMENT_BYTES = 1024 * 1024  # small segments: sealed ones exist for the file nemesis
+SEGMENT_BYTES = 64 * 1024  # small segments: sealed ones exist for the file nemesis
 STATUS_PATH = "/internal/v1/replication/status"
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -163,7 +164,8 @@ class Cluster:
             self.spawn(self.service(f"nameserver-{i + 1}", host, "services.nameserver",
                                     "TIDEMQ_NAMESRV_", 9876, {
                                         "PEERS": ",".join(self.nameservers),
-                                        "BROKER_EXPIRY_S": "10", "WARMUP_S": "2"}))
+                                        "BROKER_EXPIRY_S": "10", "WARMUP_S": "2"},
+                                    faked_clock=i == 0))
         for name in ("nameserver-1", "nameserver-2"):
             self.wait_healthy(name)
         common = {**BROKER_FAST, "NAMESERVERS": ",".join(self.nameservers),
@@ -314,7 +316,7 @@ class Cluster:
             return self.http.put(f"{self.procs[name].url}/v1/topics/{topic}",
                                  json={"queues": queues}, timeout=10).status_code == 200
         for group in ("a", "b"):
-            self._wait(lambda g=group: put(g), f"topic {topic} on broker-{group}")
+            self._wait(functools.partial(put, group), f"topic {topic} on broker-{group}")
 
     # --- stop -----------------------------------------------------------------------------
     def close(self) -> None:

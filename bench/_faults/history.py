@@ -112,6 +112,7 @@ class History:
     faults: list[Fault] = field(default_factory=list)
     final: list[Stored] = field(default_factory=list)
     end_ms: int = 0  # when the workload stopped (timers due later are not judged)
+    crashed: list[str] = field(default_factory=list)  # services found dead after the run
 
     def by_kind(self, f: str) -> Iterator[Op]:
         return (op for op in self.ops if op.f == f)
@@ -141,11 +142,12 @@ def dump(history: History, path: Path) -> None:
     path.write_text(json.dumps({
         "ops": [asdict(o) for o in history.ops], "roles": [asdict(r) for r in history.roles],
         "faults": [asdict(f) for f in history.faults],
-        "final": [asdict(s) for s in history.final], "end_ms": history.end_ms}))
+        "final": [asdict(s) for s in history.final], "end_ms": history.end_ms,
+        "crashed": history.crashed}))
 
 
 def load(path: Path) -> History:
     raw: dict[str, Any] = json.loads(path.read_text())
     return History([Op(**o) for o in raw["ops"]], [RoleSample(**r) for r in raw["roles"]],
                    [Fault(**f) for f in raw["faults"]], [Stored(**s) for s in raw["final"]],
-                   raw["end_ms"])
+                   raw["end_ms"], raw.get("crashed", []))

@@ -19,7 +19,15 @@ from typing import Any
 
 from bench._faults.checker import Result, check
 from bench._faults.cluster import GROUP_A, GROUP_B, HOSTS, Cluster, tail
-from bench._faults.history import Fault, History, RoleSample, Stored, now_ms, read_ops
+from bench._faults.history import (
+    Fault,
+    History,
+    RoleSample,
+    Stored,
+    dump,
+    now_ms,
+    read_ops,
+)
 from bench._faults.nemesis import Nemesis
 from bench._faults.netns import Network
 from bench._faults.workload import Config
@@ -59,7 +67,7 @@ class Monitor(threading.Thread):
             self.done.wait(self.interval_s)
 
 
-def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 4,
+def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 6,
         log: Any = print) -> Run:
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -75,26 +83,33 @@ def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 4,
             f"{cluster.primary_a()}")
         monitor = Monitor(cluster)
         monitor.start()
-        length = WARMUP_S + sum(n.hold_s + GAP_S for n in schedule) + 5.0
+        length = 60.0 * (len(schedule) + 1)  # at most: the controller stops it (stop file)
         history_path = workdir / "history.jsonl"
+        stop = workdir / "stop"
         cfg = Config(nameservers=cluster.nameservers, groups=[GROUP_A, GROUP_B], topic=TOPIC,
                      out=str(history_path), duration_s=length, drain_s=DRAIN_S,
-                     writers=writers)
+                     writers=writers, stop_file=str(stop))
         (workdir / "workload.json").write_text(json.dumps(asdict(cfg)))
         wl_log = open(workdir / "workload.log", "ab")
         workload = subprocess.Popen(net.exec_argv("c1", [
             sys.executable, "-m", "bench._faults.workload", str(workdir / "workload.json")]),
             stdout=wl_log, stderr=wl_log, cwd=Path(__file__).resolve().parents[2])
         wl_log.close()
-        faults = _inject(cluster, schedule, log)
+        try:
+            faults = _inject(cluster, schedule, log)
+        finally:
+            stop.touch()  # the last fault healed (GAP_S ago): operations stop, reads go on
         code = workload.wait(length + DRAIN_S + 120)
         end = now_ms()
         net.heal()
+        monitor.done.set()
+        crashed = _revive(cluster, log)
+        history = History(read_ops(history_path), monitor.samples, faults, [], end, crashed)
+        dump(history, workdir / "history.json")  # kept for a look whatever follows
         if code != 0:
             raise RuntimeError(f"the workload failed ({code}):\n{tail(workdir / 'workload.log')}")
-        monitor.done.set()
-        final = final_read(cluster)
-        history = History(read_ops(history_path), monitor.samples, faults, final, end)
+        history.final = final_read(cluster)
+        dump(history, workdir / "history.json")
         result = check(history)
         return Run(history, result, workdir, time.monotonic() - began)
     finally:
@@ -103,6 +118,19 @@ def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 4,
         if cluster is not None:
             cluster.close()
         net.close()
+
+
+def _revive(cluster: Cluster, log: Any) -> list[str]:
+    """Start again every service found dead (none should be: the nemeses restart what they
+    kill); their names."""
+    dead = [name for name, p in cluster.procs.items() if not p.alive]
+    for name in dead:
+        log(f"  {name} died during the run:\n{tail(cluster.procs[name].log, 1500)}")
+        if name.startswith("redis-"):
+            cluster.restart_redis(name)
+        else:
+            cluster.restart(name)
+    return dead
 
 
 def _settle(cluster: Cluster) -> None:
@@ -155,8 +183,8 @@ def final_read(cluster: Cluster) -> list[Stored]:
                     key, seq = _key_seq(m.get("body", ""))
                     out.append(Stored(m["message_id"], TOPIC, group, q, m["queue_offset"],
                                       key, seq))
-                if answer["next_offset"] <= offset or (not answer["messages"] and \
-                        answer["next_offset"] >= answer["max_offset"]):
+                done = not answer["messages"] and answer["next_offset"] >= answer["max_offset"]
+                if done or answer["next_offset"] <= offset:
                     break
                 offset = answer["next_offset"]
     return out

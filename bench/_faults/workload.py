@@ -40,13 +40,14 @@ class Config:
     groups: list[str]  # the broker groups (a sharding key stays in one)
     topic: str
     out: str
-    duration_s: float  # operations are started for this long
+    duration_s: float  # operations are started for this long at most
     drain_s: float  # then consumers keep reading this long
     writers: int = 4
     op_deadline_s: float = 8.0  # an operation is retried until this (s)
     delay_max_ms: int = 10_000
     seed: int = 0
     pace_s: float = 0.05  # pause of a writer between operations (s)
+    stop_file: str = ""  # operations stop once this file exists (the controller's word)
 
 
 class Recorder:
@@ -314,7 +315,11 @@ class Workload:
         consumers = [asyncio.create_task(self.consumer(g)) for g in CONSUMER_GROUPS]
         checks = asyncio.create_task(self.answer_checks())
         writers = [asyncio.create_task(self.writer(w)) for w in range(self.cfg.writers)]
-        await asyncio.sleep(self.cfg.duration_s)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.cfg.duration_s
+        stop = Path(self.cfg.stop_file) if self.cfg.stop_file else None
+        while loop.time() < until and not (stop is not None and stop.exists()):  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
         self.stop.set()
         await asyncio.gather(*writers)
         self.rec.flush()

@@ -167,6 +167,15 @@ def test_unavailability_is_the_longest_gap_in_acks_during_a_fault() -> None:
     assert r.ok
     # from the fault's start to the next ack (20 005 ms)
     assert r.unavailable_s["2. primary cut from etcd"] == pytest.approx(9.005)
+    # after the last send began, silence is not unavailability (the workload stopped)
+    h.faults.append(Fault("link", "lossy link", END - 2000, END - 1000))
+    assert check(h).unavailable_s["3. lossy link"] < 2.0
+
+
+def test_a_service_that_died_by_itself_is_a_crash() -> None:
+    h = clean()
+    h.crashed = ["b0"]
+    only(h, "crashes")
 
 
 def test_the_history_round_trips_through_a_file(tmp_path: Path) -> None:
