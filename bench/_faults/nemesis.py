@@ -125,26 +125,31 @@ def lossy_primary_link() -> Nemesis:
 
 
 # --- disk ----------------------------------------------------------------------------------
+def fill(path: Path) -> int:
+    """Take every free block of the filesystem holding ``path`` (a new file there); the bytes
+    that were free."""
+    st = os.statvfs(path.parent)
+    free = st.f_bavail * st.f_frsize
+    with open(path, "wb") as out:  # every free block, then whatever is left
+        try:
+            os.posix_fallocate(out.fileno(), 0, free)
+        except OSError:
+            pass
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError:
+            pass
+    return free
+
+
 def broker_b_disk_full() -> Nemesis:
     def filler(c: Cluster) -> Path:
         return Path(c.procs["b0"].env["TIDEMQ_BROKER_DATA_DIR"]) / "filler"
 
     def start(c: Cluster) -> str:
-        path = filler(c)
-        st = os.statvfs(path.parent)
-        free = st.f_bavail * st.f_frsize
-        with open(path, "wb") as out:  # every free block, then whatever is left
-            try:
-                os.posix_fallocate(out.fileno(), 0, free)
-            except OSError:
-                pass
-            try:
-                while True:
-                    out.write(b"\0" * 65536)
-                    out.flush()
-            except OSError:
-                pass
-        return f"broker-b's data directory filled ({free // 1024} KiB)"
+        return f"broker-b's data directory filled ({fill(filler(c)) // 1024} KiB)"
 
     def heal(c: Cluster) -> str:
         filler(c).unlink(missing_ok=True)
