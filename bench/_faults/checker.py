@@ -36,7 +36,7 @@ from bench._faults.history import FAIL, OK, History, Op
 VIOLATIONS = ("lost", "duplicates", "unexpected", "order_violations", "aborted_read",
               "early_timers", "after_cancel", "split_brain_acks", "offsets_backwards",
               "crashes")
-TIMER_GRACE_MS = 15_000  # a timer due this long before the end must have been read by then
+TIMER_GRACE_MS = 10_000  # a timer due this long before the end must have been read by then
 RECOVERY_MS = 20_000  # a fault's unavailability is looked for until this long after its heal
 EXAMPLES = 5  # examples kept per violation kind
 

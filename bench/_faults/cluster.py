@@ -166,8 +166,6 @@ class Cluster:
                                         "PEERS": ",".join(self.nameservers),
                                         "BROKER_EXPIRY_S": "10", "WARMUP_S": "2"},
                                     faked_clock=i == 0))
-        for name in ("nameserver-1", "nameserver-2"):
-            self.wait_healthy(name)
         common = {**BROKER_FAST, "NAMESERVERS": ",".join(self.nameservers),
                   "REDIS_URL": self.redis_url}
         for i, host in enumerate(A_HOSTS):
@@ -184,8 +182,6 @@ class Cluster:
         self.spawn(self.service("b0", "n4", "services.broker", "TIDEMQ_BROKER_", 10911, {
             **common, "BROKER_NAME": GROUP_B, "DATA_DIR": str(data_b),
             "SCHEDULER_URL": self.url("n4", 10931)}))
-        for name in ("a0", "a1", "a2", "b0"):
-            self.wait_healthy(name)
         for group, host in ((GROUP_A, "n5"), (GROUP_B, "n4")):
             side = {"BROKER_NAME": group, "NAMESERVERS": ",".join(self.nameservers),
                     "REDIS_URL": self.redis_url}
@@ -202,8 +198,9 @@ class Cluster:
                                         **side, "DATA_DIR": str(sched),
                                         "LEVEL_POLL_MS": "100"},
                                     faked_clock=letter == "a"))
-        for name in ("checker-a", "checker-b", "scheduler-a", "scheduler-b"):
-            self.wait_healthy(name)
+        for name in self.procs:  # started together, waited for together
+            if self.procs[name].url:
+                self.wait_healthy(name, 120)
         return self
 
     def _start_etcd(self) -> None:

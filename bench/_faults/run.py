@@ -35,8 +35,8 @@ from bench._faults.workload import Config
 TOPIC = "FaultsT"
 QUEUES = 4
 WARMUP_S = 4.0  # the workload runs this long before the first fault
-GAP_S = 6.0  # after a fault is healed, before the next one
-DRAIN_S = 25.0  # after the last operation: timers come due, checks resolve, consumers read
+GAP_S = 4.0  # after a fault is healed, before the next one
+DRAIN_S = 15.0  # after the last operation: timers come due, checks resolve, consumers read
 
 
 @dataclass

@@ -44,7 +44,7 @@ class Config:
     drain_s: float  # then consumers keep reading this long
     writers: int = 4
     op_deadline_s: float = 8.0  # an operation is retried until this (s)
-    delay_max_ms: int = 10_000
+    delay_max_ms: int = 6_000
     seed: int = 0
     pace_s: float = 0.05  # pause of a writer between operations (s)
     stop_file: str = ""  # operations stop once this file exists (the controller's word)
@@ -283,7 +283,7 @@ class Workload:
                 resp = await self.http.put(
                     f"{route['address']}/v1/groups/{cgroup}/offsets",
                     json={"offsets": [{"topic": self.cfg.topic, "queue_id": q, "offset": o}
-                                      for q, o in mine]})
+                                      for q, o in mine], "advance_only": True})
                 kind = OK if resp.status_code == 200 else (
                     FAIL if resp.status_code < 500 else INFO)
             except httpx.HTTPError:
