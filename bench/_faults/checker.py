@@ -3,7 +3,8 @@ feed it hand-made histories, each holding one kind of violation.
 
 Violations (each a count, with examples):
 
-- ``lost``: acknowledged but never readable — a send acked ok and absent from the final read;
+- ``lost``: acknowledged but never readable — a send acked ok, never read by a consumer and
+  absent from the final read (retention may delete what was read: that is not loss);
   a transaction whose half was acked and whose producer decided commit, never visible; a timer
   acked, not cancelled, due long enough before the end, never delivered;
 - ``duplicates``: one message id stored more than once in its topic (extra copies);
@@ -88,7 +89,7 @@ def check(h: History) -> Result:
     stored_ids = {s.id for s in h.final}
     read_ids = {op.id for op in reads}
     cancelled = {op.id for op in h.by_kind("cancel") if op.type == OK}
-    _lost(h, r, stored_ids)
+    _lost(h, r, stored_ids | read_ids)
     for (topic, mid), n in sorted(stored.items()):
         if n > 1:
             r.flag("duplicates", f"{mid} stored {n} times in {topic}", n - 1)
@@ -111,10 +112,10 @@ def check(h: History) -> Result:
     return r
 
 
-def _lost(h: History, r: Result, stored_ids: set[str]) -> None:
+def _lost(h: History, r: Result, seen: set[str]) -> None:
     cancels = {op.id for op in h.by_kind("cancel") if op.type != FAIL}  # maybe cancelled
     for op in h.ops:
-        if op.type != OK or op.id in stored_ids:
+        if op.type != OK or op.id in seen:
             continue
         if op.f == "send":
             r.flag("lost", f"{op.id} acknowledged by {op.address or op.group} at "

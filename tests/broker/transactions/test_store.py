@@ -114,19 +114,21 @@ async def test_half_dedup_remembers_within_the_window_and_falls_back_to_the_inde
     try:
         dedup = HalfDedup(store, window_ms=1000, max_entries=2, started_ms=0)
         dedup.remember("Orders", "m1", "tx1", 10_000)
-        assert dedup.lookup("Orders", "m1", 10_500) == "tx1"
+        assert dedup.lookup("Orders", "m1", 10_500) == ("tx1", 0)  # remembered: acknowledged
         assert dedup.lookup("Other", "m1", 10_500) is None
         assert dedup.lookup("Orders", "m1", 11_001) is None  # past the window
         dedup.remember("Orders", "m2", "tx2", 11_000)
         dedup.remember("Orders", "m3", "tx3", 11_100)
         dedup.remember("Orders", "m4", "tx4", 11_200)  # evicts m2, still inside the window
-        assert dedup.lookup("Orders", "m4", 11_300) == "tx4"
+        assert dedup.lookup("Orders", "m4", 11_300) == ("tx4", 0)
         # m2 was evicted young: now the index is asked, and it holds no half for m2
         assert dedup.lookup("Orders", "m2", 11_300) is None
         earlier = half_record("txS", "mS")  # a half stored by "an earlier run"
         earlier.properties["BORN_MS"] = "11000"
-        await store.put([earlier])
-        assert dedup.lookup("Orders", "mS", 11_300) == "txS"
+        res = await store.put([earlier])
+        end = res.appended[0].physical_offset + res.appended[0].size
+        # found in the log: its end comes along, for the caller to settle (quorum, primary)
+        assert dedup.lookup("Orders", "mS", 11_300) == ("txS", end)
         assert dedup.lookup("Orders", "mS", 12_500) is None  # too old to be a retry
     finally:
         await store.close()
