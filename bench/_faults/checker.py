@@ -14,7 +14,8 @@ Violations (each a count, with examples):
 - ``aborted_read``: a transaction its producer rolled back, visible to a consumer or stored;
 - ``early_timers``: a delayed message read before its due time by the cluster's clock;
 - ``after_cancel``: a delayed message read although its cancel was acknowledged;
-- ``split_brain_acks``: a send acknowledged by a broker after another member of its group had
+- ``split_brain_acks``: a send (plain, delayed, or a transaction's half) acknowledged by a
+  broker after another member of its group had
   become primary under a newer epoch (seen by the controller before the send began);
 - ``offsets_backwards``: a consumer group's committed offset read back lower than an offset
   whose commit had been acknowledged before;
@@ -166,8 +167,8 @@ def _timers(h: History, r: Result, reads: list[Op], cancelled: set[str],
 
 def _split_brain(h: History, r: Result) -> None:
     samples = sorted(h.roles, key=lambda s: s.t_ms)
-    for op in h.by_kind("send"):
-        if op.type != OK or not op.address:
+    for op in h.ops:
+        if op.f not in ("send", "delay", "txn") or op.type != OK or not op.address:
             continue
         mine = max((s.epoch for s in samples if s.address == op.address
                     and s.role == "primary" and s.t_ms <= op.complete_ms), default=None)
