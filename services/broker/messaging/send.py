@@ -17,6 +17,7 @@ import zlib
 from typing import Any, Protocol, cast
 
 from tidemq.protocol import (
+    REAL_TOPIC,
     UNIQ_KEY,
     ErrorCode,
     Limits,
@@ -215,7 +216,7 @@ class SendService:
             first: dict[DedupKey, int] = {}
             for i, record in enumerate(records):
                 if dedup[i]:
-                    key = (record.topic, record.properties[UNIQ_KEY])
+                    key = (self.dedup_topic(record), record.properties[UNIQ_KEY])
                     j = first.setdefault(key, i)
                     if j != i:
                         same_as.append((i, j))
@@ -292,6 +293,12 @@ class SendService:
         if future is not None and keys:
             cache.finish(keys, future, placed, stored_ms=stored_ms)
 
+    def dedup_topic(self, record: MessageRecord | StoredRecord) -> str:
+        """The topic a message id is de-duplicated in: a waiting (delayed) copy's real topic,
+        so that a retry sent after the due time — stored in the real topic at once — finds
+        the waiting copy of its first attempt (the faults suite saw both delivered)."""
+        return record.properties[REAL_TOPIC] if self.delays.waiting(record) else record.topic
+
     def _indexed(self, key: DedupKey, now: int) -> tuple[Placed, int, int] | None:
         """The first copy of ``key`` in the store's unique-key index within the window, its
         store time and its end offset. The whole log counts, above the high-water mark too: a
@@ -300,7 +307,7 @@ class SendService:
         topic, mid = key
         horizon = now - self.dedup.window_ms
         for rec in self.store.find_by_unique_key(mid, whole_log=True):
-            if rec.topic == topic and rec.store_timestamp >= horizon:
+            if self.dedup_topic(rec) == topic and rec.store_timestamp >= horizon:
                 where = Placed(rec.queue_id, rec.queue_offset, self.delays.waiting(rec))
                 return where, rec.store_timestamp, rec.physical_offset + rec.size
         return None

@@ -218,6 +218,21 @@ async def test_delayed_messages_are_stored_as_waiting_copies(service: Any) -> No
     assert len(store.records) == 4
 
 
+async def test_a_retry_after_the_due_time_finds_the_waiting_copy(service: Any) -> None:
+    """A delayed send whose answer was lost, retried once its due time has passed, is not
+    routed to the scheduler but stored in its topic at once: it must still find the waiting
+    copy of its first attempt (the faults suite saw both delivered)."""
+    svc, store = service
+    due = now_ms() + 60_000
+    first = await svc.send("T", msgs({"message_id": "w", "body": "x", "deliver_at_ms": due}), "")
+    assert first[0]["state"] == "scheduled" and store.records[0].topic == INTAKE_TOPIC
+    late = msgs({"message_id": "w", "body": "x", "deliver_at_ms": now_ms() - 1})
+    assert (await svc.send("T", late, ""))[0]["deliver_at_ms"] == due
+    svc.dedup = DedupCache(600, 1000, now_ms())  # a promoted replica: found in the index
+    assert (await svc.send("T", late, ""))[0]["deliver_at_ms"] == due
+    assert len(store.records) == 1
+
+
 def test_dedup_cache_window_and_size_bound() -> None:
     cache = DedupCache(window_s=1, max_entries=2, started_ms=0)
     assert cache.needs_index(500) and not cache.needs_index(1001)
