@@ -35,6 +35,7 @@ DEFAULT_LIMITS = Limits()
 
 _FORBIDDEN_CHARS = ("\x00", "\x01", "\x02", "\x1f")
 _HAS_FORBIDDEN = re.compile("[" + "".join(_FORBIDDEN_CHARS) + "]").search
+has_forbidden = _HAS_FORBIDDEN  # whether text holds a control character the record format uses
 #: The delay fields: a message without any of them needs no delay checks.
 _DELAY_FIELDS = ("delay_level", "delay_ms", "deliver_at_ms")
 
