@@ -11,6 +11,10 @@ command -v curl >/dev/null 2>&1 || need+=(curl)  # the README's examples (and th
 command -v jq >/dev/null 2>&1 || need+=(jq)
 [ -x /usr/bin/etcd ] || command -v etcd >/dev/null 2>&1 || need+=(etcd-server)  # failover
 [ -x /usr/bin/chromium ] || need+=(chromium)  # the console's browser tests (Playwright)
+# the faults suite between namespace hosts (tests/bench/faults, bench/faults.py; as root)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need+=(libfaketime)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"

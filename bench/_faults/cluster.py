@@ -17,6 +17,7 @@ nemesis through a file; the monotonic clock untouched, as an NTP step leaves it)
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import signal
 import subprocess
@@ -42,7 +43,15 @@ MASTER = "tidemq"
 TMPFS_MB = 48  # broker-b's data directory (the disk nemesis fills it)
 SEGMENT_BYTES = 64 * 1024  # small segments: sealed ones exist for the file nemesis
 STATUS_PATH = "/internal/v1/replication/status"
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+FAKETIME_GLOB = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime, any architecture
+
+
+def faketime_lib() -> str:
+    found = sorted(glob.glob(FAKETIME_GLOB))
+    if not found:
+        raise RuntimeError("libfaketime is not installed (scripts/install-system-deps.sh, or "
+                           "apt-get install libfaketime): the clock nemesis needs it")
+    return found[0]
 
 BROKER_FAST = {  # every broker
     "REGISTER_INTERVAL_S": "1", "FLUSH_INTERVAL_MS": "50", "SEGMENT_BYTES": str(SEGMENT_BYTES),
@@ -102,7 +111,7 @@ class Cluster:
         self.procs[proc.name] = proc
         env = {**os.environ, **proc.env, "PYTHONUNBUFFERED": "1"}
         if proc.clock_file is not None:
-            env |= {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": str(proc.clock_file),
+            env |= {"LD_PRELOAD": faketime_lib(), "FAKETIME_TIMESTAMP_FILE": str(proc.clock_file),
                     "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
         log = open(proc.log, "ab")
         proc.popen = subprocess.Popen(self.net.exec_argv(proc.host, proc.argv), env=env,

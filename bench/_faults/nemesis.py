@@ -79,7 +79,7 @@ def primary_cut_from_etcd_and_replicas() -> Nemesis:
         p = c.wait_primary_a()
         c.net.partition([_host(c, p)], ["n5", *_others(c, p)])
         return f"{p} cut from etcd (n5) and its replicas; clients and nameserver-2 reach it"
-    return Nemesis("partition", "primary cut from etcd and replicas", start, _healed, 7.0)
+    return Nemesis("partition", "primary cut from etcd and replicas", start, _healed, 6.0)
 
 
 def replicas_split(etcd_with_primary: bool) -> Nemesis:
@@ -121,7 +121,7 @@ def lossy_primary_link() -> Nemesis:
         p = c.wait_primary_a()
         return f"{p}: " + c.net.degrade(_host(c, p), loss_pct=20.0, delay_ms=100,
                                          rate_kbit=4000)
-    return Nemesis("link", "20% loss and a slow link at the primary", start, _healed, 6.0)
+    return Nemesis("link", "20% loss and a slow link at the primary", start, _healed, 5.0)
 
 
 # --- disk ----------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def broker_b_disk_full() -> Nemesis:
     def heal(c: Cluster) -> str:
         filler(c).unlink(missing_ok=True)
         return "space back"
-    return Nemesis("disk", "broker-b's disk full", start, heal, 6.0)
+    return Nemesis("disk", "broker-b's disk full", start, heal, 4.0)
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -257,10 +257,10 @@ def bystander_clocks_jump(step_s: int = 120) -> Nemesis:
         state["r"] = r = next(n for n in ("a0", "a1", "a2") if n != p)
         for name in ("nameserver-1", r):
             _set_clock(c, name, step_s)
-        time.sleep(3.0)
+        time.sleep(2.0)
         for name in ("nameserver-1", r):
             _set_clock(c, name, -step_s)
-        return f"nameserver-1's and {r}'s wall clocks +{step_s} s for 3 s, then -{step_s} s"
+        return f"nameserver-1's and {r}'s wall clocks +{step_s} s for 2 s, then -{step_s} s"
 
     def heal(c: Cluster) -> str:
         for name in ("nameserver-1", state["r"]):
@@ -296,7 +296,7 @@ def redis_master_killed() -> Nemesis:
     def heal(c: Cluster) -> str:
         c.restart_redis(state["m"])
         return f"restarted {state['m']} as a replica"
-    return Nemesis("redis", "Redis master killed under Sentinel", start, heal, 5.0)
+    return Nemesis("redis", "Redis master killed under Sentinel", start, heal, 4.0)
 
 
 def short_schedule() -> list[Nemesis]:

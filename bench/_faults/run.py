@@ -34,9 +34,9 @@ from bench._faults.workload import Config
 
 TOPIC = "FaultsT"
 QUEUES = 4
-WARMUP_S = 4.0  # the workload runs this long before the first fault
-GAP_S = 4.0  # after a fault is healed, before the next one
-DRAIN_S = 15.0  # after the last operation: timers come due, checks resolve, consumers read
+WARMUP_S = 3.0  # the workload runs this long before the first fault
+GAP_S = 3.0  # after a fault is healed, before the next one
+DRAIN_S = 12.0  # after the last operation: timers come due, checks resolve, consumers read
 
 
 @dataclass
