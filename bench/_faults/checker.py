@@ -40,6 +40,9 @@ VIOLATIONS = ("lost", "duplicates", "unexpected", "order_violations", "aborted_r
               "crashes")
 TIMER_GRACE_MS = 10_000  # a timer due this long before the end must have been read by then
 RECOVERY_MS = 20_000  # a fault's unavailability is looked for until this long after its heal
+# a member's promotion may be sampled this long after its first acknowledgement as primary (the
+# controller samples every 200 ms, seconds apart under load): epochs seen until then count
+SAMPLE_SLACK_MS = 3_000
 EXAMPLES = 5  # examples kept per violation kind
 
 
@@ -171,7 +174,8 @@ def _split_brain(h: History, r: Result) -> None:
         if op.f not in ("send", "delay", "txn") or op.type != OK or not op.address:
             continue
         mine = max((s.epoch for s in samples if s.address == op.address
-                    and s.role == "primary" and s.t_ms <= op.complete_ms), default=None)
+                    and s.role == "primary" and s.t_ms <= op.complete_ms + SAMPLE_SLACK_MS),
+                   default=None)
         if mine is None:
             continue
         newer = [s for s in samples if s.group == op.group and s.address != op.address
