@@ -130,7 +130,11 @@ def fill(path: Path) -> int:
     that were free."""
     st = os.statvfs(path.parent)
     free = st.f_bavail * st.f_frsize
-    with open(path, "wb") as out:  # every free block, then whatever is left
+    try:
+        out = open(path, "wb")
+    except OSError:  # already full: not even a new file fits
+        return 0
+    with out:  # every free block, then whatever is left
         try:
             os.posix_fallocate(out.fileno(), 0, free)
         except OSError:
@@ -149,7 +153,10 @@ def broker_b_disk_full() -> Nemesis:
         return Path(c.procs["b0"].env["TIDEMQ_BROKER_DATA_DIR"]) / "filler"
 
     def start(c: Cluster) -> str:
-        return f"broker-b's data directory filled ({fill(filler(c)) // 1024} KiB)"
+        path = filler(c)
+        used = sum(f.stat().st_blocks * 512 for f in path.parent.rglob("*") if f.is_file())
+        return (f"broker-b's data directory filled ({fill(path) // 1024} KiB free, its store "
+                f"used {used // 1024} KiB)")
 
     def heal(c: Cluster) -> str:
         filler(c).unlink(missing_ok=True)
