@@ -46,7 +46,7 @@ bench-quick: $(STAMP) system-deps
 	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check sdk services tests bench
+	$(BIN)/ruff check sdk services tests bench examples
 	$(BIN)/mypy sdk/tidemq services
 
 clean:

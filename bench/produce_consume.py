@@ -1,6 +1,8 @@
 """Produce / consume benchmark: tidemq through its SDK against Redis Streams and NATS JetStream.
 
-Run ``python -m bench.produce_consume [--quick] [--json] [--profile DIR]``.
+Run ``python -m bench.produce_consume [--quick] [--json] [--profile DIR] [--otel]``
+(``--otel``: after tidemq's rows, its produce and consume phases in interleaved rounds with
+OpenTelemetry tracing off and on, and the overhead; bench/_otel.py).
 
 Every system gets the same workload of 1 KiB messages, on servers the bench starts on free
 ports (data in a temp dir) and stops at the end:
@@ -56,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import _otel
 from bench._breakdown import SEGMENTS, Timings, TimingTransport, summary
 from bench._common import Row, err, loop_name, print_json, print_table, run
 from bench._peers import (
@@ -393,7 +396,7 @@ async def run_peer(peer: Any, sizes: Sizes, bodies: list[bytes], pad: bytes,
 
 
 async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
-                     prof: Profiler, results: dict[str, Any]) -> None:
+                     prof: Profiler, results: dict[str, Any], otel: bool = False) -> None:
     t = Tidemq(tmp / "tidemq")
     n = sizes.messages
     await t.start()
@@ -425,15 +428,18 @@ async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
         r["latency_breakdown"] = summary(t.timings, r["latency"]["samples"])
         r["latency_10k"] = (await t.latency(RATE_HIGH, sizes.latency_s, sizes.warmup_s,
                                             pad)).as_dict()
+        if otel:
+            r["otel"] = await _otel.measure(t, n, bodies, SENDERS, WINDOW)
     finally:
         await t.close()
 
 
-async def run_all(tmp: Path, sizes: Sizes, prof: Profiler, peers_too: bool) -> dict[str, Any]:
+async def run_all(tmp: Path, sizes: Sizes, prof: Profiler, peers_too: bool,
+                  otel: bool = False) -> dict[str, Any]:
     bodies = make_bodies(7)
     pad = make_bodies(8, 1)[0][: BODY_BYTES - STAMP]
     results: dict[str, Any] = {"skipped": {}, "loadavg": {"before": os.getloadavg()[0]}}
-    await run_tidemq(tmp, sizes, bodies, pad, prof, results)
+    await run_tidemq(tmp, sizes, bodies, pad, prof, results, otel)
     for key, cls in PEERS:
         if not peers_too:
             results["skipped"][key] = "--no-peers"
@@ -587,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=None, help="override the message count")
     ap.add_argument("--no-peers", action="store_true", help="tidemq only (profiling runs)")
     ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: /tmp)")
+    ap.add_argument("--otel", action="store_true",
+                    help="also run tidemq's produce/consume with OpenTelemetry tracing on and "
+                         "print the overhead (bench/_otel.py)")
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     if args.messages:
@@ -604,13 +613,17 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="tidemq-pc-bench-", dir=args.dir))
     try:
-        res = run(run_all(tmp, sizes, prof, not args.no_peers))
+        res = run(run_all(tmp, sizes, prof, not args.no_peers, args.otel))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     total_s = time.perf_counter() - began
     rows = build_rows(res)
     print_table(f"tidemq produce/consume bench ({'quick' if args.quick else 'full'})", rows,
                 caption=caption(res, sizes, loop, total_s))
+    if args.otel:
+        otel = res.get("tidemq", {}).get("otel", {})
+        print_table("tidemq with OpenTelemetry tracing off / on (same run)", _otel.rows(otel),
+                    caption=_otel.caption(otel))
     prof.summary()
 
     if args.json:
@@ -660,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
             "detail": {k: v for k, v in res.items() if k not in ("skipped", "loadavg")},
             "targets_met": {r.figure: r.met for r in rows if r.met is not None},
             "total_s": total_s,
+            **({"otel": _otel.summary(res.get("tidemq", {}).get("otel", {}))}
+               if args.otel else {}),
         })
     failed = {k: v for k, v in res["skipped"].items() if v != "--no-peers"}
     return 2 if failed else 0

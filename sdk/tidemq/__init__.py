@@ -63,11 +63,13 @@ from tidemq._transaction import (
     TransactionSendResult,
     TransactionState,
 )
+from tidemq._typed import BodyDecodeError, Router
 from tidemq.protocol import ErrorCode, ReceivedMessage
 
 __all__ = [
     "AlreadyDeliveredError",
     "BadRequestError",
+    "BodyDecodeError",
     "BrokerBusyError",
     "BrokerNotFoundError",
     "ClientClosedError",
@@ -100,6 +102,7 @@ __all__ = [
     "ReceivedMessage",
     "RequestTimeoutError",
     "RetryPolicy",
+    "Router",
     "SendResult",
     "ServerError",
     "SimpleConsumer",

@@ -209,6 +209,7 @@ def decode_stored(blob: Buffer, *, verify: bool = True) -> list[StoredMessage]:
             m.reconsume_times = reconsume
             m.receipt_handle = None
             m.state = None
+            m.failure = None
             out.append(m)
             p += size
         group += 1
