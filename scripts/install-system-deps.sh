@@ -14,7 +14,7 @@ command -v jq >/dev/null 2>&1 || need+=(jq)
 # the faults suite between namespace hosts (tests/bench/faults, bench/faults.py; as root)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
-[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need+=(libfaketime)
+ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need+=(libfaketime)  # clock faults
 # PostgreSQL: the outbox tests start their own server (Debian keeps initdb/postgres off PATH)
 command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
   || need+=(postgresql)
