@@ -5,7 +5,8 @@ Run ``python -m bench.faults [--quick] [--json]`` as root (network namespaces).
 Hosts are Linux network namespaces on a bridge of their own (bench/_faults/netns.py): broker-a's
 three copies on n1-n3, broker-b on n4, etcd and Redis (with Sentinel) on n5/n6, nameservers on
 n7 and n4, the workload on c1. While the workload sends (plain and sharding-key messages, delayed
-messages, some cancelled, transactions committed, rolled back and left UNKNOWN) and two consumer
+messages of 1-6 s and one in ten up to 90 s, some cancelled, transactions committed, rolled back
+and left UNKNOWN) and two consumer
 groups read, the nemeses run one after another, each healed before the next: every nemesis once
 with ``--quick`` (13 faults), three rounds without. Then the checker reads the history
 (bench/_faults/checker.py) and prints the violations, the timers' lateness and each fault's
@@ -33,6 +34,8 @@ from bench._faults.nemesis import clock_limits, long_schedule
 from bench._faults.netns import available
 from bench._faults.run import run
 
+LONG_DELAY_MS = 90_000  # one delayed message in ten waits up to this long (1.5 minutes)
+
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -52,7 +55,7 @@ def main(argv: list[str]) -> int:
     schedule = clock_limits() if args.clock_limits else long_schedule(1 if args.quick else 3)
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="tidemq-faults-"))
     try:
-        done = run(schedule, workdir, log=err.print)
+        done = run(schedule, workdir, long_delay_max_ms=LONG_DELAY_MS, log=err.print)
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -68,7 +68,9 @@ class Monitor(threading.Thread):
 
 
 def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 6,
-        log: Any = print) -> Run:
+        long_delay_max_ms: int = 0, log: Any = print) -> Run:
+    """``long_delay_max_ms``: one delayed message in ten waits up to this long (0: none; the
+    drain does not wait for them, the checker judges those due before the end)."""
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     net = Network(HOSTS)
@@ -88,7 +90,8 @@ def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 6,
         stop = workdir / "stop"
         cfg = Config(nameservers=cluster.nameservers, groups=[GROUP_A, GROUP_B], topic=TOPIC,
                      out=str(history_path), duration_s=length, drain_s=DRAIN_S,
-                     writers=writers, stop_file=str(stop))
+                     writers=writers, stop_file=str(stop),
+                     long_delay_max_ms=long_delay_max_ms)
         (workdir / "workload.json").write_text(json.dumps(asdict(cfg)))
         wl_log = open(workdir / "workload.log", "ab")
         workload = subprocess.Popen(net.exec_argv("c1", [

@@ -45,6 +45,7 @@ class Config:
     writers: int = 4
     op_deadline_s: float = 8.0  # an operation is retried until this (s)
     delay_max_ms: int = 6_000
+    long_delay_max_ms: int = 0  # one delayed message in ten waits up to this long (0 = none)
     seed: int = 0
     pace_s: float = 0.05  # pause of a writer between operations (s)
     stop_file: str = ""  # operations stop once this file exists (the controller's word)
@@ -176,6 +177,8 @@ class Workload:
     async def delay(self) -> None:
         mid = f"d-{uuid.uuid4().hex[:12]}"
         delay = self.rng.randrange(1000, self.cfg.delay_max_ms)
+        if self.cfg.long_delay_max_ms and self.rng.random() < 0.1:  # a minute or so
+            delay = self.rng.randrange(self.cfg.delay_max_ms, self.cfg.long_delay_max_ms)
         t0 = now_ms()
         msg: dict[str, Any] = {"message_id": mid, "body": json.dumps({"delay": delay})}
         if self.rng.random() < 0.5:
