@@ -236,8 +236,12 @@ class TxTable:
                         continue
                     if state.ended:
                         return state
-        # no op record: a crash may have torn the tail between a copy and its op record
-        for rec in self.store.find_by_unique_key(message_id, whole_log=True):
+        # no op record: a crash may have torn the tail between a copy and its op record. Only
+        # what a quorum holds counts (below the high-water mark): a commit copy written but
+        # answered NOT_ENOUGH_REPLICAS may be cut by a failover, and taking it for "ended"
+        # stopped the checks of a transaction whose commit was then lost (found by the faults
+        # suite)
+        for rec in self.store.find_by_unique_key(message_id):
             if is_commit_copy(rec, txid):
                 return TxState.COMMITTED
             if rec.topic == DISCARD_TOPIC and rec.properties.get(TRANSACTION_ID) == txid:

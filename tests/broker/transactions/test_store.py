@@ -61,6 +61,27 @@ async def test_state_is_rebuilt_from_records(store_dir: Path) -> None:
         await store.close()
 
 
+async def test_a_commit_copy_above_the_high_water_mark_does_not_end_the_transaction(
+        store_dir: Path) -> None:
+    """A commit written but answered NOT_ENOUGH_REPLICAS may be cut by a failover: taken for
+    "committed", the checker stopped checking the transaction and its commit was lost (found
+    by the faults suite). Only what a quorum holds ends it."""
+    store = await MessageStore.open(StoreConfig(root=store_dir))
+    try:
+        await store.put([half_record("txU", "mU")])
+        info = TxTable(store, 10).ensure("txU")
+        assert info is not None
+        res = await store.put([commit_copy(store.read(info.first_offset), info, 0)])  # type: ignore[arg-type]
+        store.visible_offset = res.appended[0].physical_offset  # the copy is above the HWM
+        unsettled = TxTable(store, 10).ensure("txU")
+        assert unsettled is not None and unsettled.state is TxState.HALF  # checks go on
+        store.visible_offset = None  # a quorum holds it now
+        settled = TxTable(store, 10).ensure("txU")
+        assert settled is not None and settled.state is TxState.COMMITTED
+    finally:
+        await store.close()
+
+
 async def test_commit_copy_is_the_message_in_its_real_queue(store_dir: Path) -> None:
     store = await MessageStore.open(StoreConfig(root=store_dir))
     try:
