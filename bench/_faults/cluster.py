@@ -289,15 +289,16 @@ class Cluster:
             return None
         return resp.json() if resp.status_code == 200 else None
 
+    def sample_role(self, name: str) -> RoleSample | None:
+        """What member ``name`` says it is, stamped when its answer came."""
+        st = self.status(name)
+        if st is None:
+            return None
+        role = "primary" if st["role"] == "primary" and not st["deposed"] else "replica"
+        return RoleSample(now_ms(), GROUP_A, self.procs[name].url, role, int(st["epoch"]))
+
     def sample_roles(self) -> list[RoleSample]:
-        out = []
-        for name in ("a0", "a1", "a2"):
-            st = self.status(name)
-            if st is not None:
-                role = "primary" if st["role"] == "primary" and not st["deposed"] else "replica"
-                out.append(RoleSample(now_ms(), GROUP_A, self.procs[name].url, role,
-                                      int(st["epoch"])))
-        return out
+        return [s for s in map(self.sample_role, ("a0", "a1", "a2")) if s is not None]
 
     def primary_a(self) -> str | None:
         """The name (a0…a2) of broker-a's primary, by the members' own word."""

@@ -47,23 +47,32 @@ class Run:
     seconds: float
 
 
-class Monitor(threading.Thread):
-    """Samples broker-a's members' roles every ``interval_s`` (the controller reaches every
+class Monitor:
+    """Samples each broker-a member's role every ``interval_s``, one thread per member, so a
+    paused or cut-off member does not delay the others' samples (the controller reaches every
     host whatever the partitions)."""
 
     def __init__(self, cluster: Cluster, interval_s: float = 0.2) -> None:
-        super().__init__(daemon=True, name="faults-monitor")
         self.cluster = cluster
         self.interval_s = interval_s
         self.samples: list[RoleSample] = []
         self.done = threading.Event()
+        self._threads = [threading.Thread(target=self._watch, args=(name,), daemon=True,
+                                          name=f"faults-monitor-{name}")
+                         for name in ("a0", "a1", "a2")]
 
-    def run(self) -> None:
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def _watch(self, name: str) -> None:
         while not self.done.is_set():
             try:
-                self.samples += self.cluster.sample_roles()
+                sample = self.cluster.sample_role(name)
             except Exception:
-                pass
+                sample = None  # a sample missed is a sample missed
+            if sample is not None:
+                self.samples.append(sample)  # list.append is atomic under the GIL
             self.done.wait(self.interval_s)
 
 
