@@ -37,13 +37,13 @@ from services.cli.plan import (
     TOKEN_FILE,
     ServiceSpec,
     UpOptions,
-    check_topology,
     child_env,
     etcd_command,
     group_name,
     plan_services,
     redis_command,
     resolve_token,
+    validate_topology,
     with_etcd,
 )
 from services.cli.rest import CliError, console, err_console, reports_errors
@@ -302,7 +302,7 @@ def up(
     crash_loop: str | None = None
     try:
         try:
-            check_topology(opts)
+            validate_topology(opts)
         except ValueError as exc:
             raise CliError(f"BAD_REQUEST: {exc}", 2) from None
         redis_url = os.environ.get("REDIS_URL") or start_redis(sup, host, advertise_host)

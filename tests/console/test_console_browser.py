@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.scheduler.harness import wait_until
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import REPO, RedisServer, ServiceProcess, free_port
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
