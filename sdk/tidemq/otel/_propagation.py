@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, MutableMapping
 
-from opentelemetry import baggage, propagate, trace
+from opentelemetry import baggage, context, propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
@@ -65,7 +65,8 @@ def traceparent(span_context: SpanContext) -> str:
 
 def inject(properties: MutableMapping[str, str], span: trace.Span) -> None:
     """Write ``span``'s context (and the current baggage) into ``properties``."""
-    if w3c() and not baggage.get_all():
+    current = context.get_current()
+    if w3c() and not (current and baggage.get_all(current)):
         span_context = span.get_span_context()
         if span_context.is_valid:
             properties[TRACEPARENT] = traceparent(span_context)
@@ -93,17 +94,17 @@ def extract(properties: Mapping[str, str]) -> tuple[Context | None, SpanContext 
                                        trace_flags=TraceFlags(int(match[3], 16)))
             return trace.set_span_in_context(NonRecordingSpan(span_context), _EMPTY), \
                 span_context
-    context = propagate.extract(properties)
-    span_context = trace.get_current_span(context).get_span_context()
+    found = propagate.extract(properties)
+    span_context = trace.get_current_span(found).get_span_context()
     if not span_context.is_valid:
         return None, None
-    return context, span_context
+    return found, span_context
 
 
 def creation_context(properties: Mapping[str, str]) -> tuple[Context | None, list[Link]]:
     """The message's creation context (None when it carries none) and a link to it."""
-    context, span_context = extract(properties)
-    return context, [] if span_context is None else [Link(span_context)]
+    found, span_context = extract(properties)
+    return found, [] if span_context is None else [Link(span_context)]
 
 
 def links_of(messages: list[ReceivedMessage]) -> list[Link]:
