@@ -21,6 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from tidemq.protocol import ReceivedMessage
 
@@ -70,8 +71,9 @@ def inject(properties: MutableMapping[str, str], span: trace.Span) -> None:
         span_context = span.get_span_context()
         if span_context.is_valid:
             properties[TRACEPARENT] = traceparent(span_context)
-            if span_context.trace_state:
-                properties[TRACESTATE] = span_context.trace_state.to_header()
+            state = span_context.trace_state
+            if state is not DEFAULT_TRACE_STATE and state:
+                properties[TRACESTATE] = state.to_header()
         return
     propagate.inject(properties, trace.set_span_in_context(span))
 
