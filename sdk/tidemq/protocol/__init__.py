@@ -53,6 +53,7 @@ from tidemq.protocol.topics import (
     is_system_topic,
     parse_perm,
     retry_topic,
+    validate_client_id,
     validate_group_name,
     validate_topic_name,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "parse_messages",
     "parse_perm",
     "retry_topic",
+    "validate_client_id",
     "validate_group_name",
     "validate_topic_name",
 ]

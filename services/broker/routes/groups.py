@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
-from tidemq.protocol import ErrorCode
+from tidemq.protocol import ErrorCode, validate_client_id
 
 from services.broker.messaging.convert import to_wire
 from services.broker.routes._common import body_doc, broker_of, read_model, wants_msgpack
@@ -97,6 +97,7 @@ async def list_groups(request: Request) -> Response:
              response_model=Members, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def heartbeat(group: GroupName, request: Request) -> Response:
     body = await read_model(request, HeartbeatBody)
+    validate_client_id(body.client_id)
     members = broker_of(request).consumers.heartbeat(group, body.client_id,
                                                      body.subscriptions, body.mode)
     return reply(request, {"members": members})
@@ -105,7 +106,7 @@ async def heartbeat(group: GroupName, request: Request) -> Response:
 @router.delete("/v1/groups/{group}/members/{client_id}", summary="Leave the group now",
                response_model=Empty, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def leave(group: GroupName, client_id: str, request: Request) -> Response:
-    broker_of(request).consumers.leave(group, client_id)
+    broker_of(request).consumers.leave(group, validate_client_id(client_id))
     return reply(request, {})
 
 
