@@ -22,6 +22,7 @@ from services.broker.routes.answers import (
     ReceiveAnswer,
     RetryAnswer,
 )
+from services.broker.routes.raw_ids import path_id
 from services.common.app import reply
 from services.common.lean import LeanRoute, lean
 from services.common.openapi import TOPIC_RULE, Empty, GroupName, errors
@@ -106,7 +107,7 @@ async def heartbeat(group: GroupName, request: Request) -> Response:
 @router.delete("/v1/groups/{group}/members/{client_id}", summary="Leave the group now",
                response_model=Empty, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def leave(group: GroupName, client_id: str, request: Request) -> Response:
-    broker_of(request).consumers.leave(group, validate_client_id(client_id))
+    broker_of(request).consumers.leave(group, validate_client_id(path_id(client_id)))
     return reply(request, {})
 
 

@@ -25,6 +25,7 @@ from services.broker.routes.answers import (
     PendingTransactions,
 )
 from services.broker.routes.messages import MessageDoc
+from services.broker.routes.raw_ids import path_id
 from services.broker.transactions.service import parse_end, parse_ends, parse_group
 from services.common.app import reply
 from services.common.lean import LeanRoute, lean
@@ -168,7 +169,7 @@ async def producer_heartbeat(group: GroupName, request: Request) -> Response:
                responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def producer_leave(group: GroupName, client_id: str, request: Request) -> Response:
     validate_group_name(group)
-    broker_of(request).transactions.leave(group, validate_client_id(client_id))
+    broker_of(request).transactions.leave(group, validate_client_id(path_id(client_id)))
     answer: dict[str, Any] = {}
     return reply(request, answer)
 
