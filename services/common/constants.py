@@ -48,6 +48,9 @@ CONSOLE_SESSION_TTL_S = 8 * 3600.0  # a console session (and its sign-in) lasts 
 CONSOLE_SESSIONS_MAX = 10_000  # sessions kept in memory at most (the oldest are dropped)
 CONSOLE_PENDING_MAX = 16  # confirmations one session may have waiting (the oldest dropped)
 
+# every service refuses a request target (path and query) longer than this: 414 URI_TOO_LONG
+MAX_URL_BYTES = 16 * 1024
+
 # --- HTTP keep-alive --------------------------------------------------------------------------
 HTTP_SERVER_KEEP_ALIVE_S = 5  # every service closes a connection idle this long (uvicorn, s)
 # Clients drop a pooled connection idle this long (s). It must stay below the server's keep-alive:

@@ -11,6 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from services.common.constants import HTTP_SERVER_KEEP_ALIVE_S
+from services.common.httpserver import JsonErrorsProtocol
 from services.common.tls import ServerTls
 
 LOG_FORMAT = "%(asctime)s %(levelname)-5s %(name)s: %(message)s"
@@ -53,7 +54,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
     # CPU saved on the transaction benchmark with these thresholds.
     gc.set_threshold(50_000, 20, 20)
     config = uvicorn.Config(
-        app, host=host, port=port, loop="uvloop", http="httptools", log_level=log_level,
+        app, host=host, port=port, loop="uvloop", http=JsonErrorsProtocol, log_level=log_level,
         access_log=False, log_config=None, timeout_graceful_shutdown=5, backlog=2048,
         timeout_keep_alive=HTTP_SERVER_KEEP_ALIVE_S,
         **(tls.uvicorn_options() if tls is not None else {}),

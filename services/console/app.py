@@ -145,7 +145,8 @@ def create_console_app(settings: ConsoleSettings,
             await sampler.stop()
             await c.close()
 
-    app = create_app("tidemq console", registry, lifespan)
+    # pages keep their own query (done=, failed= after an action): not the strict API rule
+    app = create_app("tidemq console", registry, lifespan, strict_query=False)
     acl = AclStore(settings.acl_file) if settings.acl_file else None
     sessions = Sessions(settings.session_ttl_s)
     app.add_middleware(SessionMiddleware, sessions=sessions, acl_on=acl is not None,
