@@ -287,7 +287,10 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
     specs: list[ServiceSpec] = []
     for kind in kinds:
         if kind == "nameserver":  # brokers register with every one; each lists them all
-            specs += [spec(kind, j, port, {"TOKEN": token, "PEERS": nameservers})
+            expect = ",".join(group_name(i) for i in range(opts.groups)) \
+                if "broker" in kinds else ""  # their warm-up ends once these registered
+            specs += [spec(kind, j, port, {"TOKEN": token, "PEERS": nameservers,
+                                           "EXPECT_BROKERS": expect})
                       for j, port in enumerate(opts.nameserver_ports())]
         elif kind == "metrics":  # reads the events of every group, found through nameservers
             specs.append(spec(kind, 0, opts.metrics_port, {
