@@ -53,9 +53,12 @@ NAMESERVER_PORT_STEP = 1
 MAX_GROUPS = 26  # broker-a … broker-z
 MAX_NAMESERVERS = 9
 # With --replicas R, replica j (broker_id 1 … R-1) of group i serves REST on the group's broker
-# port + REPLICA_PORT_STEP * j (10911 → 11011, 11111; group b 11911 → 12011, …); replicas have
-# no gRPC door (RocketMQ clients reach the primary).
+# port + REPLICA_PORT_STEP * j (10911 → 11011, 11111; group b 11911 → 12011, …) and gRPC on the
+# group's gRPC port + REPLICA_GRPC_PORT_STEP * j (8081 → 8181, 8281; group b 8082 → 8182, …): a
+# replica promoted by a failover serves RocketMQ 5 clients at once, and until then its door
+# names the group's primary in routes.
 REPLICA_PORT_STEP = 100
+REPLICA_GRPC_PORT_STEP = 100
 MAX_REPLICAS = 9
 
 
@@ -90,6 +93,11 @@ class UpOptions:
     def replica_port(self, index: int, broker_id: int) -> int:
         """REST port of group ``index``'s member ``broker_id`` (0 = the primary)."""
         return self.group_port("broker", index) + REPLICA_PORT_STEP * broker_id
+
+    def replica_grpc_port(self, index: int, broker_id: int) -> int:
+        """gRPC port of group ``index``'s member ``broker_id``; 0 when the group has none."""
+        base = self.grpc_port(index)
+        return base + REPLICA_GRPC_PORT_STEP * broker_id if base else 0
 
     def replica_label(self, index: int, broker_id: int) -> str:
         """``broker-r1``, ``broker-b-r2``, …: a replica's name in the output and its log."""
@@ -230,6 +238,8 @@ def check_topology(opts: UpOptions) -> None:
                   for j in range(1, opts.replicas)]
         if opts.grpc_port(i):
             ports.append((f"{opts.label('broker', i)} gRPC", opts.grpc_port(i)))
+            ports += [(f"{opts.replica_label(i, j)} gRPC", opts.replica_grpc_port(i, j))
+                      for j in range(1, opts.replicas)]
     ports.append(("metrics", opts.metrics_port))
     ports.append(("console", opts.console_port))
     for name, port in ports:
@@ -318,11 +328,11 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                     env["REPLICAS"] = str(opts.replicas)
                 specs.append(spec(kind, i, opts.group_port(kind, i), env, opts.grpc_port(i)))
                 for j in range(1, opts.replicas):  # static replicas following broker_id 0
-                    port = opts.replica_port(i, j)
+                    port, grpc = opts.replica_port(i, j), opts.replica_grpc_port(i, j)
                     replica = {**env, "BROKER_ID": str(j), "PRIMARY_ADDRESS":
-                               group_url("broker", i), "GRPC_PORT": "0",
+                               group_url("broker", i), "GRPC_PORT": str(grpc),
                                "DATA_DIR": f"{env['DATA_DIR']}-r{j}"}
-                    member = spec(kind, i, port, replica)  # with the group's TLS and ACL
+                    member = spec(kind, i, port, replica, grpc)  # the group's TLS and ACL
                     specs.append(dataclasses.replace(member, name=opts.replica_label(i, j)))
         else:  # checker, scheduler: one per group, finding its broker by name (or URL)
             for i in range(opts.groups):
