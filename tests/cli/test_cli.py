@@ -102,8 +102,8 @@ def test_nameserver_url_from_environment(runner: CliRunner, nameserver: ServiceP
 @pytest.mark.integration
 def test_server_error_is_code_and_message_with_exit_1(runner: CliRunner,
                                                       nameserver: ServiceProcess) -> None:
-    # The nameserver has no /v1/topics/...: it answers {code, message} like any service.
-    result = runner.invoke(app, ["--broker", nameserver.url, "topic", "show", "x"], env=WIDE)
+    # The nameserver has no /v1/messages/...: it answers {code, message} like any service.
+    result = runner.invoke(app, ["--broker", nameserver.url, "query", "--id", "x"], env=WIDE)
     assert result.exit_code == 1
     assert "NOT_FOUND: no such endpoint" in result.stderr
 
