@@ -56,6 +56,8 @@ class TraceCopy(BaseModel):
     check_times: int | None = None
     deliver_at_ms: int | None = None
     reconsume_times: int | None = None
+    resent_as: str | None = Field(None, description="a dlq copy an operator resent: the "
+                                  "resent copy's message id (dlq-<40 hex>)")
 
 
 class Trace(BaseModel):
@@ -70,6 +72,9 @@ class Trace(BaseModel):
                                               "of the copy consumers read")
     retries: list[dict[str, Any]]
     copies: list[TraceCopy]
+    resent: list[dict[str, Any]] = Field(default_factory=list, description="copies resent from "
+                                         "the DLQ: {message_id, topic, queue_id, queue_offset, "
+                                         "store_timestamp_ms}")
 
 
 @router.get("/v1/transactions/{transaction_id}", summary="One transaction, in any state",
