@@ -42,7 +42,8 @@ def resend_one(client: httpx.Client, ep: Endpoints, dlq: str, m: dict[str, Any])
         if not exc.message.startswith("MESSAGE_NOT_FOUND"):
             raise
     else:  # resent before: not again (the dedup window may have passed)
-        outcome.result, outcome.earlier = earlier, True
+        outcome.result = {k: earlier.get(k) for k in ("message_id", "queue_id", "queue_offset")}
+        outcome.earlier = True
         return outcome
     try:
         answer = call(client, "POST", f"{ep.broker}/v1/topics/{segment(outcome.topic)}/messages",
@@ -128,8 +129,10 @@ def _report(outcomes: list[Outcome], dlq: str, json_out: bool) -> None:
             print_json(outcome.to_json())
         return
     failed = sum(o.result is None for o in outcomes)
+    before = sum(o.earlier for o in outcomes)
     table = Table("dlq offset", "message id", "to topic", "result",
-                  title=f"{dlq}: {len(outcomes) - failed} resent, {failed} failed")
+                  title=f"{dlq}: {len(outcomes) - failed - before} resent, {failed} failed"
+                        + (f", {before} resent before (not again)" if before else ""))
     for o in outcomes:
         if o.result is not None:
             result = (f"[green]{'resent before as' if o.earlier else 'sent'}[/] "

@@ -212,8 +212,7 @@ def create_console_app(settings: ConsoleSettings,
         except ValueError as exc:
             log.warning("console: a sign-in with access key %r was refused", access_key[:64])
             return back("/login", failed=f"UNAUTHORIZED: {exc}", next=_local(next))
-        s = renew(request, sessions)
-        s.user, s.auth = name, auth
+        renew(request, sessions, name, auth)
         log.info("console: %s signed in", name)
         return RedirectResponse(_local(next), status_code=303)
 

@@ -46,6 +46,8 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 #: Served to anyone: liveness, metrics, the sign-in page, the stylesheet and script.
 OPEN_PATHS = frozenset({"/healthz", "/metrics", "/login"})
 OPEN_PREFIXES = ("/static/",)
+#: Served without a session at all (probes and scrapers carry no cookie).
+SESSIONLESS = ("/healthz", "/metrics", "/static/")
 
 
 class Refused(Exception):
@@ -84,30 +86,38 @@ class Session:
 
 
 class Sessions:
-    """Sessions in memory (a restart signs everyone out), oldest dropped past the maximum."""
+    """Sessions in memory (a restart signs everyone out), the oldest dropped past the maximum.
+    Signed-in sessions are kept apart from those of visitors, so a flood of cookie-less
+    requests can never push a signed-in person out."""
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self._by_id: OrderedDict[str, Session] = OrderedDict()
+        self._visitors: OrderedDict[str, Session] = OrderedDict()
+        self._signed_in: OrderedDict[str, Session] = OrderedDict()
 
     def get(self, sid: str | None) -> Session | None:
-        found = self._by_id.get(sid or "")
-        if found is None or found.expires < time.monotonic():
+        for table in (self._signed_in, self._visitors):
+            found = table.get(sid or "")
             if found is not None:
-                del self._by_id[found.sid]
-            return None
-        return found
+                if found.expires < time.monotonic():
+                    del table[found.sid]
+                    return None
+                return found
+        return None
 
-    def start(self) -> Session:
+    def start(self, user: str = "", auth: SigningAuth | None = None) -> Session:
+        """A new session: a visitor's, or (``user``) a signed-in one."""
         s = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32),
-                    time.monotonic() + self.ttl_s)
-        self._by_id[s.sid] = s
-        while len(self._by_id) > CONSOLE_SESSIONS_MAX:
-            self._by_id.popitem(last=False)
+                    time.monotonic() + self.ttl_s, user, auth)
+        table = self._signed_in if user else self._visitors
+        table[s.sid] = s
+        while len(table) > CONSOLE_SESSIONS_MAX:
+            table.popitem(last=False)
         return s
 
     def end(self, s: Session) -> None:
-        self._by_id.pop(s.sid, None)
+        self._visitors.pop(s.sid, None)
+        self._signed_in.pop(s.sid, None)
 
 
 def verify_account(acl: AclStore, access_key: str, secret_key: str) -> tuple[str, SigningAuth]:
@@ -163,6 +173,9 @@ class SessionMiddleware:
                 status_code=403)(scope, receive, send)
             return
         path = scope["path"]
+        if path.startswith(SESSIONLESS):
+            await self.app(scope, receive, send)
+            return
         cookies = _cookies(headers.get("cookie", ""))
         s = self.sessions.get(cookies.get(CONSOLE_COOKIE))
         fresh = s is None
@@ -198,10 +211,12 @@ class SessionMiddleware:
             acting_as.reset(token)
 
 
-def renew(request: Request, sessions: Sessions) -> Session:
-    """A new session for a sign-in or sign-out (the old id is dropped: no fixation)."""
+def renew(request: Request, sessions: Sessions, user: str = "",
+          auth: SigningAuth | None = None) -> Session:
+    """A new session for a sign-in (``user``) or a sign-out: the old id is dropped (no
+    fixation)."""
     sessions.end(session_of(request))
-    s = sessions.start()
+    s = sessions.start(user, auth)
     request.scope["state"]["console_session"] = s
     request.scope["state"]["console_session_new"] = True
     return s

@@ -143,7 +143,8 @@ def test_plan_starts_every_service_in_order_with_its_env(tmp_path: Path) -> None
                                  "TIDEMQ_NAMESRV_PORT": "1002",
                                  "TIDEMQ_NAMESRV_CLUSTER": "DefaultCluster",
                                  "TIDEMQ_NAMESRV_TOKEN": "tok",
-                                 "TIDEMQ_NAMESRV_PEERS": "http://127.0.0.1:1002"}
+                                 "TIDEMQ_NAMESRV_PEERS": "http://127.0.0.1:1002",
+                                 "TIDEMQ_NAMESRV_EXPECT_BROKERS": "broker-a"}
     assert env["broker"] == {
         "TIDEMQ_BROKER_HOST": "127.0.0.1", "TIDEMQ_BROKER_PORT": "1001",
         "TIDEMQ_BROKER_CLUSTER": "DefaultCluster", "TIDEMQ_BROKER_BROKER_NAME": "broker-a",

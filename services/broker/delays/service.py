@@ -337,8 +337,9 @@ class ScheduleService:
         if newest is not None and not is_waiting(newest):
             if not any(is_waiting(c) for c in copies):
                 raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
-                                    f"message {message_id!r} was never delayed (it is stored in "
-                                    f"{newest.topic!r}): no delayed message to cancel")
+                                    f"message {message_id!r} was never delayed (stored at once "
+                                    f"in {newest.topic!r}: sent without a delay, or with one of "
+                                    "0 or in the past): no delayed message to cancel")
             raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
                                 f"message {message_id!r} was already delivered to "
                                 f"{newest.topic!r}: nothing to cancel")
