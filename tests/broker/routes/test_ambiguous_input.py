@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.broker import BrokerHandle, msgpack_post, run_broker, unique
-from tests.support.procs import RedisServer
+from tests.support.procs import RedisServer, ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -117,7 +117,6 @@ def test_a_misspelt_query_parameter_is_refused(broker: BrokerHandle, path: str,
 
 
 def test_the_nameserver_refuses_a_misspelt_query_parameter(broker: BrokerHandle) -> None:
-    from tests.support.procs import ServiceProcess, free_port
     port = free_port()
     ns = ServiceProcess("nameserver", port, {"TIDEMQ_NAMESRV_PORT": str(port)},
                         broker.data_dir.parent).start()
