@@ -35,8 +35,8 @@ test: $(STAMP) system-deps
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration" $(PYTEST_ARGS)
 
-# bench/install-peers.sh installs the peers measured beside tidemq (nats-server, nats-py);
-# it never fails the run: a missing peer is reported as skipped.
+# bench/install-peers.sh installs the peers measured beside tidemq (nats-server, nats-py,
+# hiredis); a peer that still cannot run is an error of the bench that needs it.
 bench: $(STAMP) system-deps
 	@bench/install-peers.sh $(VENV)
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
@@ -46,7 +46,7 @@ bench-quick: $(STAMP) system-deps
 	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check sdk services tests bench
+	$(BIN)/ruff check sdk services tests bench examples
 	$(BIN)/mypy sdk/tidemq services
 
 clean:

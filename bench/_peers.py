@@ -2,13 +2,16 @@
 shapes (64 senders, read everything back, a paced latency run), and the two peers —
 Redis Streams (redis-py asyncio) and NATS JetStream (nats-py) — written against the same shapes.
 
-Nothing here imports pytest or the test tree: the bench runs on a machine with only the
-project's runtime packages (nats-py and nats-server are optional; a missing peer is skipped).
+Nothing here imports pytest or the test tree. The peers' own parts (hiredis, nats-py,
+nats-server) are installed by ``bench/install-peers.sh``, which ``ensure_peers`` runs when one
+is missing: a peer that still cannot run is an error of the bench, not a skipped row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import os
 import random
 import shutil
@@ -145,21 +148,52 @@ def stamp_of(body: bytes) -> int:
     return int.from_bytes(body[:STAMP], "big")
 
 
+def process_cpu_s(pids: Sequence[int | None]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (gone ones: 0)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        if pid is None:
+            continue
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 @dataclass(slots=True)
 class Throughput:
     msgs: int
     seconds: float
     cpu_s: float  # this (client) process's CPU over the phase
     extra: dict[str, Any] = field(default_factory=dict)
+    server_cpu_s: float | None = None  # the server processes' CPU over the phase (None: unknown)
 
     @property
     def msgs_per_s(self) -> float:
         return self.msgs / self.seconds if self.seconds else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"msgs": self.msgs, "seconds": self.seconds, "msgs_per_s": self.msgs_per_s,
-                "client_cpu_util": self.cpu_s / self.seconds if self.seconds else 0.0,
-                **self.extra}
+        n, s = max(1, self.msgs), self.seconds
+        out = {"msgs": self.msgs, "seconds": s, "msgs_per_s": self.msgs_per_s,
+               "client_cpu_util": self.cpu_s / s if s else 0.0,
+               "client_us_per_msg": self.cpu_s / n * 1e6, **self.extra}
+        if self.server_cpu_s is not None:
+            out["server_cpu_util"] = self.server_cpu_s / s if s else 0.0
+            out["server_us_per_msg"] = self.server_cpu_s / n * 1e6
+        return out
+
+
+async def with_server_cpu(pids: Sequence[int | None], phase: Awaitable[Throughput]
+                          ) -> Throughput:
+    """Run ``phase`` and note the CPU the server processes ``pids`` spent meanwhile."""
+    before = process_cpu_s(pids)
+    res = await phase
+    res.server_cpu_s = process_cpu_s(pids) - before
+    return res
 
 
 @dataclass(slots=True)
@@ -311,23 +345,24 @@ class RedisStreamsPeer:
 
     @staticmethod
     def available() -> str | None:
-        """None when the peer can run, else why not."""
+        """None when the peer can run, else why not (nothing imported: see ensure_peers)."""
         if shutil.which("redis-server") is None:
             return "redis-server not installed"
-        try:
-            import redis.asyncio  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("redis") is None:
             return "redis-py not installed"
+        if importlib.util.find_spec("hiredis") is None:  # what a Redis user installs
+            return "hiredis not installed (bench/install-peers.sh installs it)"
         return None
 
+    @property
+    def pids(self) -> list[int | None]:
+        return [self.server.pid]
+
     def describe(self) -> str:
+        import hiredis
         import redis
 
-        try:
-            import hiredis  # noqa: F401
-            parser = "hiredis parser"
-        except ImportError:
-            parser = "pure-Python parser (hiredis not installed)"
+        parser = f"hiredis {getattr(hiredis, '__version__', '?')} parser"
         version = subprocess.run([self.server.argv[0], "--version"], capture_output=True,
                                  text=True).stdout.split()
         server = next((v.split("=")[1] for v in version if v.startswith("v=")), "?")
@@ -335,10 +370,19 @@ class RedisStreamsPeer:
 
     async def start(self, senders: int) -> None:
         import redis.asyncio as aioredis
+        from redis.utils import HIREDIS_AVAILABLE
+
+        if not HIREDIS_AVAILABLE:
+            raise RuntimeError("redis-py does not use hiredis (installed after redis was "
+                               "imported?): the peer would not be the fair one")
 
         await asyncio.to_thread(self.server.start)
-        self.client = aioredis.Redis(host="127.0.0.1", port=self.server.port,
-                                     max_connections=senders + self.readers + 16)
+        # more commands in flight than connections (the 10,000 msg/s latency phase) wait for
+        # one, as with tidemq's coalescer queue, instead of failing
+        pool = aioredis.BlockingConnectionPool(host="127.0.0.1", port=self.server.port,
+                                               max_connections=senders + self.readers + 16,
+                                               timeout=None)
+        self.client = aioredis.Redis(connection_pool=pool)
         await self.client.ping()
 
     async def close(self) -> None:
@@ -403,7 +447,7 @@ class RedisStreamsPeer:
 
     async def latency(self, rate: float, duration_s: float, warmup_s: float,
                       pad: bytes) -> Latency:
-        client, stream, group = self.client, self.LAT_STREAM, self.GROUP
+        client, stream, group = self.client, f"{self.LAT_STREAM}:{rate:.0f}", self.GROUP
         await client.xgroup_create(stream, group, id="$", mkstream=True)
         received: list[tuple[int, int]] = []
         stop = asyncio.Event()
@@ -444,7 +488,7 @@ class NatsPeer:
     STREAM = "BENCH"
     SUBJECT = "bench.tp"
     LAT_STREAM = "BENCHLAT"
-    LAT_SUBJECT = "bench.lat"
+    LAT_SUBJECT = "bench.lat"  # the latency phase at R msg/s publishes to bench.lat.R
 
     def __init__(self, workdir: Path, fetch_batch: int = 256) -> None:
         exe = shutil.which("nats-server") or "nats-server"
@@ -459,10 +503,8 @@ class NatsPeer:
     def available() -> str | None:
         if shutil.which("nats-server") is None:
             return "nats-server not installed (bench/install-peers.sh installs it)"
-        try:
-            import nats  # noqa: F401
-        except ImportError:
-            return "nats-py not installed (pip install nats-py, or bench/install-peers.sh)"
+        if importlib.util.find_spec("nats") is None:
+            return "nats-py not installed (bench/install-peers.sh installs it)"
         return None
 
     def describe(self) -> str:
@@ -476,6 +518,10 @@ class NatsPeer:
             client = getattr(nats, "__version__", "?")
         return f"{version or 'nats-server ?'}, nats-py {client}"
 
+    @property
+    def pids(self) -> list[int | None]:
+        return [self.server.pid]
+
     async def start(self, senders: int) -> None:
         import nats
         from nats.js.api import StorageType
@@ -485,7 +531,7 @@ class NatsPeer:
                                      max_reconnect_attempts=0)
         self.js = js = self.nc.jetstream(publish_async_max_pending=65536)
         for name, subject in ((self.STREAM, self.SUBJECT), (self.STREAM + "1", self.SUBJECT + "1"),
-                              (self.LAT_STREAM, self.LAT_SUBJECT)):
+                              (self.LAT_STREAM, self.LAT_SUBJECT + ".>")):
             await js.add_stream(name=name, subjects=[subject], storage=StorageType.FILE)
 
     async def close(self) -> None:
@@ -553,8 +599,9 @@ class NatsPeer:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         js = self.js
+        subject = f"{self.LAT_SUBJECT}.{rate:.0f}"
         sub = await js.pull_subscribe(
-            self.LAT_SUBJECT, durable="lat", stream=self.LAT_STREAM,
+            subject, durable=f"lat{rate:.0f}", stream=self.LAT_STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT,
                                   deliver_policy=DeliverPolicy.NEW))
         received: list[tuple[int, int]] = []
@@ -563,8 +610,8 @@ class NatsPeer:
 
         async def reader() -> None:
             while not stop.is_set():
-                try:
-                    msgs = await sub.fetch(1, timeout=0.5)
+                try:  # up to 100 at once, as the Redis reader's XREADGROUP count
+                    msgs = await sub.fetch(100, timeout=0.5)
                 except TimeoutError:
                     continue
                 now = time.perf_counter_ns()
@@ -573,7 +620,7 @@ class NatsPeer:
                     await m.ack()
 
         async def publish(body: bytes) -> None:
-            await (await js.publish_async(self.LAT_SUBJECT, body))
+            await (await js.publish_async(subject, body))
 
         def fire(body: bytes) -> None:
             task = asyncio.create_task(publish(body))
@@ -587,3 +634,16 @@ class NatsPeer:
         finally:
             stop.set()
             await asyncio.gather(rd, *pending, return_exceptions=True)
+
+
+# --- peers' parts ------------------------------------------------------------------------------
+def ensure_peers(peers: Sequence[Any]) -> dict[str, str]:
+    """Install what a peer misses (``bench/install-peers.sh``, once) and say which still cannot
+    run and why: ``{peer name: reason}``, empty when every peer can run."""
+    missing = {p.name: why for p in peers if (why := p.available()) is not None}
+    if missing:
+        script = REPO / "bench" / "install-peers.sh"
+        subprocess.run(["bash", str(script), sys.prefix], check=False)  # the running venv
+        importlib.invalidate_caches()
+        missing = {p.name: why for p in peers if (why := p.available()) is not None}
+    return missing

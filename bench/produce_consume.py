@@ -1,6 +1,8 @@
 """Produce / consume benchmark: tidemq through its SDK against Redis Streams and NATS JetStream.
 
-Run ``python -m bench.produce_consume [--quick] [--json] [--profile DIR]``.
+Run ``python -m bench.produce_consume [--quick] [--json] [--profile DIR] [--otel]``
+(``--otel``: after tidemq's rows, its produce and consume phases in interleaved rounds with
+OpenTelemetry tracing off and on, and the overhead; bench/_otel.py).
 
 Every system gets the same workload of 1 KiB messages, on servers the bench starts on free
 ports (data in a temp dir) and stops at the end:
@@ -13,17 +15,24 @@ ports (data in a temp dir) and stops at the end:
 2. consume   read all N back. tidemq: a ``PushConsumer`` in clustering mode (one instance,
              every queue); extra row: a raw pull loop over REST msgpack (httpx, no SDK).
              Redis: XREADGROUP + XACK readers. NATS: pull-subscription ``fetch`` + ``ack``.
-3. latency   a steady 1,000 msg/s for 3 s (quick) / 15 s (full) after a warm-up whose samples
-             are dropped; each body starts with its send time (``perf_counter_ns``, same
-             process), the consumer's receive time minus it is the end-to-end latency.
-             tidemq: a producer and a consumer of its own, whose transports note where each
-             message's milliseconds go (bench/_breakdown.py); the table prints that breakdown.
+3. latency   a steady 1,000 msg/s, then 10,000 msg/s, for 3 s (quick) / 15 s (full) each after
+             a warm-up whose samples are dropped; each body starts with its send time
+             (``perf_counter_ns``, same process), the consumer's receive time minus it is the
+             end-to-end latency. tidemq: a producer and a consumer of its own, whose transports
+             note where each message's milliseconds go (bench/_breakdown.py); the table prints
+             that breakdown for the 1,000 msg/s run.
+
+CPU per message, each side: the client is this process (``time.process_time``), the server the
+broker process (tidemq; not its nameserver or Redis), ``redis-server`` or ``nats-server``
+(psutil), over each throughput phase, divided by its messages.
 
 tidemq runs nameserver + broker (``flush=async``) + its own redis-server; the Redis Streams peer
 has a separate redis-server with ``appendonly yes`` / ``appendfsync everysec`` (the durability
-closest to ``flush=async``); NATS runs ``nats-server -js -sd <tmp>`` (file storage). A peer
-that is not installed is reported as skipped. Targets: tidemq produce and consume >= 2x Redis
-Streams, p99 <= 10 ms at 1,000 msg/s.
+closest to ``flush=async``); NATS runs ``nats-server -js -sd <tmp>`` (file storage). Redis
+runs through redis-py with hiredis. Peers missing a part are installed first
+(bench/install-peers.sh); a peer that still cannot run fails the bench (exit status 2) unless
+``--no-peers``. Targets (issue 23): tidemq produce and consume >= 2x Redis Streams and >= 1x NATS
+JetStream, p99 <= 5 ms at 1,000 msg/s and <= 10 ms at 10,000 msg/s.
 
 ``--profile DIR`` samples the broker and this process with py-spy (when installed) during the
 tidemq produce, consume and latency phases and writes collapsed stacks (``*.txt``) there, with
@@ -49,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import _otel
 from bench._breakdown import SEGMENTS, Timings, TimingTransport, summary
 from bench._common import Row, err, loop_name, print_json, print_table, run
 from bench._peers import (
@@ -59,6 +69,7 @@ from bench._peers import (
     NatsPeer,
     RedisStreamsPeer,
     Throughput,
+    ensure_peers,
     free_port,
     make_bodies,
     paced_latency,
@@ -67,6 +78,7 @@ from bench._peers import (
     run_senders,
     stamp_of,
     timed,
+    with_server_cpu,
 )
 
 SENDERS = 64
@@ -79,9 +91,12 @@ SEGMENT_DOC = {  # the latency breakdown's segments (bench/_breakdown.py)
 WINDOW = 16  # peers' pipeline / in-flight depth per sender; the tidemq extra row's too
 QUEUES = 8
 RATE = 1000.0
-TARGET_PRODUCE = 2.0
+RATE_HIGH = 10_000.0
+TARGET_PRODUCE = 2.0  # x Redis Streams
 TARGET_CONSUME = 2.0
-TARGET_P99_MS = 10.0
+TARGET_VS_NATS = 1.0  # produce and consume x NATS JetStream
+TARGET_P99_MS = 5.0  # at RATE
+TARGET_P99_HIGH_MS = 10.0  # at RATE_HIGH
 PULL_BATCH = 256  # PushConsumer pull_batch in the consume phase
 CONCURRENCY = 64  # PushConsumer max_concurrency in the consume phase
 RAW_PULL_MAX = 1024
@@ -94,6 +109,7 @@ class Sizes:
     warmup_s: float
 
 
+PEERS: list[tuple[str, type[Any]]] = [("redis", RedisStreamsPeer), ("nats", NatsPeer)]
 QUICK = Sizes(messages=20_000, latency_s=3.0, warmup_s=0.5)
 FULL = Sizes(messages=200_000, latency_s=15.0, warmup_s=1.0)
 
@@ -314,11 +330,12 @@ class Tidemq:
                       pad: bytes) -> Latency:
         from tidemq import Producer, PushConsumer
 
-        topic = "BenchLatency"
+        topic = f"BenchLatency{rate:.0f}"
         await self.create_topic(topic)
         received: list[tuple[int, int]] = []
         pending: set[asyncio.Task[Any]] = set()
-        handled = self.timings.handled
+        timings = self.timings if rate == RATE else Timings()  # the breakdown: RATE's run
+        handled = timings.handled
 
         async def handler(message: Any) -> None:
             now = time.perf_counter_ns()
@@ -327,11 +344,12 @@ class Tidemq:
             handled[message.message_id] = (sent, now)
 
         # own clients, their transports noting the breakdown's stamps (bench/_breakdown.py)
-        consumer = PushConsumer("bench-latency", nameservers=[self.ns_url], handler=handler,
-                                consume_from="first", transport=TimingTransport(self.timings))
+        consumer = PushConsumer(f"bench-latency-{rate:.0f}", nameservers=[self.ns_url],
+                                handler=handler, consume_from="first",
+                                transport=TimingTransport(timings))
         consumer.subscribe(topic)
         await consumer.start()
-        producer = Producer(nameservers=[self.ns_url], transport=TimingTransport(self.timings))
+        producer = Producer(nameservers=[self.ns_url], transport=TimingTransport(timings))
         await producer.start()
         send = producer.send
 
@@ -359,14 +377,17 @@ async def run_peer(peer: Any, sizes: Sizes, bodies: list[bytes], pad: bytes,
     sink = Sink()
     await peer.start(SENDERS)
     try:
-        results[key] = {"describe": peer.describe()}
-        results[key]["produce_await"] = (await peer.produce(sizes.messages, SENDERS, 1,
-                                                            bodies)).as_dict()
-        results[key]["produce"] = (await peer.produce(sizes.messages, SENDERS, WINDOW,
-                                                      bodies)).as_dict()
-        results[key]["consume"] = (await peer.consume(sizes.messages, sink)).as_dict()
-        results[key]["latency"] = (await peer.latency(RATE, sizes.latency_s, sizes.warmup_s,
-                                                      pad)).as_dict()
+        r = results[key] = {"describe": peer.describe()}
+        n, pids = sizes.messages, peer.pids
+        r["produce_await"] = (await with_server_cpu(pids, peer.produce(n, SENDERS, 1, bodies))
+                              ).as_dict()
+        r["produce"] = (await with_server_cpu(pids, peer.produce(n, SENDERS, WINDOW, bodies))
+                        ).as_dict()
+        r["consume"] = (await with_server_cpu(pids, peer.consume(n, sink))).as_dict()
+        r["latency"] = (await peer.latency(RATE, sizes.latency_s, sizes.warmup_s, pad)
+                        ).as_dict()
+        r["latency_10k"] = (await peer.latency(RATE_HIGH, sizes.latency_s, sizes.warmup_s,
+                                               pad)).as_dict()
     finally:
         await peer.close()
     if sink.bytes != sizes.messages * BODY_BYTES:
@@ -375,7 +396,7 @@ async def run_peer(peer: Any, sizes: Sizes, bodies: list[bytes], pad: bytes,
 
 
 async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
-                     prof: Profiler, results: dict[str, Any]) -> None:
+                     prof: Profiler, results: dict[str, Any], otel: bool = False) -> None:
     t = Tidemq(tmp / "tidemq")
     n = sizes.messages
     await t.start()
@@ -386,42 +407,49 @@ async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
                                          "(flush=async), msgpack over HTTP/1.1"}
         r = results["tidemq"]
         pids = {"broker": t.broker.pid, "client": os.getpid()}
+        server = [t.broker.pid]
         with prof.phase("produce-await", pids):
-            r["produce_await"] = (await t.produce("BenchTP1", n, SENDERS, 1, bodies)).as_dict()
+            r["produce_await"] = (await with_server_cpu(server, t.produce(
+                "BenchTP1", n, SENDERS, 1, bodies))).as_dict()
         with prof.phase("produce", pids):
-            r["produce"] = (await t.produce("BenchTP", n, SENDERS, WINDOW, bodies)).as_dict()
+            r["produce"] = (await with_server_cpu(server, t.produce(
+                "BenchTP", n, SENDERS, WINDOW, bodies))).as_dict()
         sink = Sink()
         with prof.phase("consume", pids):
-            r["consume"] = (await t.consume("BenchTP", n, sink)).as_dict()
+            r["consume"] = (await with_server_cpu(server, t.consume("BenchTP", n, sink))
+                            ).as_dict()
         if sink.bytes != n * BODY_BYTES:
             raise RuntimeError(f"tidemq: consumed {sink.bytes} bytes, expected {n * BODY_BYTES}")
-        r["raw_pull"] = (await t.raw_pull("BenchTP", n, Sink())).as_dict()
+        r["raw_pull"] = (await with_server_cpu(server, t.raw_pull("BenchTP", n, Sink()))
+                         ).as_dict()
         with prof.phase("latency", pids):
             r["latency"] = (await t.latency(RATE, sizes.latency_s, sizes.warmup_s,
                                             pad)).as_dict()
         r["latency_breakdown"] = summary(t.timings, r["latency"]["samples"])
+        r["latency_10k"] = (await t.latency(RATE_HIGH, sizes.latency_s, sizes.warmup_s,
+                                            pad)).as_dict()
+        if otel:
+            r["otel"] = await _otel.measure(t, n, bodies, SENDERS, WINDOW)
     finally:
         await t.close()
 
 
-async def run_all(tmp: Path, sizes: Sizes, prof: Profiler, peers_too: bool) -> dict[str, Any]:
+async def run_all(tmp: Path, sizes: Sizes, prof: Profiler, peers_too: bool,
+                  otel: bool = False) -> dict[str, Any]:
     bodies = make_bodies(7)
     pad = make_bodies(8, 1)[0][: BODY_BYTES - STAMP]
     results: dict[str, Any] = {"skipped": {}, "loadavg": {"before": os.getloadavg()[0]}}
-    await run_tidemq(tmp, sizes, bodies, pad, prof, results)
-    peers: list[tuple[str, type[Any]]] = [("redis", RedisStreamsPeer), ("nats", NatsPeer)]
-    for key, cls in peers:
-        why = cls.available() if peers_too else "--no-peers"
-        if why is not None:
-            results["skipped"][key] = why
-            err.print(f"[yellow]{cls.name}: skipped ({why})[/]")
+    await run_tidemq(tmp, sizes, bodies, pad, prof, results, otel)
+    for key, cls in PEERS:
+        if not peers_too:
+            results["skipped"][key] = "--no-peers"
             continue
         try:
             await run_peer(cls(tmp / key), sizes, bodies, pad, results, key)
-        except Exception as exc:  # a peer that cannot run is reported, never fatal
+        except Exception as exc:  # reported in the table and the exit status
             results.pop(key, None)
             results["skipped"][key] = f"failed: {type(exc).__name__}: {exc}"
-            err.print(f"[red]{cls.name}: failed, reported as skipped: {exc!r}[/]")
+            err.print(f"[red]{cls.name}: failed: {exc!r}[/]")
     results["loadavg"]["after"] = os.getloadavg()[0]
     return results
 
@@ -437,10 +465,11 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
          ("produce", "produce_await", "consume", "raw_pull")}
     t50, t99 = fig(res, "tidemq", "latency", "p50_ms"), fig(res, "tidemq", "latency", "p99_ms")
     peers = (("redis", "Redis Streams"), ("nats", "NATS JetStream"))
+    targets = {"redis": None, "nats": TARGET_VS_NATS}
 
     def peer_row(key: str, label: str, value: float | None, unit: str = "msgs/s") -> Row:
         if key in skip:
-            return Row(f"{label} (skipped: {skip[key]})", None, unit)
+            return Row(f"{label} (not measured: {skip[key]})", None, unit)
         return Row(label, value, unit)
 
     def ratio_rows(what: str, ours: float | None, phase: str, target: float | None) -> list[Row]:
@@ -448,11 +477,24 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
         for key, name in peers:
             theirs = fig(res, key, phase, "msgs_per_s")
             r = ratio(ours, theirs)
-            if target is not None and key == "redis":
-                rows.append(Row(f"{what}: tidemq / {name}", None, "", r, f">= {target:.0f}x",
-                                None if r is None else r >= target))
+            goal = (target if key == "redis" else targets[key]) if target is not None else None
+            if goal is not None:
+                rows.append(Row(f"{what}: tidemq / {name}", None, "", r, f">= {goal:.0f}x",
+                                None if r is None else r >= goal))
             else:
                 rows.append(Row(f"{what}: tidemq / {name}", None, "", r))
+        return rows
+
+    def cpu_rows(phase: str, what: str) -> list[Row]:
+        rows = []
+        for key, name in (("tidemq", "tidemq"), *peers):
+            if key in skip:
+                continue
+            client = fig(res, key, phase, "client_us_per_msg")
+            server = fig(res, key, phase, "server_us_per_msg")
+            side = "broker" if key == "tidemq" else "server"
+            rows.append(Row(f"  CPU per message, {what}: {name} client / {side}", client,
+                            "µs", target="" if server is None else f"{side} {server:.1f} µs"))
         return rows
 
     w = WINDOW
@@ -465,6 +507,7 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
                  "in flight", fig(res, "nats", "produce", "msgs_per_s")),
         *ratio_rows(f"produce ratio ({w} in flight per sender)", t["produce"], "produce",
                     TARGET_PRODUCE),
+        *cpu_rows("produce", f"produce ({w} in flight)"),
         Row(f"tidemq produce: {SENDERS} senders x await send (1 in flight; SDK coalesces)",
             t["produce_await"], "msgs/s"),
         peer_row("redis", f"Redis Streams produce: {SENDERS} senders x await XADD",
@@ -483,6 +526,7 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
                                                                          "msgs_per_s")),
         *ratio_rows("consume ratio (PushConsumer)", t["consume"], "consume", TARGET_CONSUME),
         *ratio_rows("consume ratio (raw pull loop)", t["raw_pull"], "consume", None),
+        *cpu_rows("consume", "consume (PushConsumer)"),
         Row(f"tidemq e2e latency p50 at {RATE:,.0f} msg/s", t50, "ms"),
         Row(f"tidemq e2e latency p99 at {RATE:,.0f} msg/s", t99, "ms", target=f"<= "
             f"{TARGET_P99_MS:.0f} ms", met=None if t99 is None else t99 <= TARGET_P99_MS),
@@ -494,12 +538,20 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
             rows.append(Row(f"  tidemq latency breakdown: {seg} p50 / p99 ({SEGMENT_DOC[seg]})",
                             b["p50_ms"], "ms", target="" if b["p99_ms"] is None else
                             f"p99 {b['p99_ms']:.2f} ms"))
+    h50, h99 = (fig(res, "tidemq", "latency_10k", "p50_ms"),
+                fig(res, "tidemq", "latency_10k", "p99_ms"))
+    rows.append(Row(f"tidemq e2e latency p50 at {RATE_HIGH:,.0f} msg/s", h50, "ms"))
+    rows.append(Row(f"tidemq e2e latency p99 at {RATE_HIGH:,.0f} msg/s", h99, "ms",
+                    target=f"<= {TARGET_P99_HIGH_MS:.0f} ms",
+                    met=None if h99 is None else h99 <= TARGET_P99_HIGH_MS))
     for key, name in peers:
         if key in skip:
-            rows.append(Row(f"{name} e2e latency (skipped: {skip[key]})", None, "ms"))
+            rows.append(Row(f"{name} e2e latency (not measured: {skip[key]})", None, "ms"))
             continue
-        rows.append(Row(f"{name} e2e latency p50", fig(res, key, "latency", "p50_ms"), "ms"))
-        rows.append(Row(f"{name} e2e latency p99", fig(res, key, "latency", "p99_ms"), "ms"))
+        for phase, rate in (("latency", RATE), ("latency_10k", RATE_HIGH)):
+            rows.append(Row(f"{name} e2e latency p50 / p99 at {rate:,.0f} msg/s",
+                            fig(res, key, phase, "p50_ms"), "ms",
+                            target=f"p99 {fig(res, key, phase, 'p99_ms') or 0:.2f} ms"))
     return rows
 
 
@@ -541,23 +593,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=None, help="override the message count")
     ap.add_argument("--no-peers", action="store_true", help="tidemq only (profiling runs)")
     ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: /tmp)")
+    ap.add_argument("--otel", action="store_true",
+                    help="also run tidemq's produce/consume with OpenTelemetry tracing on and "
+                         "print the overhead (bench/_otel.py)")
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     if args.messages:
         sizes = Sizes(args.messages, sizes.latency_s, sizes.warmup_s)
+    if not args.no_peers:  # the peers run in the same run: install what they miss first
+        missing = ensure_peers([cls for _, cls in PEERS])
+        if missing:
+            for name, why in missing.items():
+                err.print(f"[red]{name} cannot run: {why}[/]")
+            err.print("[red]the peers are part of this bench; --no-peers runs tidemq alone[/]")
+            return 2
     loop = loop_name()
     err.print(f"produce/consume bench ({'quick' if args.quick else 'full'}), event loop: {loop}")
     prof = Profiler(Path(args.profile) if args.profile else None)
     began = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="tidemq-pc-bench-", dir=args.dir))
     try:
-        res = run(run_all(tmp, sizes, prof, not args.no_peers))
+        res = run(run_all(tmp, sizes, prof, not args.no_peers, args.otel))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     total_s = time.perf_counter() - began
     rows = build_rows(res)
     print_table(f"tidemq produce/consume bench ({'quick' if args.quick else 'full'})", rows,
                 caption=caption(res, sizes, loop, total_s))
+    if args.otel:
+        otel = res.get("tidemq", {}).get("otel", {})
+        print_table("tidemq with OpenTelemetry tracing off / on (same run)", _otel.rows(otel),
+                    caption=_otel.caption(otel))
     prof.summary()
 
     if args.json:
@@ -569,8 +635,14 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("redis", "nats"):
             for phase in ("produce", "produce_await", "consume"):
                 peers[f"{key}_{phase}_msgs_per_s"] = fig(res, key, phase, "msgs_per_s")
+            for phase in ("produce", "consume"):
+                peers[f"{key}_client_us_per_msg_{phase}"] = fig(res, key, phase,
+                                                                "client_us_per_msg")
+                peers[f"{key}_server_us_per_msg_{phase}"] = fig(res, key, phase,
+                                                                "server_us_per_msg")
             peers[f"{key}_p50_ms_at_1k"] = fig(res, key, "latency", "p50_ms")
             peers[f"{key}_p99_ms_at_1k"] = fig(res, key, "latency", "p99_ms")
+            peers[f"{key}_p99_ms_at_10k"] = fig(res, key, "latency_10k", "p99_ms")
         rp, rc = peers["redis_produce_msgs_per_s"], peers["redis_consume_msgs_per_s"]
         rpa, npa = peers["redis_produce_await_msgs_per_s"], peers["nats_produce_await_msgs_per_s"]
         np_, nc = peers["nats_produce_msgs_per_s"], peers["nats_consume_msgs_per_s"]
@@ -585,6 +657,12 @@ def main(argv: list[str] | None = None) -> int:
             "produce_await_ratio_vs_nats": ratio(tpa, npa),
             "p50_ms_at_1k": fig(res, "tidemq", "latency", "p50_ms"),
             "p99_ms_at_1k": fig(res, "tidemq", "latency", "p99_ms"),
+            "p50_ms_at_10k": fig(res, "tidemq", "latency_10k", "p50_ms"),
+            "p99_ms_at_10k": fig(res, "tidemq", "latency_10k", "p99_ms"),
+            "client_us_per_msg_produce": fig(res, "tidemq", "produce", "client_us_per_msg"),
+            "broker_us_per_msg_produce": fig(res, "tidemq", "produce", "server_us_per_msg"),
+            "client_us_per_msg_consume": fig(res, "tidemq", "consume", "client_us_per_msg"),
+            "broker_us_per_msg_consume": fig(res, "tidemq", "consume", "server_us_per_msg"),
             "latency_breakdown_ms_at_1k": res.get("tidemq", {}).get("latency_breakdown"),
             "produce_ratio_vs_redis": ratio(tp, rp), "consume_ratio_vs_redis": ratio(tc, rc),
             "consume_raw_ratio_vs_redis": ratio(traw, rc),
@@ -595,8 +673,11 @@ def main(argv: list[str] | None = None) -> int:
             "detail": {k: v for k, v in res.items() if k not in ("skipped", "loadavg")},
             "targets_met": {r.figure: r.met for r in rows if r.met is not None},
             "total_s": total_s,
+            **({"otel": _otel.summary(res.get("tidemq", {}).get("otel", {}))}
+               if args.otel else {}),
         })
-    return 0
+    failed = {k: v for k, v in res["skipped"].items() if v != "--no-peers"}
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

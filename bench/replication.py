@@ -20,6 +20,9 @@ process (the SDK).
                 At the end every acknowledged id is looked up in the primary's queues: lost
                 = acknowledged but not stored (must be 0).
 
+CPU per message, each side, over each throughput phase: this process (the client,
+``time.process_time``) and every broker of the group together (psutil; primary and replicas).
+
 Targets (this machine): R=3 sync >= 0.5x and R=3 async >= 0.8x of R=1; lost = 0.
 """
 
@@ -40,7 +43,7 @@ import httpx
 from tidemq import Producer
 
 from bench._common import Row, err, loop_name, print_json, print_table, run
-from bench._peers import BODY_BYTES, Child, free_port, make_bodies, redis_server
+from bench._peers import BODY_BYTES, Child, free_port, make_bodies, process_cpu_s, redis_server
 
 TOKEN = "bench-token"
 QUEUES = 8
@@ -236,6 +239,7 @@ async def bench(quick: bool) -> dict[str, Any]:
     redis = redis_server(workdir / "redis", appendonly=False).start()
     redis_url = f"redis://127.0.0.1:{redis.port}/0"
     rates: dict[str, float] = {}
+    cpu: dict[str, dict[str, float]] = {}  # per config: client and all brokers, µs per message
     result: dict[str, Any] = {}
     try:
         for label, copies, mode in CONFIGS:
@@ -245,7 +249,11 @@ async def bench(quick: bool) -> dict[str, Any]:
                 await asyncio.to_thread(group.start)
                 topic = f"bench-{uuid.uuid4().hex[:6]}"
                 await asyncio.to_thread(group.create_topic, topic)
+                pids = [b.pid for b in group.brokers]
+                client0, brokers0 = time.process_time(), process_cpu_s(pids)
                 rates[label] = await throughput(group, topic, n, bodies)
+                cpu[label] = {"client_us_per_msg": (time.process_time() - client0) / n * 1e6,
+                              "brokers_us_per_msg": (process_cpu_s(pids) - brokers0) / n * 1e6}
                 err.print(f"{label}: {rates[label]:,.0f} msgs/s")
                 if label == "R=3 sync":
                     result = await failover(group, topic, rounds, bodies)
@@ -256,7 +264,10 @@ async def bench(quick: bool) -> dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
     base = rates["R=1"]
     return {"messages": n, "rounds": rounds, "body_bytes": BODY_BYTES,
-            "msgs_per_s": rates, "sync2_ratio": rates["R=2 sync"] / base,
+            "msgs_per_s": rates, "cpu": cpu,
+            "client_us_per_msg": {k: v["client_us_per_msg"] for k, v in cpu.items()},
+            "brokers_us_per_msg": {k: v["brokers_us_per_msg"] for k, v in cpu.items()},
+            "sync2_ratio": rates["R=2 sync"] / base,
             "sync3_ratio": rates["R=3 sync"] / base, "async3_ratio": rates["R=3 async"] / base,
             **result, "loop": loop_name()}
 
@@ -274,6 +285,10 @@ def main(argv: list[str]) -> int:
                 {"R=3 sync": r["sync3_ratio"] >= 0.5,
                  "R=3 async": r["async3_ratio"] >= 0.8}.get(label))
             for label, _, _ in CONFIGS]
+    rows += [Row(f"  CPU per message, {label}: client / all brokers",
+                 r["client_us_per_msg"][label], "µs",
+                 target=f"brokers {r['brokers_us_per_msg'][label]:.1f} µs")
+             for label, _, _ in CONFIGS]
     rows += [Row("failover median", r["failover_s_median"], "s"),
              Row("failover worst", r["failover_s_max"], "s", target=f"lease {LEASE_S} s + few"),
              Row("acknowledged during failovers", r["acked"], "msgs"),

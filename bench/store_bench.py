@@ -19,6 +19,9 @@ batches, without fsync — the ceiling of a store written in this language (DESI
                             parent times ``MessageStore.open`` + ``close`` and checks every
                             acknowledged record is back
 
+CPU per record: the store runs in this process, so its one side is this process's CPU over
+each phase (``time.process_time``) divided by its records.
+
 ``--profile`` wraps the store phases in cProfile and prints the hottest functions to stderr
 (the figures of a profiled run are slower than real; use them only for where time goes).
 """
@@ -315,6 +318,11 @@ async def bench_append(store: MessageStore, recs: list[MessageRecord], per_put: 
             "fsyncs": float(stats["fsyncs"])}
 
 
+def cpu_us(fig: dict[str, float]) -> float:
+    """CPU µs per record of a phase: its CPU share over its rate."""
+    return fig["cpu_util"] / fig["msgs_per_s"] * 1e6 if fig["msgs_per_s"] else 0.0
+
+
 def store_config(root: Path, flush: FlushMode, **kw: Any) -> StoreConfig:
     return StoreConfig(root=root, flush=flush, store_host=STORE_HOST, **kw)
 
@@ -582,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     a, a16, s, s16 = (phases[k] for k in ("async", "async_batched", "sync", "sync_batched"))
     rd, rc = phases["read"], phases["recovery"]
     full_size = rc["log_gib"] >= 2.0
+    us = {key: cpu_us(fig) for key, fig in (("baseline", {**base, "msgs_per_s": b}), ("async", a),
+                                            ("async_batched", a16), ("sync", s),
+                                            ("sync_batched", s16), ("read", rd))}
     rec_target_s = TARGET_RECOVERY_S_2GIB
     rows = [
         Row(f"baseline: pack + os.write, {BASELINE_BATCH}/batch, no fsync (median of 3)", b,
@@ -608,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
             ratio(rd["msgs_per_s"], a["msgs_per_s"]) >= TARGET_READ),
         Row("sequential read by queue, vs baseline", rd["msgs_per_s"], "msgs/s",
             ratio(rd["msgs_per_s"], b)),
+        *[Row(f"  CPU per record, {what} (this process: the store's one side)", us[key], "µs")
+          for key, what in (("baseline", "baseline"), ("async", "async append"),
+                            ("sync", "sync append"), ("read", "sequential read"))],
         Row(f"recovery: open + close, {rc['log_gib']:.2f} GiB log, "
             f"{rc['lag_mib']:.0f} MiB past checkpoint", rc["total_s"], "s",
             target=f"<= {rec_target_s:.0f} s (2 GiB)", met=rc["total_s"] <= rec_target_s),
@@ -665,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_util": {"baseline": base["cpu_util"], "async": a["cpu_util"],
                          "async_batched": a16["cpu_util"], "sync": s["cpu_util"],
                          "sync_batched": s16["cpu_util"], "read": rd["cpu_util"]},
+            "us_per_record": us,
             "busy": {"async": a["busy"], "async_batched": a16["busy"], "sync": s["busy"],
                      "sync_batched": s16["busy"]},
             "targets_met": {r.figure: r.met for r in rows if r.met is not None},

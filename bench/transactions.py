@@ -26,8 +26,10 @@ on free ports with data in a temp dir, and stops them at the end. Bodies are 512
               polling producer. Target: p99 <= 1 s (see bench/_orphans.py).
 
 Plain and the two txn modes alternate three times (the box is shared and noisy); the best of each
-is used. The JSON line has at least ``txn_vs_plain_ratio``, ``check_sweep_s``,
-``check_sweep_pending`` and ``orphan_check_p99_s_over_immunity``.
+is used. CPU per message on each side: this process (the client, ``time.process_time``) and the
+broker process (psutil), over each round divided by its messages; the least of the rounds. The
+JSON line has at least ``txn_vs_plain_ratio``, ``check_sweep_s``, ``check_sweep_pending``,
+``orphan_check_p99_s_over_immunity`` and ``{client,broker}_us_per_msg_{plain,txn,oneway}``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import msgpack
 
 from bench._common import Row, err, loop_name, print_json, print_table, progress, run
 from bench._orphans import IMMUNITY_S, TARGET_LATE_S, OrphanResult, orphan_checks
+from bench._peers import process_cpu_s
 from services.common.constants import TOKEN_HEADER, TRANSACTION_CHECK_INTERVAL_MS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,6 +215,14 @@ async def txn_round(broker: str, http: httpx.AsyncClient, n: int, oneway: bool) 
         return n / (time.perf_counter() - began)
 
 
+async def with_cpu(pid: int | None, n: int, rate: Any) -> tuple[float, float, float]:
+    """``(msgs/s, client µs per message, broker µs per message)`` of one round ``rate``."""
+    client0, broker0 = time.process_time(), process_cpu_s([pid])
+    got = await rate
+    return (got, (time.process_time() - client0) / n * 1e6,
+            (process_cpu_s([pid]) - broker0) / n * 1e6)
+
+
 async def store_halves(http: httpx.AsyncClient, broker: str, group: str, topic: str,
                        n: int) -> None:
     with progress() as bar:
@@ -332,13 +343,14 @@ async def run_bench(tmp: Path, sizes: Sizes) -> dict[str, Any]:
         await asyncio.to_thread(broker.start)
         url = f"http://127.0.0.1:{broker.port}"
         async with httpx.AsyncClient(timeout=60) as http:
-            plain: list[float] = []
-            txn: list[float] = []
-            oneway: list[float] = []
+            plain: list[tuple[float, float, float]] = []  # (msgs/s, client µs, broker µs)
+            txn: list[tuple[float, float, float]] = []
+            oneway: list[tuple[float, float, float]] = []
+            pid, n = broker.proc.pid if broker.proc else None, sizes.sends
             for _ in range(sizes.rounds):
-                plain.append(await plain_round(url, http, sizes.sends))
-                txn.append(await txn_round(url, http, sizes.sends, oneway=False))
-                oneway.append(await txn_round(url, http, sizes.sends, oneway=True))
+                plain.append(await with_cpu(pid, n, plain_round(url, http, n)))
+                txn.append(await with_cpu(pid, n, txn_round(url, http, n, oneway=False)))
+                oneway.append(await with_cpu(pid, n, txn_round(url, http, n, oneway=True)))
             # orphans before the sweep: the sweep ends with thousands of re-put check copies
             # whose ends only its checker process read; a new checker waits one transaction
             # timeout (6 s) before passing them, which is a restart's cost, not this figure
@@ -347,7 +359,16 @@ async def run_bench(tmp: Path, sizes: Sizes) -> dict[str, Any]:
     finally:
         await asyncio.to_thread(broker.stop)
         await asyncio.to_thread(redis.stop)
-    return {"plain": plain, "txn": txn, "oneway": oneway, "sweep": swept, "orphans": orphaned}
+    return {"plain": [r[0] for r in plain], "txn": [r[0] for r in txn],
+            "oneway": [r[0] for r in oneway], "sweep": swept, "orphans": orphaned,
+            "cpu": {"plain": least_cpu(plain), "txn": least_cpu(txn),
+                    "oneway": least_cpu(oneway)}}
+
+
+def least_cpu(rounds: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(client, broker) µs per message: each side's least over the rounds (the round least
+    disturbed by the shared box)."""
+    return min(r[1] for r in rounds), min(r[2] for r in rounds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,12 +394,17 @@ def main(argv: list[str] | None = None) -> int:
     ratio = txn / plain if plain else 0.0
     oneway_ratio = oneway / plain if plain else 0.0
     peak = sw["checker_peak_rss"]
+    cpu = res["cpu"]
     rows = [
         Row(f"plain sends, {SENDERS} senders (best of {sizes.rounds})", plain, "msgs/s", 1.0),
         Row(f"transactional sends (half + local commit + end), {SENDERS} senders", txn,
             "msgs/s", ratio, f">= {TARGET_RATIO}x plain", ratio >= TARGET_RATIO),
         Row("transactional sends, end not awaited (wait_for_end=False, extra)", oneway,
             "msgs/s", oneway_ratio),
+        *[Row(f"  CPU per message, {what}: client / broker", cpu[key][0], "µs",
+              target=f"broker {cpu[key][1]:.1f} µs")
+          for key, what in (("plain", "plain"), ("txn", "transactional"),
+                            ("oneway", "transactional, end not awaited"))],
         Row(f"check sweep: {sw['pending']:,} pending halves, checked and committed",
             sw["sweep_s"], "s", target=f"<= {TARGET_SWEEP_S:.0f} s (one check interval)",
             met=sw["sweep_s"] <= TARGET_SWEEP_S),
@@ -412,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             "plain_runs": res["plain"], "txn_runs": res["txn"],
             "txn_oneway_msgs_per_s": oneway, "txn_oneway_vs_plain_ratio": oneway_ratio,
             "txn_oneway_runs": res["oneway"],
+            **{f"{side}_us_per_msg_{key}": cpu[key][i] for key in ("plain", "txn", "oneway")
+               for i, side in enumerate(("client", "broker"))},
             "check_sweep_s": sw["sweep_s"], "check_sweep_pending": sw["pending"],
             "check_sweep_checks_per_s": sw["checks_per_s"],
             "checker_peak_rss_bytes": peak, "check_interval_ms": sizes.interval_ms,

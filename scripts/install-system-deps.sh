@@ -11,6 +11,9 @@ command -v curl >/dev/null 2>&1 || need+=(curl)  # the README's examples (and th
 command -v jq >/dev/null 2>&1 || need+=(jq)
 [ -x /usr/bin/etcd ] || command -v etcd >/dev/null 2>&1 || need+=(etcd-server)  # failover
 [ -x /usr/bin/chromium ] || need+=(chromium)  # the console's browser tests (Playwright)
+# PostgreSQL: the outbox tests start their own server (Debian keeps initdb/postgres off PATH)
+command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+  || need+=(postgresql)
 [ ${#need[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.postgres import PostgresServer
 from tests.support.procs import RedisServer
 
 # pytest imports readline at start (``_pytest.capture._readline_workaround``), and GNU readline
@@ -25,6 +26,15 @@ for _size in ("COLUMNS", "LINES"):
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL for the session (tests/support/postgres.py); ``database()`` gives each
+    test an empty database of its own."""
+    server = PostgresServer().start()
     yield server
     server.stop()
 

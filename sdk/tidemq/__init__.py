@@ -64,11 +64,13 @@ from tidemq._transaction import (
     TransactionSendResult,
     TransactionState,
 )
+from tidemq._typed import BodyDecodeError, Router
 from tidemq.protocol import ErrorCode, ReceivedMessage
 
 __all__ = [
     "AlreadyDeliveredError",
     "BadRequestError",
+    "BodyDecodeError",
     "BrokerBusyError",
     "BrokerNotFoundError",
     "ClientClosedError",
@@ -101,6 +103,7 @@ __all__ = [
     "ReceivedMessage",
     "RequestTimeoutError",
     "RetryPolicy",
+    "Router",
     "SendResult",
     "ServerError",
     "SimpleConsumer",

@@ -14,7 +14,7 @@ from typing import Any
 from tidemq._exceptions import ServerError, UnexpectedResponseError, server_error
 from tidemq._http import HttpClient, RetryPolicy, url
 from tidemq._routes import MessageQueue
-from tidemq.protocol import ReceivedMessage
+from tidemq.protocol import MAX_CONSUME_FAILURE_CHARS, ReceivedMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +170,14 @@ class BrokerApi:
             retry=retry)
 
     async def send_to_retry(self, broker: str, group: str, message_id: str,
-                            delay_level: int | None = None) -> str:
-        """Hand a failed message back: the broker puts it on ``%RETRY%group`` or the DLQ."""
+                            delay_level: int | None = None, reason: str | None = None) -> str:
+        """Hand a failed message back: the broker puts it on ``%RETRY%group`` or the DLQ,
+        with ``reason`` (cut to fit) in the copy's ``TIDE_CONSUME_FAILURE`` property."""
         body: dict[str, Any] = {"message_id": message_id}
         if delay_level:
             body["delay_level"] = delay_level
+        if reason:
+            body["reason"] = reason[:MAX_CONSUME_FAILURE_CHARS]
         answer = await self.http.call("POST", url(broker, "v1", "groups", group, "retry"),
                                       body=body)
         return str(answer.get("destination", "")) if isinstance(answer, dict) else ""

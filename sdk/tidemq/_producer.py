@@ -48,12 +48,13 @@ from tidemq._message import (
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._tasks import finish_tasks
+from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import ErrorCode, OutgoingMessage
 from tidemq.protocol.message import DEFAULT_LIMITS
 
 log = logging.getLogger("tidemq.producer")
 
-Body = bytes | str
+Body = bytes | str | JsonModel  # a pydantic model is sent as its JSON
 
 
 class SendOptions(TypedDict, total=False):
@@ -393,8 +394,10 @@ class Producer(Client):
             return dataclasses.replace(message, **given) if given else message
         if isinstance(message, bytes | bytearray | memoryview | str):
             return Message(body=message if isinstance(message, str) else bytes(message), **given)
-        raise ConfigurationError(f"send: expected a Message, bytes or str, got "
-                                 f"{type(message).__name__}")
+        if (body := model_body(message)) is not None:
+            return Message(body=body, **given)
+        raise ConfigurationError(f"send: expected a Message, bytes, str or a pydantic model, "
+                                 f"got {type(message).__name__}")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from tidemq import _hooks
 from tidemq._broker_api import BrokerApi, PullResult
 from tidemq._exceptions import (
     OffsetOutOfRangeError,
@@ -254,16 +255,25 @@ class QueuePuller:
         """Run the handler once, with no permit or timeout of its own (a pool worker holds
         both; ``_invoke`` adds them); True when it consumed the message."""
         try:
-            result = await self._handler(message)
-        except Exception:
+            if _hooks.tracer is None:
+                result = await self._handler(message)
+            else:
+                result = await _hooks.tracer.process(self._handler, message, self._s.group,
+                                                     self._s.clustering)
+        except Exception as exc:
             log.exception("%s: handler raised on message %s (will retry)", self.queue,
                           message.message_id)
+            message.failure = f"{type(exc).__name__}: {exc}"
             return False
-        return result is None or result == ConsumeResult.SUCCESS
+        if result is None or result == ConsumeResult.SUCCESS:
+            return True
+        message.failure = "the handler answered RETRY_LATER"
+        return False
 
     def timed_out(self, message: ReceivedMessage, timeout_s: float | None) -> None:
         log.warning("%s: handler timed out after %ss on message %s", self.queue, timeout_s,
                     message.message_id)
+        message.failure = f"the handler timed out after {timeout_s}s"
 
     def finished(self, message: ReceivedMessage, ok: bool) -> None:
         """A pool worker's first attempt ended: done, or failed and recovered in a task."""
@@ -306,8 +316,12 @@ class QueuePuller:
         """Give the message to the broker's retry; while that fails, consume it again locally."""
         while not self._stopping:
             try:
-                where = await self._api.send_to_retry(self.queue.address, self._s.group,
-                                                      message.message_id)
+                handing: Awaitable[str] = self._api.send_to_retry(
+                    self.queue.address, self._s.group, message.message_id,
+                    reason=message.failure)
+                if _hooks.tracer is not None:
+                    handing = _hooks.tracer.settle(handing, message, self._s.group, "retry")
+                where = await handing
             except TidemqError as exc:
                 log.warning("%s: could not hand message %s to retry (%s); consuming it again "
                             "in %.1fs", self.queue, message.message_id, exc,

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, Self
 
+from tidemq import _hooks
 from tidemq._auth import Credentials
 from tidemq._client import Client
 from tidemq._constants import (
@@ -68,6 +69,7 @@ from tidemq._routes import MessageQueue
 from tidemq._selector import QueueSelector
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
+from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import OutgoingMessage, ProtocolError, ReceivedMessage, validate_topic_name
 
 log = logging.getLogger("tidemq.transactions")
@@ -198,7 +200,7 @@ class TransactionProducer(Client):
 
     async def send(
         self,
-        message: Message | bytes | str,
+        message: Message | bytes | str | JsonModel,
         arg: Any = None,
         *,
         topic: str | None = None,
@@ -225,9 +227,11 @@ class TransactionProducer(Client):
             msg = Message(body=message, **given)
         elif isinstance(message, Message):  # a copy: the message id is filled in below
             msg = dataclasses.replace(message, **given)
+        elif (body := model_body(message)) is not None:
+            msg = Message(body=body, **given)
         else:
-            raise ConfigurationError(f"send: expected a Message, bytes or str, got "
-                                     f"{type(message).__name__}")
+            raise ConfigurationError(f"send: expected a Message, bytes, str or a pydantic "
+                                     f"model, got {type(message).__name__}")
         if not msg.topic:
             raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
         check_topic(msg.topic, self._valid_topics)
@@ -305,7 +309,10 @@ class TransactionProducer(Client):
             return TransactionState.UNKNOWN, exc
 
     async def _check(self, message: ReceivedMessage) -> str:
-        return TransactionState(await self.listener.check_local_transaction(message)).value
+        check = self.listener.check_local_transaction
+        if _hooks.tracer is not None:
+            return TransactionState(await _hooks.tracer.check(check, message, self.group)).value
+        return TransactionState(await check(message)).value
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ CHROMIUM = "/usr/bin/chromium"
 SHOTS = REPO / "docs" / "console"
 AUTH = {"X-Tidemq-Token": TOKEN}
 DAY_MS = 86_400_000
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"  # W3C example
 BULK_DEAD = 300  # dead letters of one group: more than one page (256) of a DLQ queue
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -95,7 +96,8 @@ def _seed(s: System) -> None:
     b.create_topic(s.topic, queues=2)
     s.ids["json"] = b.send(s.topic, {"message_id": unique("m"), "body": json.dumps(
         {"order": 42, "paid": True}), "keys": ["order-42"], "tag": "Paid",
-        "properties": {"source": "web"}, "queue_id": 0})[0]["message_id"]
+        "properties": {"source": "web", "traceparent": TRACEPARENT},
+        "queue_id": 0})[0]["message_id"]
     b.send(s.topic, *({"body": f"filler {i}", "queue_id": 1} for i in range(5)))
     s.ids["timer"] = unique("pay-check")
     s.timer_due = int(time.time() * 1000) + 3_600_000
@@ -311,6 +313,9 @@ def test_messages_view(page: Any, system: System) -> None:
     assert page.locator("pre[data-body=hex]").inner_text().startswith("7b")
     trace = page.locator("ol.trace").inner_text()
     assert f"stored in {system.topic} queue 0 offset 0" in trace
+    otel = page.locator("p.otel").inner_text()  # the trace id its traceparent carries
+    assert "OpenTelemetry trace 4bf92f3577b34da6a3ce929d0e0e4736" in otel
+    assert "span 00f067aa0ba902b7" in otel
     assert f"consumed by group {system.audit}" in trace
     _open(page, system, f"/messages?topic={system.topic}&key=order-42")
     assert system.ids["json"] in page.locator("table.results").inner_text()

@@ -13,14 +13,16 @@ order, each in the same working directory:
 
 A block may opt out only with ``<!-- test_readme: not run (reason) -->`` on the line before it.
 Two settings are shortened so the check-back example takes seconds, not the default ~40 s: the
-checker scans every 500 ms and checks a message 1 s after it was stored.
+checker scans every 500 ms and checks a message 1 s after it was stored. The outbox example's
+PostgreSQL (``127.0.0.1:5432``, database and role ``shop``) is the session's test server
+(tests/support/postgres.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import uuid
@@ -28,10 +30,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
 from services.cli.plan import UpOptions, plan_services
+from tests.support.postgres import PostgresServer
 from tests.support.procs import REPO, RedisServer, ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -45,6 +49,7 @@ BLOCK_TIMEOUT_S = 180.0
 BASH_PRELUDE = """set -euo pipefail
 curl() { command curl --silent --show-error --fail-with-body "$@"; echo; }
 """
+POSTGRES_PORT = 5432  # the default port the outbox example names
 FAST_CHECKS = {"TIDEMQ_CHECKER_CHECK_INTERVAL_MS": "500",
                "TIDEMQ_CHECKER_TRANSACTION_TIMEOUT_MS": "1000"}
 
@@ -73,6 +78,7 @@ def readme_blocks() -> list[Block]:
 class System:
     urls: dict[int, str]  # default port → the running service's address
     workdir: Path
+    shop_db: str  # the outbox example's PostgreSQL database (asyncpg URL)
 
     @property
     def broker(self) -> str:
@@ -80,8 +86,8 @@ class System:
 
 
 @pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory,
-           redis_server: RedisServer) -> Iterator[System]:
+def system(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
+           postgres_server: PostgresServer) -> Iterator[System]:
     root = tmp_path_factory.mktemp("readme")
     defaults = UpOptions()
     opts = UpOptions(data_dir=root / "data", cluster=f"readme-{uuid.uuid4().hex[:8]}",
@@ -92,7 +98,8 @@ def system(tmp_path_factory: pytest.TempPathFactory,
     assert [s.name for s in specs] == ["nameserver", "broker", "checker", "scheduler",
                                        "console"]
     started: list[ServiceProcess] = []
-    urls = {}
+    urls = {POSTGRES_PORT: f"127.0.0.1:{postgres_server.port}"}
+    shop = postgres_server.database("shop", owner="shop")
     try:
         for spec in specs:
             env = dict(spec.env)
@@ -103,7 +110,7 @@ def system(tmp_path_factory: pytest.TempPathFactory,
             urls[default] = f"127.0.0.1:{spec.port}"
         work = root / "work"
         work.mkdir()
-        yield System(urls, work)
+        yield System(urls, work, postgres_server.url(shop, driver="postgresql"))
     finally:
         for proc in reversed(started):
             proc.stop()
@@ -163,6 +170,12 @@ def test_readme_blocks_run_as_printed(system: System) -> None:
         assert http.get("/v1/messages/order-43").json()["state"] == "committed"
         assert http.get("/v1/messages/pay-check-43").json()["state"] == "cancelled"
     # the outbox example: one order committed with its outbox row, the failed one rolled back
-    with sqlite3.connect(system.workdir / "shop.db") as db:
-        assert db.execute("select count(*) from orders").fetchone() == (1,)
-        assert db.execute("select count(*) from tidemq_outbox").fetchone() == (1,)
+    assert asyncio.run(count_rows(system.shop_db, "orders", "tidemq_outbox")) == [1, 1]
+
+
+async def count_rows(url: str, *tables: str) -> list[int]:
+    conn = await asyncpg.connect(url)
+    try:
+        return [int(await conn.fetchval(f"select count(*) from {t}")) for t in tables]
+    finally:
+        await conn.close()

@@ -2,7 +2,8 @@
 
     python tests/support/producer_proc.py --broker URL --group G [--topic T --count N]
         [--execute commit|rollback|unknown|raise] [--check commit|rollback|unknown]
-        [--outbox DB [--fail-business] [--crash-after-local-commit]] [--serve SECONDS]
+        [--outbox DB | --outbox-url URL [--fail-business] [--crash-after-local-commit]]
+        [--serve SECONDS]
 
 Prints one JSON object per line: ``{"ready": true}`` once started, ``{"sent": {...}}`` per
 message, ``{"check": message_id, "answer": state}`` per check answered, ``{"done": true}`` at
@@ -52,9 +53,9 @@ class Scripted:
 class LoggedOutbox:
     """The outbox listener, logging the checks it answers."""
 
-    def __init__(self, path: str, crash_after_commit: bool) -> None:
+    def __init__(self, url: str, crash_after_commit: bool) -> None:
         from tidemq.outbox import OutboxListener
-        self.outbox = OutboxListener(f"sqlite+aiosqlite:///{path}", assume_rolled_back_after_s=1.0)
+        self.outbox = OutboxListener(url, assume_rolled_back_after_s=1.0)
         self.crash_after_commit = crash_after_commit
 
     async def execute_local_transaction(self, message: Message, arg: Any) -> TransactionState:
@@ -73,12 +74,13 @@ class LoggedOutbox:
 async def main(args: argparse.Namespace) -> None:
     listener: Any
     business = None
-    if args.outbox:
+    if args.outbox or args.outbox_url:
         from sqlalchemy import Column, Integer, MetaData, String, Table
         meta = MetaData()
         orders = Table("orders", meta, Column("id", Integer, primary_key=True),
                        Column("message_id", String(64)))
-        listener = LoggedOutbox(args.outbox, args.crash_after_local_commit)
+        listener = LoggedOutbox(args.outbox_url or f"sqlite+aiosqlite:///{args.outbox}",
+                                args.crash_after_local_commit)
         await listener.outbox.create_table()
         async with listener.outbox.engine.begin() as conn:
             await conn.run_sync(meta.create_all)
@@ -120,7 +122,8 @@ if __name__ == "__main__":
     ap.add_argument("--execute", default="commit")
     ap.add_argument("--check", default="commit")
     ap.add_argument("--immunity", type=float, default=None)
-    ap.add_argument("--outbox", default="")
+    ap.add_argument("--outbox", default="", help="an SQLite file")
+    ap.add_argument("--outbox-url", default="", help="any SQLAlchemy async URL")
     ap.add_argument("--fail-business", action="store_true")
     ap.add_argument("--crash-after-local-commit", action="store_true")
     ap.add_argument("--serve", type=float, default=0.0)

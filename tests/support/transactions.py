@@ -119,6 +119,12 @@ class Producer:
         return self.proc.returncode
 
 
+def sent_of(p: Producer) -> list[dict[str, Any]]:
+    """What a producer process reported sending, once it says it is done."""
+    return [x["sent"] for x in p.wait_for(lambda ls: any(x.get("done") for x in ls))
+            if "sent" in x]
+
+
 def delivered(broker: BrokerHandle, topic: str, queues: int) -> list[dict[str, Any]]:
     """Every message in every queue of ``topic``."""
     out: list[dict[str, Any]] = []
@@ -171,5 +177,5 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
 
 
 __all__ = ["INTERVAL_MS", "TOKEN", "BrokerHandle", "CheckerHandle", "Cluster", "Producer",
-           "cluster", "delivered", "events", "pending", "run_broker", "run_checker", "state_of",
-           "unique", "wait_until"]
+           "cluster", "delivered", "events", "pending", "run_broker", "run_checker", "sent_of",
+           "state_of", "unique", "wait_until"]

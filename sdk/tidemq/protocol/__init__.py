@@ -16,6 +16,8 @@ from tidemq.protocol.codec import (
 from tidemq.protocol.codes import ErrorCode, ProtocolError
 from tidemq.protocol.events import EVENT_FIELDS, EventKind, EventSource, make_event
 from tidemq.protocol.message import (
+    CONSUME_FAILURE,
+    MAX_CONSUME_FAILURE_CHARS,
     Limits,
     OutgoingMessage,
     ReceivedMessage,
@@ -61,6 +63,7 @@ from tidemq.protocol.topics import (
 __all__ = [
     "BORN_MS",
     "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    "CONSUME_FAILURE",
     "CONTENT_JSON",
     "CONTENT_MSGPACK",
     "DELAY",
@@ -68,6 +71,7 @@ __all__ = [
     "DELIVERY_FIELDS",
     "EVENT_FIELDS",
     "KEYS",
+    "MAX_CONSUME_FAILURE_CHARS",
     "MAX_RECONSUME_TIMES",
     "ORIGIN_MESSAGE_ID",
     "PGROUP",

@@ -36,6 +36,7 @@ DEFAULT_LIMITS = Limits()
 
 _FORBIDDEN_CHARS = ("\x00", "\x01", "\x02", "\x1f")
 _HAS_FORBIDDEN = re.compile("[" + "".join(_FORBIDDEN_CHARS) + "]").search
+has_forbidden = _HAS_FORBIDDEN  # whether text holds a control character the record format uses
 #: The delay fields: a message without any of them needs no delay checks.
 _DELAY_FIELDS = ("delay_level", "delay_ms", "deliver_at_ms")
 
@@ -287,6 +288,14 @@ def parse_messages(payload: Any, limits: Limits = DEFAULT_LIMITS) -> list[Outgoi
     return out
 
 
+#: A property users do see (so not in ``properties.py``): why a consumer failed on a message,
+#: set on its retry and DLQ copies from the reason a client gives with its hand-back
+#: (``POST /v1/groups/{group}/retry`` ``reason``; the SDK sends the handler's exception). A copy
+#: handed back without a reason has none.
+CONSUME_FAILURE = "TIDE_CONSUME_FAILURE"
+MAX_CONSUME_FAILURE_CHARS = 1024  # longest reason the broker keeps (the SDK cuts it to fit)
+
+
 @dataclass(slots=True)
 class ReceivedMessage:
     """A message as the broker returns it (pull, receive, query)."""
@@ -305,6 +314,9 @@ class ReceivedMessage:
     receipt_handle: str | None = None
     state: str | None = None
     origin_topic: str | None = None  # for retry and DLQ copies: the topic first consumed from
+    # why the last attempt to consume it in this process failed (a push consumer sets it and
+    # sends it with the hand-back to the retry topic); never on the wire
+    failure: str | None = None
 
     @property
     def text(self) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 
 from tidemq.protocol import (
+    CONSUME_FAILURE,
+    MAX_CONSUME_FAILURE_CHARS,
     MAX_RECONSUME_TIMES,
     REAL_TOPIC,
     RETRY_TOPIC,
@@ -69,9 +71,11 @@ class RetryService:
         self.backoff = backoff  # retries wait retry_delay_level(n) before they come back
 
     async def retry(self, group: str, message_id: str, delay_level: int | None = None, *,
-                    dead_letter: bool = False) -> str:
+                    dead_letter: bool = False, reason: str | None = None) -> str:
         """Send the message back for ``group``; returns the destination topic.
-        ``dead_letter``: straight to the DLQ (a client gave up on it; RocketMQ 5 clients)."""
+        ``dead_letter``: straight to the DLQ (a client gave up on it; RocketMQ 5 clients).
+        ``reason``: why the consumer failed, kept in the copy's ``CONSUME_FAILURE`` property
+        (a copy handed back without one drops the previous copy's reason)."""
         validate_group_name(group)
         levels = len(self.delays.levels_ms) if self.delays is not None else MAX_DELAY_LEVEL
         if delay_level:
@@ -96,6 +100,9 @@ class RetryService:
         await self.topics.ensure_system(destination, 1)
         props = {k: v for k, v in source.properties.items() if k not in WAITING_PROPERTIES}
         props.setdefault(RETRY_TOPIC, source.topic)
+        props.pop(CONSUME_FAILURE, None)
+        if reason:
+            props[CONSUME_FAILURE] = reason[:MAX_CONSUME_FAILURE_CHARS]
         record = MessageRecord(
             topic=destination, queue_id=0, body=source.body, properties=props,
             tag_code=tag_code(props.get(TAGS)), flag=source.flag,

@@ -9,6 +9,7 @@ start. ``close`` ends Telemetry streams and held receives first, then stops the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
+from services.broker.grpc import otlp
 from services.broker.grpc.auth import GrpcGuard
 from services.broker.grpc.door import Door, split_address
 from services.broker.grpc.proto import SERVICE_NAME, service_grpc
@@ -94,6 +96,7 @@ class GrpcFrontDoor:
                                           ("grpc.max_send_message_length", -1)])
         servicer = MessagingServicer(self.door, self.guard)
         service_grpc.add_MessagingServiceServicer_to_server(servicer, server)
+        otlp.serve(server, self.broker.metrics.registry)  # the clients' own metrics
         bind = f"[{s.host}]:{s.grpc_port}" if ":" in s.host else f"{s.host}:{s.grpc_port}"
         tls = s.server_tls()
         try:
@@ -111,6 +114,9 @@ class GrpcFrontDoor:
             return
         await server.start()
         self.server = server
+        if tls is None:  # clients export their metrics here (plaintext only: grpc/otlp.py)
+            self.door.side = dataclasses.replace(self.door.side,
+                                                 metric_endpoints=self.door.endpoints())
         self.broker.metrics.add_stats("tidemq_broker_grpc_", self.stats, "gRPC front door")
         log.info("gRPC front door (%s) listening on %s%s, advertised as %s:%d", SERVICE_NAME,
                  bind, " (TLS)" if tls is not None else "", self.door.host, self.door.port)

@@ -43,6 +43,9 @@ class ServerSide:
     max_reconsume_times: int
     long_polling_ms: int  # push consumers long-poll this long per receive
     request_timeout_ms: int = 3_000
+    # where clients export their OTLP metrics (a pb.Endpoints: the door itself, grpc/otlp.py);
+    # None: Settings.metric says off
+    metric_endpoints: Any = None
 
 
 @dataclass(slots=True)
@@ -161,5 +164,10 @@ def server_settings(client: Any, side: ServerSide) -> Any:
         policy.customized_backoff.ClearField("next")
         for seconds in RETRY_BACKOFF_S:
             policy.customized_backoff.next.add(seconds=seconds)
-    out.metric.on = False
+    if side.metric_endpoints is not None:
+        out.metric.on = True
+        out.metric.endpoints.CopyFrom(side.metric_endpoints)
+    else:
+        out.metric.on = False
+        out.metric.ClearField("endpoints")
     return out

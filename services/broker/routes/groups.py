@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
-from tidemq.protocol import ErrorCode, validate_client_id
+from tidemq.protocol import MAX_CONSUME_FAILURE_CHARS, ErrorCode, validate_client_id
 
 from services.broker.messaging.convert import to_wire
 from services.broker.routes._common import body_doc, broker_of, read_model, wants_msgpack
@@ -59,6 +59,8 @@ class OffsetsBody(_Body):
 class RetryBody(_Body):
     message_id: str = Field(min_length=1, max_length=64)
     delay_level: StrictInt | None = None
+    # why the consumer failed: kept in the retry/DLQ copy's TIDE_CONSUME_FAILURE property
+    reason: str | None = Field(None, max_length=MAX_CONSUME_FAILURE_CHARS)
 
 
 class ReceiveBody(_Body):
@@ -139,7 +141,7 @@ async def get_offsets(group: GroupName, request: Request,
 async def retry(group: GroupName, request: Request) -> Response:
     body = await read_model(request, RetryBody)
     destination = await broker_of(request).retries.retry(group, body.message_id,
-                                                         body.delay_level)
+                                                         body.delay_level, reason=body.reason)
     return reply(request, {"destination": destination})
 
 

@@ -1,8 +1,8 @@
 """Dispatch: from commit log records to every derived structure (consume queues, index).
 
 The writer dispatches each record it appends (from the metadata it already holds), and
-recovery dispatches records it re-reads from the log; both go through ``dispatch`` so the
-rules live in one place:
+recovery dispatches records it re-reads from the log; both go through ``dispatch`` (a v2
+batch: ``dispatch_batch``, from its summary) so the rules live in one place:
 
 - prepared (half) and rolled-back transaction records get no consume-queue unit;
 - every record is indexed by its unique key (message id) and by each of its keys.
@@ -11,6 +11,8 @@ rules live in one place:
 from __future__ import annotations
 
 from pathlib import Path
+
+from tidemq.protocol.batch_read import BatchSummary
 
 from services.broker.store.consume_queue import ConsumeQueue
 from services.broker.store.index import Index, topic_key, unique_key
@@ -65,6 +67,20 @@ class Dispatcher:
         if keys:
             for key in keys.split(KEY_SEPARATOR):
                 self.index.put(topic_key(topic, key), phys, store_ms)
+
+    def dispatch_batch(self, summary: BatchSummary) -> None:
+        """``dispatch`` for every record of a filled v2 batch, from its summary: one queue
+        lookup, record i at ``base_physical + positions[i]`` with queue offset
+        ``base_queue_offset + i``."""
+        head = summary.head
+        topic = head.topic
+        cq = self.queue(topic, head.queue_id) if dispatchable(head.sys_flag) else None
+        base, first, store_ms = head.base_physical, head.base_queue_offset, head.store_timestamp
+        dispatch_to = self.dispatch_to
+        for i, (pos, size, code, uniq, keys) in enumerate(zip(
+                summary.positions, summary.sizes, summary.tag_codes, summary.message_ids,
+                summary.keys, strict=True)):
+            dispatch_to(cq, topic, first + i, base + pos, size, code, store_ms, uniq, keys)
 
     def write_pending(self) -> set[tuple[str, int]]:
         """Put buffered units into their files; return (and forget) the queues that grew."""

@@ -24,6 +24,10 @@ Byte layout (big-endian), format version 1::
         properties_len      u16, properties: name \\x01 value \\x02 ... (utf-8)
 
 A segment's unused tail starts with an 8-byte blank marker ``(remaining, BLANK_MAGIC)``.
+
+Format version 2 (the batch the producer builds and the log stores as it is) is laid out byte
+by byte in ``tidemq.protocol.batch``, the protocol module the SDK and the broker share; its
+magic has this version's high half and its low half says 2.
 The CRC covers everything after itself, so a torn or overwritten record is always detected.
 """
 
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from tidemq.protocol import KEYS, UNIQ_KEY
+from tidemq.protocol.batch import decode_properties, encode_properties  # the v2 format's too
 from tidemq.protocol.numbers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 from services.broker.store.types import MessageRecord, StoredRecord
@@ -103,32 +108,12 @@ def decode_host(raw: bytes) -> str:
     return f"{ipaddress.IPv4Address(raw[:4])}:{struct.unpack('>I', raw[4:])[0]}"
 
 
-def encode_properties(props: dict[str, str]) -> bytes:
-    if not props:
-        return b""
-    if len(props) == 1:  # a sent message without tag, keys or properties: its UNIQ_KEY only
-        for k, v in props.items():
-            return f"{k}\x01{v}\x02".encode()
-    return "".join([f"{k}\x01{v}\x02" for k, v in props.items()]).encode("utf-8")
-
-
 @lru_cache(maxsize=65536)
 def _topic_field(topic: str) -> bytes:
     raw = topic.encode("utf-8")
     if len(raw) > MAX_TOPIC_BYTES:
         raise ValueError(f"topic is {len(raw)} bytes; the limit is {MAX_TOPIC_BYTES}")
     return U8.pack(len(raw)) + raw
-
-
-def decode_properties(raw: bytes) -> dict[str, str]:
-    if not raw:
-        return {}
-    out: dict[str, str] = {}
-    for item in raw.decode("utf-8").split("\x02"):
-        if item:
-            k, _, v = item.partition("\x01")
-            out[k] = v
-    return out
 
 
 class UnfitRecord(ValueError):

@@ -3,11 +3,13 @@
 Kept apart from the writer: a replica never calls ``put`` (its gate refuses), so these run on
 the event loop between the writer's batches and never interleave with one.
 
-- ``read_chunk``: whole records (and a segment's closing blank) from a physical offset, within
-  one segment, at most ``max_bytes`` (the first record whole even when larger);
-- ``append_chunk``: a primary's chunk written at the same offset: every record's CRC and
-  offset checked first, then one write, then the same dispatch recovery uses; a blank seals the
-  segment exactly as the primary's did, so segment boundaries and every offset match;
+- ``read_chunk``: whole entries (v1 records, v2 batches: both start with their size and a
+  tidemq magic) and a segment's closing blank from a physical offset, within one segment, at
+  most ``max_bytes`` (the first entry whole even when larger);
+- ``append_chunk``: a primary's chunk written at the same offset: every entry's CRCs and
+  offset checked first (``entry.validate_entry``), then one write, then the same dispatch
+  recovery uses (a v2 batch from its summary); a blank seals the segment exactly as the
+  primary's did, so segment boundaries and every offset match;
 - ``truncate``: cut the log, consume queues and checkpoint back to an offset (index entries
   past the cut stay: every index lookup reads and verifies the record it points to).
 """
@@ -17,7 +19,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from tidemq.protocol.batch_read import BatchSummary
+
 from services.broker.store import record
+from services.broker.store.entry import validate_entry
 from services.broker.store.record import BLANK_SIZE, CorruptRecord
 
 if TYPE_CHECKING:
@@ -71,14 +76,14 @@ def read_chunk(store: MessageStore, offset: int, max_bytes: int) -> bytes:
 
 def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
     """Write ``data`` (from ``read_chunk`` on the primary) at ``at_offset``, which must be this
-    log's end; dispatch its records. Returns how many records it held."""
+    log's end; dispatch its records. Returns how many records it held (a batch's all)."""
     clog = store.log
     if at_offset != clog.write_offset:
         raise ChunkError(f"chunk for offset {at_offset}, but this log ends at "
                          f"{clog.write_offset}")
     view = memoryview(data)
     seg = clog.segments[-1]
-    metas: list[record.RecordMeta] = []
+    metas: list[record.RecordMeta | BatchSummary] = []  # in log order: v1 records, v2 batches
     p = 0
     sealed = False
     while p < len(view):
@@ -89,8 +94,9 @@ def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
             sealed = True
             break
         try:
-            size = record.check(view, p, phys)
-            metas.append(record.decode_meta(view, p, phys))
+            summary = validate_entry(view, p, phys)
+            metas.append(record.decode_meta(view, p, phys) if summary is None else summary)
+            size = int.from_bytes(view[p:p + 4], "big")
         except (CorruptRecord, UnicodeDecodeError, ValueError) as exc:
             raise ChunkError(f"corrupt record at {phys}: {exc}") from exc
         if phys - seg.start + size + BLANK_SIZE > clog.segment_bytes:
@@ -102,13 +108,19 @@ def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
     if sealed:
         clog.roll()
     disp = store.dispatcher
+    n = 0
     for m in metas:
+        if isinstance(m, BatchSummary):  # a v2 batch, shipped as the primary stored it
+            disp.dispatch_batch(m)
+            n += m.head.count
+            continue
         disp.dispatch(m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.size,
                       m.sys_flag, m.tag_code, m.store_timestamp, m.unique_key, m.keys)
+        n += 1
     touched = disp.write_pending()
     if touched:
         store._notify(touched)
-    return len(metas)
+    return n
 
 
 def truncate(store: MessageStore, offset: int) -> int:

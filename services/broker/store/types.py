@@ -5,11 +5,12 @@ Expected outcomes are enums inside result objects; bugs are exceptions.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 
 from tidemq.protocol import KEYS, TAGS, UNIQ_KEY
+from tidemq.protocol.batch import KEY_SEPARATOR as KEY_SEPARATOR
+from tidemq.protocol.batch import tag_code as tag_code  # the consume queue's tag slot value
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -45,13 +46,6 @@ class GetStatus(StrEnum):
     OFFSET_TOO_SMALL = "offset_too_small"  # read from min_offset instead
     OFFSET_OVERFLOW = "offset_overflow"  # offset > max_offset
     NO_QUEUE = "no_queue"  # queue never written (treated as empty, min = max = 0)
-
-
-def tag_code(tag: str | None) -> int:
-    """The 64-bit slot value stored for a tag in the consume queue (0 = no tag)."""
-    if not tag:
-        return 0
-    return zlib.crc32(tag.encode("utf-8")) + 1
 
 
 @dataclass(slots=True)
@@ -131,5 +125,3 @@ class GetResult:
     min_offset: int
     max_offset: int
 
-
-KEY_SEPARATOR = "\x1f"  # joins a message's keys inside the KEYS property

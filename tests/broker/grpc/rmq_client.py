@@ -194,6 +194,43 @@ def push(args: argparse.Namespace) -> dict[str, Any]:
     return {"received": got}
 
 
+def metrics_on(client: Any) -> bool | None:
+    """Whether the client's own metrics (OTLP export) are on, as the broker's settings said."""
+    return getattr(client.client_metrics, "_ClientMetrics__enabled", None)
+
+
+def metrics(args: argparse.Namespace) -> dict[str, Any]:
+    """A producer and a push consumer exchanging ``count`` messages while the broker's
+    Settings.metric applies; both shut down (which flushes their metric export)."""
+    got: list[str] = []
+    lock = threading.Lock()
+
+    class Listener(MessageListener):
+        def consume(self, message: Any) -> Any:
+            with lock:
+                got.append(message.message_id)
+            return ConsumeResult.SUCCESS
+
+    producer = Producer(config(args.endpoint), (args.topic,))
+    consumer = PushConsumer(config(args.endpoint), args.consumer_group, Listener(),
+                            {args.topic: FilterExpression("*")})
+    producer.startup()
+    consumer.startup()
+    states: dict[str, bool | None] = {}
+    try:
+        sent = [producer.send(message(args.topic, f"metrics-{i}")).message_id
+                for i in range(args.count)]
+        deadline = time.monotonic() + args.timeout
+        while len(got) < args.count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # settings answers of every stream have arrived by now
+        states = {"producer": metrics_on(producer), "consumer": metrics_on(consumer)}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    return {"sent": sent, "received": got, "metrics_on": states}
+
+
 def invisibility(args: argparse.Namespace) -> dict[str, Any]:
     """Receive 3 messages invisible for ``invisible`` s: ack the first, extend the second to
     ``extend`` s, leave the third; then receive until both come back (ack them)."""
@@ -241,7 +278,8 @@ def main() -> None:
     v = sub.add_parser("invisibility")
     v.add_argument("--extend", type=int, default=8)
     u = sub.add_parser("push")
-    for p in (s, t, c, r, v, u):
+    m = sub.add_parser("metrics")
+    for p in (s, t, c, r, v, u, m):
         p.add_argument("--topic", required=True)
         p.add_argument("--count", type=int, default=1)
         p.add_argument("--tag", default=None)
@@ -252,7 +290,8 @@ def main() -> None:
         p.add_argument("--timeout", type=float, default=30.0)
     args = ap.parse_args()
     scenarios = {"send": send, "transaction": transaction, "checker": checker,
-                 "receive": receive, "invisibility": invisibility, "push": push}
+                 "receive": receive, "invisibility": invisibility, "push": push,
+                 "metrics": metrics}
     result = scenarios[args.scenario](args)
     sys.stdout.flush()
     print(json.dumps(result), flush=True)

@@ -274,6 +274,26 @@ def test_retry_then_dead_letter(broker: BrokerHandle) -> None:
     broker.error(resp, 400, "INVALID_DELAY")
 
 
+def test_retry_reason_is_kept_on_the_copy(broker: BrokerHandle) -> None:
+    topic = broker.create_topic(queues=1)
+    group = unique("G")
+    mid = unique("m")
+    broker.send(topic, {"message_id": mid, "body": "{}", "properties": {"p": "1"}})
+    path = f"/v1/groups/{group}/retry"
+    reasons = ["BodyDecodeError: order_id: Field required", None,
+               "ValueError: no such customer"]
+    for reason in reasons:
+        body = {"message_id": mid} | ({"reason": reason} if reason else {})
+        assert broker.http.post(path, json=body).status_code == 200
+    retried = broker.pull(f"%RETRY%{group}", 0)["messages"]
+    assert [m["properties"] for m in retried] == [
+        {"p": "1", "TIDE_CONSUME_FAILURE": reasons[0]}, {"p": "1"}]  # a stale reason is dropped
+    [dead] = broker.pull(f"%DLQ%{group}", 0)["messages"]
+    assert dead["properties"] == {"p": "1", "TIDE_CONSUME_FAILURE": reasons[2]}
+    too_long = broker.http.post(path, json={"message_id": mid, "reason": "x" * 1025})
+    broker.error(too_long, 400, "BAD_REQUEST")
+
+
 def test_simple_consumer_receive_ack_invisibility(broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=2)
     broker.send(topic, *({"body": str(i)} for i in range(4)))

@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from tidemq.protocol.batch import BatchBuilder, fill
+from tidemq.protocol.batch_read import validate
 
-from services.broker.store import MessageStore, PutStatus
+from services.broker.store import MessageStore, PutStatus, tag_code
+from services.broker.store.index import unique_key
 from services.broker.store.replicated import ChunkError
 from tests.broker.store.conftest import make_record, small_config
 
@@ -141,3 +144,53 @@ async def test_visible_offset_hides_records_from_reads(tmp_path: Path) -> None:
         assert len(store.get("T", 0, 0, 32).records) == 6
     finally:
         await store.close()
+
+
+def v2_batch(at: int, queue_offset: int, ids: list[str]) -> bytes:
+    """A filled record-format-v2 batch of ``ids`` for T queue 0, as a primary stores it."""
+    builder = BatchBuilder("T", 0)
+    for mid in ids:
+        builder.add(b"v2 body " + mid.encode(), mid, tag="a", keys=["k-" + mid])
+    raw = bytearray(builder.finish())
+    fill(raw, 0, at, queue_offset, 1_767_225_600_000, b"\x7f\0\0\1\0\0\x27\x0f")
+    return bytes(raw)
+
+
+async def test_v2_batches_ship_as_they_are_beside_v1_records(tmp_path: Path) -> None:
+    primary, replica = await open_pair(tmp_path)
+    try:
+        assert (await primary.put([make_record(0)])).status is PutStatus.OK
+        copy_all(primary, replica)
+        at = replica.log.write_offset
+        first = v2_batch(at, 1, ["b-1", "b-2"])
+        second = v2_batch(at + len(first), 3, ["b-3"])
+        assert replica.append_replicated(first + second, at) == 3
+        assert replica.queue_offsets("T", 0) == (0, 4)
+        units = replica.dispatcher.queues[("T", 0)].read_units(1, 3)
+        s1, s2 = validate(first, strict=False), validate(second, strict=False)
+        assert units == [(at + s1.positions[0], s1.sizes[0], tag_code("a")),
+                         (at + s1.positions[1], s1.sizes[1], tag_code("a")),
+                         (at + len(first) + s2.positions[0], s2.sizes[0], tag_code("a"))]
+        assert replica.index.lookup(unique_key("b-2")) == [at + s1.positions[1]]
+        # the replica serves the same entries on to a further replica, each whole
+        assert replica.read_chunk(at, 10) == first
+        assert replica.read_chunk(at + len(first), 10_000) == second
+    finally:
+        await primary.close()
+        await replica.close()
+
+
+async def test_a_corrupt_v2_batch_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    primary, replica = await open_pair(tmp_path)
+    try:
+        at = replica.log.write_offset
+        bad = bytearray(v2_batch(at, 0, ["x-1", "x-2"]))
+        bad[-1] ^= 0xFF  # the last record's body
+        with pytest.raises(ChunkError, match=r"records\[1\]\.crc"):
+            replica.append_replicated(bytes(bad), at)
+        with pytest.raises(ChunkError, match=r"base_physical"):
+            replica.append_replicated(v2_batch(at + 64, 0, ["x-3"]), at)
+        assert replica.log.write_offset == at and replica.queue_offsets("T", 0) == (0, 0)
+    finally:
+        await primary.close()
+        await replica.close()

@@ -15,6 +15,7 @@ from tests.support.transactions import (
     Producer,
     delivered,
     pending,
+    sent_of,
     state_of,
     unique,
     wait_until,
@@ -26,11 +27,6 @@ pytestmark = pytest.mark.integration
 def rows(db: Path, sql: str) -> list[tuple]:
     with sqlite3.connect(db) as conn:
         return list(conn.execute(sql))
-
-
-def sent_of(p: Producer) -> list[dict]:
-    return [x["sent"] for x in p.wait_for(lambda ls: any(x.get("done") for x in ls))
-            if "sent" in x]
 
 
 def test_outbox_commits_with_the_business_change(cluster: Cluster, tmp_path: Path) -> None:

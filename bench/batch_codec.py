@@ -1,0 +1,259 @@
+"""Record format v2 codec: µs per record of every step, pure Python beside a compiled build.
+
+Run ``python -m bench.batch_codec [--quick] [--json] [--no-compiled]``.
+
+Each step runs over batches of 256 records of 1 KiB (32-hex message ids, as the SDK sends
+them; a "rich" row adds a tag, two keys and two properties) and is reported in CPU µs per
+record (``time.process_time``), the best of 3 x 5 rounds (the box is shared: the best round is
+the one least disturbed):
+
+- v2 steps: the producer's ``BatchBuilder`` (encode + CRC), the broker's strict ``validate`` of
+  a client batch, its ``fill`` of the broker part, the integrity ``validate`` recovery and
+  replication run, building a stored-form pull answer (``append_group``), and the consumer's
+  ``decode_stored`` (eager part; then with every body read);
+- today's (v1) steps, for scale: the SDK's ``to_wire`` + ``msgpack.packb``, the broker's
+  ``parse_messages`` + ``to_record`` + record pack (``encode_head``, ``encode_payload``,
+  ``append_encoded``), its pull read (``record.decode`` + ``to_wire`` + ``packb``) and the
+  SDK's ``unpackb`` + ``ReceivedMessage.from_wire``.
+
+The compiled build is the same source compiled with mypyc (from PyPI, part of mypy; gcc from
+Debian) into a scratch directory: ``tidemq.protocol.batch`` and ``batch_read``. It is measured
+in a child process importing that copy; the pure-Python modules stay the fallback. Both
+columns come from the same run, their children alternating; ``--no-compiled`` skips the build
+(it takes ~30 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench._common import Row, err, print_json, print_table
+
+REPO = Path(__file__).resolve().parents[1]
+BATCH = 256
+BODY = 1024
+COMPILED = ("tidemq/protocol/batch.py", "tidemq/protocol/batch_read.py")
+
+
+def best_us(fn: Callable[[], Any], records: int, rounds: int) -> float:
+    """CPU µs per record of ``fn`` (which handles ``records`` records), best of ``rounds``.
+    CPU time, not wall time: on a shared box a waiting process's clock runs on."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best / records * 1e6
+
+
+def measure(batches: int, rounds: int) -> dict[str, Any]:
+    """Every step's µs per record with the ``tidemq`` this process imports."""
+    import msgpack
+    from tidemq.protocol import ReceivedMessage, parse_messages
+    from tidemq.protocol import batch as v2
+    from tidemq.protocol.batch_read import validate
+    from tidemq.protocol.message import OutgoingMessage
+    from tidemq.protocol.stored import append_group, decode_stored
+
+    from services.broker.messaging.convert import to_record, to_wire
+    from services.broker.store import record as v1
+
+    rng = random.Random(1)
+    bodies = [rng.randbytes(BODY) for _ in range(64)]
+    ids = [f"{rng.getrandbits(128):032x}" for _ in range(BATCH * batches)]
+    n = BATCH * batches
+    out: dict[str, Any] = {"compiled": v2.__file__.endswith(".so")}
+
+    def encode(rich: bool = False) -> list[bytes]:
+        made = []
+        for b in range(batches):
+            builder = v2.BatchBuilder("BenchTP", 3)
+            for i in range(b * BATCH, (b + 1) * BATCH):
+                if rich:
+                    builder.add(bodies[i & 63], ids[i], tag="Paid", keys=["order-42", "u-7"],
+                                properties={"region": "eu", "tier": "gold"},
+                                born_timestamp=1_767_225_600_000)
+                else:
+                    builder.add(bodies[i & 63], ids[i], born_timestamp=1_767_225_600_000)
+            made.append(builder.finish())
+        return made
+
+    raw = encode()
+    rich = encode(True)
+    stored = [bytearray(b) for b in raw]
+    host = v1.encode_host("127.0.0.1:10911")
+    out["v2_encode"] = best_us(encode, n, rounds)
+    out["v2_encode_rich"] = best_us(lambda: encode(True), n, rounds)
+    out["v2_validate_strict"] = best_us(lambda: [validate(b) for b in raw], n, rounds)
+    out["v2_validate_strict_rich"] = best_us(lambda: [validate(b) for b in rich], n, rounds)
+    out["v2_fill"] = best_us(lambda: [v2.fill(b, 0, 4096 * i, 100 * i, 1, host)
+                                      for i, b in enumerate(stored)], n, rounds)
+    out["v2_validate_stored"] = best_us(lambda: [validate(b, strict=False, offset=4096 * i)
+                                              for i, b in enumerate(stored)], n, rounds)
+    sums = [validate(b, strict=False) for b in stored]
+
+    def serve() -> bytes:
+        blob = bytearray()
+        for b, s in zip(stored, sums, strict=True):
+            view = memoryview(b)
+            append_group(blob, view[:s.head.records_at],
+                         [view[p:p + z] for p, z in zip(s.positions, s.sizes, strict=True)])
+        return bytes(blob)
+
+    blob = serve()
+    out["v2_serve"] = best_us(serve, n, rounds)
+    out["v2_decode_lazy"] = best_us(lambda: decode_stored(blob), n, rounds)
+    out["v2_decode_bodies"] = best_us(lambda: [m.body for m in decode_stored(blob)], n, rounds)
+
+    # today's path (format v1, msgpack), for scale
+    msgs = [OutgoingMessage(bodies[i & 63], ids[i]) for i in range(n)]
+    wire = [[m.to_wire(binary=True) for m in msgs[b * BATCH:(b + 1) * BATCH]]
+            for b in range(batches)]
+    packed = [msgpack.packb({"messages": w}, use_bin_type=True) for w in wire]
+    out["v1_sdk_send"] = best_us(lambda: [msgpack.packb({"messages": [
+        m.to_wire(binary=True) for m in msgs[b * BATCH:(b + 1) * BATCH]]}, use_bin_type=True)
+        for b in range(batches)], n, rounds)
+
+    def broker_send() -> bytearray:
+        buf = bytearray()
+        for p in packed:
+            for m in parse_messages(msgpack.unpackb(p, raw=False)):
+                rec = to_record(m, "BenchTP", 3, m.message_id or "", 1, "127.0.0.1:1")
+                v1.append_encoded(buf, v1.encode_head(rec, host), v1.encode_payload(rec), 0,
+                                  len(buf), 1)
+        return buf
+
+    log = bytes(broker_send())
+    out["v1_broker_send"] = best_us(broker_send, n, rounds)
+    spots: list[int] = []
+    p = 0
+    while p < len(log):
+        spots.append(p)
+        p += int.from_bytes(log[p:p + 4], "big")
+
+    def broker_pull() -> list[bytes]:
+        return [msgpack.packb({"messages": [to_wire(v1.decode(log, q, q), True)
+                                            for q in spots[b * BATCH:(b + 1) * BATCH]]},
+                              use_bin_type=True) for b in range(batches)]
+
+    answers = broker_pull()
+    out["v1_broker_pull"] = best_us(broker_pull, n, rounds)
+    out["v1_sdk_pull"] = best_us(lambda: [[ReceivedMessage.from_wire(m) for m in msgpack.unpackb(
+        a, raw=False)["messages"]] for a in answers], n, rounds)
+    body = bodies[0]
+    out["crc32_1kib"] = best_us(lambda: [zlib.crc32(body) for _ in range(n)], n, rounds)
+    try:  # the same CRC32 from ISA-L (PyPI isal), when installed: a drop-in candidate
+        from isal.isal_zlib import crc32 as isal_crc32
+    except ImportError:
+        return out
+    out["isal_crc32_1kib"] = best_us(lambda: [isal_crc32(body) for _ in range(n)], n, rounds)
+    return out
+
+
+def compiled_copy(scratch: Path) -> tuple[Path | None, str]:
+    """A copy of the SDK package with the codec modules compiled by mypyc; (None, why) when
+    that cannot be built here."""
+    mypyc = Path(sys.executable).parent / "mypyc"
+    if not mypyc.exists() or shutil.which("gcc") is None:
+        return None, "mypyc (pip: mypy) or gcc (Debian: gcc) is not installed"
+    shutil.copytree(REPO / "sdk" / "tidemq", scratch / "tidemq")
+    proc = subprocess.run([str(mypyc), *COMPILED], cwd=scratch, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, f"mypyc failed: {proc.stdout[-500:]}{proc.stderr[-500:]}"
+    return scratch, "mypyc"
+
+
+def child(path: Path | None, batches: int, rounds: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(path), str(REPO)])
+    proc = subprocess.run([sys.executable, "-m", "bench.batch_codec", "--child", str(batches),
+                           str(rounds)], cwd=REPO, env=env, capture_output=True, text=True,
+                          check=True)
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def keep_best(best: dict[str, Any], new: dict[str, Any]) -> None:
+    """Fold ``new`` figures into ``best``, keeping each step's smallest."""
+    for key, value in new.items():
+        best[key] = min(best[key], value) if isinstance(value, float) and key in best else value
+
+
+STEPS = [
+    ("v2_encode", "v2 producer: BatchBuilder.add + finish (encode, CRC)"),
+    ("v2_encode_rich", "v2 producer, with tag, 2 keys, 2 properties"),
+    ("v2_validate_strict", "v2 broker: strict validate of a client batch (CRCs, ids, limits)"),
+    ("v2_validate_strict_rich", "v2 broker: strict validate, with tag, keys, properties"),
+    ("v2_fill", "v2 broker: fill the broker part + head CRC (per batch)"),
+    ("v2_validate_stored", "v2 recovery / replica: integrity validate + summary"),
+    ("v2_serve", "v2 broker pull: stored-form answer (append_group)"),
+    ("v2_decode_lazy", "v2 consumer: decode_stored (CRC, ids, tags, offsets)"),
+    ("v2_decode_bodies", "v2 consumer: decode_stored + every body read"),
+    ("v1_sdk_send", "today: SDK to_wire + msgpack.packb"),
+    ("v1_broker_send", "today: broker unpackb + parse + to_record + pack record"),
+    ("v1_broker_pull", "today: broker record.decode + to_wire + packb"),
+    ("v1_sdk_pull", "today: SDK unpackb + ReceivedMessage.from_wire"),
+    ("crc32_1kib", "zlib.crc32 of 1 KiB (part of every CRC'd step)"),
+    ("isal_crc32_1kib", "isal crc32 of 1 KiB (PyPI isal, when installed)"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--child"]:
+        print(json.dumps(measure(int(args[1]), int(args[2]))))
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m bench.batch_codec", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer batches and rounds")
+    ap.add_argument("--json", action="store_true", help="one JSON object as the last line")
+    ap.add_argument("--no-compiled", action="store_true", help="pure Python only")
+    opts = ap.parse_args(args)
+    batches, rounds, repeats = (8, 3, 2) if opts.quick else (32, 5, 3)
+    began = time.perf_counter()
+    pure: dict[str, Any] = {}
+    compiled: dict[str, Any] = {}
+    why = "--no-compiled"
+    with tempfile.TemporaryDirectory(prefix="tidemq-mypyc-") as scratch:
+        path = None
+        if not opts.no_compiled:
+            err.print("compiling the codec with mypyc ...")
+            path, why = compiled_copy(Path(scratch))
+        for i in range(repeats):  # alternated, so both columns see the same load
+            err.print(f"measuring, round {i + 1} of {repeats} ...")
+            keep_best(pure, child(None, batches, rounds))
+            if path is not None:
+                keep_best(compiled, child(path, batches, rounds))
+        if compiled and not compiled.get("compiled"):
+            compiled, why = {}, "the compiled copy was not imported"
+    rows = []
+    for key, label in STEPS:
+        ours, theirs = pure.get(key), compiled.get(key)
+        rows.append(Row(label, ours, "µs/record", None if theirs is None or not ours
+                        else ours / theirs, "" if theirs is None else f"mypyc {theirs:.2f} µs"))
+    print_table(f"record format v2 codec, µs per record ({BATCH}-record batches of {BODY} B)",
+                rows, caption=f"value: pure Python; ratio: pure / compiled ({why}); best of "
+                f"{repeats} x {rounds} rounds over {batches * BATCH:,} records, the two builds "
+                f"alternating; load average "
+                f"{os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s")
+    if opts.json:
+        print_json({"bench": "batch_codec", "quick": opts.quick, "records": batches * BATCH,
+                    "pure_us_per_record": pure, "compiled_us_per_record": compiled or None,
+                    "compiled_with": why, "loadavg": os.getloadavg()[0]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

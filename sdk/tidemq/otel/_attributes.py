@@ -1,0 +1,105 @@
+"""Span names, kinds and attributes: the OpenTelemetry messaging conventions (semantic
+conventions 1.4x, ``messaging.*`` and ``messaging.rocketmq.*``), and tidemq's own few.
+
+Names are spelled out here rather than imported from ``opentelemetry.semconv._incubating``
+(a private module path of a beta package).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tidemq.protocol import ReceivedMessage
+
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+SYSTEM = "rocketmq"  # tidemq speaks RocketMQ's model; the conventions have no "tidemq"
+
+# --- messaging.* ------------------------------------------------------------------------------
+MESSAGING_SYSTEM = "messaging.system"
+OPERATION_NAME = "messaging.operation.name"
+OPERATION_TYPE = "messaging.operation.type"  # create, send, receive, process, settle
+DESTINATION = "messaging.destination.name"
+PARTITION = "messaging.destination.partition.id"  # the queue id
+MESSAGE_ID = "messaging.message.id"
+CONSUMER_GROUP = "messaging.consumer.group.name"
+BATCH_COUNT = "messaging.batch.message_count"
+CLIENT_ID = "messaging.client.id"
+ERROR_TYPE = "error.type"
+
+# --- messaging.rocketmq.* -----------------------------------------------------------------------
+MESSAGE_TYPE = "messaging.rocketmq.message.type"  # normal, fifo, delay, transaction
+MESSAGE_TAG = "messaging.rocketmq.message.tag"
+MESSAGE_KEYS = "messaging.rocketmq.message.keys"
+DELIVERY_TIMESTAMP = "messaging.rocketmq.message.delivery_timestamp"  # epoch ms
+DELAY_TIME_LEVEL = "messaging.rocketmq.message.delay_time_level"
+MESSAGE_GROUP = "messaging.rocketmq.message.group"  # a FIFO message's sharding key
+CONSUMPTION_MODEL = "messaging.rocketmq.consumption_model"  # clustering, broadcasting
+
+# --- tidemq.* (no convention covers them) -------------------------------------------------------
+TRANSACTION_ID = "tidemq.transaction.id"
+LOCAL_STATE = "tidemq.transaction.local_state"  # what execute_local_transaction answered
+CHECK_ANSWER = "tidemq.transaction.check_answer"  # what check_local_transaction answered
+PRODUCER_GROUP = "tidemq.producer.group"
+SETTLE_ACTION = "tidemq.settle.action"  # ack, retry
+SETTLE_DESTINATION = "tidemq.settle.destination"  # %RETRY%group or %DLQ%group
+RECONSUME_TIMES = "tidemq.message.reconsume_times"
+
+
+def operation(name: str, kind: str) -> dict[str, Any]:
+    """The attributes every span has: system, operation name and type."""
+    return {MESSAGING_SYSTEM: SYSTEM, OPERATION_NAME: name, OPERATION_TYPE: kind}
+
+
+def outgoing(topic: str, *, message_type: str, message_id: str | None = None,
+             tag: str | None = None, keys: Sequence[str] | str | None = None,
+             delay_level: int | None = None, deliver_at_ms: int | None = None,
+             delay_ms: int | None = None, sharding_key: str | None = None,
+             now_ms: int = 0) -> dict[str, Any]:
+    """A send span's attributes, from the message's fields."""
+    attrs = operation("send", "send")
+    attrs[DESTINATION] = topic
+    attrs[MESSAGE_TYPE] = message_type
+    if message_id:
+        attrs[MESSAGE_ID] = message_id
+    if tag:
+        attrs[MESSAGE_TAG] = tag
+    if keys:
+        attrs[MESSAGE_KEYS] = [keys] if isinstance(keys, str) else list(keys)
+    if delay_level:
+        attrs[DELAY_TIME_LEVEL] = int(delay_level)
+    elif deliver_at_ms is not None:
+        attrs[DELIVERY_TIMESTAMP] = int(deliver_at_ms)
+    elif delay_ms is not None:
+        attrs[DELIVERY_TIMESTAMP] = now_ms + int(delay_ms)
+    if sharding_key:
+        attrs[MESSAGE_GROUP] = sharding_key
+    return attrs
+
+
+def message_type(*, delayed: bool, sharding_key: str | None, transaction: bool = False) -> str:
+    if transaction:
+        return "transaction"
+    if delayed:
+        return "delay"
+    return "fifo" if sharding_key else "normal"
+
+
+def received(message: ReceivedMessage, name: str, kind: str) -> dict[str, Any]:
+    """A span's attributes about one received message."""
+    attrs = operation(name, kind)
+    attrs[DESTINATION] = message.topic
+    attrs[MESSAGE_ID] = message.message_id
+    attrs[PARTITION] = str(message.queue_id)
+    if message.tag:
+        attrs[MESSAGE_TAG] = message.tag
+    if message.keys:
+        attrs[MESSAGE_KEYS] = list(message.keys)
+    if message.reconsume_times:
+        attrs[RECONSUME_TIMES] = message.reconsume_times
+    return attrs
+
+
+def merged_properties(base: Mapping[str, str] | None, extra: Mapping[str, str] | None
+                      ) -> dict[str, str]:
+    return {**(base or {}), **(extra or {})}

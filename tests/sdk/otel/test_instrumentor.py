@@ -1,0 +1,34 @@
+"""``TidemqInstrumentor`` on and off (no system needed): off, the SDK's methods are its own and
+its hook is None, so tracing costs nothing; ``opentelemetry-instrument`` finds it by its entry
+point."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from tidemq import Producer, SimpleConsumer, TransactionProducer, _hooks
+from tidemq.otel import TidemqInstrumentor
+
+
+def test_off_means_the_sdk_own_methods_and_no_hook() -> None:
+    methods = [(Producer, "send"), (Producer, "send_oneway"), (Producer, "send_batch"),
+               (TransactionProducer, "send"), (SimpleConsumer, "receive"),
+               (SimpleConsumer, "ack")]
+    originals = [owner.__dict__[name] for owner, name in methods]
+    assert _hooks.tracer is None
+    TidemqInstrumentor().instrument()
+    try:
+        wrapped = [owner.__dict__[name] for owner, name in methods]
+        assert all(w is not o for w, o in zip(wrapped, originals, strict=True))
+        assert all(w.__wrapped__ is o for w, o in zip(wrapped, originals, strict=True))
+        assert _hooks.tracer is not None
+    finally:
+        TidemqInstrumentor().uninstrument()
+    assert [owner.__dict__[name] for owner, name in methods] == originals
+    assert _hooks.tracer is None
+
+
+def test_opentelemetry_instrument_finds_the_instrumentor() -> None:
+    found = {e.name: e.value for e in importlib.metadata.entry_points(
+        group="opentelemetry_instrumentor")}
+    assert found.get("tidemq") == "tidemq.otel:TidemqInstrumentor"

@@ -1,0 +1,59 @@
+"""The producer's batch encoder (tidemq._batch): messages as the SDK checked them become the
+log's record format, which the broker's strict validation accepts as it is."""
+
+from __future__ import annotations
+
+import pytest
+from tidemq._batch import QueueBatch, delay_of, encode_messages
+from tidemq._message import Message, to_outgoing
+from tidemq.protocol import SHARDING_KEY, OutgoingMessage
+from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind, tag_code
+from tidemq.protocol.batch_read import BatchError, decode_record, validate
+
+
+def test_sent_messages_become_records_the_broker_accepts() -> None:
+    msgs = [to_outgoing(Message("hello", tag="Paid", keys=["order-42"],
+                                properties={"region": "eu"})),
+            to_outgoing(Message(b"\x00\xff", sharding_key="user-7")),
+            to_outgoing(Message("later", delay_level=3)),
+            to_outgoing(Message("at", deliver_at_ms=1_767_225_600_000)),
+            to_outgoing(Message("in", delay_ms=90_000))]
+    raw = encode_messages("Orders", 5, msgs, born_ms=1_700_000_000_000)
+    s = validate(raw, allowed=CLIENT_PROPERTIES)
+    assert (s.head.topic, s.head.queue_id, s.head.count) == ("Orders", 5, 5)
+    assert s.message_ids == [m.message_id for m in msgs]
+    assert s.tag_codes == [tag_code("Paid"), 0, 0, 0, 0]
+    assert s.delayed == [2, 3, 4]
+    recs = [decode_record(raw, p) for p in s.positions]
+    assert (recs[0].body, recs[0].tag, recs[0].keys, recs[0].properties) == (
+        b"hello", "Paid", ["order-42"], {"region": "eu"})
+    assert recs[1].properties == {SHARDING_KEY: "user-7"} and recs[1].body == b"\x00\xff"
+    assert [(r.delay_kind, r.delay_value) for r in recs[2:]] == [
+        (DelayKind.LEVEL, 3), (DelayKind.DELIVER_AT_MS, 1_767_225_600_000),
+        (DelayKind.DELAY_MS, 90_000)]
+    assert {r.born_timestamp for r in recs} == {1_700_000_000_000}
+
+
+def test_the_sharding_key_is_the_only_reserved_property_a_client_may_send() -> None:
+    raw = encode_messages("Orders", 0, [to_outgoing(Message("x", sharding_key="k"))], 1)
+    with pytest.raises(BatchError, match=r"records\[0\]\.properties: 'SHARDING_KEY'"):
+        validate(raw)
+
+
+def test_a_queue_batch_grows_as_messages_are_added() -> None:
+    batch = QueueBatch("Orders", 1)
+    empty = batch.nbytes
+    first = to_outgoing(Message("a" * 100))
+    batch.add(first, 5)
+    assert batch.count == 1 and batch.nbytes > empty + 100
+    batch.add(to_outgoing(Message("b")), 6)
+    assert batch.messages[0] is first
+    assert len(batch.finish()) == batch.nbytes
+    with pytest.raises(ValueError, match="message_id"):
+        QueueBatch("Orders", 1).add(OutgoingMessage(b"no id"), 1)
+
+
+def test_delay_of_each_field() -> None:
+    assert delay_of(OutgoingMessage(b"", "m")) == (DelayKind.NONE, 0)
+    assert delay_of(OutgoingMessage(b"", "m", delay_level=18)) == (DelayKind.LEVEL, 18)
+    assert delay_of(OutgoingMessage(b"", "m", delay_ms=0)) == (DelayKind.DELAY_MS, 0)
