@@ -94,17 +94,30 @@ async def _grpc_send(endpoint: str, topic: str, message_id: str) -> tuple[int, s
 
 
 def test_every_member_serves_grpc_and_routes_name_the_current_primary(tmp_path: Path) -> None:
-    ns, checker, scheduler = free_base(1, 1), free_base(1, 1), free_base(1, 1)
+    """Also what a fresh `up` prints and answers, with its output in a file (not a terminal)
+    and no COLUMNS, as under a supervisor or a pipe (one `up` run for both, to save time): the
+    endpoint table names every service in full (two nameservers were both "nameserver…"), and
+    its nameservers answer 404 for an unknown topic once its brokers registered, with the
+    default 30 s warm-up left on (they were 503 for the whole warm-up)."""
+    ns, checker, scheduler = free_base(2, 1), free_base(1, 1), free_base(1, 1)
     broker, grpc_base = free_base(2, 100), free_base(2, 100)
-    up = UpRun(tmp_path, "--replicas", "2", "--nameserver-port", str(ns),
+    up = UpRun(tmp_path, "--replicas", "2", "--nameservers", "2", "--nameserver-port", str(ns),
                "--broker-port", str(broker), "--checker-port", str(checker),
                "--scheduler-port", str(scheduler), "--grpc-port", str(grpc_base),
                "--etcd-port", str(_free_pair()), "--no-metrics", "--skip", "console",
                "--stop-timeout", "20",
-               env={"TIDEMQ_BROKER_MIN_INSYNC": "1"})  # the promoted copy writes alone
+               env={"TIDEMQ_BROKER_MIN_INSYNC": "1",  # the promoted copy writes alone
+                    "COLUMNS": "", "TIDEMQ_NAMESRV_WARMUP_S": "30"})
     frozen: psutil.Process | None = None
     try:
         up.wait_ready(150)
+        out = up.output()
+        table = out[out.index("tidemq is up"):]
+        assert "…" not in table, table
+        for name, port in (("nameserver-1", ns), ("nameserver-2", ns + 1)):
+            assert name in next(ln for ln in table.splitlines() if f":{port}" in ln), table
+            resp = httpx.get(f"http://127.0.0.1:{port}/v1/routes/NoSuchTopic", timeout=5)
+            assert resp.status_code == 404 and resp.json()["code"] == "TOPIC_NOT_FOUND", resp.text
         primary_door, replica_door = f"127.0.0.1:{grpc_base}", f"127.0.0.1:{grpc_base + 100}"
         view = httpx.get(f"http://127.0.0.1:{ns}/v1/cluster", timeout=5).json()
         doors = {b["broker_id"]: (b["role"], b["grpc_address"]) for b in view["brokers"]}
