@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from tidemq._wire import WireResponse, WireTransport
+from tidemq._transport import TransportResponse
+from tidemq._wire import WireTransport
 
 from services.common.constants import TIMING_HEADER
 
@@ -67,7 +68,7 @@ class TimingTransport(WireTransport):
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str],
                       content: bytes | None, params: Mapping[str, str | int | float] | None,
-                      timeout_s: float) -> WireResponse:
+                      timeout_s: float) -> TransportResponse:
         path = url.split("://", 1)[-1].partition("/")[2]
         is_send = method == "POST" and path.endswith("/messages")
         is_pull = (method == "GET" and "/queues/" in path) or (

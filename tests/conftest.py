@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.clock import FakeClock
 from tests.support.postgres import PostgresServer
 from tests.support.procs import RedisServer
 
@@ -44,3 +45,9 @@ def store_dir(tmp_path: Path) -> Path:
     path = tmp_path / "store"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock the test moves by hand (tests/support/clock.py)."""
+    return FakeClock()

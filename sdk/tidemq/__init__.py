@@ -26,6 +26,7 @@ from tidemq._exceptions import (
     InvalidReceiptHandleError,
     InvalidTopicNameError,
     LocalTransactionError,
+    LocalTransactionFailed,
     MessageNotFoundError,
     MessageTooLargeError,
     NotEnoughReplicasError,
@@ -57,13 +58,9 @@ from tidemq._push_consumer import PushConsumer
 from tidemq._routes import MessageQueue
 from tidemq._simple_consumer import SimpleConsumer
 from tidemq._tags import TagExpression
-from tidemq._transaction import (
-    LocalTransactionFailed,
-    TransactionListener,
-    TransactionProducer,
-    TransactionSendResult,
-    TransactionState,
-)
+from tidemq._transaction import TransactionListener, TransactionProducer
+from tidemq._transaction_types import TransactionSendResult, TransactionState
+from tidemq._transport import HttpTransport, MockTransport, TransportRequest, TransportResponse
 from tidemq._typed import BodyDecodeError, Router
 from tidemq.protocol import ErrorCode, ReceivedMessage
 
@@ -82,6 +79,7 @@ __all__ = [
     "ForbiddenError",
     "ForbiddenSystemTopicError",
     "Handler",
+    "HttpTransport",
     "InternalServerError",
     "InvalidBodyEncodingError",
     "InvalidDelayError",
@@ -93,6 +91,7 @@ __all__ = [
     "MessageNotFoundError",
     "MessageQueue",
     "MessageTooLargeError",
+    "MockTransport",
     "NotEnoughReplicasError",
     "NotPrimaryError",
     "OffsetOutOfRangeError",
@@ -118,6 +117,8 @@ __all__ = [
     "TransactionState",
     "TransactionsDisabledError",
     "TransportError",
+    "TransportRequest",
+    "TransportResponse",
     "UnauthorizedError",
     "UnavailableError",
     "UnexpectedResponseError",

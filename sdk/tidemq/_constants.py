@@ -1,5 +1,5 @@
-"""SDK defaults, each with its unit. They mirror the service defaults (docs/api.md, DESIGN.md §3,
-§8).
+"""SDK defaults, each with its unit. They mirror the service defaults (docs/api.md,
+docs/operations.md#settings).
 
 The SDK is installable on its own, so it does not import the services' constants module; the
 values that must agree with the broker are named identically there.

@@ -40,6 +40,13 @@ Every class has ``retriable``: whether sending the same request again may succee
 SDK and the services cannot disagree. A code this SDK does not know yet is raised as a plain
 ``ServerError`` whose ``retriable`` follows the HTTP status (502/503/504).
 
+Beside the tree:
+
+    LocalTransactionFailed            the application raises it from execute_local_transaction
+    WireError                         the transport's own (sent, the answer lost); never reaches
+    ├── WireConnectError              users: the client raises TransportError from it
+    WireTimeout (a TimeoutError)      ... and RequestTimeoutError from this one
+
 Foreign exceptions (httpx, msgpack, orjson) never escape: they are translated at the boundary in
 ``_http.py`` with ``raise ... from exc``.
 """
@@ -51,7 +58,7 @@ from typing import TYPE_CHECKING, ClassVar
 from tidemq.protocol import ErrorCode
 
 if TYPE_CHECKING:
-    from tidemq._transaction import TransactionSendResult
+    from tidemq._transaction_types import TransactionSendResult
 
 _RETRIABLE_STATUSES = frozenset({502, 503, 504})
 
@@ -283,3 +290,32 @@ def server_error(
     status = status or 500
     return ServerError(code, message, status, retry_after,
                        retriable=status in _RETRIABLE_STATUSES)
+
+
+class LocalTransactionFailed(Exception):
+    """Raise from ``execute_local_transaction`` when the local transaction failed *and is known
+    to be rolled back* (chain the cause: ``raise LocalTransactionFailed(...) from exc``): the
+    producer ends it with ROLLBACK at once, then ``send`` raises ``LocalTransactionError`` from
+    the cause. Any other exception means UNKNOWN (the broker checks)."""
+
+
+# --- the transport's own (``_transport``, ``_wire``): translated to TransportError ------------
+
+class WireError(Exception):
+    """The request failed after it was (maybe) sent: the server may have processed it."""
+
+    sent = True
+
+
+class WireConnectError(WireError):
+    """No connection could be opened: nothing was sent."""
+
+    sent = False
+
+
+class WireTimeout(TimeoutError):
+    """The caller's deadline passed; ``sent`` says whether the request had gone out."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent

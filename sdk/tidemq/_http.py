@@ -8,9 +8,10 @@ transport (``_wire``) or, when one is handed in, an httpx transport.
 - Retriable failures are retried with exponential back-off and jitter, honouring ``Retry-After``
   (503 BROKER_BUSY), within a bounded number of attempts and an overall deadline.
 
-Pass ``transport=httpx.MockTransport(handler)`` to run every client against an in-memory fake
-(any ``httpx.AsyncBaseTransport`` goes through an ``httpx.AsyncClient``), or a ``WireTransport``
-(the default, built here) to instrument it.
+A client carries its requests over one ``HttpTransport`` (``_transport.py``): the SDK's own
+``WireTransport`` (the default, built here), ``MockTransport`` (in memory, for tests; it ships
+with the SDK), or any object with its two methods. An ``httpx.AsyncBaseTransport`` (e.g.
+``httpx.MockTransport``) is accepted too and goes through an ``httpx.AsyncClient``.
 
 One place computes every request's headers (``request_headers``) and one builds the TLS context
 (``shared_ssl_context``), whichever transport carries the request.
@@ -48,14 +49,18 @@ from tidemq._exceptions import (
     TidemqError,
     TransportError,
     UnexpectedResponseError,
+    WireConnectError,
+    WireError,
+    WireTimeout,
     server_error,
 )
-from tidemq._wire import WireConnectError, WireError, WireTimeout, WireTransport
+from tidemq._transport import HttpTransport
+from tidemq._wire import WireTransport
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK, ProtocolError
 from tidemq.protocol.codec import decode_payload, encode_payload
 
-#: What a client may be handed as its transport: an httpx one (tests' fakes) or ours.
-Transport = httpx.AsyncBaseTransport | WireTransport
+#: What a client may be handed as its transport: ours (``HttpTransport``) or an httpx one.
+Transport = HttpTransport | httpx.AsyncBaseTransport
 
 log = logging.getLogger("tidemq.http")
 
@@ -202,10 +207,10 @@ class HttpClient:
         self._signer = signer_for(credentials)  # None: unsigned (a cluster without ACL)
         self.retry = retry
         self._headers = {"user-agent": "tidemq-python", **(headers or {})}
-        self._wire: WireTransport | None = None
+        self._wire: HttpTransport | None = None
         self._client: httpx.AsyncClient | None = None
-        if transport is None or isinstance(transport, WireTransport):
-            self._wire = transport or new_transport()
+        if not isinstance(transport, httpx.AsyncBaseTransport):
+            self._wire = transport if transport is not None else new_transport()
         else:
             self._client = httpx.AsyncClient(
                 transport=transport,
@@ -307,7 +312,7 @@ class HttpClient:
                             response.reason_phrase)
 
     async def _once_wire(
-        self, wire: WireTransport, method: str, target: str, content: bytes | None,
+        self, wire: HttpTransport, method: str, target: str, content: bytes | None,
         params: Params | None, headers: dict[str, str], timeout_s: float | None,
     ) -> Any:
         try:

@@ -78,7 +78,7 @@ class SendResult:
         return self.state == "scheduled"
 
 
-def check_topic(topic: str, valid: set[str]) -> None:
+def validate_topic(topic: str, valid: set[str]) -> None:
     """Raise the broker's error for an invalid topic name; ``valid`` remembers the names that
     passed, so a producer checks each of its topics once."""
     if topic in valid:
@@ -109,7 +109,7 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
                            f"{limits.max_message_id_chars} characters, got {len(message_id)}")
     keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
     if message.delay_level or message.delay_ms is not None or message.deliver_at_ms is not None:
-        _check_delay(message, limits)
+        _validate_delay(message, limits)
     if message.queue_id is not None and message.queue_id < 0:
         raise server_error(ErrorCode.BAD_REQUEST, f"queue_id: must be >= 0, got "
                            f"{message.queue_id}")
@@ -139,7 +139,7 @@ def _body_too_large(body: bytes, limits: Limits) -> Exception:
                         f"limit of {limits.max_body_bytes} bytes")
 
 
-def _check_delay(message: Message, limits: Limits) -> None:
+def _validate_delay(message: Message, limits: Limits) -> None:
     """The delay fields of ``message`` (one at most, each in range), as the broker checks them."""
     delays = [name for name, value in (("delay_level", message.delay_level or None),
                                        ("delay_ms", message.delay_ms),

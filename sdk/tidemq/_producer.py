@@ -41,8 +41,8 @@ from tidemq._message import (
     Message,
     SendResult,
     body_to_outgoing,
-    check_topic,
     to_outgoing,
+    validate_topic,
     wire_size,
 )
 from tidemq._routes import MessageQueue, TopicRoute
@@ -146,7 +146,7 @@ class Producer(Client):
 
     async def start(self) -> Self:
         """Start the background route refresh (``send`` also starts it on first use)."""
-        self._check_open()
+        self._require_open()
         if not self._started:
             self._started = True
             self._routes.start()
@@ -205,8 +205,8 @@ class Producer(Client):
         broker's queues. Keys that map to queues of different brokers are refused — send
         those with ``send``, which coalesces per broker anyway.
         """
-        self._check_open()
-        check_topic(topic, self._valid_topics)
+        self._require_open()
+        validate_topic(topic, self._valid_topics)
         outs = [to_outgoing(self._as_message(m, {"topic": topic})) for m in messages]
         if not outs:
             return []
@@ -293,7 +293,7 @@ class Producer(Client):
         if not self._started:
             await self.start()
         route = await self._routes.get(topic)  # an unknown topic fails here, before queueing
-        self._check_open()
+        self._require_open()
         return topic, out, route
 
     def _outgoing(
@@ -303,19 +303,19 @@ class Producer(Client):
         if not options.keys() <= _SEND_OPTIONS:  # as Python says it for a named keyword argument
             unknown = sorted(options.keys() - _SEND_OPTIONS)
             raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
-        self._check_open()
+        self._require_open()
         topic = options.get("topic")
         if topic and len(options) == 1 and type(message) in _BARE_BODIES:
             # the common case, send(body, topic=...): no Message to build and copy
             if topic not in self._valid_topics:
-                check_topic(topic, self._valid_topics)
+                validate_topic(topic, self._valid_topics)
             return topic, body_to_outgoing(message)  # type: ignore[arg-type]
         msg = self._as_message(message, options)
         topic = msg.topic
         if not topic:
             raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
         if topic not in self._valid_topics:
-            check_topic(topic, self._valid_topics)
+            validate_topic(topic, self._valid_topics)
         return topic, to_outgoing(msg)
 
     async def _deliver(
@@ -399,7 +399,7 @@ class Producer(Client):
         raise ConfigurationError(f"send: expected a Message, bytes, str or a pydantic model, "
                                  f"got {type(message).__name__}")
 
-    def _check_open(self) -> None:
+    def _require_open(self) -> None:
         if self._closed:
             raise ClientClosedError("the producer is closed")
 

@@ -81,10 +81,6 @@ class QueueSelector:
             health.claim(chosen.broker_name)
         return chosen
 
-    def next_broker(self, route: TopicRoute) -> str:
-        """The broker of the next round-robin queue (for a batch that must go to one broker)."""
-        return self.select(route).address
-
     def _advance(self, topic: str) -> int:
         current = self._next.get(topic)
         if current is None:

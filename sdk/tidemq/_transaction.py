@@ -39,8 +39,6 @@ import logging
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol, Self
 
 from tidemq import _hooks
@@ -56,6 +54,7 @@ from tidemq._exceptions import (
     ClientClosedError,
     ConfigurationError,
     LocalTransactionError,
+    LocalTransactionFailed,
     TidemqError,
     TopicNotFoundError,
     TransportError,
@@ -64,11 +63,12 @@ from tidemq._exceptions import (
 )
 from tidemq._fault import SendAttempts, Step
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
-from tidemq._message import Message, check_topic, to_outgoing
+from tidemq._message import Message, to_outgoing, validate_topic
 from tidemq._routes import MessageQueue
 from tidemq._selector import QueueSelector
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
+from tidemq._transaction_types import TransactionSendResult, TransactionState
 from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import OutgoingMessage, ProtocolError, ReceivedMessage, validate_topic_name
 
@@ -79,21 +79,6 @@ CHECK_WAIT_MS = 20_000  # one long poll for checks
 CHECK_MAX = 256  # checks per poll
 
 
-class TransactionState(StrEnum):
-    """What a local transaction did; also the action sent to the broker."""
-
-    COMMIT = "commit"  # deliver the message
-    ROLLBACK = "rollback"  # never deliver it
-    UNKNOWN = "unknown"  # not known yet: the broker will check again later
-
-
-class LocalTransactionFailed(Exception):
-    """Raise from ``execute_local_transaction`` when the local transaction failed *and is known
-    to be rolled back* (chain the cause: ``raise LocalTransactionFailed(...) from exc``): the
-    producer ends it with ROLLBACK at once, then ``send`` raises ``LocalTransactionError`` from
-    the cause. Any other exception means UNKNOWN (the broker checks)."""
-
-
 class TransactionListener(Protocol):
     """The application's side of a transactional producer."""
 
@@ -101,19 +86,6 @@ class TransactionListener(Protocol):
                                         ) -> TransactionState: ...
 
     async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState: ...
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionSendResult:
-    message_id: str
-    transaction_id: str
-    topic: str
-    local_state: TransactionState  # what execute_local_transaction answered
-    broker: str  # the broker holding the transaction
-    # what execute_local_transaction raised; set only on the result a LocalTransactionError
-    # carries (a returned result never has one)
-    error: BaseException | None = None
-    end_error: TidemqError | None = None  # the end did not reach the broker (a check will)
 
 
 class TransactionProducer(Client):
@@ -234,7 +206,7 @@ class TransactionProducer(Client):
                                      f"model, got {type(message).__name__}")
         if not msg.topic:
             raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
-        check_topic(msg.topic, self._valid_topics)
+        validate_topic(msg.topic, self._valid_topics)
         out = to_outgoing(msg)
         msg.message_id = out.message_id
         await self.start()

@@ -30,44 +30,14 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlencode
 
+from tidemq._exceptions import WireConnectError, WireError, WireTimeout
+from tidemq._transport import Params, TransportResponse
+
 _HEAD_LIMIT = 64 * 1024  # bytes of status line + headers at most
 _NO_BODY = frozenset((204, 304))
-
-
-class WireError(Exception):
-    """The request failed after it was (maybe) sent: the server may have processed it."""
-
-    sent = True
-
-
-class WireConnectError(WireError):
-    """No connection could be opened: nothing was sent."""
-
-    sent = False
-
-
-class WireTimeout(TimeoutError):
-    """The caller's deadline passed; ``sent`` says whether the request had gone out."""
-
-    def __init__(self, message: str, *, sent: bool) -> None:
-        super().__init__(message)
-        self.sent = sent
-
-
-@dataclass(slots=True)
-class WireResponse:
-    status: int
-    reason: str
-    headers: dict[str, str]  # names lower-cased; a repeated header keeps its last value
-    content: bytes
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
 
 
 class _Closed(Exception):
@@ -217,8 +187,8 @@ class WireTransport:
         self._closed = False
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str],
-                      content: bytes | None, params: Mapping[str, str | int | float] | None,
-                      timeout_s: float) -> WireResponse:
+                      content: bytes | None, params: Params | None,
+                      timeout_s: float) -> TransportResponse:
         """Send one request and read its answer within ``timeout_s``."""
         origin, netloc, target = split_url(url)
         if params:
@@ -282,7 +252,7 @@ class WireTransport:
         return conn
 
     async def _exchange(self, conn: _Conn, origin: Origin, method: str,
-                        data: bytes) -> WireResponse:
+                        data: bytes) -> TransportResponse:
         self._busy.add(conn)
         keep = False
         try:
@@ -303,7 +273,7 @@ class WireTransport:
                 conn.close()
 
     @staticmethod
-    async def _read(conn: _Conn, method: str) -> tuple[WireResponse, bool]:
+    async def _read(conn: _Conn, method: str) -> tuple[TransportResponse, bool]:
         try:
             head = await conn.read_until(b"\r\n\r\n", _HEAD_LIMIT)
         except asyncio.IncompleteReadError as exc:
@@ -330,7 +300,7 @@ class WireTransport:
         else:
             body = await conn.read_to_end()  # framed by the connection's end
             keep = False
-        return WireResponse(status, reason, headers, body), keep
+        return TransportResponse(status, reason, headers, body), keep
 
     async def aclose(self) -> None:
         self._closed = True

@@ -38,8 +38,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("tidemq.outbox needs SQLAlchemy with asyncio support and a driver: "
                       "pip install 'tidemq[outbox]'") from exc
 
+from tidemq._exceptions import LocalTransactionFailed
 from tidemq._message import Message
-from tidemq._transaction import LocalTransactionFailed, TransactionState
+from tidemq._transaction_types import TransactionState
 from tidemq.protocol import ReceivedMessage
 
 log = logging.getLogger("tidemq.outbox")

@@ -48,11 +48,8 @@ def create_broker_app(settings: BrokerSettings | None = None, *,
         app.state.grpc = front
         # nameservers advertise the gRPC door only when it really listens (a busy default
         # port leaves it off)
-        grpc_address = (f"{front.door.host}:{front.door.port}" if front.server is not None
-                        else None)
-        if broker.registrar.grpc_address != grpc_address:
-            broker.registrar.grpc_address = grpc_address
-            broker.registrar.request_heartbeat()
+        broker.registrar.advertise_grpc(f"{front.door.host}:{front.door.port}"
+                                        if front.server is not None else None)
 
         def begin_shutdown() -> None:
             broker.begin_shutdown()

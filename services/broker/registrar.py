@@ -1,8 +1,9 @@
 """The broker's link to the nameservers: register topics at once, then heartbeat periodically.
 
 Every heartbeat carries the broker's full topic set (``topics_provider()``) and its place in the
-cluster (group ``broker_name``, member ``broker_id``, ``role``, ``epoch``, gRPC address, commit
-log ``max_offset``), sent to every nameserver concurrently. A clean stop says goodbye to every
+cluster (group ``broker_name``, member ``broker_id``, ``role`` and ``epoch`` read from its
+``standing`` at each heartbeat, gRPC address, commit log ``max_offset``), sent to every
+nameserver concurrently. A clean stop says goodbye to every
 nameserver (``DELETE /v1/brokers/{name}?broker_id=..&address=..``) so routes drop it at once.
 A nameserver that is down is logged, never raised: the others keep serving routes, and the next
 heartbeat catches the lagging one up.
@@ -18,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -36,6 +37,16 @@ log = logging.getLogger(__name__)
 
 TopicsProvider = Callable[[], dict[str, dict[str, Any]]]  # {topic: {"queues": n, "perm": "rw"}}
 OffsetProvider = Callable[[], int]  # commit log max physical offset (bytes)
+
+class Standing(Protocol):
+    """This broker's place in its group (replication's ``BrokerRole``)."""
+
+    @property
+    def role(self) -> str: ...  # "primary" or "replica"
+
+    @property
+    def epoch(self) -> int: ...
+
 
 HEARTBEAT_PATH = "/v1/brokers/heartbeat"
 REQUEST_TIMEOUT_S = 3.0  # per heartbeat request to one nameserver
@@ -71,7 +82,7 @@ class NameserverRegistrar:
                  interval_s: float = BROKER_HEARTBEAT_INTERVAL_S,
                  timeout_s: float = REQUEST_TIMEOUT_S,
                  unregister_on_stop: bool = True, token: str = "", *, broker_id: int = 0,
-                 role: str = "primary", epoch: int = 0, grpc_address: str | None = None,
+                 standing: Standing | None = None, grpc_address: str | None = None,
                  max_offset_provider: OffsetProvider | None = None) -> None:
         self.nameserver_urls = [u.strip().rstrip("/") for u in nameserver_urls if u.strip()]
         self.cluster = cluster
@@ -79,8 +90,7 @@ class NameserverRegistrar:
         self.address = address.rstrip("/")
         self.topics_provider = topics_provider
         self.broker_id = broker_id
-        self.role = role  # "primary" or "replica"
-        self.epoch = epoch
+        self.standing = standing  # None: a primary at epoch 0 (no replication)
         self.grpc_address = grpc_address  # host:port of the gRPC door; None while it has none
         self.max_offset_provider = max_offset_provider
         self.unregister_on_stop = unregister_on_stop
@@ -100,6 +110,13 @@ class NameserverRegistrar:
         log.info("registering broker %s (%s) with %s every %g s", self.broker_name,
                  self.address, ", ".join(self.nameserver_urls), self._loop.interval_s)
         self._loop.start()
+
+    def advertise_grpc(self, address: str | None) -> None:
+        """The gRPC door's address from now on (None: it has none); heartbeats at once when
+        it changed."""
+        if address != self.grpc_address:
+            self.grpc_address = address
+            self.request_heartbeat()
 
     def request_heartbeat(self) -> None:
         """Ask for a heartbeat soon without waiting for it (``register_now`` waits)."""
@@ -143,8 +160,10 @@ class NameserverRegistrar:
 
     def heartbeat_body(self) -> dict[str, Any]:
         """What one heartbeat says: the broker's full current state."""
+        role, epoch = ((str(self.standing.role), self.standing.epoch)
+                       if self.standing is not None else ("primary", 0))
         return {"cluster": self.cluster, "broker_name": self.broker_name,
-                "broker_id": self.broker_id, "role": self.role, "epoch": self.epoch,
+                "broker_id": self.broker_id, "role": role, "epoch": epoch,
                 "address": self.address, "grpc_address": self.grpc_address,
                 "max_offset": self.max_offset_provider() if self.max_offset_provider else 0,
                 "topics": self.topics_provider()}

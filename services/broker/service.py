@@ -1,4 +1,11 @@
-"""One broker: every part, opened in dependency order and closed in reverse.
+"""One broker: its composition root. ``Broker.start`` builds every part once, in dependency
+order, handing each its collaborators through its constructor; nothing is rewired afterwards
+(tests/broker/test_service.py keeps it so). ``stop`` closes the parts in reverse.
+
+The write pipeline (store/appender.py) is chosen here, once: the store's group-commit writer,
+wrapped by the replication gate when the group replicates, is the ``Appender`` every service
+that stores records holds. A role change reaches replication and the state derived from the log
+through this class (``RoleHooks``, given to the role at construction).
 
 The routes reach the parts through ``Broker``; nothing here handles HTTP. Sending touches only
 the store (never Redis), so a Redis outage stops consumer-state requests, not producers.
@@ -15,27 +22,28 @@ from services.broker.consumers.offsets import OffsetStore
 from services.broker.consumers.retry import RetryService
 from services.broker.consumers.service import ConsumerService
 from services.broker.consumers.simple import SimpleConsumerService
-from services.broker.delays.routing import Delays, delay_view
-from services.broker.delays.scheduler_api import SchedulerClient
-from services.broker.delays.service import ScheduleService
+from services.broker.delays.routing import DelayRouter, delay_view
+from services.broker.delays.scheduler_client import SchedulerClient
+from services.broker.delays.service import DelayLookup, DelayService
 from services.broker.internal import InternalService
 from services.broker.messaging.dedup import DedupCache
 from services.broker.messaging.longpoll import PullHold
 from services.broker.messaging.pull import PullService
 from services.broker.messaging.query import QueryService
-from services.broker.messaging.send import SendService, now_ms
+from services.broker.messaging.send import SendService
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.registrar import NameserverRegistrar
-from services.broker.replication.election import Elector, elector_for
+from services.broker.replication.election import Elector, LeaseFence, elected, elector_for
 from services.broker.replication.epochs import EpochFile
 from services.broker.replication.manager import ReplicationManager
-from services.broker.replication.role import BrokerRole, static_role
+from services.broker.replication.role import BrokerRole, always, static_role
 from services.broker.settings import BrokerSettings
+from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
-from services.broker.transactions.checker_api import TxChecking
+from services.broker.transactions.checker_requests import CheckerRequests
 from services.broker.transactions.service import TransactionService
-from services.broker.transactions.table import HalfDedup, TxTable
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -44,28 +52,30 @@ REGISTER_TIMEOUT_S = 5.0  # a topic create waits this long for the nameservers a
 
 
 class Broker:
-    """The parts of a running broker. ``start`` opens them; ``stop`` closes them."""
+    """The parts of a running broker. ``start`` builds and opens them; ``stop`` closes them."""
 
     store: MessageStore
+    role: BrokerRole
+    topics: TopicManager
+    replication: ReplicationManager
+    appender: Appender
     offsets: OffsetStore
     simple: SimpleConsumerService
-    registrar: NameserverRegistrar
     sender: SendService
     pulls: PullService
-    queries: QueryService
     retries: RetryService
+    delays: DelayService
     consumers: ConsumerService
     internal: InternalService
     transactions: TransactionService
-    tx_checking: TxChecking
-    schedule: ScheduleService
-    role: BrokerRole
-    replication: ReplicationManager
+    checker_requests: CheckerRequests
+    queries: QueryService
+    registrar: NameserverRegistrar
+    elector: Elector | None
 
     def __init__(self, settings: BrokerSettings, metrics: BrokerMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else BrokerMetrics()
-        self.topics = TopicManager(settings.data_dir)
         self.hold = PullHold()
         self.groups = GroupRegistry(settings.consumer_expiry_s)
         self.producers = ProducerRegistry(settings.producer_expiry_s)
@@ -76,80 +86,87 @@ class Broker:
     async def start(self) -> None:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.topics.load)
-        self.store = await MessageStore.open(s.store_config())
-        store = self.store
-        self.role = await asyncio.to_thread(
+        # --- the store, and who this broker is in its group ---------------------------------
+        self.store = store = await MessageStore.open(s.store_config())
+        lease = LeaseFence() if elected(s) else None  # etcd decides: the elector moves it
+        self.role = role = await asyncio.to_thread(
             static_role, EpochFile(s.data_dir / EPOCH_FILE), s.address,
             lambda: store.log.write_offset,
             # with etcd every member starts as a replica; the election picks the primary
             s.role or ("replica" if s.etcd_urls else ""), s.broker_id, s.primary_address,
-            s.replicated)
-        self.replication = ReplicationManager(s, store, self.role, self.topics, self.hold.notify)
+            s.replicated, fence=lease if lease is not None else always,
+            hooks=self if s.replicated else None)
+        self.topics = topics = TopicManager(s.data_dir, guard=role if s.replicated else None)
+        await asyncio.to_thread(topics.load)
+        # --- the write pipeline: the group-commit writer, behind the gate when replicated ---
+        self.replication = ReplicationManager(s, store, store.writer, role, topics,
+                                              self.hold.notify)
+        self.appender = self.replication.gate if s.replicated else store.writer
         # a replicated store wakes long polls only once records are below the high-water mark
-        self.store.add_listener(self.replication.visibility.on_write if s.replicated
-                                else self.hold.notify)
+        store.add_listener(self.replication.visibility.on_write if s.replicated
+                           else self.hold.notify)
+        # --- consumer state (Redis) ----------------------------------------------------------
         self.offsets = OffsetStore(s.redis_url, s.cluster, s.broker_name,
                                    wait_replicas=s.redis_wait_replicas,
                                    wait_timeout_ms=s.redis_wait_timeout_ms)
         await self.offsets.start()
-        self.simple = SimpleConsumerService(self.store, s.redis_url, s.cluster, self.hold,
+        self.simple = SimpleConsumerService(store, s.redis_url, s.cluster, self.hold,
                                             self.offsets)
+        # --- the services that store records, each holding the appender -------------------
+        lookup = DelayLookup(store)
+        router = DelayRouter(s.delay_levels_ms, s.max_delay_ms,
+                             on_first_delay=lookup.hold_for_scheduler, lookup=lookup.standing)
         dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
-        delays = Delays(s.delay_levels_ms, s.max_delay_ms)
         self.sender = SendService(
-            self.store, self.topics, dedup, self.metrics, s.limits(), delays,
+            store, self.appender, topics, dedup, self.metrics, s.limits(), router,
             auto_create_queues=s.default_queues if s.auto_create_topics else None)
-        self.pulls = PullService(self.store, self.topics, self.hold, self.metrics,
-                                 s.long_poll_max_ms)
-        self.queries = QueryService(self.store, self.topics)
-        self.retries = RetryService(self.store, self.topics, self.metrics,
-                                    s.max_reconsume_times, delays,
+        self.pulls = PullService(store, topics, self.hold, self.metrics, s.long_poll_max_ms)
+        self.retries = RetryService(store, self.appender, topics, self.metrics,
+                                    s.max_reconsume_times, router,
                                     backoff=s.retry_backoff and bool(s.scheduler_url))
         scheduler = (SchedulerClient(s.scheduler_url, s.token, s.scheduler_timeout_s)
                      if s.scheduler_url else None)
-        self.schedule = ScheduleService(self.store, self.topics, self.sender, delays, scheduler,
-                                        s.broker_name, self.pulls)
-        await self.schedule.start()
-        delays.on_first_delay = self.schedule.hold_for_scheduler
-        self.queries.views.insert(0, delay_view)  # waiting / cancelled before anything else
-        self.consumers = ConsumerService(self.store, self.topics, self.groups, self.offsets,
+        self.delays = DelayService(store, self.appender, topics, self.sender, router,
+                                   scheduler, s.broker_name, self.pulls)
+        await self.delays.start()
+        self.consumers = ConsumerService(store, topics, self.groups, self.offsets,
                                          self.simple, self.pulls, s.long_poll_max_ms)
-        self.internal = InternalService(self.store, self.topics, self.sender)
+        self.internal = InternalService(store, topics, self.sender)
         self.transactions = TransactionService(
-            self.store, self.topics, self.sender, self.producers, self.metrics,
+            store, self.appender, topics, self.sender, self.producers, self.metrics,
             reject=s.reject_transactions, dedup_window_s=s.dedup_window_s,
             dedup_max_entries=s.dedup_max_entries, check_hold_s=s.check_hold_s,
             max_ended=s.max_ended_transactions)
         await self.transactions.start()
-        self.tx_checking = TxChecking(self.transactions, s.broker_name, self.pulls)
-        self.tx_checking.start_rebuild()
-        self.queries.views.append(self.tx_checking.message_view)
+        self.checker_requests = CheckerRequests(self.transactions, s.broker_name, self.pulls)
+        self.checker_requests.start_rebuild()
+        # waiting / cancelled delays first, then transactions, then a plain message's state
+        self.queries = QueryService(store, topics,
+                                    views=(delay_view, self.checker_requests.message_view))
         for loop in self._loops:
             loop.start()
+        # --- the cluster: nameservers, replication, election --------------------------------
         self.registrar = NameserverRegistrar(
-            s.nameserver_urls, s.cluster, s.broker_name, s.address, self.topics.route_table,
-            s.register_interval_s, token=s.token, broker_id=s.broker_id,
-            role=self.role.role.value, epoch=self.role.epoch,
+            s.nameserver_urls, s.cluster, s.broker_name, s.address, topics.route_table,
+            s.register_interval_s, token=s.token, broker_id=s.broker_id, standing=role,
             grpc_address=s.grpc_address if s.grpc_enabled and s.grpc_port else None,
             max_offset_provider=lambda: store.log.write_offset)
-        self.topics.add_listener(self._topic_changed)
-        self.role.add_listener(self._role_changed)
+        topics.add_listener(self._topic_changed)
+        role.add_listener(self._role_changed)
         if s.replicated:
-            self.replication.on_promoted = self._promoted
             self.replication.register_metrics(self.metrics.registry)
             await self.replication.start()
         self.registrar.start()
-        self.elector: Elector | None = elector_for(s, self.role)
+        self.elector = elector_for(s, role, lease) if lease is not None else None
         if self.elector is not None:
             self.elector.start()
-        self.metrics.add_stats("tidemq_broker_store_", self.store.stats, "store")
+        self.metrics.add_stats("tidemq_broker_store_", store.stats, "store")
         self.metrics.add_stats("tidemq_broker_", self.stats, "broker")
         self.metrics.add_stats("tidemq_broker_transactions_", self.transactions.stats,
                                "transactions")
         self.started = True
         log.info("broker %s of cluster %s serving %s: %d topic(s), data in %s, flush=%s",
-                 s.broker_name, s.cluster, s.address, len(self.topics), s.data_dir, s.flush)
+                 s.broker_name, s.cluster, s.address, len(topics), s.data_dir, s.flush)
 
     def begin_shutdown(self) -> None:
         """Release held pulls and receives at once (called on SIGTERM, before requests drain)."""
@@ -169,10 +186,10 @@ class Broker:
             ("replication", self.replication.close()),
             ("nameserver registrar", self.registrar.stop()),
             *((f"loop {loop.name}", loop.stop()) for loop in self._loops),
-            ("transaction rebuild", self.tx_checking.stop()),
+            ("transaction rebuild", self.checker_requests.stop()),
             ("simple consumer", self.simple.close()),
             ("offset store", self.offsets.close()),
-            ("scheduler client", self.schedule.close()),
+            ("scheduler client", self.delays.close()),
             ("message store", self.store.close()),
         ]
         for name, step in steps:
@@ -193,25 +210,29 @@ class Broker:
     def _topic_changed(self, cfg: TopicConfig) -> None:
         self.registrar.request_heartbeat()
 
-    async def _promoted(self) -> None:
+    def _role_changed(self) -> None:
+        """Tell the nameservers at once who this broker is now (the registrar reads it from
+        the role)."""
+        self.registrar.request_heartbeat()
+
+    # --- RoleHooks: what a role change does (the role calls these) --------------------------
+    async def stop_following(self) -> None:
+        await self.replication.stop_following()
+
+    async def start_following(self, primary_address: str) -> None:
+        await self.replication.start_following(primary_address)
+
+    async def became_primary(self) -> None:
+        await self.replication.became_primary(self._reload)
+
+    async def _reload(self) -> None:
         """A replica became primary: derived state learns what the log holds, as after a
         restart (the dedup maps consult the index for a window; the transaction table starts
         empty and loads from the log; pending transactions are found again)."""
         now = now_ms()
-        s = self.settings
         self.sender.dedup.mark_incomplete(now)
-        tx = self.transactions  # a replica's table may hold loads the log has since moved past
-        tx.table = TxTable(self.store, s.max_ended_transactions)
-        tx.dedup = HalfDedup(self.store, int(s.dedup_window_s * 1000), s.dedup_max_entries, now)
-        await self.tx_checking.stop()
-        self.tx_checking.rebuilt.clear()
-        self.tx_checking.start_rebuild()
-
-    def _role_changed(self) -> None:
-        """Tell the nameservers at once who this broker is now."""
-        self.registrar.role = self.role.role.value
-        self.registrar.epoch = self.role.epoch
-        self.registrar.request_heartbeat()
+        self.transactions.reload(now)
+        await self.checker_requests.rebuild_again()
 
     def health(self) -> str | None:
         """Why this broker cannot take writes until it is restarted (its /healthz fails), or

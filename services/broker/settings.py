@@ -189,7 +189,7 @@ class BrokerSettings(ServiceSettings):
         )
 
     @model_validator(mode="after")
-    def _check_lease(self) -> BrokerSettings:
+    def _validate_lease(self) -> BrokerSettings:
         if self.lease_margin_s + self.election_interval_s >= self.lease_s:
             raise ValueError(f"lease_margin_s ({self.lease_margin_s}) + election_interval_s "
                              f"({self.election_interval_s}) must be shorter than lease_s "
@@ -218,7 +218,7 @@ class BrokerSettings(ServiceSettings):
 
     @field_validator("delay_levels")
     @classmethod
-    def _check_levels(cls, value: str) -> str:
+    def _validate_levels(cls, value: str) -> str:
         parse_delay_levels(value)  # ValueError → a settings error naming the bad part
         return value
 

@@ -3,7 +3,7 @@ and the op-queue offset the ended ids it holds were read from (``op_from``: a re
 reads them again).
 
 Saved in one ``HSET`` after every page, so a killed checker repeats at most the page it was in
-(and the broker refuses to act twice on a half copy it has already re-put: see tx_checking.py).
+(and the broker refuses to act twice on a half copy it has already re-put: see checker_requests.py).
 """
 
 from __future__ import annotations

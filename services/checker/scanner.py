@@ -59,7 +59,7 @@ class Decision(StrEnum):
     DISCARD = "discard"
 
 
-class Broker(Protocol):
+class ScanBroker(Protocol):
     async def halves(self, offset: int, max_count: int) -> dict[str, Any]: ...
     async def ops(self, offset: int, max_count: int) -> dict[str, Any]: ...
     async def act(self, actions: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
@@ -145,7 +145,7 @@ def decide(entry: dict[str, Any], now_ms: int, cfg: ScanConfig, done: bool) -> D
 
 
 class CheckScanner:
-    def __init__(self, broker: Broker, progress: Progress, cfg: ScanConfig,
+    def __init__(self, broker: ScanBroker, progress: Progress, cfg: ScanConfig,
                  clock: Callable[[], float] = time.time) -> None:
         self.broker = broker
         self.progress = progress

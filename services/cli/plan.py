@@ -213,15 +213,11 @@ def resolve_token(env: Mapping[str, str], stored: str | None = None) -> str:
     return env.get("TIDEMQ_TOKEN") or stored or secrets.token_hex(16)
 
 
-def needs_managed_redis(env: Mapping[str, str]) -> bool:
-    return not env.get("REDIS_URL")
-
-
 def service_port(opts: UpOptions, name: str) -> int:
     return int(getattr(opts, f"{name}_port"))
 
 
-def check_topology(opts: UpOptions) -> None:
+def validate_topology(opts: UpOptions) -> None:
     """Raise ``ValueError`` naming the problem when the group or nameserver counts or the ports
     they imply are impossible (out of range, or two services on one port)."""
     if not 1 <= opts.groups <= MAX_GROUPS:
@@ -261,9 +257,9 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
 
     ``acl`` (``tidemq up --acl``): the ACL settings every service gets.
     Raises ``LookupError`` when a required service (nameserver, broker) cannot be run and
-    ``ValueError`` when the topology is impossible (``check_topology``).
+    ``ValueError`` when the topology is impossible (``validate_topology``).
     """
-    check_topology(opts)
+    validate_topology(opts)
     data_dir = opts.data_dir.resolve()
     kinds: list[str] = []
     for kind in SERVICE_ORDER:

@@ -56,7 +56,7 @@ UNHEALTHY_RESTART_S = 10.0  # restart a child that answers "unhealthy" (503) thi
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 Probe = Callable[[], bool]  # True once the child serves (may raise while it does not)
-HEALTHY, UNHEALTHY, UNREACHABLE = "healthy", "unhealthy", "unreachable"  # check() outcomes
+HEALTHY, UNHEALTHY, UNREACHABLE = "healthy", "unhealthy", "unreachable"  # health_of() outcomes
 
 
 class Interrupted(Exception):
@@ -101,7 +101,7 @@ def redis_probe(host: str, port: int) -> Probe:
     return probe
 
 
-def check(probe: Probe) -> tuple[str, str]:
+def health_of(probe: Probe) -> tuple[str, str]:
     """(HEALTHY | UNHEALTHY | UNREACHABLE, why): UNHEALTHY only when the child answered so."""
     try:
         return (HEALTHY, "") if probe() else (UNREACHABLE, "not ready")
@@ -112,7 +112,7 @@ def check(probe: Probe) -> tuple[str, str]:
 
 
 def probe_ok(probe: Probe) -> bool:
-    return check(probe)[0] == HEALTHY
+    return health_of(probe)[0] == HEALTHY
 
 
 def exit_words(code: int | None) -> str:
@@ -301,7 +301,7 @@ class Supervisor:
         if now - child.checked_at < HEALTH_CHECK_S:
             return
         child.checked_at = now
-        state, why = check(child.probe)
+        state, why = health_of(child.probe)
         if state == HEALTHY:
             child.unhealthy_since = None
         elif state == UNHEALTHY:

@@ -10,7 +10,7 @@ import base64
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any
 
@@ -206,5 +206,3 @@ def _record_start(registry: CollectorRegistry) -> None:
     started.set(time.time())
 
 
-async def no_lifespan(_: FastAPI) -> AsyncIterator[None]:
-    yield

@@ -1,4 +1,5 @@
-"""The delay-level table (DESIGN.md §5): parsed here, and only here, for broker and scheduler.
+"""The delay-level table (docs/api.md#messages, ``delay_level``): parsed here, and only here,
+for broker and scheduler.
 
 A table is a space- (or comma-) separated list of durations, level 1 first:
 ``"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"`` (the default). A duration is

@@ -85,11 +85,6 @@ def mod_revision_is(key: str, revision: int) -> dict[str, Any]:
     return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
 
 
-def value_is(key: str, value: bytes) -> dict[str, Any]:
-    """Compare: ``key`` holds exactly ``value``."""
-    return {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(value)}
-
-
 def put(key: str, value: bytes, lease: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
     if lease:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,11 @@ async def cancel_tasks(*tasks: asyncio.Task[Any] | None) -> None:
 
 
 class BackgroundLoop:
-    """Calls ``run_once`` every ``interval_s`` seconds, or sooner when ``wakeup`` is called."""
+    """Calls ``run_once`` every ``interval_s`` seconds, or sooner when ``wakeup`` is called;
+    the first run at ``start`` (``pause_first``: one interval after it)."""
 
     name = "loop"
+    pause_first = False
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
@@ -56,6 +59,9 @@ class BackgroundLoop:
         self._task = None
 
     async def _run(self) -> None:
+        if self.pause_first:
+            await self.pause()
+            self._wake.clear()
         while not self._stopping:
             try:
                 await self.run_once()
@@ -76,3 +82,17 @@ class BackgroundLoop:
         """Between two runs: ``interval_s``, or less when ``wakeup`` is called."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), self.interval_s)
+
+
+class Periodic(BackgroundLoop):
+    """A ``BackgroundLoop`` whose work is a plain coroutine function (tests call it directly)."""
+
+    def __init__(self, name: str, interval_s: float, work: Callable[[], Awaitable[Any]], *,
+                 pause_first: bool = False) -> None:
+        super().__init__(interval_s)
+        self.name = name
+        self.work = work
+        self.pause_first = pause_first
+
+    async def run_once(self) -> None:
+        await self.work()

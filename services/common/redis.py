@@ -105,7 +105,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
                           query.get("sentinel_password") or None, wait)
 
 
-def check_redis_url(url: str) -> str:
+def validate_redis_url(url: str) -> str:
     """A settings validator: a ``redis+sentinel://`` URL must parse (``ValueError`` says why)."""
     if is_sentinel_url(url):
         parse_sentinel_url(url)

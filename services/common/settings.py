@@ -9,12 +9,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common.constants import BROKER_PORT
 from services.common.discovery import BrokerResolver, split_urls
-from services.common.redis import check_redis_url
+from services.common.redis import validate_redis_url
 from services.common.tls import ServerTls, server_tls
 
 # redis://host:port/db, or redis+sentinel://host1:26379,host2:26379/master-name/db (see
 # services/common/redis.py and docs/operations.md)
-RedisUrl = Annotated[str, AfterValidator(check_redis_url)]
+RedisUrl = Annotated[str, AfterValidator(validate_redis_url)]
 
 
 class ServiceSettings(BaseSettings):
@@ -37,7 +37,7 @@ class ServiceSettings(BaseSettings):
     tls_key: str = ""
 
     @model_validator(mode="after")
-    def _check_tls_pair(self) -> Self:
+    def _validate_tls_pair(self) -> Self:
         if bool(self.tls_cert) != bool(self.tls_key):
             missing = "tls_cert" if not self.tls_cert else "tls_key"
             raise ValueError(f"TLS needs both a certificate and its key: {missing} is not set")
@@ -69,7 +69,7 @@ class GroupServiceSettings(ServiceSettings):
         return value.rstrip("/")
 
     @model_validator(mode="after")
-    def _check_group(self) -> Self:
+    def _validate_group(self) -> Self:
         if self.nameserver_urls and not self.broker_name:
             raise ValueError("nameservers are set but broker_name is not: name the broker group "
                              "this service serves (e.g. broker-a)")

@@ -30,7 +30,7 @@ class ApiError(Exception):
 
 
 @dataclass
-class Broker:
+class LiveBroker:
     """A live broker as the nameservers list it."""
 
     name: str
@@ -101,9 +101,9 @@ class ConsoleClient:
         raise ApiError("UNAVAILABLE", "no nameserver answered: " + "; ".join(errors)
                        if errors else "no nameservers configured (TIDEMQ_CONSOLE_NAMESERVERS)")
 
-    async def brokers(self, primaries_only: bool = True) -> list[Broker]:
+    async def brokers(self, primaries_only: bool = True) -> list[LiveBroker]:
         _, answer = await self.cluster()
-        found = [Broker(str(b.get("broker_name", "")), str(b.get("address", "")),
+        found = [LiveBroker(str(b.get("broker_name", "")), str(b.get("address", "")),
                         str(b.get("role", "primary")), int(b.get("broker_id", 0)),
                         int(b.get("last_heartbeat_ms", 0)), dict(b.get("topics") or {}),
                         int(b.get("max_offset", 0)), int(b.get("epoch") or 0))

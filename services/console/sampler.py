@@ -20,7 +20,7 @@ from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.app import START_TIME_METRIC
-from services.console.client import ApiError, Broker, ConsoleClient, segment
+from services.console.client import ApiError, ConsoleClient, LiveBroker, segment
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class Sampler:
         if self.rounds_done is not None:
             self.rounds_done.inc()
 
-    async def _broker(self, b: Broker, lags: dict[str, int], errors: list[str]) -> None:
+    async def _broker(self, b: LiveBroker, lags: dict[str, int], errors: list[str]) -> None:
         try:
             async with self._gate:
                 resp = await self.client.http.get(f"{b.address}/metrics")
@@ -173,7 +173,7 @@ class Sampler:
         except ApiError as exc:
             errors.append(f"{b.name}: lag: {exc}")
 
-    async def _group_lag(self, b: Broker, group: str) -> int:
+    async def _group_lag(self, b: LiveBroker, group: str) -> int:
         async with self._gate:
             answer = await self.client.call("GET",
                                             f"{b.address}/v1/groups/{segment(group)}/offsets")

@@ -14,7 +14,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-from services.console.client import ApiError, Broker, ConsoleClient, segment
+from services.console.client import ApiError, ConsoleClient, LiveBroker, segment
 
 Step = tuple[str, str]  # (kind: a CSS class, text)
 
@@ -90,7 +90,7 @@ def base_steps(t: dict[str, Any]) -> list[Step]:
     return steps
 
 
-async def consumption(c: ConsoleClient, broker: Broker, t: dict[str, Any]) -> list[Step]:
+async def consumption(c: ConsoleClient, broker: LiveBroker, t: dict[str, Any]) -> list[Step]:
     """Per group with offsets on the message's topic: consumed or not yet."""
     where = t.get("consumable")
     if not where:
@@ -112,7 +112,7 @@ async def consumption(c: ConsoleClient, broker: Broker, t: dict[str, Any]) -> li
     return list(await asyncio.gather(*(one(g) for g in groups)))
 
 
-async def full_trace(c: ConsoleClient, broker: Broker, message_id: str) -> dict[str, Any]:
+async def full_trace(c: ConsoleClient, broker: LiveBroker, message_id: str) -> dict[str, Any]:
     """``{steps, copies, error}``: the steps, the broker's copies, what could not be read."""
     try:
         t = await c.call("GET", f"{broker.address}/v1/messages/{segment(message_id)}/trace")

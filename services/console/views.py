@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from services.console.charts import line_chart, sparkline, timer_bars
-from services.console.client import ApiError, Broker, ConsoleClient, segment
+from services.console.client import ApiError, ConsoleClient, LiveBroker, segment
 from services.console.deadletters import tail
 from services.console.sampler import Sampler
 
@@ -46,7 +46,7 @@ async def cluster_view(c: ConsoleClient, checkers: list[str], schedulers: list[s
                                     + checkers + schedulers))
     health = dict(zip([b.address for b in brokers] + nameservers + checkers + schedulers,
                       checks, strict=True))
-    groups: dict[str, list[Broker]] = {}
+    groups: dict[str, list[LiveBroker]] = {}
     for b in brokers:
         groups.setdefault(b.name, []).append(b)
     return {"asked": ns_url, "groups": groups, "health": health, "nameservers": nameservers,
@@ -155,7 +155,7 @@ async def reset_offsets(c: ConsoleClient, group: str, plan: list[dict[str, Any]]
     return f"offsets of {group} reset on {len(plan)} queue(s)"
 
 
-async def find_message(c: ConsoleClient, message_id: str) -> tuple[Broker, dict[str, Any]]:
+async def find_message(c: ConsoleClient, message_id: str) -> tuple[LiveBroker, dict[str, Any]]:
     """The message with its state, from the first broker that has it."""
     for b in await c.brokers():
         try:
@@ -211,7 +211,7 @@ async def transactions_view(c: ConsoleClient, producer_group: str, limit: int
             "producer_group": producer_group, "now_ms": now_ms()}
 
 
-async def _discarded_tx(c: ConsoleClient, b: Broker, m: dict[str, Any],
+async def _discarded_tx(c: ConsoleClient, b: LiveBroker, m: dict[str, Any],
                         gate: asyncio.Semaphore) -> dict[str, Any]:
     """The transaction of a discarded message (with its resolution), from its trace."""
     async with gate:

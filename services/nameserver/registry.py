@@ -5,7 +5,7 @@ Liveness is measured on a monotonic clock, so a step of the wall clock (NTP, a r
 not expire every broker at once; the wall clock only stamps ``last_heartbeat_ms`` for display.
 
 - A broker group is a ``broker_name``; its members differ by ``broker_id`` (0 while primary).
-  A registration is keyed by ``(broker_name, broker_id)`` (DESIGN §10).
+  A registration is keyed by ``(broker_name, broker_id)`` (docs/architecture.md#replication).
 - A heartbeat *replaces* that member's registration, topic set included: a topic the broker no
   longer reports disappears from its routes at once.
 - A broker whose last heartbeat is ``expiry_ms`` or more old (monotonic) is dead: reads never

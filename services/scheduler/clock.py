@@ -1,4 +1,5 @@
-"""The scheduler's clock: "early" and "late" are judged by it (DESIGN.md §5).
+"""The scheduler's clock: "early" and "late" are judged by it
+(docs/architecture.md#delayed-messages).
 
 Wall time plus an offset. The offset is 0 in production; tests set it (or advance it at run
 time through ``POST /internal/v1/clock`` when ``test_clock`` is on) to compress long delays.

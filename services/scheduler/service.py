@@ -19,7 +19,7 @@ from tidemq.protocol import ErrorCode, ProtocolError, SystemTopic
 
 from services.common.broker_client import BrokerClient
 from services.common.constants import SCHEDULER_FLOOR_OWNER
-from services.common.loop import cancel_tasks
+from services.common.loop import Periodic, cancel_tasks
 from services.scheduler.cancel import Canceller
 from services.scheduler.clock import Clock
 from services.scheduler.delivery import Deliverer
@@ -65,12 +65,14 @@ class Scheduler:
         self.levels_ms: list[int] = []
         self.ready = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._checkpoints = Periodic("checkpoints", s.checkpoint_interval_ms / 1000,
+                                     self.store.checkpoint, pause_first=True)
         self._process = psutil.Process(os.getpid())
 
     async def start(self) -> None:
         await asyncio.to_thread(self.store.recover)
         self.deliverer.start()
-        self._tasks.append(asyncio.create_task(self._checkpoints(), name="checkpoints"))
+        self._checkpoints.start()
         self._tasks.append(asyncio.create_task(self._connect(), name="connect"))
         self.metrics.add_gauges(self.gauges)
 
@@ -111,15 +113,6 @@ class Scheduler:
                  "%d pending timer(s)", self.broker_name, self.broker.base_url,
                  len(self.levels_ms), self.intake.offset, self.store.pending)
 
-    async def _checkpoints(self) -> None:
-        interval = self.settings.checkpoint_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.store.checkpoint()
-            except OSError:
-                log.exception("checkpoint failed; retrying in %.1fs", interval)
-
     async def _rolls(self) -> None:
         """Roll long timers and save the rebuild floor in Redis every ``roll_interval_ms``
         (the first at once); the broker's retention floor follows the saved value only."""
@@ -154,6 +147,7 @@ class Scheduler:
 
     async def stop(self) -> None:
         self.ready = False
+        await self._checkpoints.stop()
         await cancel_tasks(*self._tasks)
         steps: list[tuple[str, Any]] = []
         if hasattr(self, "intake"):

@@ -59,7 +59,7 @@ class SchedulerSettings(GroupServiceSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @model_validator(mode="after")
-    def _check_tick(self) -> SchedulerSettings:
+    def _validate_tick(self) -> SchedulerSettings:
         if self.bucket_ms % self.tick_ms:
             raise ValueError(f"bucket_ms ({self.bucket_ms}) must be a multiple of tick_ms "
                              f"({self.tick_ms})")

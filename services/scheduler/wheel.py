@@ -157,9 +157,3 @@ class Wheel:
         slot = self.slots.get(self.slot_of(due, bucket))
         return slot is not None and pos in slot.positions
 
-    def bucket_counts(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for n, slot in self.slots.items():
-            b = self.bucket_of_slot(n)
-            counts[b] = counts.get(b, 0) + len(slot)
-        return counts

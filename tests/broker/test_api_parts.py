@@ -13,7 +13,7 @@ from tidemq.protocol import ErrorCode, OutgoingMessage, Perm, ProtocolError, par
 from services.broker.consumers.retry import latest_copy, retry_delay_level
 from services.broker.messaging.convert import to_internal_wire, to_record, to_wire
 from services.broker.messaging.pull import TagFilter
-from services.broker.messaging.topics import TopicManager, check_queues
+from services.broker.messaging.topics import TopicManager, validate_queues
 from services.broker.settings import BrokerSettings
 from services.broker.store.types import StoredRecord, tag_code
 
@@ -54,7 +54,7 @@ async def test_topic_rules(tmp_path: Path) -> None:
         assert err.value.code is code
     for bad in (0, 1025, True):
         with pytest.raises(ProtocolError):
-            check_queues(bad)
+            validate_queues(bad)
     with pytest.raises(ProtocolError):
         parse_perm("rwx")
     with pytest.raises(ProtocolError) as err:

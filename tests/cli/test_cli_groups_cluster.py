@@ -15,8 +15,9 @@ import pytest
 from tidemq import Producer, PushConsumer
 
 from tests.support.procs import REPO, RedisServer
+from tests.support.wait import wait_until_async
 from tests.system.cluster_harness import ROUTE_REFRESH_S, run_sdk_groups
-from tests.system.sdk_harness import FAST_CONSUMER, Recorder, unique, wait_until
+from tests.system.sdk_harness import FAST_CONSUMER, Recorder, unique
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ async def test_group_commands_cover_every_broker_group(tmp_path: Path,
         consumer.subscribe(topic)
         async with consumer, Producer(nameservers=groups.ns_urls) as producer:
             await asyncio.gather(*(producer.send(f"m{i}", topic=topic) for i in range(40)))
-            await wait_until(lambda: len(recorder.bodies()) == 40, 15, "consumption")
+            await wait_until_async(lambda: len(recorder.bodies()) == 40, 15, "consumption")
             await consumer.commit_offsets()
         ns = groups.ns_urls[0]
 

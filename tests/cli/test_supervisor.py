@@ -9,13 +9,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from services.cli import supervisor as sup_module
 from services.cli.supervisor import Supervisor, exit_words, ordinal
+from tests.support.wait import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 CRASHER = [sys.executable, "-c", "raise SystemExit(3)"]
@@ -40,13 +40,6 @@ def run_in_thread(sup: Supervisor) -> tuple[threading.Thread, list[str | None]]:
     return thread, result
 
 
-def wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
 def test_a_killed_child_is_restarted_and_the_others_keep_running(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sup = Supervisor(tmp_path, start_timeout_s=10, stop_timeout_s=5)
@@ -60,7 +53,7 @@ def test_a_killed_child_is_restarted_and_the_others_keep_running(
             old.send_signal(signal.SIGKILL)
             def replaced(o: object = old) -> bool:
                 return first.proc is not o and first.running()
-            wait_for(replaced)
+            wait_until(replaced)
             assert first.restarts == n
         assert second.running() and second.restarts == 0
     finally:

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from services.cli import supervisor as sup_module
-from services.cli.supervisor import HEALTHY, UNHEALTHY, Supervisor, Unhealthy, check
-from tests.cli.test_supervisor import SLEEPER, always, run_in_thread, wait_for
+from services.cli.supervisor import HEALTHY, UNHEALTHY, Supervisor, Unhealthy, health_of
+from tests.cli.test_supervisor import SLEEPER, always, run_in_thread
+from tests.support.wait import wait_until
 
 SHORT_LIVED = [sys.executable, "-c", "import time; time.sleep(0.4)"]
 DEAF_TO_SIGTERM = [sys.executable, "-c", "import signal, time; "
@@ -45,13 +46,13 @@ def test_check_tells_an_unhealthy_answer_from_no_answer() -> None:
     def refused() -> bool:
         raise httpx.ConnectError("refused")
 
-    assert check(always) == (HEALTHY, "")
-    assert check(Switch()) == (HEALTHY, "")
+    assert health_of(always) == (HEALTHY, "")
+    assert health_of(Switch()) == (HEALTHY, "")
     unhealthy = Switch()
     unhealthy.state = UNHEALTHY
-    assert check(unhealthy) == (UNHEALTHY, "UNAVAILABLE: store writer stopped")
-    assert check(refused)[0] == "unreachable"
-    assert check(lambda: False)[0] == "unreachable"
+    assert health_of(unhealthy) == (UNHEALTHY, "UNAVAILABLE: store writer stopped")
+    assert health_of(refused)[0] == "unreachable"
+    assert health_of(lambda: False)[0] == "unreachable"
 
 
 def test_killing_a_healthy_child_again_and_again_is_no_crash_loop(
@@ -61,12 +62,12 @@ def test_killing_a_healthy_child_again_and_again_is_no_crash_loop(
     thread, result = run_in_thread(sup)
     try:
         for n in range(1, sup_module.CRASH_LOOP_DEATHS + 2):
-            wait_for(lambda: child.running() and child.healthy_at is not None
-                     and time.monotonic() - child.started_at >= sup_module.STABLE_RUN_S)
+            wait_until(lambda: child.running() and child.healthy_at is not None
+                       and time.monotonic() - child.started_at >= sup_module.STABLE_RUN_S)
             old = child.proc
             assert old is not None
             old.send_signal(signal.SIGKILL)
-            wait_for(lambda o=old: child.proc is not o and child.running())  # type: ignore[misc]
+            wait_until(lambda o=old: child.proc is not o and child.running())  # type: ignore[misc]
             assert child.restarts == n
         assert thread.is_alive() and result == []
         assert len(child.deaths) == 0
@@ -128,10 +129,10 @@ def test_a_child_answering_unhealthy_is_restarted(
         assert child.proc is first and child.restarts == 0
         probe.state = UNHEALTHY
         started = time.monotonic()
-        wait_for(lambda: child.restarts == 1)
+        wait_until(lambda: child.restarts == 1)
         assert time.monotonic() - started >= sup_module.UNHEALTHY_RESTART_S
         probe.state = HEALTHY
-        wait_for(lambda: child.recovering_since is None and child.running())
+        wait_until(lambda: child.recovering_since is None and child.running())
         time.sleep(sup_module.UNHEALTHY_RESTART_S * 2)  # healthy again: left alone
         assert child.restarts == 1 and other.restarts == 0
     finally:

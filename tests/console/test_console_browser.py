@@ -21,9 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli import app as cli_app
-from tests.scheduler.harness import wait_until
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import REPO, RedisServer, ServiceProcess, free_port
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,5 @@
-"""The fixed event schema (DESIGN §4.7): valid events become rows, anything else a reason."""
+"""The fixed event schema (docs/api.md#system-topics): valid events become rows, anything else
+a reason."""
 
 from __future__ import annotations
 

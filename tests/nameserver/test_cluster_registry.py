@@ -6,20 +6,15 @@ from __future__ import annotations
 import pytest
 
 from services.nameserver.registry import BrokerRegistry, QueueRoute, TopicInfo
-from tests.nameserver.clocks import FakeClock
+from tests.support.clock import FakeClock
 
 EXPIRY_MS = 120_000
 RW8 = TopicInfo(queues=8, perm="rw")
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def registry(clock: FakeClock) -> BrokerRegistry:
-    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock, monotonic=clock.monotonic)
+    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock.ms, monotonic=clock.monotonic_ms)
 
 
 def test_members_of_one_group_are_kept_apart(registry: BrokerRegistry) -> None:

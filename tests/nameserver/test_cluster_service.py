@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import pytest
 from services.common.constants import TOKEN_HEADER
 from tests.support.broker import TOKEN, run_broker, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -43,15 +44,6 @@ def nameservers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Servi
 def members(url: str, name: str) -> list[dict[str, Any]]:
     brokers = httpx.get(f"{url}/v1/cluster", timeout=5).json()["brokers"]
     return [b for b in brokers if b["broker_name"] == name]
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 10.0) -> float:
-    """Poll ``check`` until true; answer the seconds it took."""
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 def test_cluster_view_lists_the_nameservers(nameservers: list[ServiceProcess]) -> None:
@@ -82,7 +74,7 @@ def test_broker_registers_with_every_nameserver_and_leaves_cleanly(
         for url in urls:
             def grown(u: str = url) -> bool:
                 return int(members(u, name)[0]["max_offset"]) > before
-            wait_until("max_offset to grow", grown)
+            wait_until(grown, what="max_offset to grow")
     # the clean stop said goodbye to both: gone at once, not after the expiry
     for url in urls:
         assert members(url, name) == []
@@ -98,8 +90,9 @@ def test_killed_broker_leaves_within_the_expiry(
         broker.create_topic(queues=1)
         assert all(members(url, name) for url in urls)
         broker.proc.stop(signal.SIGKILL)  # no goodbye
-        took = wait_until("expiry", lambda: not any(members(u, name) for u in urls),
-                          timeout_s=EXPIRY_S + 5)
+        killed = time.monotonic()
+        wait_until(lambda: not any(members(u, name) for u in urls), EXPIRY_S + 5, "expiry")
+        took = time.monotonic() - killed
     assert took < EXPIRY_S + 1.5
 
 

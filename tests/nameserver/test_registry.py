@@ -5,20 +5,15 @@ from __future__ import annotations
 import pytest
 
 from services.nameserver.registry import BrokerRegistry, QueueRoute, TopicInfo
-from tests.nameserver.clocks import FakeClock
+from tests.support.clock import FakeClock
 
 EXPIRY_MS = 120_000
 RW8 = TopicInfo(queues=8, perm="rw")
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def registry(clock: FakeClock) -> BrokerRegistry:
-    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock, monotonic=clock.monotonic)
+    return BrokerRegistry(expiry_ms=EXPIRY_MS, clock=clock.ms, monotonic=clock.monotonic_ms)
 
 
 def test_heartbeat_registers_broker_and_its_routes(registry: BrokerRegistry,
@@ -34,7 +29,7 @@ def test_heartbeat_registers_broker_and_its_routes(registry: BrokerRegistry,
     assert broker.to_wire() == {
         "cluster": "c1", "broker_name": "broker-a", "broker_id": 0, "role": "primary",
         "epoch": 0, "address": "http://127.0.0.1:10911", "grpc_address": None, "max_offset": 0,
-        "last_heartbeat_ms": clock.now_ms,
+        "last_heartbeat_ms": clock.wall_ms,
         "topics": {"audit": {"queues": 2, "perm": "r"}, "orders": {"queues": 8, "perm": "rw"}},
     }
 
@@ -81,7 +76,7 @@ def test_heartbeats_keep_a_broker_alive(registry: BrokerRegistry, clock: FakeClo
         clock.advance(30)
         registry.heartbeat("c1", "broker-a", "http://a:1", {"orders": RW8})
         assert registry.expire() == []
-    assert registry.brokers()[0].last_heartbeat_ms == clock.now_ms
+    assert registry.brokers()[0].last_heartbeat_ms == clock.wall_ms
 
 
 def test_expired_broker_comes_back_with_its_next_heartbeat(registry: BrokerRegistry,
@@ -142,7 +137,7 @@ def test_unregister_only_matching_address(registry: BrokerRegistry) -> None:
 
 def test_expiry_must_be_positive(clock: FakeClock) -> None:
     with pytest.raises(ValueError, match="positive"):
-        BrokerRegistry(expiry_ms=0, clock=clock)
+        BrokerRegistry(expiry_ms=0, clock=clock.ms)
 
 
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0])
@@ -150,7 +145,7 @@ def test_a_wall_clock_step_neither_expires_nor_keeps_brokers(registry: BrokerReg
                                                              clock: FakeClock,
                                                              step_s: float) -> None:
     registry.heartbeat("c1", "broker-a", "http://a:1", {"orders": RW8})
-    stamped = clock.now_ms
+    stamped = clock.wall_ms
 
     clock.step_wall(step_s)  # NTP step or a resumed VM: the monotonic clock did not move
     assert registry.expire() == []
@@ -165,5 +160,5 @@ def test_a_wall_clock_step_neither_expires_nor_keeps_brokers(registry: BrokerReg
 def test_last_heartbeat_shows_the_wall_clock(registry: BrokerRegistry, clock: FakeClock) -> None:
     clock.step_wall(-10)
     registry.heartbeat("c1", "broker-a", "http://a:1", {})
-    assert registry.brokers()[0].to_wire()["last_heartbeat_ms"] == clock.now_ms
+    assert registry.brokers()[0].to_wire()["last_heartbeat_ms"] == clock.wall_ms
     assert "seen_ms" not in registry.brokers()[0].to_wire()

@@ -16,7 +16,7 @@ import httpx
 
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import ServiceProcess, free_port
-from tests.support.procs import wait_for as wait_until
+from tests.support.wait import wait_until
 
 AUTH = {"X-Tidemq-Token": TOKEN}
 FAST_SCHEDULER = {"tick_ms": "50", "level_poll_ms": "50", "checkpoint_interval_ms": "200",

@@ -22,8 +22,9 @@ from tidemq import Producer
 from typer.testing import CliRunner
 
 from services.cli import app
-from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique, wait_until
+from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
 from tests.support.procs import RedisServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
-"""Pure parts of delayed delivery: the delay table, the broker's router and state view, the
-scheduler's timer log, bucket marks and wheel."""
+"""Pure parts of the scheduler: its timer log, bucket marks, wheel and checkpoint (the broker's
+delay router: tests/broker/delays/; the delay table: tests/common/test_delaylevels.py)."""
 
 from __future__ import annotations
 
@@ -7,117 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
-from tidemq.protocol import (
-    DELAY,
-    REAL_QID,
-    REAL_TOPIC,
-    TIMER_DELIVER_MS,
-    ErrorCode,
-    OutgoingMessage,
-    ProtocolError,
-    SystemTopic,
-)
 
-from services.broker.consumers.retry import latest_copy
-from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, Delays, delay_view
-from services.broker.messaging.query import MessageState
-from services.broker.store.types import MessageRecord, StoredRecord
-from services.common.delaylevels import (
-    DEFAULT_DELAY_LEVELS,
-    format_duration,
-    parse_delay_levels,
-    parse_duration_ms,
-)
 from services.scheduler.buckets import MARK, Mark, read_marks
 from services.scheduler.timerlog import CorruptEntry, TimerLog, decode, encode
 from services.scheduler.wheel import Wheel
 
-DAY = 86_400_000
 NOW = 1_800_000_000_000
-
-
-def test_delay_table_parsing() -> None:
-    levels = parse_delay_levels(DEFAULT_DELAY_LEVELS)
-    assert len(levels) == 18
-    assert levels[:4] == (1000, 5000, 10_000, 30_000) and levels[-1] == 7_200_000
-    assert parse_delay_levels("250ms, 1s 2m") == (250, 1000, 120_000)
-    assert parse_duration_ms("3d") == 3 * DAY
-    assert format_duration(3_600_000) == "1h" and format_duration(1500) == "1500ms"
-    for bad in ("", "1s " * 19, "1x", "0s", "-1s"):
-        with pytest.raises(ValueError):
-            parse_delay_levels(bad)
-
-
-def _router() -> Delays:
-    return Delays(parse_delay_levels("1s 2s 3s"), max_delay_ms=30 * DAY)
-
-
-def test_due_times_and_invalid_delays() -> None:
-    d = _router()
-    assert d.due_for(NOW, delay_level=2) == NOW + 2000
-    assert d.due_for(NOW, delay_ms=1500) == NOW + 1500
-    assert d.due_for(NOW, delay_ms=0) is None  # delivered at once
-    assert d.due_for(NOW, deliver_at_ms=NOW - 5) is None  # in the past: at once
-    assert d.due_for(NOW, deliver_at_ms=NOW + 30 * DAY) == NOW + 30 * DAY
-    bad = [{"delay_level": 4}, {"delay_level": -1}, {"delay_ms": -1},
-           {"delay_ms": 30 * DAY + 1}, {"deliver_at_ms": NOW + 30 * DAY + 1},
-           {"deliver_at_ms": -3}, {"delay_level": 1, "delay_ms": 5}]
-    for fields in bad:
-        with pytest.raises(ProtocolError) as info:
-            d.due_for(NOW, **fields)
-        assert info.value.code is ErrorCode.INVALID_DELAY, fields
-    with pytest.raises(ProtocolError, match=str(30 * DAY)):
-        d.due_for(NOW, deliver_at_ms=NOW + 31 * DAY)  # the message names the limit
-
-
-def test_waiting_copies_keep_the_message_whole() -> None:
-    held: list[bool] = []
-    d = _router()
-    d.on_first_delay = lambda: held.append(True)
-    rec = MessageRecord(topic="Orders", queue_id=3, body=b"b", properties={"UNIQ_KEY": "m",
-                        "TAGS": "t", "KEYS": "k"}, tag_code=7, flag=1, born_timestamp=5)
-    level = d.route_record(rec, NOW, delay_level=3)
-    assert (level.topic, level.queue_id, level.tag_code) == (SCHEDULE_TOPIC, 2, NOW + 3000)
-    assert level.properties[REAL_TOPIC] == "Orders" and level.properties[REAL_QID] == "3"
-    assert level.properties[DELAY] == "3" and level.properties["TAGS"] == "t"
-    timer = d.route_record(rec, NOW, delay_ms=90_000)
-    assert (timer.topic, timer.queue_id) == (INTAKE_TOPIC, 0)
-    assert timer.properties[TIMER_DELIVER_MS] == str(NOW + 90_000)
-    assert d.route_record(rec, NOW) is rec
-    assert held == [True]  # the retention hold is asked for once
-    # a transaction keeps the delay on its half message and routes at commit: counted from then
-    stash = Delays.stash(OutgoingMessage(body=b"", delay_ms=5000))
-    half = MessageRecord(topic="Orders", queue_id=0, body=b"", properties={"UNIQ_KEY": "m",
-                         **stash})
-    committed = d.route_committed(half, NOW + 60_000)
-    assert committed.topic == INTAKE_TOPIC
-    assert committed.properties[TIMER_DELIVER_MS] == str(NOW + 65_000)
-    assert "DELAY_MS" not in committed.properties
-
-
-def _stored(topic: str, props: dict[str, str], n: int = 0) -> StoredRecord:
-    return StoredRecord(physical_offset=n, size=1, topic=topic, queue_id=0, queue_offset=n,
-                        body=b"", properties={"UNIQ_KEY": "m", **props}, flag=0, sys_flag=0,
-                        born_timestamp=1, born_host="", store_timestamp=n, store_host="",
-                        reconsume_times=0, prepared_tx_offset=0)
-
-
-def test_message_state_of_a_delayed_message() -> None:
-    waiting = _stored(INTAKE_TOPIC, {REAL_TOPIC: "Orders", REAL_QID: "2",
-                                     TIMER_DELIVER_MS: "9"})
-    shown, state = delay_view([waiting]) or (None, None)
-    assert state is MessageState.SCHEDULED and shown is not None
-    assert (shown.topic, shown.queue_id) == ("Orders", 2)
-    cancel = _stored(SystemTopic.TIMER_CANCELS, {}, 2)
-    assert delay_view([waiting, cancel])[1] is MessageState.CANCELLED  # type: ignore[index]
-    delivered = _stored("Orders", {}, 3)
-    assert delay_view([waiting, delivered]) is None  # stored: the default view
-    half = _stored("RMQ_SYS_TRANS_HALF_TOPIC", {}, 4)
-    assert delay_view([waiting, half])[1] is MessageState.SCHEDULED  # type: ignore[index]
-    # a retry waiting out its back-off is the group's own copy to continue from
-    retry_wait = _stored(SCHEDULE_TOPIC, {REAL_TOPIC: "%RETRY%g"}, 5)
-    assert latest_copy([delivered, retry_wait], "g") is retry_wait
-    assert latest_copy([delivered, retry_wait], "other") is delivered
 
 
 def test_timer_log_round_trip_and_torn_tail(tmp_path: Path) -> None:

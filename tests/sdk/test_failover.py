@@ -26,26 +26,19 @@ from tidemq import (
 from tidemq._fault import BrokerHealth
 
 from tests.sdk.fakes import Canned, FakeCluster
+from tests.support.clock import FakeClock
 
 FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_retry_after_s=0.01)
 TOPIC = "orders"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def producer(c: FakeCluster, **kw: Any) -> Producer:
     return Producer(nameservers=c.nameservers, transport=c.transport, retry=FAST, **kw)
 
 
-def hand_clock(p: Producer | TransactionProducer) -> Clock:
+def hand_clock(p: Producer | TransactionProducer) -> FakeClock:
     """Give a client's broker health a clock the test moves (back-off of 1 s, then 2 s...)."""
-    clock = Clock()
+    clock = FakeClock(now=0.0)
     p._health = BrokerHealth(initial_s=1.0, max_s=8.0, probe_timeout_s=5.0, clock=clock)
     return clock
 

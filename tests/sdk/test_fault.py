@@ -17,21 +17,15 @@ from tidemq._fault import BrokerHealth, Outcome, SendAttempts, Step, outcome
 from tidemq._routes import BrokerRoute, TopicRoute
 from tidemq._selector import QueueSelector
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
-def health(clock: Clock) -> BrokerHealth:
+def health(clock: FakeClock) -> BrokerHealth:
     return BrokerHealth(initial_s=1.0, max_s=4.0, probe_timeout_s=2.0, clock=clock)
 
 
 def test_backoff_doubles_per_outage_up_to_the_cap_and_a_success_forgets_it() -> None:
-    clock = Clock()
+    clock = FakeClock()
     h = health(clock)
     assert h.usable("b") and not h
     assert h.failed("b") is True  # newly down: the one loud log line
@@ -50,7 +44,7 @@ def test_backoff_doubles_per_outage_up_to_the_cap_and_a_success_forgets_it() -> 
 
 
 def test_one_probe_at_a_time_once_the_backoff_has_passed() -> None:
-    clock = Clock()
+    clock = FakeClock()
     h = health(clock)
     h.failed("b")
     clock.now += 1.0
@@ -77,7 +71,7 @@ POLICY = RetryPolicy(max_attempts=6, initial_backoff_s=0.001, max_backoff_s=0.00
 
 
 async def test_a_lost_answer_goes_to_the_same_broker_once_then_elsewhere() -> None:
-    attempts = SendAttempts(health(Clock()), POLICY, movable=True, first="a", what="m")
+    attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
     groups = {"a", "b"}
     assert await attempts.after_failure(TransportError("reset"), "a", groups) is Step.SAME
     assert await attempts.after_failure(TransportError("refused", sent=False), "a",
@@ -87,14 +81,14 @@ async def test_a_lost_answer_goes_to_the_same_broker_once_then_elsewhere() -> No
 
 
 async def test_not_stored_moves_at_once_and_no_copy_is_counted() -> None:
-    attempts = SendAttempts(health(Clock()), POLICY, movable=True, first="a", what="m")
+    attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
     busy = BrokerBusyError("BROKER_BUSY", "busy", 503)
     assert await attempts.after_failure(busy, "a", {"a", "b"}) is Step.SELECT
     assert not attempts.duplicated_on("b")
 
 
 async def test_a_pinned_send_stays_and_gives_up_after_max_attempts() -> None:
-    h = health(Clock())
+    h = health(FakeClock())
     attempts = SendAttempts(h, RetryPolicy(max_attempts=3, initial_backoff_s=0.001), first="a",
                             movable=False, what="m")
     refused = TransportError("refused", sent=False)
@@ -112,7 +106,7 @@ ROUTE = TopicRoute("t", (BrokerRoute("a", "http://a", 2), BrokerRoute("b", "http
 
 
 def test_round_robin_skips_a_backing_off_group_and_probes_it_later() -> None:
-    clock = Clock()
+    clock = FakeClock()
     h = health(clock)
     selector = QueueSelector()
     h.failed("b")
@@ -125,7 +119,7 @@ def test_round_robin_skips_a_backing_off_group_and_probes_it_later() -> None:
 
 
 def test_a_sharding_key_keeps_its_queue_unless_resharding_is_allowed() -> None:
-    h = health(Clock())
+    h = health(FakeClock())
     selector = QueueSelector()
     key = next(k for k in (f"k{i}" for i in range(100))
                if selector.select(ROUTE, sharding_key=k).broker_name == "b")

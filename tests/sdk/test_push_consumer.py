@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,15 +13,9 @@ from tidemq import (
 )
 
 from tests.sdk.fakes import Canned, FakeCluster
+from tests.support.wait import wait_until_async
 
 NO_RETRY = RetryPolicy(max_attempts=1)
-
-
-async def wait_until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
-    """Poll ``condition`` (state of fakes and handlers, which signal nothing) until it holds."""
-    async with asyncio.timeout(limit_s):
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
 
 
 def _consumer(cluster: FakeCluster, handler: Any, group: str = "g1", **kw: Any) -> PushConsumer:
@@ -52,7 +45,7 @@ async def test_messages_reach_the_handler_and_offsets_are_committed(cluster: Fak
     consumer = _consumer(cluster, handler)
     consumer.subscribe("orders", "a || b")
     async with consumer:
-        await wait_until(lambda: len(received) == 20)
+        await wait_until_async(lambda: len(received) == 20)
         assert len(consumer.assignment) == 4
         await consumer.commit_offsets()
         assert cluster.broker.offsets == {("g1", "orders", q): 5 for q in range(4)}
@@ -79,7 +72,7 @@ async def test_a_broker_without_the_multi_queue_pull_is_pulled_queue_by_queue(
         received.append(message.body)
 
     async with _consumer(cluster, handler, subscriptions={"orders": "a || b"}):
-        await wait_until(lambda: len(received) == 20)
+        await wait_until_async(lambda: len(received) == 20)
     pulls = cluster.requests_to("/v1/topics/orders/queues/")
     assert pulls[0].params["tags"] == "a || b" and pulls[0].params["group"] == "g1"
     assert len(cluster.requests_to("/v1/pull", "POST")) == 1  # asked once, then per queue
@@ -96,7 +89,7 @@ async def test_consumption_resumes_at_the_committed_offset(cluster: FakeCluster)
         received.append(message.body)
 
     async with _consumer(cluster, handler, subscriptions={"orders": "*"}):
-        await wait_until(lambda: len(received) == 8)
+        await wait_until_async(lambda: len(received) == 8)
         await asyncio.sleep(0.05)
     assert sorted(received) == sorted(f"{q}-{i}".encode() for q in range(4) for i in (3, 4))
 
@@ -111,7 +104,7 @@ async def test_consume_from_last_skips_the_backlog(cluster: FakeCluster) -> None
     async with _consumer(cluster, handler, subscriptions={"orders": "*"}, consume_from="last"):
         await asyncio.sleep(0.05)
         cluster.broker.put("orders", 2, b"new", tag="a")
-        await wait_until(lambda: received == [b"new"])
+        await wait_until_async(lambda: received == [b"new"])
 
 
 async def test_retry_later_hands_the_message_to_the_retry_topic(cluster: FakeCluster) -> None:
@@ -127,10 +120,10 @@ async def test_retry_later_hands_the_message_to_the_retry_topic(cluster: FakeClu
 
     consumer = _consumer(cluster, handler, subscriptions={"orders": "*"})
     async with consumer:
-        await wait_until(lambda: cluster.broker.retried == [("g1", "m-flaky")])
+        await wait_until_async(lambda: cluster.broker.retried == [("g1", "m-flaky")])
         await consumer.rebalance()  # the retry topic exists now: subscribe to it
         assert any(q.topic == "%RETRY%g1" for q in consumer.assignment)
-        await wait_until(lambda: ("m-flaky", "orders", 1) in seen)
+        await wait_until_async(lambda: ("m-flaky", "orders", 1) in seen)
         await consumer.commit_offsets()
     assert cluster.broker.offsets[("g1", "orders", 0)] == 2
     assert cluster.broker.offsets[("g1", "%RETRY%g1", 0)] == 1
@@ -143,7 +136,7 @@ async def test_handler_exception_counts_as_retry_later(cluster: FakeCluster) -> 
         raise RuntimeError("handler bug")
 
     async with _consumer(cluster, handler, subscriptions={"orders": "*"}):
-        await wait_until(lambda: ("g1", "m-boom") in cluster.broker.retried)
+        await wait_until_async(lambda: ("g1", "m-boom") in cluster.broker.retried)
 
 
 async def test_failed_retry_call_keeps_the_message_and_consumes_it_again(
@@ -161,10 +154,10 @@ async def test_failed_retry_call_keeps_the_message_and_consumes_it_again(
 
     consumer = _consumer(cluster, handler, subscriptions={"orders": "*"}, retry=NO_RETRY)
     async with consumer:
-        await wait_until(lambda: calls >= 2)
+        await wait_until_async(lambda: calls >= 2)
         await consumer.commit_offsets()
         assert cluster.broker.offsets[("g1", "orders", 0)] == 0  # not lost: still in flight
-        await wait_until(lambda: cluster.broker.retried == [("g1", "m-x")])
+        await wait_until_async(lambda: cluster.broker.retried == [("g1", "m-x")])
         await consumer.commit_offsets()
         assert cluster.broker.offsets[("g1", "orders", 0)] == 1
     assert calls == 3  # first try + one local reconsume per failed retry call
@@ -183,11 +176,11 @@ async def test_commit_waits_for_the_slowest_in_flight_message(cluster: FakeClust
 
     consumer = _consumer(cluster, handler, subscriptions={"orders": "*"})
     async with consumer:
-        await wait_until(lambda: sorted(done) == [0, 2, 3, 4])
+        await wait_until_async(lambda: sorted(done) == [0, 2, 3, 4])
         await consumer.commit_offsets()
         assert cluster.broker.offsets[("g1", "orders", 0)] == 1
         gate.set()
-        await wait_until(lambda: len(done) == 5)
+        await wait_until_async(lambda: len(done) == 5)
         await consumer.commit_offsets()
         assert cluster.broker.offsets[("g1", "orders", 0)] == 5
 
@@ -211,9 +204,9 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_retried_while_others_
     consumer = _consumer(cluster, handler, subscriptions={"orders": "*"},
                          consume_timeout_s=0.2, max_concurrency=2)
     async with consumer:
-        await wait_until(lambda: sorted(done) == [0, 1, 3, 4, 5], limit_s=2.0)
+        await wait_until_async(lambda: sorted(done) == [0, 1, 3, 4, 5], 2.0)
         assert cancelled == []  # the stuck one still runs: its timeout has not come
-        await wait_until(lambda: cluster.broker.retried == [("g1", "m-2")], limit_s=2.0)
+        await wait_until_async(lambda: cluster.broker.retried == [("g1", "m-2")], 2.0)
         assert cancelled == ["m-2"]
         await consumer.commit_offsets()
         assert cluster.broker.offsets[("g1", "orders", 0)] == 6  # handed back: finished
@@ -233,7 +226,7 @@ async def test_at_most_max_concurrency_handlers_run_at_once(cluster: FakeCluster
         done += 1
 
     async with _consumer(cluster, handler, subscriptions={"orders": "*"}, max_concurrency=3):
-        await wait_until(lambda: done == 40)
+        await wait_until_async(lambda: done == 40)
     assert peak == 3
 
 
@@ -253,7 +246,7 @@ async def test_close_cancels_a_stuck_handler_and_leaves_its_message_uncommitted(
     consumer = _consumer(cluster, handler, subscriptions={"orders": "*"}, close_timeout_s=0.2)
     await consumer.start()
     await asyncio.wait_for(started.wait(), 2.0)
-    await wait_until(lambda: sorted(finished) == [0, 2])
+    await wait_until_async(lambda: sorted(finished) == [0, 2])
     await asyncio.wait_for(consumer.close(), 2.0)
     assert cluster.broker.offsets[("g1", "orders", 0)] == 1  # the stuck one is read again
 
@@ -269,7 +262,7 @@ async def test_tags_are_confirmed_on_the_client(cluster: FakeCluster) -> None:
 
     consumer = _consumer(cluster, handler, subscriptions={"orders": "a"})
     async with consumer:
-        await wait_until(lambda: len(tags) == 2)
+        await wait_until_async(lambda: len(tags) == 2)
         await asyncio.sleep(0.05)
         await consumer.commit_offsets()
     assert tags == ["a", "a"]
@@ -319,7 +312,7 @@ async def test_orderly_mode_processes_a_queue_in_order_and_retries_in_place(
         return ConsumeResult.SUCCESS
 
     async with _consumer(cluster, handler, subscriptions={"orders": "*"}, orderly=True):
-        await wait_until(lambda: len(calls) == 8)
+        await wait_until_async(lambda: len(calls) == 8)
     assert calls == [(0, 0), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0), (4, 0), (5, 0)]
     assert not overlap and cluster.broker.retried == []
 
@@ -340,7 +333,7 @@ async def test_broadcasting_consumes_everything_everywhere_and_keeps_offsets_loc
                            mode="broadcasting", max_reconsume_times=2) for n in ("a", "b")]
     for c in consumers:
         await c.start()
-    await wait_until(lambda: all(len(v) == 9 for v in seen.values()))  # 8 + one local retry
+    await wait_until_async(lambda: all(len(v) == 9 for v in seen.values()))  # 8 + one local retry
     for c in consumers:
         assert len(c.assignment) == 4
         await c.close()

@@ -11,14 +11,9 @@ from pathlib import Path
 
 import pytest
 from tidemq import RequestTimeoutError, TransportError
+from tidemq._exceptions import WireConnectError, WireError, WireTimeout
 from tidemq._http import HttpClient, RetryPolicy
-from tidemq._wire import (
-    WireConnectError,
-    WireError,
-    WireTimeout,
-    WireTransport,
-    split_url,
-)
+from tidemq._wire import WireTransport, split_url
 
 Reply = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 

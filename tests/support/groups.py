@@ -30,6 +30,7 @@ import httpx
 
 from tests.support.broker import TOKEN, unique
 from tests.support.procs import ServiceProcess, free_port
+from tests.support.wait import wait_until
 
 HEARTBEAT_S = 0.5  # broker → nameserver heartbeat in these tests (s)
 EXPIRY_S = 4.0  # nameservers drop a broker silent this long (s)
@@ -47,16 +48,6 @@ def group_name(i: int) -> str:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(every)
 
 
 @dataclass

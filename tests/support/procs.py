@@ -14,9 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -49,18 +47,6 @@ def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    """Poll ``check`` until it returns something true (returned), or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 class RedisServer:

@@ -19,7 +19,8 @@ import httpx
 
 from tests.support.broker import TOKEN, unique
 from tests.support.etcd import EtcdServer
-from tests.support.procs import ServiceProcess, free_port, wait_for
+from tests.support.procs import ServiceProcess, free_port
+from tests.support.wait import wait_until
 
 LEASE_S = 2  # the primary's etcd lease in these tests (s)
 ELECTION_BOUND_S = LEASE_S + 4.0  # a new primary within the lease plus a few seconds (s)
@@ -78,7 +79,7 @@ class ReplicatedGroup:
         return None
 
     def wait_primary(self, timeout: float, newer_than: int = 0) -> tuple[int, int]:
-        found: tuple[int, int] = wait_for(
+        found: tuple[int, int] = wait_until(
             lambda: (p if (p := self.primary()) and p[1] > newer_than else None),
             timeout, f"a primary of {GROUP} past epoch {newer_than}")
         return found

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import msgpack
 
 from tests.support.broker import BrokerHandle, run_broker, unique
+from tests.support.wait import wait_until
 
 #: Short intervals so that the tests run fast.
 FAST = {"replica_lag_max_ms": 1500, "replica_fetch_wait_ms": 200, "replica_retry_ms": 100,
@@ -48,14 +48,6 @@ def status(broker: BrokerHandle) -> dict[str, Any]:
     assert resp.status_code == 200, resp.text
     answer: dict[str, Any] = resp.json()
     return answer
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.05)
 
 
 def wait_in_sync(primary: BrokerHandle, copies: int, timeout: float = 15.0) -> None:

@@ -133,13 +133,6 @@ def delivered(broker: BrokerHandle, topic: str, queues: int) -> list[dict[str, A
     return out
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
-        time.sleep(0.05)
-
-
 def state_of(broker: BrokerHandle, message_id: str) -> str:
     resp = broker.http.get(f"/v1/messages/{message_id}")
     assert resp.status_code == 200, resp.text
@@ -178,4 +171,4 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
 
 __all__ = ["INTERVAL_MS", "TOKEN", "BrokerHandle", "CheckerHandle", "Cluster", "Producer",
            "cluster", "delivered", "events", "pending", "run_broker", "run_checker", "sent_of",
-           "state_of", "unique", "wait_until"]
+           "state_of", "unique"]

@@ -40,7 +40,7 @@ from tests.support.broker import BrokerHandle, run_broker, unique
 from tests.support.procs import REPO, ServiceProcess, free_port
 
 __all__ = ["FAST_CONSUMER", "ConsumerProcess", "Flow", "Processed", "Recorder", "SdkCluster",
-           "repeated", "run_cluster", "unique", "wait_until"]
+           "repeated", "run_cluster", "unique"]
 
 #: PushConsumer settings for tests: heartbeat (and rebalance), commits and long polls are short.
 FAST_CONSUMER: dict[str, Any] = {
@@ -51,16 +51,6 @@ FAST_CONSUMER: dict[str, Any] = {
     "local_retry_pause_s": 0.2,
     "orderly_retry_pause_s": 0.05,
 }
-
-
-async def wait_until(predicate: Callable[[], bool], limit_s: float, what: str,
-                     interval: float = 0.02) -> None:
-    """Poll ``predicate`` until it holds; fail the test with ``what`` after ``limit_s``."""
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from tidemq import ConsumeResult, Producer, PushConsumer, ReceivedMessage, Simpl
 
 from services.common.constants import consumer_offsets_key
 from tests.support.procs import RedisServer
+from tests.support.wait import wait_until_async
 from tests.system.cluster_harness import (
     EXPIRY_S,
     ROUTE_REFRESH_S,
@@ -35,7 +36,7 @@ from tests.system.cluster_harness import (
     run_sdk_groups,
     summary,
 )
-from tests.system.sdk_harness import FAST_CONSUMER, Recorder, repeated, unique, wait_until
+from tests.system.sdk_harness import FAST_CONSUMER, Recorder, repeated, unique
 
 pytestmark = pytest.mark.integration
 
@@ -65,15 +66,15 @@ async def test_sends_spread_and_a_group_of_two_consumes_everything_once(
     recorder = Recorder()
     first, second = (push(groups, group, topic, recorder, n) for n in ("c1", "c2"))
     async with first, second:
-        await wait_until(lambda: len(first.assignment) == len(second.assignment) == 4, 15,
-                         "the two members to share the eight queues")
+        await wait_until_async(lambda: len(first.assignment) == len(second.assignment) == 4, 15,
+                               "the two members to share the eight queues")
         assert {q.broker_name for q in first.assignment + second.assignment} == {
             "broker-a", "broker-b"}
         assert len(set(first.assignment) | set(second.assignment)) == 8
         async with Producer(nameservers=groups.ns_urls, **CLIENT) as producer:
             await asyncio.gather(*(producer.send(f"m{i}", topic=topic) for i in range(400)))
         sent = {f"m{i}" for i in range(400)}
-        await wait_until(lambda: recorder.bodies() >= sent, 20, "every message consumed")
+        await wait_until_async(lambda: recorder.bodies() >= sent, 20, "every message consumed")
         await asyncio.sleep(0.5)  # a second delivery would show up now
         await first.commit_offsets()
         await second.commit_offsets()
@@ -125,8 +126,8 @@ async def test_ordered_messages_by_sharding_key_stay_ordered(groups: SdkGroups) 
     consumer = PushConsumer(unique("G"), handler=handle, nameservers=groups.ns_urls,
                             subscriptions={topic: "*"}, orderly=True, **CONSUMER)
     async with consumer:
-        await wait_until(lambda: sum(map(len, seen.values())) >= len(keys) * per_key, 20,
-                         "every ordered message consumed")
+        await wait_until_async(lambda: sum(map(len, seen.values())) >= len(keys) * per_key, 20,
+                               "every ordered message consumed")
     for key in keys:
         assert seen[key] == list(range(per_key)), f"{key} consumed out of order: {seen[key]}"
 
@@ -163,7 +164,7 @@ async def test_sigkill_of_a_group_while_sending_fails_no_send_and_loses_nothing(
     try:
         await consumer.start()
         task = asyncio.create_task(sender.run())
-        await wait_until(lambda: len(recorder.events) >= 200, 15, "consumption to start")
+        await wait_until_async(lambda: len(recorder.events) >= 200, 15, "consumption to start")
 
         await asyncio.to_thread(groups.kill_broker, "broker-b")
         killed = time.monotonic()
@@ -174,15 +175,15 @@ async def test_sigkill_of_a_group_while_sending_fails_no_send_and_loses_nothing(
         restarted = time.monotonic()
         held = sum(groups.max_offsets("broker-b", topic).values())
         # the producer finds broker-b in its next route and probes it once its back-off ends
-        await wait_until(lambda: sum(groups.max_offsets("broker-b", topic).values()) > held,
-                         20, "sends to reach broker-b again", interval=0.2)
+        await wait_until_async(lambda: sum(groups.max_offsets("broker-b", topic).values()) > held,
+                               20, "sends to reach broker-b again", interval=0.2)
         back_s = time.monotonic() - restarted
         await asyncio.sleep(0.5)
         sender.stop.set()
         await task
         acked = set(sender.acked)
-        await wait_until(lambda: acked <= recorder.bodies(), 30,
-                         "every acknowledged message to be consumed")
+        await wait_until_async(lambda: acked <= recorder.bodies(), 30,
+                               "every acknowledged message to be consumed")
         stored = groups.stored(topic)
     finally:
         sender.stop.set()
@@ -221,7 +222,7 @@ async def test_a_nameserver_killed_while_sending_fails_nothing(groups: SdkGroups
     try:
         await consumer.start()
         task = asyncio.create_task(sender.run())
-        await wait_until(lambda: len(recorder.events) >= 100, 15, "consumption to start")
+        await wait_until_async(lambda: len(recorder.events) >= 100, 15, "consumption to start")
         await asyncio.to_thread(groups.kill_nameserver, 0)
         killed = len(sender.acked)
         await asyncio.sleep(3 * ROUTE_REFRESH_S)  # several route refreshes with ns 0 dead
@@ -234,7 +235,7 @@ async def test_a_nameserver_killed_while_sending_fails_nothing(groups: SdkGroups
         sender.stop.set()
         await task
         acked = set(sender.acked) | {f"late-{i}" for i in range(20)}
-        await wait_until(lambda: acked <= recorder.bodies(), 20, "every message consumed")
+        await wait_until_async(lambda: acked <= recorder.bodies(), 20, "every message consumed")
     finally:
         sender.stop.set()
         if task is not None:

@@ -22,15 +22,8 @@ import pytest
 from tidemq import Producer, PushConsumer
 
 from tests.support.procs import RedisServer
-from tests.system.sdk_harness import (
-    FAST_CONSUMER,
-    Flow,
-    Recorder,
-    SdkCluster,
-    run_cluster,
-    unique,
-    wait_until,
-)
+from tests.support.wait import wait_until_async
+from tests.system.sdk_harness import FAST_CONSUMER, Flow, Recorder, SdkCluster, run_cluster, unique
 
 pytestmark = pytest.mark.integration
 
@@ -58,21 +51,22 @@ async def test_broker_restart_mid_stream(tmp_path: Path, redis_server: RedisServ
         try:
             await push.start()
             sender = asyncio.create_task(flow.run())
-            await wait_until(lambda: len(recorder.events) >= 100, 10, "consumption to start")
+            await wait_until_async(lambda: len(recorder.events) >= 100, 10, "consumption to start")
 
             await asyncio.to_thread(cluster.broker.proc.stop, sig)
             await asyncio.sleep(DOWN_S)  # longer than the SDK's own retries last
             await asyncio.to_thread(cluster.broker.proc.start)
             restarted = time.monotonic()
-            await wait_until(lambda: flow.acked_since(restarted) >= 100, 20,
-                             "sends to succeed again after the restart")
-            await wait_until(lambda: sum(e.at >= restarted for e in recorder.events) >= 100, 20,
-                             "the consumer to resume after the restart")
+            await wait_until_async(lambda: flow.acked_since(restarted) >= 100, 20,
+                                   "sends to succeed again after the restart")
+            await wait_until_async(
+                lambda: sum(e.at >= restarted for e in recorder.events) >= 100, 20,
+                "the consumer to resume after the restart")
             flow.stopped.set()
             await sender
             acked = set(flow.acked)
-            await wait_until(lambda: acked <= recorder.bodies(), 20,
-                             "every acknowledged message to be consumed")
+            await wait_until_async(lambda: acked <= recorder.bodies(), 20,
+                                   "every acknowledged message to be consumed")
         finally:
             flow.stopped.set()
             if sender is not None:
@@ -107,8 +101,8 @@ async def test_redis_restart_mid_run(tmp_path: Path, private_redis: RedisServer,
         try:
             await push.start()
             sender = asyncio.create_task(flow.run())
-            await wait_until(lambda: sum(cluster.committed(group, topic).values()) >= 100, 10,
-                             "offsets to be committed")
+            await wait_until_async(lambda: sum(cluster.committed(group, topic).values()) >= 100, 10,
+                                   "offsets to be committed")
             await asyncio.sleep(0.3)  # commits in flight land (they are synchronous in Redis)
             before = cluster.committed(group, topic)
 
@@ -126,9 +120,9 @@ async def test_redis_restart_mid_run(tmp_path: Path, private_redis: RedisServer,
             flow.stopped.set()
             await sender
             acked = set(flow.acked)
-            await wait_until(lambda: acked <= recorder.bodies(), 10,
-                             "every acknowledged message to be consumed")
-            await wait_until(
+            await wait_until_async(lambda: acked <= recorder.bodies(), 10,
+                                   "every acknowledged message to be consumed")
+            await wait_until_async(
                 lambda: cluster.committed(group, topic) == cluster.max_offsets(topic), 10,
                 "commits to resume once Redis is back")
         finally:
@@ -148,6 +142,6 @@ async def test_redis_restart_mid_run(tmp_path: Path, private_redis: RedisServer,
                 consumer(cluster, group, topic, fresh, "c2"):
             new = [f"new-{i}" for i in range(20)]
             await asyncio.gather(*(producer.send(b, topic=topic) for b in new))
-            await wait_until(lambda: fresh.bodies() >= set(new), 10, "the new messages")
+            await wait_until_async(lambda: fresh.bodies() >= set(new), 10, "the new messages")
             await asyncio.sleep(0.5)
         assert sorted(e.body for e in fresh.events) == sorted(new)

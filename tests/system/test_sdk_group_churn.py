@@ -22,6 +22,7 @@ import pytest
 from tidemq import Producer, PushConsumer
 
 from tests.support.procs import RedisServer
+from tests.support.wait import wait_until_async
 from tests.system.sdk_harness import (
     FAST_CONSUMER,
     ConsumerProcess,
@@ -31,7 +32,6 @@ from tests.system.sdk_harness import (
     repeated,
     run_cluster,
     unique,
-    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -81,7 +81,7 @@ async def test_three_consumers_join_and_leave_while_messages_flow(
                 and sum(map(len, owned)) == len(all_queues))
 
     async def stable_window(why: str) -> None:
-        await wait_until(settled, 15, f"the group to settle ({why})")
+        await wait_until_async(settled, 15, f"the group to settle ({why})")
         await asyncio.sleep(SETTLE_MARGIN_S)
         start = time.monotonic()
         await asyncio.sleep(STABLE_S)
@@ -100,7 +100,7 @@ async def test_three_consumers_join_and_leave_while_messages_flow(
         c3.start()
         await c2.start()
         live.append(c2)
-        await wait_until(c3.ready, 15, "the consumer process to start")
+        await wait_until_async(c3.ready, 15, "the consumer process to start")
         child_live = True
         await stable_window("c1, c2, c3")
 
@@ -122,7 +122,7 @@ async def test_three_consumers_join_and_leave_while_messages_flow(
         def everything_processed() -> bool:
             return sent <= recorder.bodies() | {e.body for e in c3.events()}
 
-        await wait_until(everything_processed, 15, "every acked message to be processed")
+        await wait_until_async(everything_processed, 15, "every acked message to be processed")
         await c1.close()
     finally:
         flow.stopped.set()
@@ -162,7 +162,7 @@ async def test_three_consumers_join_and_leave_while_messages_flow(
     async with Producer(nameservers=ns) as producer, c4:
         new = [f"new-{i}" for i in range(40)]
         await asyncio.gather(*(producer.send(b, topic=topic) for b in new))
-        await wait_until(lambda: fresh.bodies() >= set(new), 10, "c4 to process the new ones")
+        await wait_until_async(lambda: fresh.bodies() >= set(new), 10, "c4 to process the new ones")
         await asyncio.sleep(0.5)  # time enough for an old message to show up
     assert sorted(e.body for e in fresh.events) == sorted(new)
 

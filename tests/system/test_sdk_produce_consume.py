@@ -23,14 +23,8 @@ from tidemq import (
 )
 
 from tests.support.procs import RedisServer
-from tests.system.sdk_harness import (
-    FAST_CONSUMER,
-    Recorder,
-    SdkCluster,
-    run_cluster,
-    unique,
-    wait_until,
-)
+from tests.support.wait import wait_until_async
+from tests.system.sdk_harness import FAST_CONSUMER, Recorder, SdkCluster, run_cluster, unique
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +71,7 @@ async def test_producer_round_trip_in_both_encodings(cluster: SdkCluster) -> Non
 
     async with PushConsumer(unique("G"), handler=handle, nameservers=cluster.nameservers,
                             subscriptions={topic: "*"}, **FAST_CONSUMER):
-        await wait_until(lambda: len(recorder) == len(sent) + 2, 10, "every message consumed")
+        await wait_until_async(lambda: len(recorder) == len(sent) + 2, 10, "every message consumed")
     for result in sent:
         got = recorder[result.message_id]
         assert (got.topic, got.queue_id, got.queue_offset) == (
@@ -136,14 +130,14 @@ async def test_tag_filter_and_broadcasting(cluster: SdkCluster) -> None:
     for consumer in consumers:
         await consumer.start()
     try:
-        await wait_until(lambda: all(len(c.assignment) == 4 for c in consumers), 10,
-                         "every consumer owns every queue")
+        await wait_until_async(lambda: all(len(c.assignment) == 4 for c in consumers), 10,
+                               "every consumer owns every queue")
         tags = ["A", "B", "C", None]
         async with Producer(nameservers=cluster.nameservers) as producer:
             await asyncio.gather(*(producer.send(f"{i}", topic=topic, tag=tags[i % 4])
                                    for i in range(80)))
-        await wait_until(lambda: len(every.events) >= 160 and len(tagged.events) >= 40, 10,
-                         "both broadcasting consumers and the tag filter got their messages")
+        await wait_until_async(lambda: len(every.events) >= 160 and len(tagged.events) >= 40, 10,
+                               "both broadcasting consumers and the tag filter got their messages")
         await asyncio.sleep(0.3)  # a duplicate would show up now
     finally:
         for consumer in consumers:
@@ -188,8 +182,8 @@ async def test_orderly_consumption_per_sharding_key(cluster: SdkCluster) -> None
     async with PushConsumer(unique("G"), handler=handle, nameservers=cluster.nameservers,
                             subscriptions={topic: "*"}, orderly=True, max_concurrency=8,
                             pull_batch=8, **FAST_CONSUMER):
-        await wait_until(lambda: sum(map(len, seen.values())) >= len(keys) * per_key, 20,
-                         "every ordered message consumed")
+        await wait_until_async(lambda: sum(map(len, seen.values())) >= len(keys) * per_key, 20,
+                               "every ordered message consumed")
     for key in keys:
         assert seen[key] == list(range(per_key)), f"{key} consumed out of order: {seen[key]}"
     assert peak["queue"] == 1, "an ordered queue ran two handlers at once"

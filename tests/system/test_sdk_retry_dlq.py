@@ -12,7 +12,8 @@ import pytest
 from tidemq import ConsumeResult, Producer, PushConsumer, ReceivedMessage
 
 from tests.support.procs import RedisServer
-from tests.system.sdk_harness import FAST_CONSUMER, SdkCluster, run_cluster, unique, wait_until
+from tests.support.wait import wait_until_async
+from tests.system.sdk_harness import FAST_CONSUMER, SdkCluster, run_cluster, unique
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +58,11 @@ async def test_retry_then_dlq(cluster: SdkCluster) -> None:
 
     async with PushConsumer(group, handler=handle, nameservers=cluster.nameservers,
                             subscriptions={topic: "*"}, **FAST_CONSUMER):
-        await wait_until(lambda: dlq_count() == len(bad), 20, "every bad message in the DLQ")
+        await wait_until_async(lambda: dlq_count() == len(bad), 20, "every bad message in the DLQ")
         await asyncio.sleep(0.5)  # a DLQ message must not be delivered again
-        await wait_until(lambda: cluster.committed(group, topic) == cluster.max_offsets(topic),
-                         5, "the group's offsets to pass the failed messages")
+        await wait_until_async(
+            lambda: cluster.committed(group, topic) == cluster.max_offsets(topic),
+            5, "the group's offsets to pass the failed messages")
 
     assert set(attempts) == bad_ids
     for message_id, seen in attempts.items():

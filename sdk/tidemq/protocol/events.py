@@ -1,4 +1,5 @@
-"""The transaction event (DESIGN §4.7): one record per state change in ``TIDE_SYS_TRANS_EVENTS``.
+"""The transaction event: one record per state change in ``TIDE_SYS_TRANS_EVENTS``
+(docs/api.md#system-topics).
 
 The broker writes them; the metrics job reads them. The body is JSON with a **fixed** set of
 fields::

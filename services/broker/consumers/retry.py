@@ -26,16 +26,19 @@ from tidemq.protocol import (
     validate_group_name,
 )
 
-from services.broker.delays.routing import WAITING_PROPERTIES, Delays, is_waiting
-from services.broker.messaging.send import check_put, now_ms
+from services.broker.delays.routing import WAITING_PROPERTIES, DelayRouter, is_waiting
+from services.broker.messaging.send import appended_or_raise
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
+from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
-FIRST_RETRY_LEVEL = 3  # retries back off from delay level 3 (10 s) upwards (DESIGN.md §3)
+# retries back off from delay level 3 (10 s) upwards (docs/api.md, POST /v1/groups/{group}/retry)
+FIRST_RETRY_LEVEL = 3
 MAX_DELAY_LEVEL = 18
 
 
@@ -60,14 +63,15 @@ def latest_copy(copies: list[StoredRecord], group: str) -> StoredRecord:
 
 
 class RetryService:
-    def __init__(self, store: MessageStore, topics: TopicManager, metrics: BrokerMetrics,
-                 max_reconsume_times: int, delays: Delays | None = None,
-                 backoff: bool = False) -> None:
+    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+                 metrics: BrokerMetrics, max_reconsume_times: int,
+                 delay_router: DelayRouter | None = None, backoff: bool = False) -> None:
         self.store = store
+        self.appender = appender
         self.topics = topics
         self.metrics = metrics
         self.max_reconsume_times = max_reconsume_times
-        self.delays = delays  # None: no delayed delivery (a delay_level is refused)
+        self.delay_router = delay_router  # None: no delayed delivery (a delay_level is refused)
         self.backoff = backoff  # retries wait retry_delay_level(n) before they come back
 
     async def retry(self, group: str, message_id: str, delay_level: int | None = None, *,
@@ -77,13 +81,14 @@ class RetryService:
         ``reason``: why the consumer failed, kept in the copy's ``CONSUME_FAILURE`` property
         (a copy handed back without one drops the previous copy's reason)."""
         validate_group_name(group)
-        levels = len(self.delays.levels_ms) if self.delays is not None else MAX_DELAY_LEVEL
+        router = self.delay_router
+        levels = len(router.levels_ms) if router is not None else MAX_DELAY_LEVEL
         if delay_level:
             if not 0 < delay_level <= levels:
                 raise ProtocolError(ErrorCode.INVALID_DELAY,
                                     f"delay_level must be 1-{levels} (or 0 for none), "
                                     f"got {delay_level}")
-        if delay_level and self.delays is None:
+        if delay_level and router is None:
             raise ProtocolError(ErrorCode.INVALID_DELAY,
                                 "delayed delivery is not enabled on this broker yet: retry "
                                 "without delay_level")
@@ -110,9 +115,9 @@ class RetryService:
             reconsume_times=times,
         )
         level = delay_level or (retry_delay_level(times) if self.backoff else 0)
-        if not dead and level and self.delays is not None:
-            record = self.delays.route_record(record, now_ms(), delay_level=min(level, levels))
-        check_put(await self.store.put([record]))
+        if not dead and level and router is not None:
+            record = router.route_record(record, now_ms(), delay_level=min(level, levels))
+        appended_or_raise(await self.appender.append([record]))
         self.metrics.retries.labels("dlq" if dead else "retry").inc()
         if dead:
             log.info("message %s of group %s reconsumed %d times (max %d): moved to %s",

@@ -176,9 +176,9 @@ class SimpleConsumerService:
                       max_count: int = 16, invisible_ms: int = 30_000,
                       wait_ms: int = 20_000) -> list[Received]:
         """Hand out up to ``max_count`` messages, waiting up to ``wait_ms`` when none is ready."""
-        _check_range("max", max_count, 1, MAX_RECEIVE)
-        _check_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
-        _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
+        _validate_range("max", max_count, 1, MAX_RECEIVE)
+        _validate_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
+        _validate_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
         queues = list(dict.fromkeys(queue_ids))
         if not queues:
             return []
@@ -357,7 +357,7 @@ class SimpleConsumerService:
         """Make a received message invisible ``invisible_ms`` from now; returns its new handle.
         Like ``ack``, it takes a handle whose invisibility ran out while nobody received the
         message again."""
-        _check_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
+        _validate_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
         r = self._receipt(group, receipt_handle)
         key = (group, r.topic)
         async with self._lock(key):
@@ -386,25 +386,6 @@ class SimpleConsumerService:
         """Messages of a (group, topic) handed out and not acked."""
         async with self._lock((group, topic)):
             return len((await self._state(group, topic)).inflight)
-
-    async def reset_cursors(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        """Move receive cursors (e.g. with an offset reset); in-flight messages stay in flight."""
-        key = (group, topic)
-        async with self._lock(key):
-            state = await self._state(group, topic)
-            try:
-                if offsets:
-                    await self._redis.hset(self._cursor_key(group, topic),
-                                           mapping={str(q): o for q, o in offsets.items()})
-            except (RedisError, OSError) as exc:
-                self._states.pop(key, None)
-                raise unavailable(f"resetting receive cursors of group {group}", exc) from exc
-            state.cursors.update(offsets)
-
-    def forget(self, group: str) -> None:
-        """Drop the memory mirror of a group (after its Redis state was changed elsewhere)."""
-        for key in [k for k in self._states if k[0] == group]:
-            del self._states[key]
 
     # --- state and Redis ---------------------------------------------------------------------
 
@@ -477,7 +458,7 @@ class SimpleConsumerService:
             log.warning("group %s: acked, but committing offsets failed: %s", group, exc.message)
 
 
-def _check_range(name: str, value: int, low: int, high: int) -> None:
+def _validate_range(name: str, value: int, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"{name} must be an integer from {low} to {high}, got {value!r}")

@@ -9,9 +9,9 @@ The waiting copy keeps the message whole (body, identity, tag, keys, properties,
 ``REAL_TOPIC``, ``REAL_QID``, ``TIMER_DELIVER_MS`` (and ``DELAY`` for a level). A due time in the
 past, or a delay of 0, means "deliver at once": the message is stored as it is.
 
-Transactions route their committed copy through ``route_record`` (fields given) or
-``route_committed`` (fields kept on the half message as ``stash`` properties), so a delay counts
-from the commit.
+A transaction's half message keeps its delay fields as properties (transactions/requests.py);
+its committed copy goes through ``validate`` and ``route`` at commit, so a delay counts from the
+commit. Retries route through ``route_record`` (fields given).
 """
 
 from __future__ import annotations
@@ -42,21 +42,23 @@ INTAKE_TOPIC = SystemTopic.TIMER_INTAKE.value
 CANCELS_TOPIC = SystemTopic.TIMER_CANCELS.value
 DELAY_TOPICS = frozenset({SCHEDULE_TOPIC, INTAKE_TOPIC})
 
-#: What a waiting copy adds to a message (a stashed delay uses DELAY, DELAY_MS or
+#: What a waiting copy adds to a message (a half message keeps its delay in DELAY, DELAY_MS or
 #: TIMER_DELIVER_MS alone); a delivered copy carries none of them.
 WAITING_PROPERTIES = (REAL_TOPIC, REAL_QID, DELAY, DELAY_MS, TIMER_DELIVER_MS)
 
 
-class Delays:
-    """The broker's ``DelayRouter`` (see messaging.send): delay levels and arbitrary delays."""
+class DelayRouter:
+    """Where a delayed message waits (delay levels and arbitrary delays): the one seam the send,
+    transaction and retry paths route a delay through."""
 
     def __init__(self, levels_ms: tuple[int, ...], max_delay_ms: int,
-                 on_first_delay: Callable[[], None] | None = None) -> None:
+                 on_first_delay: Callable[[], None] | None = None,
+                 lookup: Callable[[str], dict[str, Any] | None] | None = None) -> None:
         self.levels_ms = levels_ms
         self.max_delay_ms = max_delay_ms
         self.on_first_delay = on_first_delay  # e.g. hold retention for the scheduler
-        # the standing of a delayed message by id (the ScheduleService's, which reads the store)
-        self.lookup: Callable[[str], dict[str, Any] | None] | None = None
+        # the standing of a delayed message by id (delays/service.py's ``DelayLookup``)
+        self.lookup = lookup
         self.routed_levels = 0
         self.routed_timers = 0
 
@@ -88,12 +90,15 @@ class Delays:
             return deliver_at_ms if deliver_at_ms > now_ms else None
         return None
 
-    def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
+    def validate(self, msg: OutgoingMessage, now_ms: int) -> int | None:
+        """Due time (epoch ms) of a delayed message, None to deliver at once; raises
+        ProtocolError(INVALID_DELAY) for a delay it cannot honour."""
         return self.due_for(now_ms, delay_level=msg.delay_level, delay_ms=msg.delay_ms,
                             deliver_at_ms=msg.deliver_at_ms)
 
     # --- routing ------------------------------------------------------------------------------
     def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
+        """The record to store instead of ``record`` so that it is delivered at ``due_ms``."""
         return self.waiting_copy(record, due_ms, msg.delay_level)
 
     @staticmethod
@@ -106,6 +111,9 @@ class Delays:
         return None if qid is None or due is None else (qid, due)
 
     def standing(self, message_id: str) -> dict[str, Any] | None:
+        """What a repeated send of a delayed message learns beyond its first result: fields
+        saying it was cancelled (``state``) or where it was delivered (``state``, ``queue_id``,
+        ``queue_offset``); None while it still waits."""
         return self.lookup(message_id) if self.lookup is not None else None
 
     def route_record(self, record: MessageRecord, now_ms: int, *, delay_level: int = 0,
@@ -115,35 +123,6 @@ class Delays:
         due = self.due_for(now_ms, delay_level=delay_level, delay_ms=delay_ms,
                            deliver_at_ms=deliver_at_ms)
         return record if due is None else self.waiting_copy(record, due, delay_level)
-
-    @staticmethod
-    def stash(msg: OutgoingMessage) -> dict[str, str]:
-        """Properties that keep ``msg``'s delay on a record stored now and routed later."""
-        if msg.delay_level:
-            return {DELAY: str(msg.delay_level)}
-        if msg.delay_ms:
-            return {DELAY_MS: str(msg.delay_ms)}
-        if msg.deliver_at_ms is not None:
-            return {TIMER_DELIVER_MS: str(msg.deliver_at_ms)}
-        return {}
-
-    def route_committed(self, record: MessageRecord, now_ms: int) -> MessageRecord:
-        """Route a record carrying ``stash`` properties (a committed transactional message):
-        the stash is removed and a relative delay counts from ``now_ms``. A stashed delay that
-        no longer fits (e.g. the table shrank) is delivered at once rather than dropped."""
-        props = record.properties
-        if not any(k in props for k in (DELAY, DELAY_MS, TIMER_DELIVER_MS)):
-            return record
-        clean = {k: v for k, v in props.items() if k not in WAITING_PROPERTIES}
-        plain = dataclasses.replace(record, properties=clean)
-        level = _int(props.get(DELAY))
-        try:
-            return self.route_record(plain, now_ms, delay_level=level or 0,
-                                     delay_ms=_int(props.get(DELAY_MS)) if not level else None,
-                                     deliver_at_ms=_int(props.get(TIMER_DELIVER_MS))
-                                     if not level and DELAY_MS not in props else None)
-        except ProtocolError:
-            return plain
 
     def waiting_copy(self, record: MessageRecord, due_ms: int, level: int = 0) -> MessageRecord:
         """The copy stored instead of ``record`` until ``due_ms``."""

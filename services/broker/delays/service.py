@@ -51,19 +51,21 @@ from services.broker.delays.routing import (
     INTAKE_TOPIC,
     SCHEDULE_TOPIC,
     WAITING_PROPERTIES,
-    Delays,
+    DelayRouter,
     due_of,
     is_consumable,
     is_waiting,
 )
-from services.broker.delays.scheduler_api import SchedulerClient
+from services.broker.delays.scheduler_client import SchedulerClient
 from services.broker.internal import records_of
 from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
-from services.broker.messaging.send import SendService, check_put, now_ms
+from services.broker.messaging.send import SendService, appended_or_raise
 from services.broker.messaging.topics import TopicManager
+from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import MessageRecord, StoredRecord, tag_code
+from services.common.clock import now_ms
 from services.common.constants import SCHEDULER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)
@@ -110,21 +112,53 @@ def parse_delivery(row: Any) -> MessageRecord:
                          r.prepared_tx_offset)
 
 
-class ScheduleService:
-    def __init__(self, store: MessageStore, topics: TopicManager, sender: SendService,
-                 delays: Delays, scheduler: SchedulerClient | None, broker_name: str,
-                 pulls: PullService) -> None:
+class DelayLookup:
+    """What the store says about delayed messages, asked by the delay router (``DelayRouter``,
+    built before every service that stores): the standing of a repeated send, and the
+    retention hold before the first delay."""
+
+    def __init__(self, store: MessageStore) -> None:
         self.store = store
+
+    def hold_for_scheduler(self) -> None:
+        """Before the first delayed message: keep everything from here until the scheduler
+        reports its own progress (a scheduler that never ran must not lose timers)."""
+        if SCHEDULER_FLOOR_OWNER not in self.store.floors:
+            self.store.set_retention_floor(SCHEDULER_FLOOR_OWNER, self.store.log.write_offset)
+
+    def standing(self, message_id: str) -> dict[str, Any] | None:
+        """For a repeated send of a delayed message (``DelayRouter.standing``): ``{state:
+        "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its delivered copy;
+        None while it waits. Read from the store: repeated sends are rare."""
+        copies = self.store.find_by_unique_key(message_id)
+        newest = _newest_that_matters(copies)
+        if newest is None or is_waiting(newest):
+            return None
+        if newest.topic == CANCELS_TOPIC:
+            return {"state": MessageState.CANCELLED.value}
+        real = next((c.properties.get(REAL_TOPIC) for c in copies if is_waiting(c)), None)
+        delivered = next((c for c in copies if c.topic == real), None)
+        if delivered is None:
+            return None
+        return {"state": MessageState.STORED.value, "queue_id": delivered.queue_id,
+                "queue_offset": delivered.queue_offset}
+
+
+class DelayService:
+    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+                 sender: SendService, delay_router: DelayRouter, scheduler: SchedulerClient | None,
+                 broker_name: str, pulls: PullService) -> None:
+        self.store = store
+        self.appender = appender  # cancel records (deliveries go through ``sender``)
         self.pulls = pulls
         self.topics = topics
         self.sender = sender
-        self.delays = delays
+        self.delay_router = delay_router
         self.scheduler = scheduler
         self.broker_name = broker_name
         self.delivered = 0  # messages stored by deliver
         self.duplicates = 0  # strict re-deliveries found already stored
         self.cancelled = 0
-        delays.lookup = self.standing  # a repeated send of a delayed message asks here
 
     async def start(self) -> None:
         await self.topics.ensure_system(SCHEDULE_TOPIC)
@@ -135,16 +169,11 @@ class ScheduleService:
         if self.scheduler is not None:
             await self.scheduler.close()
 
-    def hold_for_scheduler(self) -> None:
-        """Before the first delayed message: keep everything from here until the scheduler
-        reports its own progress (a scheduler that never ran must not lose timers)."""
-        if SCHEDULER_FLOOR_OWNER not in self.store.floors:
-            self.store.set_retention_floor(SCHEDULER_FLOOR_OWNER, self.store.log.write_offset)
-
     # --- for the scheduler ------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        return {"broker_name": self.broker_name, "delay_levels_ms": list(self.delays.levels_ms),
-                "max_delay_ms": self.delays.max_delay_ms, "schedule_topic": SCHEDULE_TOPIC,
+        router = self.delay_router
+        return {"broker_name": self.broker_name, "delay_levels_ms": list(router.levels_ms),
+                "max_delay_ms": router.max_delay_ms, "schedule_topic": SCHEDULE_TOPIC,
                 "intake_topic": INTAKE_TOPIC}
 
     def levels_due(self, offsets: dict[int, int], now: int, max_count: int) -> dict[str, Any]:
@@ -153,7 +182,7 @@ class ScheduleService:
         max_count = max(1, min(max_count, MAX_DUE_PER_LEVEL))
         out: dict[int, dict[str, Any]] = {}
         min_phys = self.store.log.min_offset
-        for qid in range(len(self.delays.levels_ms)):
+        for qid in range(len(self.delay_router.levels_ms)):
             cq = self.store.dispatcher.queues.get((SCHEDULE_TOPIC, qid))
             lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
             offset = min(max(offsets.get(qid, 0), lo), hi)
@@ -273,7 +302,7 @@ class ScheduleService:
         Without ``topic`` only consume-queue units are read; with it, the records too."""
         by_queue: dict[int, int] = {}
         level_due: int | None = None
-        for qid in range(len(self.delays.levels_ms)):
+        for qid in range(len(self.delay_router.levels_ms)):
             n, due = self._count(SCHEDULE_TOPIC, qid, offsets.get(qid, 0), topic,
                                  {o for q, o in skip if q == qid}, first_only=True)
             by_queue[qid] = n
@@ -367,23 +396,6 @@ class ScheduleService:
         log.info("cancelled delayed message %s (due %s)", message_id, hint.get("due_ms"))
         return {"message_id": message_id, "state": "cancelled"}
 
-    def standing(self, message_id: str) -> dict[str, Any] | None:
-        """For a repeated send of a delayed message (``Delays.standing``): ``{state:
-        "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its delivered copy;
-        None while it waits. Read from the store: repeated sends are rare."""
-        copies = self.store.find_by_unique_key(message_id)
-        newest = _newest_that_matters(copies)
-        if newest is None or is_waiting(newest):
-            return None
-        if newest.topic == CANCELS_TOPIC:
-            return {"state": MessageState.CANCELLED.value}
-        real = next((c.properties.get(REAL_TOPIC) for c in copies if is_waiting(c)), None)
-        delivered = next((c for c in copies if c.topic == real), None)
-        if delivered is None:
-            return None
-        return {"state": MessageState.STORED.value, "queue_id": delivered.queue_id,
-                "queue_offset": delivered.queue_offset}
-
     async def _record_cancel(self, message_id: str, waiting: StoredRecord | None,
                              hint: dict[str, Any]) -> None:
         props = {UNIQ_KEY: message_id}
@@ -396,7 +408,7 @@ class ScheduleService:
         record = MessageRecord(topic=CANCELS_TOPIC, queue_id=0, body=b"",
                                properties=props, born_timestamp=now_ms())
         await self.topics.ensure_system(CANCELS_TOPIC, 1)
-        check_put(await self.store.put([record]))
+        appended_or_raise(await self.appender.append([record]))
 
     async def scheduled(self, topic: str | None) -> dict[str, Any]:
         if topic:

@@ -69,7 +69,7 @@ class GrpcGuard:
         metadata = {k: v for k, v in context.invocation_metadata() or ()
                     if isinstance(v, str)}
         try:
-            user = self.gate.check_grpc(metadata.get("authorization", ""),
+            user = self.gate.verify_grpc(metadata.get("authorization", ""),
                                         metadata.get(GRPC_DATE_HEADER, ""), rpc)
             self.gate.authorize("grpc", user, needs_of(rpc, request) if request is not None
                                 else [], rpc)

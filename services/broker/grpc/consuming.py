@@ -35,7 +35,7 @@ from services.broker.grpc.proto import (
     set_timestamp,
     status,
 )
-from services.broker.messaging.send import now_ms
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 

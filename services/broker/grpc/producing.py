@@ -7,7 +7,7 @@ delay routing). TRANSACTION messages go to ``broker.transactions.begin`` (``POST
 /v1/transactions``) as half messages of the producer group named like the topic (RocketMQ 5 has
 no producer groups; its proxy uses the topic), with ``orphaned_transaction_recovery_duration``
 as their check immunity. EndTransaction is ``broker.transactions.end``; RecallMessage cancels a
-delayed message through ``broker.schedule.cancel`` (the recall handle is the message id). The
+delayed message through ``broker.delays.cancel`` (the recall handle is the message id). The
 official clients send RecallMessage to their access point, not to the group holding the message,
 so a message this broker does not know is recalled on the other groups (``DELETE
 /v1/messages/{id}/schedule`` of each, found through the nameservers).
@@ -147,7 +147,7 @@ async def recall_message(door: Door, request: Any) -> Any:
         if not request.recall_handle:
             raise RpcRefused(Code.BAD_REQUEST, "recall_handle is empty")
         try:
-            answer = await door.broker.schedule.cancel(request.recall_handle)
+            answer = await door.broker.delays.cancel(request.recall_handle)
         except ProtocolError as exc:
             if exc.code is not ErrorCode.MESSAGE_NOT_FOUND:
                 raise

@@ -72,10 +72,11 @@ class GrpcFrontDoor:
                             max_reconsume_times=settings.max_reconsume_times,
                             long_polling_ms=min(settings.grpc_long_polling_ms,
                                                 settings.long_poll_max_ms)),
-            host=host, port=port, invisible_ms=settings.grpc_invisible_ms)
-        if settings.nameserver_urls:  # routes list every group the nameservers know
-            self.door.cluster = ClusterView(settings.nameserver_urls, wait_fresh=True,
-                                            refresh_s=GRPC_ROUTE_CACHE_S)
+            host=host, port=port, invisible_ms=settings.grpc_invisible_ms,
+            # routes list every group the nameservers know
+            cluster=ClusterView(settings.nameserver_urls, wait_fresh=True,
+                                refresh_s=GRPC_ROUTE_CACHE_S)
+            if settings.nameserver_urls else None)
 
     @property
     def enabled(self) -> bool:

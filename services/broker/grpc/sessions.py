@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 CONSUMER_TYPES = frozenset({ClientType.PUSH_CONSUMER, ClientType.SIMPLE_CONSUMER})
 
-#: Consumer retry back-off (DESIGN §3): delay levels 3.. of the default table, in seconds.
+#: Consumer retry back-off (docs/api.md, ``POST /v1/groups/{group}/retry``): delay levels 3..
+#: of the default table, in seconds.
 RETRY_BACKOFF_S = (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600,
                    7200)
 PRODUCER_MAX_ATTEMPTS = 3  # a send is tried this often by the client
@@ -116,11 +117,6 @@ class Sessions:
 
     def remove(self, client_id: str) -> Session | None:
         return self._by_id.pop(client_id, None)
-
-    def producers_of(self, topic: str) -> list[Session]:
-        """Producer sessions publishing ``topic`` with an open Telemetry stream."""
-        return [s for s in self._by_id.values()
-                if s.is_producer and s.outbox is not None and topic in s.topics]
 
     def expire(self) -> list[Session]:
         """Drop sessions silent past ``expiry_s`` that have no open stream."""

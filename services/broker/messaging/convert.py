@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import uuid
 from typing import Any
 
 from tidemq.protocol import (
@@ -23,6 +24,11 @@ from tidemq.protocol import (
 )
 
 from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord, tag_code
+
+
+def new_message_id() -> str:
+    """The id of a message sent without one (32 hex characters, as the SDK's)."""
+    return uuid.uuid4().hex
 
 
 def born_host(host: str | None, port: int | None) -> str:

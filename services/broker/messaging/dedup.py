@@ -57,6 +57,10 @@ class DedupCache:
     def __len__(self) -> int:
         return len(self._recent)
 
+    def count_hits(self, n: int) -> None:
+        """``n`` duplicates were answered without storing them."""
+        self.hits += n
+
     def mark_incomplete(self, now_ms: int) -> None:
         """The store now holds writes this process did not make (a replica was promoted):
         consult the index for the next window, as after a start."""

@@ -45,7 +45,7 @@ class TagFilter:
 
 
 @dataclass(slots=True)
-class PullAnswer:
+class Pulled:
     records: list[StoredRecord]
     next_offset: int
     min_offset: int
@@ -89,7 +89,7 @@ class PullService:
 
     async def pull(self, topic: str, queue_id: int, offset: int, max_count: int, wait_ms: int,
                    tags: TagFilter, *, group: str | None = None,
-                   internal: bool = False) -> PullAnswer:
+                   internal: bool = False) -> Pulled:
         """Read up to ``max_count`` messages from ``offset``, holding up to ``wait_ms`` for one.
 
         ``group`` (optional) only feeds the consumer lag gauge. ``internal`` pulls (checker,
@@ -123,7 +123,7 @@ class PullService:
             if group:
                 self.metrics.consumer_lag.labels(group, topic, str(queue_id)).set(
                     max(0, res.max_offset - res.next_offset))
-        return PullAnswer(records, res.next_offset, res.min_offset, res.max_offset, woke_ns)
+        return Pulled(records, res.next_offset, res.min_offset, res.max_offset, woke_ns)
 
     def _get(self, topic: str, queue_id: int, offset: int, max_count: int,
              tags: TagFilter) -> GetResult:

@@ -11,7 +11,7 @@ copies per group in ``retry_history``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -96,10 +96,11 @@ def _group_of(topic: str) -> str | None:
 
 
 class QueryService:
-    def __init__(self, store: MessageStore, topics: TopicManager) -> None:
+    def __init__(self, store: MessageStore, topics: TopicManager,
+                 views: Sequence[MessageView] = ()) -> None:
         self.store = store
         self.topics = topics
-        self.views: list[MessageView] = []  # asked in order before message_state (transactions)
+        self.views = tuple(views)  # asked in order before message_state (delays, transactions)
 
     def by_id(self, message_id: str) -> tuple[StoredRecord, MessageState]:
         """The copy standing for the message (the original, not a retry copy) and its state."""

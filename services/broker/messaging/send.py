@@ -1,9 +1,9 @@
 """The send path: validate a batch as a whole, pick queues, de-duplicate, store, answer.
 
-Hot path: no pydantic, no Redis, one ``store.put`` per request, metrics counted per batch.
-Delayed delivery goes through one seam, ``DelayRouter`` (the broker's is
-``services.broker.delays.routing.Delays``): it validates a message's delay and stores a delayed
-message as its waiting copy.
+Hot path: no pydantic, no Redis, one ``Appender.append`` per request (store/appender.py: the
+store's writer, or the replication gate around it), metrics counted per batch.
+Delayed delivery goes through one seam, ``DelayRouter`` (``services.broker.delays.routing``): it
+validates a message's delay and stores a delayed message as its waiting copy.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import asyncio
 import itertools
 import logging
 import time
-import uuid
 import zlib
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from tidemq.protocol import (
     UNIQ_KEY,
@@ -28,19 +27,21 @@ from tidemq.protocol import (
     validate_topic_name,
 )
 
-from services.broker.messaging.convert import to_record
+from services.broker.delays.routing import DelayRouter
+from services.broker.messaging.convert import new_message_id, to_record
 from services.broker.messaging.dedup import DedupCache, DedupKey, Placed, WriteFuture
 from services.broker.messaging.query import MessageState
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.observability import BrokerMetrics
+from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import (
     Appended,
     MessageRecord,
     PutResult,
     PutStatus,
-    StoredRecord,
 )
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +71,7 @@ PUT_ERRORS: dict[PutStatus, tuple[ErrorCode, str]] = {
 }
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def new_message_id() -> str:
-    return uuid.uuid4().hex
-
-
-def check_put(result: PutResult) -> list[Appended]:
+def appended_or_raise(result: PutResult) -> list[Appended]:
     """The appended records of a successful put, or the ProtocolError its status maps to."""
     if result.status is PutStatus.OK:
         return result.appended
@@ -86,39 +79,19 @@ def check_put(result: PutResult) -> list[Appended]:
     raise ProtocolError(code, f"{text} ({result.message})" if result.message else text)
 
 
-# --- delays: the seam delayed delivery plugs into ---------------------------------------------
-
-class DelayRouter(Protocol):
-    def check(self, msg: OutgoingMessage, now_ms: int) -> int | None:
-        """Due time (epoch ms) of a delayed message, None to deliver at once; raises
-        ProtocolError(INVALID_DELAY) for a delay it cannot honour. Asked only about a message
-        with a delay field set (one without is delivered at once)."""
-
-    def route(self, record: MessageRecord, msg: OutgoingMessage, due_ms: int) -> MessageRecord:
-        """The record to store instead of ``record`` so that it is delivered at ``due_ms``."""
-
-    def waiting(self, record: MessageRecord | StoredRecord) -> tuple[int, int] | None:
-        """``(queue id it will be delivered to, due ms)`` when ``record`` is a waiting copy
-        (what ``route`` returns), else None."""
-
-    def standing(self, message_id: str) -> dict[str, Any] | None:
-        """What a repeated send of a delayed message learns beyond its first result: fields
-        saying it was cancelled (``state``) or where it was delivered (``state``, ``queue_id``,
-        ``queue_offset``); None while it still waits."""
-
-
 # --- the send service ---------------------------------------------------------------------------
 
 class SendService:
-    def __init__(self, store: MessageStore, topics: TopicManager, dedup: DedupCache,
-                 metrics: BrokerMetrics, limits: Limits, delays: DelayRouter, *,
-                 auto_create_queues: int | None = None) -> None:
-        self.store = store
+    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+                 dedup: DedupCache, metrics: BrokerMetrics, limits: Limits,
+                 delay_router: DelayRouter, *, auto_create_queues: int | None = None) -> None:
+        self.store = store  # reads (the unique-key index); writes go through ``appender``
+        self.appender = appender
         self.topics = topics
         self.dedup = dedup
         self.metrics = metrics
         self.limits = limits
-        self.delays = delays
+        self.delay_router = delay_router
         self.auto_create_queues = auto_create_queues  # None: auto-creation off
         # a send request's body at most: JSON may escape a byte into up to 6 characters
         self.max_request_bytes = 6 * limits.max_batch_bytes + 1024 * 1024
@@ -162,15 +135,15 @@ class SendService:
         ids: list[str] = []
         given: list[bool] = []
         # validate everything and build the records before anything is stored
-        check_delay = self.delays.check
+        validate_delay = self.delay_router.validate
         for msg in msgs:
-            due = (check_delay(msg, now) if msg.delay_level or msg.delay_ms is not None
+            due = (validate_delay(msg, now) if msg.delay_level or msg.delay_ms is not None
                    or msg.deliver_at_ms is not None else None)
             queue_id = self.select_queue(cfg, msg)
             mid = msg.message_id or new_message_id()
             record = to_record(msg, topic, queue_id, mid, now, host)
             if due is not None:
-                record = self.delays.route(record, msg, due)
+                record = self.delay_router.route(record, msg, due)
             records.append(record)
             ids.append(mid)
             given.append(msg.message_id is not None)
@@ -191,7 +164,7 @@ class SendService:
                                   "queue_offset": None, "state": MessageState.SCHEDULED.value,
                                   "deliver_at_ms": due}
         if repeated:
-            result.update(self.delays.standing(message_id) or {})
+            result.update(self.delay_router.standing(message_id) or {})
         return result
 
     async def put_records(self, records: list[MessageRecord], dedup: list[bool],
@@ -248,7 +221,7 @@ class SendService:
             placed[i] = placed[j]
         duplicates = n - len(to_store)
         if duplicates:
-            cache.hits += duplicates
+            cache.count_hits(duplicates)
             self.metrics.dedup_hits.inc(duplicates)
         return cast(list[Placed], placed)  # every slot is filled above
 
@@ -261,17 +234,17 @@ class SendService:
         batch = records if len(to_store) == len(records) else [records[i] for i in to_store]
         started = time.perf_counter()
         try:
-            result = await self.store.put(batch)
+            result = await self.appender.append(batch)
             self.metrics.observe_put(batch[0].topic, batch, result.status,
                                      time.perf_counter() - started)
-            appended = check_put(result)
+            appended = appended_or_raise(result)
         except BaseException as exc:
             err = exc if isinstance(exc, ProtocolError) else ProtocolError(
                 ErrorCode.UNAVAILABLE, f"store write failed: {type(exc).__name__}")
             if future is not None and keys:
                 cache.finish(keys, future, None, err)
             raise
-        waiting = self.delays.waiting
+        waiting = self.delay_router.waiting
         stored_ms = [0] * len(records) if future is not None else []
         for i, app in zip(to_store, appended, strict=True):
             placed[i] = Placed(app.queue_id, app.queue_offset, waiting(records[i]))
@@ -286,7 +259,7 @@ class SendService:
         horizon = now - self.dedup.window_ms
         for rec in self.store.find_by_unique_key(mid):
             if rec.topic == topic and rec.store_timestamp >= horizon:
-                where = Placed(rec.queue_id, rec.queue_offset, self.delays.waiting(rec))
+                where = Placed(rec.queue_id, rec.queue_offset, self.delay_router.waiting(rec))
                 self.dedup.remember(key, where, rec.store_timestamp)
                 return where
         return None

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 from tidemq.protocol import (
@@ -67,14 +68,14 @@ class TopicConfig:
         return {"name": self.name, "queues": self.queues, "perm": self.perm.value}
 
 
-def check_queues(queues: int) -> int:
+def validate_queues(queues: int) -> int:
     if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"queues must be an integer 1-{MAX_QUEUES}, got {queues!r}")
     return queues
 
 
-def check_shrink(current: TopicConfig | None, queues: int,
+def validate_shrink(current: TopicConfig | None, queues: int,
                  offsets: Callable[[str, int], tuple[int, int]]) -> None:
     """409 QUEUES_NOT_EMPTY when ``queues`` would drop queues of ``current`` that still hold
     messages (``offsets``: topic, queue id → (min, max)): routes stop naming the dropped queues,
@@ -93,16 +94,21 @@ def check_shrink(current: TopicConfig | None, queues: int,
             "deletes them, or move the topic's traffic to a new topic")
 
 
+class WriteGuard(Protocol):
+    def require_writable(self) -> None:
+        """Raise ProtocolError when this broker may not change its topics (a replica:
+        NOT_PRIMARY); replication's ``BrokerRole`` is the broker's."""
+
+
 class TopicManager:
     """The topic table, persisted to ``{data_dir}/topics.json``."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, guard: WriteGuard | None = None) -> None:
         self.path = data_dir / FILE_NAME
         self._topics: dict[str, TopicConfig] = {}
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[TopicConfig], None]] = []
-        # raises when this broker may not change its topics (a replica: NOT_PRIMARY)
-        self.write_guard: Callable[[], None] | None = None
+        self.guard = guard  # asked before a client's create, update or delete (None: never)
 
     def add_listener(self, callback: Callable[[TopicConfig], None]) -> None:
         """Called after every create, update or delete (e.g. to heartbeat the nameservers)."""
@@ -154,7 +160,7 @@ class TopicManager:
     # --- writes ----------------------------------------------------------------------------------
 
     @staticmethod
-    def check_creatable(name: str) -> None:
+    def validate_creatable(name: str) -> None:
         """400 INVALID_TOPIC_NAME or 403 FORBIDDEN_SYSTEM_TOPIC unless the API may create it."""
         validate_topic_name(name)
         if is_system_topic(name):
@@ -164,10 +170,10 @@ class TopicManager:
 
     async def put(self, name: str, queues: int, perm: Perm) -> tuple[TopicConfig, bool]:
         """Create or update an ordinary topic; returns (config, changed)."""
-        self.check_creatable(name)
-        if self.write_guard is not None:
-            self.write_guard()
-        return await self._set(TopicConfig(name, check_queues(queues), perm))
+        self.validate_creatable(name)
+        if self.guard is not None:
+            self.guard.require_writable()
+        return await self._set(TopicConfig(name, validate_queues(queues), perm))
 
     async def ensure_system(self, name: str, queues: int | None = None) -> tuple[TopicConfig, bool]:
         """Create an internal topic if absent (retry and DLQ topics get one queue)."""
@@ -176,16 +182,16 @@ class TopicManager:
             return cfg, False
         validate_topic_name(name)
         count = queues or SYSTEM_TOPIC_QUEUES.get(name, 1)
-        return await self._set(TopicConfig(name, check_queues(count), Perm.READ_WRITE))
+        return await self._set(TopicConfig(name, validate_queues(count), Perm.READ_WRITE))
 
     async def delete(self, name: str) -> TopicConfig:
         """Remove an ordinary topic from the table; returns its last config.
 
         403 FORBIDDEN_SYSTEM_TOPIC for a system topic, 404 TOPIC_NOT_FOUND for an unknown one.
         """
-        self.check_creatable(name)
-        if self.write_guard is not None:
-            self.write_guard()
+        self.validate_creatable(name)
+        if self.guard is not None:
+            self.guard.require_writable()
         async with self._lock:
             cfg = self._topics.get(name)
             if cfg is None:

@@ -20,12 +20,13 @@ changes, through a watch) it renews its lease, publishes its ``last_offset()`` a
   since read → write both (the new epoch is one past the larger of the stored one and ours).
   The winner promotes itself (``role.promote(epoch)``) and re-registers with the nameservers.
 
-Fencing: ``fence()`` is True only while this broker leads and its lease is surely alive in
-etcd: until the time the last successful renewal was *sent* + the lease TTL - ``margin_s``, on
-the monotonic clock. etcd cannot expire the lease (and elect a successor) before that, so a
-primary paused past its lease (SIGSTOP) finds its fence shut when it resumes, before it can
-acknowledge anything; its next renewal finds the lease gone, and it follows the new primary.
-A clean stop revokes the lease, so the successor is elected at once.
+Fencing: the ``LeaseFence`` the composition root hands both to the elector and to the broker's
+role (its ``fence``) is open only while this broker leads and its lease is surely alive in etcd:
+until the time the last successful renewal was *sent* + the lease TTL - ``margin_s``, on the
+monotonic clock; only the elector moves it. etcd cannot expire the lease (and elect a successor)
+before that, so a primary paused past its lease (SIGSTOP) finds its fence shut when it resumes,
+before it can acknowledge anything; its next renewal finds the lease gone, and it follows the
+new primary. A clean stop revokes the lease, so the successor is elected at once.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ KEY_ROOT = "/tidemq"  # every tidemq key in etcd starts with this
 class RoleSeam(Protocol):
     """What the election drives: the broker's replication role (replication/role.py)."""
 
-    fence: Callable[[], bool]
     epoch: int  # the epoch this broker last led or followed under
 
     async def promote(self, epoch: int) -> None: ...
@@ -117,15 +117,42 @@ class Claim:
             return None
 
 
-def elector_for(settings: BrokerSettings, role: RoleSeam) -> Elector | None:
-    """The broker's elector when its group replicates and ``etcd_endpoints`` is set (None:
-    static roles)."""
-    if not settings.etcd_urls or not settings.replicated:
-        return None
+class LeaseFence:
+    """The write fence of a broker led through etcd: open while it leads and until
+    ``deadline`` (monotonic clock). Its ``Elector`` moves it; the role only asks it."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.leading = False
+        self.deadline = 0.0  # clock() after which the lease may have expired in etcd
+
+    def __call__(self) -> bool:
+        """May this broker acknowledge a write now? (leads, and its lease is surely alive)"""
+        return self.leading and self.clock() < self.deadline
+
+    def lead(self) -> None:
+        self.leading = True
+
+    def lose(self) -> None:
+        self.leading = False
+
+    def hold_until(self, deadline: float) -> None:
+        self.deadline = deadline
+
+
+def elected(settings: BrokerSettings) -> bool:
+    """Whether etcd decides who leads this broker's group (else the role is static)."""
+    return bool(settings.etcd_urls) and settings.replicated
+
+
+def elector_for(settings: BrokerSettings, role: RoleSeam, fence: LeaseFence) -> Elector:
+    """The broker's elector (its group replicates and ``etcd_endpoints`` is set), moving
+    ``fence``, which the role asks before every acknowledgement."""
     return Elector(EtcdClient(settings.etcd_urls), role, cluster=settings.cluster,
                    broker_name=settings.broker_name, broker_id=settings.broker_id,
                    address=settings.address, lease_s=settings.lease_s,
-                   margin_s=settings.lease_margin_s, interval_s=settings.election_interval_s)
+                   margin_s=settings.lease_margin_s, interval_s=settings.election_interval_s,
+                   fence=fence)
 
 
 def best_member(members: list[Claim]) -> Claim | None:
@@ -140,7 +167,8 @@ class Elector:
                  broker_id: int, address: str, lease_s: float, margin_s: float,
                  interval_s: float, settle_s: float | None = None,
                  on_change: Callable[[bool, int], Awaitable[None]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 fence: LeaseFence | None = None) -> None:
         if margin_s >= lease_s:
             raise ValueError(f"lease margin {margin_s}s must be shorter than the lease {lease_s}s")
         self.client = client
@@ -155,8 +183,7 @@ class Elector:
         self.on_change = on_change
         self.clock = clock
         self.lease = 0  # our etcd lease id (0: none yet, or lost)
-        self.deadline = 0.0  # clock() after which the lease may have expired in etcd
-        self.leading = False
+        self.write_fence = fence if fence is not None else LeaseFence(clock)
         self.epoch = 0  # the epoch we lead or follow under
         self.following: Claim | None = None
         self.elections = 0  # campaigns won (a metric)
@@ -165,13 +192,20 @@ class Elector:
         self._watch: asyncio.Task[None] | None = None
         self._error = ""
         self._refused: Claim | None = None  # a primary claim older than our epoch (logged once)
-        role.fence = self.fence
 
     # --- the fence ----------------------------------------------------------------------------
 
     def fence(self) -> bool:
         """May this broker acknowledge a write now? (leads, and its lease is surely alive)"""
-        return self.leading and self.clock() < self.deadline
+        return self.write_fence()
+
+    @property
+    def leading(self) -> bool:
+        return self.write_fence.leading
+
+    @property
+    def deadline(self) -> float:
+        return self.write_fence.deadline
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -189,7 +223,7 @@ class Elector:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         was_leading = self.leading
-        self.leading = False
+        self.write_fence.lose()
         if self.lease:
             with contextlib.suppress(EtcdError):
                 await self.client.revoke(self.lease)
@@ -266,10 +300,10 @@ class Elector:
                 self.lease = 0
                 self._lost("the lease expired in etcd")
             else:
-                self.deadline = sent + ttl - self.margin_s
+                self.write_fence.hold_until(sent + ttl - self.margin_s)
                 return
         self.lease = await self.client.grant(self.lease_ttl)
-        self.deadline = sent + self.lease_ttl - self.margin_s
+        self.write_fence.hold_until(sent + self.lease_ttl - self.margin_s)
 
     async def _renewing(self, change: Awaitable[None]) -> None:
         """Run a role change (a promotion rebuilds state from the log and may take a while)
@@ -294,7 +328,7 @@ class Elector:
         if self.leading:
             log.warning("lost the lead of %s (epoch %d): %s; writes are refused",
                         self.keys.broker_name, self.epoch, why)
-        self.leading = False
+        self.write_fence.lose()
 
     async def _publish(self) -> None:
         me = Claim(self.broker_id, self.address, self.epoch, self.role.last_offset())
@@ -351,13 +385,13 @@ class Elector:
             log.info("campaign in %s lost a race; reading the new state", self.keys.broker_name)
             self._wake.set()
             return
-        self.deadline = min(self.deadline, sent + self.lease_ttl - self.margin_s)
+        self.write_fence.hold_until(min(self.deadline, sent + self.lease_ttl - self.margin_s))
         log.warning("elected primary of %s under epoch %d (offset %d)", self.keys.broker_name,
                     epoch, me.last_offset)
         self.epoch = epoch
         self.following = None
         await self._renewing(self.role.promote(epoch))
-        self.leading = True
+        self.write_fence.lead()
         self.elections += 1
         if self.on_change is not None:
             await self.on_change(True, epoch)

@@ -1,4 +1,5 @@
-"""Every store write of a replicated broker passes the gate.
+"""Every store write of a replicated broker passes the gate: an ``Appender`` (store/appender.py)
+wrapping the store's group-commit writer, handed to the services by the composition root.
 
 Before the write: a broker that may not write (a replica, a deposed primary, a fence that says
 no) answers NOT_PRIMARY with nothing written; under ``replication=sync`` a primary with fewer
@@ -15,19 +16,18 @@ nothing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from services.broker.replication.quorum import Quorum
 from services.broker.replication.role import BrokerRole
+from services.broker.store.appender import Appender
 from services.broker.store.types import MessageRecord, PutResult, PutStatus
-
-Put = Callable[[list[MessageRecord]], Awaitable[PutResult]]
 
 
 class WriteGate:
-    def __init__(self, put: Put, role: BrokerRole, quorum: Quorum, wrote: Callable[[], None],
-                 timeout_s: float) -> None:
-        self._put = put
+    def __init__(self, writer: Appender, role: BrokerRole, quorum: Quorum,
+                 wrote: Callable[[], None], timeout_s: float) -> None:
+        self.writer = writer  # the store's group-commit writer
         self.role = role
         self.quorum = quorum
         self._wrote = wrote  # wakes the fetches held at the log end
@@ -53,7 +53,7 @@ class WriteGate:
         demotion none starts, so the log stops moving and can be compared and cut)."""
         await self._drained.wait()
 
-    async def put(self, records: list[MessageRecord]) -> PutResult:
+    async def append(self, records: list[MessageRecord]) -> PutResult:
         if not self.role.may_write():
             return self._not_primary()
         if not self.quorum.enough():
@@ -61,7 +61,7 @@ class WriteGate:
         self.writing += 1
         self._drained.clear()
         try:
-            result = await self._put(records)
+            result = await self.writer.append(records)
         finally:
             self.writing -= 1
             if not self.writing:

@@ -1,8 +1,10 @@
-"""The replication machinery of one broker, wired together; the role seam's hooks.
+"""The replication machinery of one broker, wired together; what a role change does to it.
 
-Built only when the group replicates (``replicas > 1``): without it nothing here runs and the
-broker behaves exactly as before. ``start`` puts the write gate in front of the store, makes
-reads stop at the high-water mark, and (a replica) starts following its primary.
+Started only when the group replicates (``replicas > 1``): without it nothing here runs and the
+broker behaves exactly as before. In a replicated group the composition root hands ``gate``
+(the write gate around the store's writer) to every service that writes; ``start`` makes reads
+stop at the high-water mark and (a replica) starts following its primary. The role's hooks
+(``Broker``) call ``stop_following``, ``start_following`` and ``became_primary``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import orjson
 from prometheus_client import CollectorRegistry
-from tidemq.protocol import ErrorCode, Perm, ProtocolError
+from tidemq.protocol import Perm
 
 from services.broker.messaging.topics import TopicConfig, TopicManager
 from services.broker.replication.follower import Follower, FollowerConfig
@@ -26,12 +28,13 @@ from services.broker.replication.role import BrokerRole, Role
 from services.broker.replication.source import FetchSource
 from services.broker.replication.visibility import Key, Visibility
 from services.broker.settings import BrokerSettings
+from services.broker.store.appender import Appender
 from services.broker.store.config import FlushMode
 from services.broker.store.store import MessageStore
 from services.common.auth.client import service_auth
 from services.common.constants import TOKEN_HEADER
 from services.common.files import write_atomic
-from services.common.loop import cancel_tasks
+from services.common.loop import Periodic
 from services.common.tls import client_context
 
 log = logging.getLogger(__name__)
@@ -41,10 +44,11 @@ HWM_FILE = "hwm"  # the last high-water mark, in the data directory (text: one i
 
 
 class ReplicationManager:
-    """Implements ``RoleHooks``; the routes reach the parts through it."""
+    """The routes reach the replication parts through it."""
 
-    def __init__(self, settings: BrokerSettings, store: MessageStore, role: BrokerRole,
-                 topics: TopicManager, notify: Callable[[set[Key]], None]) -> None:
+    def __init__(self, settings: BrokerSettings, store: MessageStore, writer: Appender,
+                 role: BrokerRole, topics: TopicManager,
+                 notify: Callable[[set[Key]], None]) -> None:
         s = settings
         self.settings = s
         self.store = store
@@ -57,7 +61,7 @@ class ReplicationManager:
         self.source = FetchSource(store, role, self.quorum, self.meta_version,
                                   s.replica_fetch_max_bytes, s.replicated)
         self.quorum.add_listener(self.source.wake)  # replicas learn a new HWM at once
-        self.gate = WriteGate(store.put, role, self.quorum, self._wrote,
+        self.gate = WriteGate(writer, role, self.quorum, self._wrote,
                               s.sync_ack_timeout_ms / 1000)
         self.follower = Follower(
             store, role,
@@ -69,30 +73,28 @@ class ReplicationManager:
         headers = {TOKEN_HEADER: s.token} if s.token else {}
         self._client = httpx.AsyncClient(headers=headers, timeout=5.0, verify=client_context(),
                                          auth=service_auth())
-        self.on_promoted: Callable[[], Awaitable[None]] | None = None  # derived state rebuild
         self._meta_version: str | None = None
         self._hwm_path = s.data_dir / HWM_FILE
         self._saved_hwm = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        # re-evaluate the in-sync set as time passes; keep the HWM on disk
+        self._ticks = Periodic("repl-tick", max(0.01, s.replica_lag_max_ms / 4000), self.tick,
+                               pause_first=True)
 
     # --- lifecycle -------------------------------------------------------------------------
     def register_metrics(self, registry: CollectorRegistry) -> None:
         registry.register(ReplicationCollector(self))
 
     async def start(self) -> None:
-        """Turn replication on (a replicated group only): the store's writes pass the gate,
-        its reads stop at the HWM, its listeners hear of records once they are visible."""
+        """Turn replication on (a replicated group only): the store's reads stop at the HWM,
+        its listeners hear of records once they are visible."""
         saved = await asyncio.to_thread(self._load_hwm)
         self.visibility.reset(saved)
-        self.quorum.hwm = saved
+        self.quorum.restore(saved)
         self._saved_hwm = saved
-        self.store.put = self.gate.put  # type: ignore[method-assign]
         self.store.add_listener(self.source.wake)  # right after each write: ship it at once
         self.visibility.activate()
         self.topics.add_listener(self._topics_changed)
-        self.topics.write_guard = self._topic_guard
-        self.role.hooks = self
-        self._tasks.append(asyncio.create_task(self._tick(), name="repl-tick"))
+        self._ticks.start()
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per fetch
         if self.role.role == Role.REPLICA:
             if self.role.primary_address:
@@ -109,25 +111,22 @@ class ReplicationManager:
     async def close(self) -> None:
         """Stop following and answer waiting sends (safe whether ``start`` ran or not)."""
         self.quorum.fail_waiters()
-        await cancel_tasks(*self._tasks)
+        await self._ticks.stop()
         await self.follower.close()
         await self._client.aclose()
 
-    async def _tick(self) -> None:
+    async def tick(self) -> None:
         """Re-evaluate the in-sync set as time passes (replicas that went silent); keep the
         HWM on disk, so that a restart serves at once what consumers could already see."""
-        interval = max(0.01, self.settings.replica_lag_max_ms / 4000)
-        while True:
-            await asyncio.sleep(interval)
-            if self.role.is_primary:
-                self.quorum.advance(self.store.log.write_offset)
-            hwm = self.visibility.hwm
-            if hwm != self._saved_hwm:
-                try:
-                    await asyncio.to_thread(write_atomic, self._hwm_path, str(hwm))
-                    self._saved_hwm = hwm
-                except OSError:
-                    log.exception("saving the high-water mark failed; retrying")
+        if self.role.is_primary:
+            self.quorum.advance(self.store.log.write_offset)
+        hwm = self.visibility.hwm
+        if hwm != self._saved_hwm:
+            try:
+                await asyncio.to_thread(write_atomic, self._hwm_path, str(hwm))
+                self._saved_hwm = hwm
+            except OSError:
+                log.exception("saving the high-water mark failed; retrying")
 
     def _load_hwm(self) -> int:
         """The HWM saved by the previous run, never past the log end (0 when none)."""
@@ -141,7 +140,7 @@ class ReplicationManager:
         self.source.wake()
         self.quorum.advance(self.store.log.write_offset)
 
-    # --- RoleHooks -------------------------------------------------------------------------
+    # --- role changes (through the role's hooks) --------------------------------------------
     async def stop_following(self) -> None:
         await self.follower.stop()
 
@@ -151,10 +150,11 @@ class ReplicationManager:
         await self.gate.drained()  # writes already in the writer land before the log is cut
         await self.follower.start(primary_address)
 
-    async def became_primary(self) -> None:
+    async def became_primary(self, reload: Callable[[], Awaitable[None]]) -> None:
+        """A new term from the HWM; ``reload`` (the state the broker derives from the log,
+        loaded again as after a restart) runs before the HWM moves on."""
         self.quorum.reset(self.visibility.hwm)
-        if self.on_promoted is not None:
-            await self.on_promoted()
+        await reload()
         self.quorum.advance(self.store.log.write_offset)
 
     def _truncated(self, offset: int) -> None:
@@ -175,10 +175,6 @@ class ReplicationManager:
 
     def metadata(self) -> dict[str, object]:
         return {"version": self.meta_version(), "topics": [c.to_wire() for c in self.topics.list()]}
-
-    def _topic_guard(self) -> None:
-        if not self.role.may_write():
-            raise ProtocolError(ErrorCode.NOT_PRIMARY, self.role.why_not_writable())
 
     async def _sync_metadata(self, primary: str, version: str) -> None:
         resp = await self._client.get(primary + METADATA_PATH)

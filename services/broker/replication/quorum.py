@@ -120,6 +120,10 @@ class Quorum:
             self._settle()
         return self.hwm
 
+    def restore(self, hwm: int) -> None:
+        """Start from the HWM the previous run saved (at start, before any replica fetched)."""
+        self.hwm = hwm
+
     def reset(self, hwm: int) -> None:
         """A new term: start from ``hwm`` (everything this copy held when promoted) and forget
         the replicas of the previous term."""

@@ -13,12 +13,15 @@ only through ``BrokerRole``:
 - ``last_offset()``: the end of the local commit log (pick the most caught-up replica by it);
 - ``epochs``: the persisted epoch history (``EpochFile``);
 - ``fence``: ``Callable[[], bool]``, "may I still acknowledge writes?", checked right before a
-  write is acknowledged (default: always true). The controller sets it (e.g. lease still held);
+  write is acknowledged (default: always true); given at construction (an etcd-led broker's is
+  its elector's ``LeaseFence``: lease still held);
 - ``deposed``: set when a follower shows a newer epoch; a deposed primary acknowledges nothing;
 - ``add_listener(callback)``: called (no arguments) after every change of role, epoch, primary
   address or deposition (registration uses it to heartbeat at once).
 
-The replication machinery plugs into the seam through ``RoleHooks``.
+The replication machinery plugs into the seam through ``RoleHooks``, also given at
+construction (the composition root, ``services/broker/service.py``, passes itself: it hands
+each change on to replication and to the state derived from the log).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import logging
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Protocol
+
+from tidemq.protocol import ErrorCode, ProtocolError
 
 from services.broker.replication.epochs import EpochFile
 
@@ -50,7 +55,7 @@ def always() -> bool:
 
 
 class RoleHooks(Protocol):
-    """What the replication machinery does on a role change (``ReplicationManager``)."""
+    """What the broker does on a role change (``Broker``, through ``ReplicationManager``)."""
 
     async def stop_following(self) -> None:
         """Stop fetching and finish dispatching every byte already written."""
@@ -78,16 +83,17 @@ class BrokerRole:
 
     def __init__(self, epochs: EpochFile, self_address: str, log_end: Callable[[], int],
                  role: Role = Role.PRIMARY, epoch: int = 0,
-                 primary_address: str | None = None) -> None:
+                 primary_address: str | None = None, *, fence: Fence = always,
+                 hooks: RoleHooks | None = None) -> None:
         self.epochs = epochs
         self.self_address = self_address
         self._log_end = log_end
         self.role = role
         self.epoch = epoch
         self.primary_address = primary_address if role == Role.REPLICA else self_address
-        self.fence: Fence = always
+        self.fence = fence
         self.deposed = False
-        self.hooks: RoleHooks = _NoHooks()
+        self.hooks: RoleHooks = hooks if hooks is not None else _NoHooks()
         self._listeners: list[Callable[[], None]] = []
         self._lock = asyncio.Lock()
         self.changes = 0  # role changes since start (metrics)
@@ -120,6 +126,11 @@ class BrokerRole:
             return (f"this broker was primary at epoch {self.epoch} but a newer epoch exists; "
                     "it accepts no write")
         return f"this broker no longer holds the primary's lease (epoch {self.epoch})"
+
+    def require_writable(self) -> None:
+        """ProtocolError NOT_PRIMARY unless ``may_write()`` (the topic table's guard)."""
+        if not self.may_write():
+            raise ProtocolError(ErrorCode.NOT_PRIMARY, self.why_not_writable())
 
     def to_wire(self) -> dict[str, object]:
         return {"role": self.role.value, "epoch": self.epoch,
@@ -195,19 +206,23 @@ class BrokerRole:
 
 def static_role(epochs: EpochFile, self_address: str, log_end: Callable[[], int],
                 role_setting: str, broker_id: int, primary_address: str,
-                replicated: bool = True) -> BrokerRole:
+                replicated: bool = True, *, fence: Fence = always,
+                hooks: RoleHooks | None = None) -> BrokerRole:
     """The role from the settings, until a controller drives it: ``role_setting`` ("primary",
     "replica", "" = primary when ``broker_id`` is 0). A static primary writes at its last
     recorded epoch, or epoch 1 on a fresh history. Without replication: a primary at epoch 0
-    and no history file (nothing changes on disk)."""
+    and no history file (nothing changes on disk). ``fence`` and ``hooks``: the role's own
+    (``BrokerRole``)."""
     if not replicated:
-        return BrokerRole(epochs, self_address, log_end, Role.PRIMARY, 0)
+        return BrokerRole(epochs, self_address, log_end, Role.PRIMARY, 0, fence=fence,
+                          hooks=hooks)
     epochs.load()
     role = Role(role_setting) if role_setting else (Role.PRIMARY if broker_id == 0
                                                       else Role.REPLICA)
     if role == Role.PRIMARY:
         if not epochs.entries:
             epochs.begin(1, 0)
-        return BrokerRole(epochs, self_address, log_end, Role.PRIMARY, epochs.last_epoch)
+        return BrokerRole(epochs, self_address, log_end, Role.PRIMARY, epochs.last_epoch,
+                          fence=fence, hooks=hooks)
     return BrokerRole(epochs, self_address, log_end, Role.REPLICA, epochs.last_epoch,
-                      primary_address.rstrip("/") or None)
+                      primary_address.rstrip("/") or None, fence=fence, hooks=hooks)

@@ -4,7 +4,7 @@ The store calls its listeners as soon as records are written (and dispatched); i
 group the long-polls they would wake must wait until the records are below the HWM. So the
 listener of a replicated store is ``Visibility.on_write``: it remembers which queues grew up to
 which log end, and passes them to the real listener (the pull hold) when ``advance`` moves the
-HWM past that end. ``store.visible_offset`` makes reads stop at the HWM.
+HWM past that end. ``store.limit_reads`` makes reads stop at the HWM.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Visibility:
     def activate(self) -> None:
         """From now on reads stop at the HWM (a replicated store only)."""
         self.active = True
-        self.store.visible_offset = self.hwm
+        self.store.limit_reads(self.hwm)
 
     def on_write(self, touched: set[Key]) -> None:
         end = self.store.log.write_offset
@@ -43,7 +43,7 @@ class Visibility:
             return
         self.hwm = hwm
         if self.active:
-            self.store.visible_offset = hwm
+            self.store.limit_reads(hwm)
         woken: set[Key] = set()
         while self._pending and self._pending[0][0] <= hwm:
             woken |= self._pending.popleft()[1]
@@ -54,5 +54,5 @@ class Visibility:
         """A truncation or a new term: the mark restarts at ``hwm``."""
         self.hwm = hwm
         if self.active:
-            self.store.visible_offset = hwm
+            self.store.limit_reads(hwm)
         self._pending = deque((e, k) for e, k in self._pending if e <= hwm)

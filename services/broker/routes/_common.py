@@ -13,7 +13,7 @@ from fastapi import Path, Query, Request
 from tidemq.protocol import ErrorCode
 
 from services.broker.messaging.convert import born_host
-from services.broker.messaging.pull import MAX_PULL, PullAnswer
+from services.broker.messaging.pull import MAX_PULL, Pulled
 from services.broker.service import Broker
 from services.common.app import token_guard
 from services.common.bodies import StrictBody, body_doc, read_model, read_payload
@@ -59,7 +59,7 @@ def _broker_token(request: Request) -> str:
 internal_auth = token_guard(_broker_token)
 
 
-def pull_answer(answer: PullAnswer, wire: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+def pull_answer(answer: Pulled, wire: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
     """The body of every pull: the messages (each through ``wire``) and the queue's bounds."""
     return {
         "messages": [wire(r) for r in answer.records],

@@ -28,7 +28,7 @@ class TopicList(BaseModel):
     topics: list[TopicAnswer]
 
 
-class QueueOffsets(BaseModel):
+class QueueOffsetsOut(BaseModel):
     queue_id: int
     min: int = Field(description="first offset still stored")
     max: int = Field(description="offset the next message will get")
@@ -36,10 +36,10 @@ class QueueOffsets(BaseModel):
 
 
 class TopicDetail(TopicAnswer):
-    offsets: list[QueueOffsets]
+    offsets: list[QueueOffsetsOut]
 
 
-class SendResult(BaseModel):
+class SentMessage(BaseModel):
     message_id: str
     queue_id: int = Field(description="a delayed message: the queue it will be delivered to")
     queue_offset: int | None = Field(description="null for a delayed message: it has no "
@@ -50,7 +50,7 @@ class SendResult(BaseModel):
 
 
 class SendAnswer(BaseModel):
-    results: list[SendResult] = Field(description="in request order")
+    results: list[SentMessage] = Field(description="in request order")
 
 
 class Position(BaseModel):
@@ -116,7 +116,7 @@ class PullManyAnswer(BaseModel):
                                                       "a moved offset, an error)")
 
 
-class StoredMessage(MessageOut):
+class StoredMessageOut(MessageOut):
     state: MessageState
     # a message waiting for its delivery has no position: the one field a lookup may leave null
     queue_offset: int | None = Field(  # type: ignore[assignment]
@@ -148,12 +148,12 @@ class RetryAnswer(BaseModel):
     destination: str = Field(description='"%RETRY%{group}" or "%DLQ%{group}"')
 
 
-class ReceivedMessage(MessageOut):
+class ReceivedMessageOut(MessageOut):
     receipt_handle: str
 
 
 class ReceiveAnswer(BaseModel):
-    messages: list[ReceivedMessage]
+    messages: list[ReceivedMessageOut]
 
 
 class AckAnswer(BaseModel):

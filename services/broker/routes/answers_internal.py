@@ -15,12 +15,12 @@ from pydantic import BaseModel, Field
 from services.broker.routes.answers import MessageBase, Position, QueueBounds
 
 
-class PutResult(Position):
+class PutPosition(Position):
     """Where a written record was stored."""
 
 
 class PutResults(BaseModel):
-    results: list[PutResult]
+    results: list[PutPosition]
 
 
 class RawRecord(MessageBase):
@@ -69,7 +69,7 @@ class TimerCancels(QueueBounds):
     message_ids: list[str] = Field(description="ids of delayed messages cancelled, in order")
 
 
-class DueRecord(BaseModel):
+class DueRecordOut(BaseModel):
     offset: int = Field(description="offset in the level queue")
     due_ms: int
     message_id: str
@@ -78,7 +78,7 @@ class DueRecord(BaseModel):
 
 
 class LevelDue(QueueBounds):
-    records: list[DueRecord]
+    records: list[DueRecordOut]
     next_due_ms: int | None = Field(description="due time of the first record not due yet")
 
 

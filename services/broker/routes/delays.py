@@ -43,7 +43,7 @@ router = APIRouter(tags=["delayed messages"])
                    ErrorCode.MESSAGE_NOT_FOUND, ErrorCode.ALREADY_DELIVERED,
                    ErrorCode.UNAVAILABLE))
 async def cancel(message_id: str, request: Request) -> Response:
-    return reply(request, await broker_of(request).schedule.cancel(path_id(message_id)))
+    return reply(request, await broker_of(request).delays.cancel(path_id(message_id)))
 
 
 @router.get("/v1/scheduled", summary="Pending delayed messages: count, next due time, by level",
@@ -52,7 +52,7 @@ async def cancel(message_id: str, request: Request) -> Response:
 async def scheduled(request: Request,
                     topic: Annotated[str | None, Query(description="only this topic")] = None,
                     ) -> Response:
-    return reply(request, await broker_of(request).schedule.scheduled(topic))
+    return reply(request, await broker_of(request).delays.scheduled(topic))
 
 
 # --- for the scheduler ---------------------------------------------------------------------------
@@ -97,7 +97,7 @@ class DeliverDoc(BaseModel):
 @internal.get("/info", summary="Delay table and identity of this broker",
               response_model=ScheduleInfo)
 async def info(request: Request) -> Response:
-    return reply(request, broker_of(request).schedule.info())
+    return reply(request, broker_of(request).delays.info())
 
 
 @internal.get("/intake", summary="Timers of the intake topic, ready to file",
@@ -108,7 +108,7 @@ async def intake(
     max: Annotated[int, Query(ge=1, le=MAX_INTAKE)] = 1024,
     wait_ms: WaitMs = 0,
 ) -> Response:
-    return reply(request, await broker_of(request).schedule.intake(offset, max, wait_ms))
+    return reply(request, await broker_of(request).delays.intake(offset, max, wait_ms))
 
 
 @internal.get("/cancels", summary="Ids of cancelled delayed messages, for a scheduler rebuild",
@@ -118,7 +118,7 @@ async def cancels(
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     max: Annotated[int, Query(ge=1, le=MAX_INTAKE)] = 1024,
 ) -> Response:
-    return reply(request, broker_of(request).schedule.cancels(offset, max))
+    return reply(request, broker_of(request).delays.cancels(offset, max))
 
 
 @internal.post("/levels/due", openapi_extra=body_doc(DueBody),
@@ -126,7 +126,7 @@ async def cancels(
                response_model=LevelsDue)
 async def levels_due(request: Request) -> Response:
     body = await read_model(request, DueBody)
-    answer = broker_of(request).schedule.levels_due(body.offsets, body.now_ms, body.max)
+    answer = broker_of(request).delays.levels_due(body.offsets, body.now_ms, body.max)
     return reply(request, answer)
 
 
@@ -137,14 +137,14 @@ async def levels_due(request: Request) -> Response:
 async def deliver(request: Request) -> Response:
     broker = broker_of(request)
     payload = await read_payload(request, broker.sender.max_request_bytes)
-    return reply(request, await broker.schedule.deliver(payload))
+    return reply(request, await broker.delays.deliver(payload))
 
 
 @internal.post("/progress", openapi_extra=body_doc(ProgressBody),
                summary="The scheduler's offsets: its retention floor", response_model=Floor)
 async def progress(request: Request) -> Response:
     body = await read_model(request, ProgressBody)
-    floor = broker_of(request).schedule.report_progress(body.owner, body.positions)
+    floor = broker_of(request).delays.report_progress(body.owner, body.positions)
     return reply(request, {"floor": floor})
 
 
@@ -155,6 +155,6 @@ async def pending(request: Request) -> Response:
     body = await read_model(request, PendingBody)
     if body.topic is not None and not body.topic:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "topic must not be empty")
-    answer = broker_of(request).schedule.pending(body.offsets, body.intake_offset, body.topic,
+    answer = broker_of(request).delays.pending(body.offsets, body.intake_offset, body.topic,
                                                  {(q, o) for q, o in body.skip})
     return reply(request, answer)

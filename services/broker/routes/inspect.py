@@ -117,4 +117,4 @@ async def scheduled_histogram(
     request: Request,
     by: Annotated[Literal["hour", "day"], Query(description="bucket width")] = "hour",
 ) -> Response:
-    return reply(request, await broker_of(request).schedule.histogram(by))
+    return reply(request, await broker_of(request).delays.histogram(by))

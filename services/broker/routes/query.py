@@ -11,7 +11,7 @@ from services.broker.delays.routing import waiting_fields
 from services.broker.messaging.convert import to_wire
 from services.broker.messaging.query import DEFAULT_QUERY, MAX_QUERY, MessageState, retry_history
 from services.broker.routes._common import broker_of, wants_msgpack
-from services.broker.routes.answers import Messages, StoredMessage
+from services.broker.routes.answers import Messages, StoredMessageOut
 from services.broker.routes.raw_ids import path_id
 from services.common.app import reply
 from services.common.openapi import errors
@@ -20,7 +20,7 @@ router = APIRouter(tags=["query"])
 
 
 @router.get("/v1/messages/{message_id}", summary="A message by id, with its state",
-            response_model=StoredMessage, responses=errors(ErrorCode.MESSAGE_NOT_FOUND))
+            response_model=StoredMessageOut, responses=errors(ErrorCode.MESSAGE_NOT_FOUND))
 async def get_message(message_id: str, request: Request) -> Response:
     """The message as sent (never a retry copy) with its ``state``; once a consumer group sent
     it back, ``retries`` lists per group the reconsume count and where each copy went."""

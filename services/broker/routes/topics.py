@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tidemq.protocol import ErrorCode, parse_perm
 
-from services.broker.messaging.topics import check_queues, check_shrink
+from services.broker.messaging.topics import validate_queues, validate_shrink
 from services.broker.routes._common import body_doc, broker_of, read_model
 from services.broker.routes.answers import DeletedTopic, TopicAnswer, TopicDetail, TopicList
 from services.common.app import reply
@@ -34,12 +34,12 @@ class TopicBody(BaseModel):
                              ErrorCode.QUEUES_NOT_EMPTY))
 async def put_topic(topic: TopicName, request: Request) -> Response:
     broker = broker_of(request)
-    broker.topics.check_creatable(topic)
+    broker.topics.validate_creatable(topic)
     body = await read_model(request, TopicBody)
     current = broker.topics.get(topic)
     default = current.queues if current is not None else broker.settings.default_queues
-    queues = check_queues(body.queues if body.queues is not None else default)
-    check_shrink(current, queues, broker.store.queue_offsets)
+    queues = validate_queues(body.queues if body.queues is not None else default)
+    validate_shrink(current, queues, broker.store.queue_offsets)
     cfg, changed = await broker.topics.put(topic, queues, parse_perm(body.perm))
     if changed:
         await broker.announce()

@@ -90,7 +90,7 @@ class HeartbeatDoc(_Doc):
 @lean(lambda request: {})
 async def begin(request: Request) -> Response:
     broker = broker_of(request)
-    broker.transactions.check_enabled()
+    broker.transactions.require_enabled()
     payload = await read_payload(request, broker.sender.max_request_bytes)
     if isinstance(payload, dict):
         reject_unknown(payload, HALF_FIELDS, "a half-message request")
@@ -145,7 +145,7 @@ async def pending(
                             f"state must be 'pending' (the only list kept), got {state!r}")
     if producer_group is not None:
         validate_group_name(producer_group)
-    found = await broker_of(request).tx_checking.pending(producer_group, max)
+    found = await broker_of(request).checker_requests.pending(producer_group, max)
     return reply(request, {"transactions": found})
 
 

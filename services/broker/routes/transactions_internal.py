@@ -16,7 +16,7 @@ from services.broker.routes._common import (
     read_payload,
 )
 from services.broker.routes.answers_internal import ActionResults, BrokerIdentity, Halves, Ops
-from services.broker.transactions.checker_api import MAX_PAGE
+from services.broker.transactions.checker_requests import MAX_PAGE
 from services.common.app import reply
 
 router = APIRouter(prefix="/internal/v1/transactions", tags=["internal"],
@@ -57,7 +57,8 @@ async def halves(
     max: PageSize = 256,
     wait_ms: WaitMs = 0,
 ) -> Response:
-    return reply(request, await broker_of(request).tx_checking.halves_held(offset, max, wait_ms))
+    checker = broker_of(request).checker_requests
+    return reply(request, await checker.halves_held(offset, max, wait_ms))
 
 
 @router.get("/ops", summary="A page of the op queue: the transaction ids it ends",
@@ -67,12 +68,12 @@ async def ops(
     offset: Offset = 0,
     max: PageSize = 256,
 ) -> Response:
-    return reply(request, broker_of(request).tx_checking.ops(offset, max))
+    return reply(request, broker_of(request).checker_requests.ops(offset, max))
 
 
 @router.post("/actions", summary="Check, defer or discard half messages",
              openapi_extra=body_doc(ActionsDoc), response_model=ActionResults)
 async def actions(request: Request) -> Response:
     payload = await read_payload(request)
-    results = await broker_of(request).tx_checking.act(payload)
+    results = await broker_of(request).checker_requests.act(payload)
     return reply(request, {"results": results})

@@ -118,7 +118,7 @@ class CommitLog:
                             return  # torn at the end of the file
                         break  # the record continues in the next chunk
                     try:
-                        record.check(view, p, seg.start + pos + p)
+                        record.validate(view, p, seg.start + pos + p)
                     except CorruptRecord:
                         return
                     yield view, p, seg.start + pos + p
@@ -168,6 +168,11 @@ class CommitLog:
         self._dirty.add(seg.fd)
         self._new_segment(seg.start + self.segment_bytes)
         self.write_offset = self.segments[-1].start
+
+    def fail(self, reason: str) -> None:
+        """Stop the log for good: every later write refuses with ``reason`` (the writer's
+        sticky error after a failed batch or fsync)."""
+        self.error = reason
 
     def write(self, data: bytes | bytearray) -> None:
         """Append ``data`` (whole records) to the current segment."""

@@ -63,7 +63,7 @@ def validate_entry(buf: Buffer, pos: int, offset: int) -> BatchSummary | None:
     answers its summary (dispatch uses it), a v1 record None; CorruptRecord otherwise."""
     kind = kind_at(buf, pos)
     if kind == V1:
-        record.check(buf, pos, offset)  # record.validate once issue 21's rename lands
+        record.validate(buf, pos, offset)
         return None
     if kind != V2:
         raise CorruptRecord(offset, "neither a record nor a batch starts here")

@@ -124,6 +124,11 @@ class IndexFile:
         self.sealed = True
         self.flush()
 
+    def reopen(self) -> None:
+        """Take writes again (the newest file, opened at start: its header is rewritten at
+        the next flush)."""
+        self.sealed = False
+
     def lookup(self, key: str, begin_ms: int, end_ms: int) -> Iterator[int]:
         """Commit log offsets of entries with the key's hash in the time range, newest first."""
         h = key_hash(key)
@@ -164,7 +169,7 @@ class Index:
         for path in sorted(p for p in self.dir.iterdir() if p.name.isdigit()):
             self.files.append(IndexFile(path, self.slots, self.entries))
         if self.files:
-            self.files[-1].sealed = False  # the newest file takes writes again
+            self.files[-1].reopen()  # the newest file takes writes again
 
     def put(self, key: str, phys: int, store_ms: int) -> None:
         last = self.files[-1] if self.files else None

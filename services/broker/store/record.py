@@ -120,7 +120,7 @@ class UnfitRecord(ValueError):
     """A record whose fields the layout cannot hold; the message names the field."""
 
 
-def check_fits(rec: MessageRecord) -> None:
+def validate_fits(rec: MessageRecord) -> None:
     """Raise UnfitRecord unless every header field of ``rec`` fits its slot."""
     encode_head(rec, b"")
 
@@ -219,7 +219,7 @@ class RecordMeta:
     keys: str
 
 
-def check(buf: bytes | bytearray | memoryview, pos: int, offset: int) -> int:
+def validate(buf: bytes | bytearray | memoryview, pos: int, offset: int) -> int:
     """Validate the record at ``buf[pos:]``; return its size or raise CorruptRecord."""
     if len(buf) - pos < PREFIX.size:
         raise CorruptRecord(offset, "truncated header")
@@ -235,7 +235,7 @@ def check(buf: bytes | bytearray | memoryview, pos: int, offset: int) -> int:
 
 def decode(buf: bytes | bytearray | memoryview, pos: int, offset: int) -> StoredRecord:
     """Decode a CRC-checked record at ``buf[pos:]`` whose physical offset is ``offset``."""
-    size = check(buf, pos, offset)
+    size = validate(buf, pos, offset)
     (_, _, _, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts, born_host,
      store_ts, store_host, reconsume, prepared, _tag, body_len) = HEADER.unpack_from(buf, pos)
     if physical_offset != offset:
@@ -286,6 +286,3 @@ def is_blank(buf: bytes | bytearray | memoryview, pos: int) -> bool:
     return len(buf) - pos >= BLANK_SIZE and BLANK.unpack_from(buf, pos)[1] == BLANK_MAGIC
 
 
-def offset_id(store_host: str, physical_offset: int) -> str:
-    """Internal id of a record: store host + physical offset, as 32 hex digits."""
-    return (encode_host(store_host) + struct.pack(">q", physical_offset)).hex().upper()

@@ -4,6 +4,9 @@ A segment goes when it is older than ``file_reserved_hours`` (by its last write)
 while disk usage is past the high-water mark — oldest first, never the segment being written,
 and never one that reaches a system consumer's retention floor (the checker's and scheduler's
 reported progress): their unconsumed records must outlive any age limit.
+
+``DiskSpace`` is the one place that judges the disk full: the writer refuses appends
+(DISK_FULL) while ``full``, which the checkpoint loop and every retention run refresh.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import logging
 import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,14 +24,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class DiskSpace:
+    """How full the store's disk is; ``full`` past ``full_ratio`` (writes refused)."""
+
+    def __init__(self, root: Path, full_ratio: float) -> None:
+        self.root = root
+        self.full_ratio = full_ratio
+        self.full = False
+
+    def used_ratio(self) -> float:
+        usage = shutil.disk_usage(self.root)
+        return usage.used / usage.total
+
+    def refresh(self) -> bool:
+        """Measure again; True when the disk is full."""
+        self.full = self.used_ratio() > self.full_ratio
+        return self.full
+
+
 class Retention:
     def __init__(self, store: MessageStore) -> None:
         self.store = store
         self.deleted_segments = 0
-
-    def _disk_ratio(self) -> float:
-        usage = shutil.disk_usage(self.store.root)
-        return usage.used / usage.total
 
     async def run_once(self, now: float | None = None) -> int:
         """Delete what may go; return the number of segments deleted."""
@@ -43,7 +61,7 @@ class Retention:
                     break  # holds records a system consumer has not consumed yet
                 mtime = seg.path.stat().st_mtime
                 expired = now - mtime > cfg.file_reserved_hours * 3600
-                pressure = self._disk_ratio() > cfg.disk_high_water_ratio
+                pressure = store.disk.used_ratio() > cfg.disk_high_water_ratio
                 if not (expired or pressure):
                     break
                 store.log.delete_oldest()
@@ -56,8 +74,7 @@ class Retention:
                     cq.advance_min(min_phys)
                 store.index.delete_before(min_phys)
         self.deleted_segments += deleted
-        store.writer.disk_full = self._disk_ratio() > cfg.disk_full_ratio
-        if store.writer.disk_full:
+        if store.disk.refresh():
             log.error("disk usage past %.0f%% and nothing deletable: refusing writes",
                       cfg.disk_full_ratio * 100)
         await asyncio.sleep(0)

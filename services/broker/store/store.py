@@ -3,7 +3,7 @@
 The only writer of its directory. ``open`` recovers: it trusts derived data only below the
 checkpoint, validates records forward from there, truncates a torn tail and re-dispatches.
 While open, a checkpoint loop fsyncs everything every ``flush_interval_ms`` and a retention
-loop deletes old segments.
+loop deletes old segments (both ``Periodic`` loops, services/common/loop.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from services.broker.store.commitlog import CLOSED, CommitLog
 from services.broker.store.config import StoreConfig
 from services.broker.store.dispatcher import Dispatcher
 from services.broker.store.index import Index, topic_key, unique_key
-from services.broker.store.retention import Retention
+from services.broker.store.retention import DiskSpace, Retention
 from services.broker.store.types import (
     GetResult,
     GetStatus,
@@ -31,7 +30,7 @@ from services.broker.store.types import (
     StoredRecord,
 )
 from services.broker.store.writer import GroupCommitWriter, fsync_all
-from services.common.loop import cancel_tasks
+from services.common.loop import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +53,20 @@ class MessageStore:
         self.floors: dict[str, int] = {}
         self._listeners: list[Listener] = []
         self._sync_lock = asyncio.Lock()
+        self.disk = DiskSpace(root, config.disk_full_ratio)
         self.writer = GroupCommitWriter(config, self.log, self.dispatcher, self._notify,
-                                        self._sync_lock)
-        self.put = self.writer.put  # type: ignore[method-assign]  # skip a coroutine layer
+                                        self._sync_lock, self.disk)
         self.retention = Retention(self)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = [
+            Periodic("store-ckpt", config.flush_interval_ms / 1000, self._checkpoint_and_measure,
+                     pause_first=True),
+            Periodic("store-retain", config.retention_interval_s, self.retention.run_once,
+                     pause_first=True)]
         self._checkpoint_job: asyncio.Future[None] | None = None  # the thread of a checkpoint
         self.recovery_seconds = 0.0
         self.recovered_records = 0
         # replication: records at or past this physical offset are not served (None: all)
-        self.visible_offset: int | None = None
+        self.visible_offset: int | None = None  # see limit_reads
 
     # --- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -71,8 +74,8 @@ class MessageStore:
         store = cls(config)
         await asyncio.to_thread(store._recover)
         store.writer.start()
-        store._tasks.append(asyncio.create_task(store._checkpoint_loop(), name="store-ckpt"))
-        store._tasks.append(asyncio.create_task(store._retention_loop(), name="store-retain"))
+        for loop in store._loops:
+            loop.start()
         return store
 
     def _recover(self) -> None:
@@ -138,28 +141,15 @@ class MessageStore:
             f.mm.flush()
         self._save_checkpoint(offset, clean)
 
-    async def _checkpoint_loop(self) -> None:
-        interval = self.config.flush_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.checkpoint()
-                usage = shutil.disk_usage(self.root)
-                self.writer.disk_full = usage.used / usage.total > self.config.disk_full_ratio
-            except OSError:
-                log.exception("checkpoint failed; retrying in %.1fs", interval)
-
-    async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.retention_interval_s)
-            try:
-                await self.retention.run_once()
-            except OSError:
-                log.exception("retention run failed")
+    async def _checkpoint_and_measure(self) -> None:
+        """Every ``flush_interval_ms``: a checkpoint, then how full the disk is."""
+        await self.checkpoint()
+        self.disk.refresh()
 
     async def close(self) -> None:
         await self.writer.stop()
-        await cancel_tasks(*self._tasks)
+        for loop in self._loops:
+            await loop.stop()
         if self._checkpoint_job is not None:  # a cancelled checkpoint's thread still runs
             await asyncio.wait([self._checkpoint_job])
         if not self.log.error:
@@ -170,8 +160,11 @@ class MessageStore:
 
     # --- writing ---------------------------------------------------------------------------
     async def put(self, records: list[MessageRecord]) -> PutResult:
-        """Append records contiguously, in order, in one group commit."""
-        return await self.writer.put(records)
+        """Append records contiguously, in order, in one group commit: the writer's own path,
+        not gated. The broker's services write through the ``Appender`` their composition
+        root hands them (store/appender.py), which is the replication gate in a replicated
+        group."""
+        return await self.writer.append(records)
 
     def add_listener(self, callback: Listener) -> None:
         self._listeners.append(callback)
@@ -209,6 +202,11 @@ class MessageStore:
             return target
 
     # --- reading ---------------------------------------------------------------------------
+    def limit_reads(self, offset: int | None) -> None:
+        """Serve no record at or past ``offset`` (the replication high-water mark; None: serve
+        everything): consume-queue reads and index lookups stop there."""
+        self.visible_offset = offset
+
     def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         cq = self.dispatcher.queues.get((topic, queue_id))
         return (cq.min_offset, cq.max_offset) if cq else (0, 0)
@@ -350,7 +348,6 @@ class MessageStore:
         return None if error is None or error == CLOSED else error
 
     def stats(self) -> dict[str, float]:
-        disk = shutil.disk_usage(self.root)
         return {
             **{k: float(v) for k, v in self.writer.stats.items()},
             "writer_failed": 1.0 if self.failure else 0.0,
@@ -360,7 +357,7 @@ class MessageStore:
             "commitlog_segments": float(len(self.log.segments)),
             "consume_queues": float(len(self.dispatcher.queues)),
             "index_files": float(len(self.index.files)),
-            "disk_used_ratio": disk.used / disk.total,
+            "disk_used_ratio": self.disk.used_ratio(),
             "recovery_seconds": self.recovery_seconds,
             "pid": float(os.getpid()),
         }

@@ -34,7 +34,7 @@ class PutStatus(StrEnum):
     UNAVAILABLE = "unavailable"  # store closed or in a sticky error state: nothing written
     WRITE_FAILED = "write_failed"  # the write or fsync covering it failed: part may be stored
     TOO_LARGE = "too_large"  # a record larger than a commit log segment can hold
-    INVALID = "invalid"  # a record field its slot in the layout cannot hold (record.check_fits)
+    INVALID = "invalid"  # a record field its slot in the layout cannot hold (record.validate_fits)
     NOT_PRIMARY = "not_primary"  # replication: this broker may not write (nothing written)
     NOT_ENOUGH_REPLICAS = "not_enough_replicas"  # replication: too few in-sync copies
 

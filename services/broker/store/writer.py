@@ -7,13 +7,18 @@ data is in the OS, so a process crash loses nothing acknowledged). Under ``flush
 second task runs ``fdatasync`` in a thread while the writer keeps packing the next batch,
 and acknowledges every request the sync covered — one fsync serves hundreds of records.
 
-Flow control: when the queue's head has waited longer than ``max_send_wait_ms`` or the bytes
-waiting exceed ``max_pending_bytes``, ``put`` answers BUSY at once instead of queueing.
+The writer is the store's ``Appender`` (store/appender.py): the broker's services write through
+``append``, directly or through the replication gate that wraps it.
 
-Failures: ``put`` packs every record's header once before queueing it, so a record the layout
+Flow control: when the queue's head has waited longer than ``max_send_wait_ms`` or the bytes
+waiting exceed ``max_pending_bytes``, ``append`` answers BUSY at once instead of queueing; while
+``disk.full`` (store/retention.py, ``DiskSpace``) it answers DISK_FULL.
+
+Failures: ``append`` packs every record's header once before queueing it, so a record the layout
 cannot hold (a field past its slot's width) fails its own request (INVALID) and never reaches a
-batch. An error inside the writer task is a bug or an I/O failure: it is sticky (the commit log's
-``error``), every later put answers UNAVAILABLE, and the broker's /healthz reports it.
+batch. An error inside the writer task is a bug or an I/O failure: it is sticky (the commit
+log's ``error``, set through ``CommitLog.fail``), every later append answers UNAVAILABLE, and
+the broker's /healthz reports it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from services.broker.store.config import FlushMode, StoreConfig
 from services.broker.store.consume_queue import ConsumeQueue
 from services.broker.store.dispatcher import Dispatcher, dispatchable
 from services.broker.store.record import append_encoded, encode_head
+from services.broker.store.retention import DiskSpace
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
@@ -68,14 +74,14 @@ def fsync_all(fds: list[int]) -> None:
 class GroupCommitWriter:
     def __init__(self, config: StoreConfig, commitlog: CommitLog, dispatcher: Dispatcher,
                  notify: Callable[[set[tuple[str, int]]], None],
-                 sync_lock: asyncio.Lock) -> None:
+                 sync_lock: asyncio.Lock, disk: DiskSpace) -> None:
         self.config = config
         self.log = commitlog
         self.dispatcher = dispatcher
         self.notify = notify
         self.sync_lock = sync_lock
+        self.disk = disk  # DISK_FULL while disk.full
         self.store_host = record.encode_host(config.store_host)
-        self.disk_full = False
         self.closed = False
         self._queue: deque[_Request] = deque()
         self._pending_bytes = 0
@@ -92,7 +98,7 @@ class GroupCommitWriter:
             self._tasks.append(asyncio.create_task(self._sync_loop(), name="store-sync"))
 
     async def stop(self) -> None:
-        """Refuse new puts, finish the queued ones, then stop."""
+        """Refuse new appends, finish the queued ones, then stop."""
         self.closed = True
         while self._queue or self._sync_waits:
             self._wake.set()
@@ -102,11 +108,11 @@ class GroupCommitWriter:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    # --- the put path ----------------------------------------------------------------------
+    # --- the append path -------------------------------------------------------------------
     def _refusal(self, now: float) -> PutResult | None:
         if self.closed or self.log.error:
             return PutResult(PutStatus.UNAVAILABLE, message=self.log.error or "store is closing")
-        if self.disk_full:
+        if self.disk.full:
             return PutResult(PutStatus.DISK_FULL,
                              message="disk is nearly full and nothing can be deleted")
         waited = (now - self._queue[0].enqueued) if self._queue else 0.0
@@ -120,7 +126,9 @@ class GroupCommitWriter:
                              f"written (limit {self.config.max_pending_bytes})")
         return None
 
-    async def put(self, records: list[MessageRecord]) -> PutResult:
+    async def append(self, records: list[MessageRecord]) -> PutResult:
+        """Queue ``records`` for the next batch; answered once written (``flush=async``) or
+        once the fsync covering them returned (``flush=sync``)."""
         now = time.monotonic()
         refusal = self._refusal(now)
         if refusal is not None:
@@ -168,8 +176,9 @@ class GroupCommitWriter:
                 continue
             except Exception as exc:  # a bug: make it sticky rather than write past it
                 log.exception("store writer failed")
-                self.log.error = f"writer failed: {exc}"
-                self._finish(batch, PutResult(PutStatus.WRITE_FAILED, message=self.log.error))
+                reason = f"writer failed: {exc}"
+                self.log.fail(reason)
+                self._finish(batch, PutResult(PutStatus.WRITE_FAILED, message=reason))
                 continue
             touched = self.dispatcher.write_pending()
             if touched:
@@ -243,11 +252,12 @@ class GroupCommitWriter:
                     self.log.mark_synced(target)
                     self.stats["fsyncs"] += 1
             except OSError as exc:
-                self.log.error = f"fsync failed: {exc}"
-                log.error("%s; the store refuses further writes", self.log.error)
+                reason = f"fsync failed: {exc}"
+                self.log.fail(reason)
+                log.error("%s; the store refuses further writes", reason)
                 while self._sync_waits:
                     self._finish(self._sync_waits.popleft().requests,
-                                 PutResult(PutStatus.WRITE_FAILED, message=self.log.error))
+                                 PutResult(PutStatus.WRITE_FAILED, message=reason))
                 continue
             while self._sync_waits and self._sync_waits[0].end_offset <= target:
                 self._finish(self._sync_waits.popleft().requests)

@@ -1,7 +1,8 @@
 """Transactional messages: the names, states and pure record builders the broker uses.
 
-Records (DESIGN §4), all written through one ``store.put`` per request so that a state change,
-its op record and its event are durable together:
+Records (docs/architecture.md#transactional-messages), all written through one
+``Appender.append`` per request so that a state change, its op record and its event are durable
+together:
 
 - **half copy**: topic ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, sys_flag NONE (so it is dispatched
   into the half queue, which the checker walks), the real topic and queue in ``REAL_TOPIC`` /
@@ -16,7 +17,7 @@ its op record and its event are durable together:
   discarded ones (``find_by_key(OP, txid)``); a commit is found by its commit copy instead.
 - **discard copy**: the message in ``TRANS_CHECK_MAX_TIME_TOPIC`` (never delivered).
 - **event**: one record per state change in ``TIDE_SYS_TRANS_EVENTS`` with the fixed JSON body
-  of DESIGN §4.7.
+  of docs/api.md#system-topics.
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ _EVENT_PROPS = {kind: {TAGS: kind.value} for kind in EventKind}  # shared: never
 
 def event_record(kind: EventKind, source: EventSource, info: TxInfo, ts_ms: int
                  ) -> MessageRecord:
-    """One event in the fixed schema of DESIGN §4.7 (the metrics job's input)."""
+    """One event in the fixed schema of docs/api.md#system-topics (the metrics job's input)."""
     body = orjson.dumps(make_event(
         kind, source=source, producer_group=info.group, topic=info.topic,
         transaction_id=info.txid, message_id=info.message_id, check_times=info.check_times,

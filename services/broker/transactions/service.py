@@ -5,13 +5,14 @@
   answers its first transaction id.
 - ``end``: under the transactions' locks, decide each end against the durable state (commit:
   commit copy + op record + event; rollback: op record + event; unknown: event only), write
-  everything of a batch in ONE ``store.put``, then update memory. The write runs as its own task,
-  so a client that disconnects mid-write cannot leave memory behind the log. Ending again with
-  the same action answers the same state; a different action → 409 TRANSACTION_ALREADY_ENDED.
+  everything of a batch in ONE ``Appender.append``, then update memory. The write runs as its
+  own task, so a client that disconnects mid-write cannot leave memory behind the log. Ending
+  again with the same action answers the same state; a different action → 409
+  TRANSACTION_ALREADY_ENDED.
 - ``poll_checks``: the long poll producers answer checks from (``CheckChannel``).
 
 The checker's side (scan pages, check/discard actions, restart rebuild, message states) is in
-``tx_checking.py``; the records and their properties in ``tx_model.py``.
+``checker_requests.py``; the records and their properties in ``model.py``.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from tidemq.protocol import (
 from tidemq.protocol.numbers import INT32_MAX, shown
 
 from services.broker.consumers.membership import ProducerRegistry
-from services.broker.messaging.convert import to_wire
-from services.broker.messaging.send import SendService, check_put, new_message_id, now_ms
+from services.broker.messaging.convert import new_message_id, to_wire
+from services.broker.messaging.send import SendService, appended_or_raise
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
+from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
 from services.broker.store.types import (
     Appended,
@@ -75,6 +77,7 @@ from services.broker.transactions.requests import (
     parse_group,
 )
 from services.broker.transactions.table import HalfCache, HalfDedup, KeyedLocks, TxTable
+from services.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +90,29 @@ HALF_CACHE_BYTES = 64 * 1024 * 1024  # bodies of recent half records kept for th
 
 
 class TransactionService:
-    def __init__(self, store: MessageStore, topics: TopicManager, sender: SendService,
-                 producers: ProducerRegistry, metrics: BrokerMetrics, *, reject: bool,
-                 dedup_window_s: float, dedup_max_entries: int, check_hold_s: float,
-                 max_ended: int, half_cache_bytes: int = HALF_CACHE_BYTES) -> None:
+    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+                 sender: SendService, producers: ProducerRegistry, metrics: BrokerMetrics, *,
+                 reject: bool, dedup_window_s: float, dedup_max_entries: int,
+                 check_hold_s: float, max_ended: int,
+                 half_cache_bytes: int = HALF_CACHE_BYTES) -> None:
         self.store = store
+        self.appender = appender
         self.topics = topics
         self.sender = sender
         self.producers = producers
         self.metrics = metrics
         self.reject = reject
         self._topics_ready = all(topics.get(name) is not None for name in SYSTEM_TOPICS)
+        self.max_ended = max_ended
+        self.dedup_window_ms = int(dedup_window_s * 1000)
+        self.dedup_max_entries = dedup_max_entries
         self.table = TxTable(store, max_ended)
         self.cache = HalfCache(half_cache_bytes)
         self.locks = KeyedLocks()
         self.channel = CheckChannel(check_hold_s)
         # halves stored by an earlier run may be retried: ask the index until the window passed
         earlier = store.queue_offsets(HALF_TOPIC, 0)[1] > 0
-        self.dedup = HalfDedup(store, int(dedup_window_s * 1000), dedup_max_entries,
+        self.dedup = HalfDedup(store, self.dedup_window_ms, dedup_max_entries,
                                now_ms() if earlier else 0)
         self.events = Counter("tidemq_broker_transaction_events",
                               "Transaction state changes by event (half, commit, rollback, "
@@ -128,13 +136,20 @@ class TransactionService:
     def close(self) -> None:
         self.channel.close()
 
+    def reload(self, now: int) -> None:
+        """Forget what memory holds and learn it from the log again, as after a restart (a
+        promoted replica's table may hold loads the log has since moved past): the table
+        starts empty and loads on demand; the half dedup consults the index for one window."""
+        self.table = TxTable(self.store, self.max_ended)
+        self.dedup = HalfDedup(self.store, self.dedup_window_ms, self.dedup_max_entries, now)
+
     async def write(self, records: list[MessageRecord]) -> list[Appended]:
         """One store write; ProtocolError (BROKER_BUSY, DISK_FULL, ...) when it fails."""
         started = time.perf_counter()
-        result = await self.store.put(records)
+        result = await self.appender.append(records)
         self.metrics.put_requests.labels(result.status.value).inc()
         self.metrics.put_latency.observe(time.perf_counter() - started)
-        return check_put(result)
+        return appended_or_raise(result)
 
     def count(self, records: list[MessageRecord]) -> None:
         kinds = collections.Counter(r.properties.get(TAGS, "") for r in records
@@ -144,7 +159,7 @@ class TransactionService:
 
     # --- half messages -------------------------------------------------------------------------
 
-    def check_enabled(self) -> None:
+    def require_enabled(self) -> None:
         if self.reject:
             raise ProtocolError(ErrorCode.TRANSACTIONS_DISABLED,
                                 "this broker rejects transactional messages "
@@ -153,7 +168,7 @@ class TransactionService:
 
     async def begin(self, payload: Any, host: str) -> dict[str, Any]:
         """``POST /v1/transactions``: store half messages; the answer of docs/api.md."""
-        self.check_enabled()
+        self.require_enabled()
         if not isinstance(payload, dict):
             raise ProtocolError(ErrorCode.BAD_REQUEST, "the body must be an object")
         group = parse_group(payload)
@@ -178,7 +193,7 @@ class TransactionService:
         now = now_ms()
         plan: list[tuple[OutgoingMessage, int, str]] = []
         for msg in msgs:
-            due = self.sender.delays.check(msg, now)  # refuses what cannot be honoured
+            due = self.sender.delay_router.validate(msg, now)  # refuses what cannot be honoured
             plan.append((msg, self.sender.select_queue(cfg, msg),
                          msg.message_id or new_message_id()))
             if due is None:
@@ -357,9 +372,9 @@ class TransactionService:
         record = commit_copy(half, info, tag_code(half.properties.get(TAGS)))
         delayed = delayed_message(half)
         if delayed is not None:
-            due = self.sender.delays.check(delayed, now)  # counted from the commit
+            due = self.sender.delay_router.validate(delayed, now)  # counted from the commit
             if due is not None:
-                routed = self.sender.delays.route(record, delayed, due)
+                routed = self.sender.delay_router.route(record, delayed, due)
                 routed.sys_flag |= record.sys_flag
                 return routed
         return record

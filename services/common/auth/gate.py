@@ -1,6 +1,6 @@
 """Authentication and authorisation of one request, for both doors.
 
-``Gate.check_rest`` / ``Gate.check_grpc`` verify a signature (docs/api.md "Authentication") and
+``Gate.verify_rest`` / ``Gate.verify_grpc`` verify a signature (docs/api.md "Authentication") and
 return the account; ``Gate.authorize`` checks the rules. Refusals raise ``Refused`` with the API
 code (UNAUTHORIZED, FORBIDDEN) and a message safe to show the caller; each one is logged (access
 key and reason, never a secret or a signature) and counted in
@@ -115,7 +115,7 @@ class Gate:
             raise self._refuse(door, ErrorCode.UNAUTHORIZED, "malformed", str(exc), "",
                                what) from exc
 
-    def check_rest(self, method: str, path: str, query: str, digest: str, date: str,
+    def verify_rest(self, method: str, path: str, query: str, digest: str, date: str,
                    authorization: str) -> User:
         """The account that signed this REST request; ``Refused`` (401) otherwise."""
         what = f"{method} {path}"
@@ -127,7 +127,7 @@ class Gate:
                     "query, body, date and secret key must all be as signed)", access_key, what)
         return user
 
-    def check_grpc(self, authorization: str, date: str, rpc: str) -> User:
+    def verify_grpc(self, authorization: str, date: str, rpc: str) -> User:
         """The account that signed this gRPC call (RocketMQ 5 MQv2-HMAC-SHA1)."""
         access_key, signature, user = self._signer("grpc", GRPC_SCHEME, authorization, date,
                                                    "x-mq-date-time", rpc)

@@ -74,7 +74,7 @@ class AclMiddleware:
         raw_path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"").decode("latin-1")
         try:
-            user = self.gate.check_rest(
+            user = self.gate.verify_rest(
                 method, raw_path.decode("latin-1"), query,
                 hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256,
                 headers.get(b"x-tidemq-date", b"").decode("latin-1"),

@@ -14,19 +14,7 @@ from services.broker.consumers.membership import (
     ProducerRegistry,
     parse_tags,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+from tests.support.clock import FakeClock
 
 
 def test_heartbeat_returns_sorted_members(clock: FakeClock) -> None:

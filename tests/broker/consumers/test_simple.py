@@ -17,6 +17,7 @@ from services.broker.consumers.receipts import decode_receipt, encode_receipt
 from services.broker.consumers.simple import Received, SimpleConsumerService
 from services.broker.messaging.longpoll import PullHold
 from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
+from tests.support.clock import FakeClock
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -76,14 +77,6 @@ class FakeStore:
         return GetResult(status, records, nxt, lo, hi)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-
 @pytest.fixture
 def store() -> FakeStore:
     return FakeStore()
@@ -107,14 +100,9 @@ def make_service(store: FakeStore, redis_url: str, offsets: OffsetStore,
 
 
 @pytest.fixture
-async def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def svc(store: FakeStore, redis_server: RedisServer, offsets: OffsetStore, clock: Clock,
+async def svc(store: FakeStore, redis_server: RedisServer, offsets: OffsetStore, clock: FakeClock,
               ) -> AsyncIterator[SimpleConsumerService]:
-    service = make_service(store, redis_server.url, offsets, clock)
+    service = make_service(store, redis_server.url, offsets, clock.ms)
     yield service
     await service.close()
 
@@ -152,34 +140,34 @@ async def test_new_group_starts_at_committed_offset(store: FakeStore, svc: Simpl
 
 
 async def test_expired_message_is_redelivered(store: FakeStore, svc: SimpleConsumerService,
-                                              clock: Clock) -> None:
+                                              clock: FakeClock) -> None:
     store.append("T", 0, "m0")
     first = await svc.receive("G", "T", [0], invisible_ms=1000, wait_ms=0)
     assert bodies(first) == ["m0"]
-    clock.ms += 999
+    clock.wall_ms += 999
     assert await svc.receive("G", "T", [0], wait_ms=0) == []
-    clock.ms += 1
+    clock.wall_ms += 1
     again = await svc.receive("G", "T", [0], invisible_ms=1000, wait_ms=0)
     assert bodies(again) == ["m0"] and again[0].reconsume_times == 1
     assert again[0].receipt_handle != first[0].receipt_handle
     assert await svc.ack("G", [first[0].receipt_handle]) == 0  # superseded
-    clock.ms += 1000
+    clock.wall_ms += 1000
     third = await svc.receive("G", "T", [0], wait_ms=0)
     assert third[0].reconsume_times == 2
     assert await svc.ack("G", [third[0].receipt_handle]) == 1
 
 
 async def test_expired_but_not_redelivered_can_still_be_acked(
-        store: FakeStore, svc: SimpleConsumerService, clock: Clock) -> None:
+        store: FakeStore, svc: SimpleConsumerService, clock: FakeClock) -> None:
     store.append("T", 0, "m0")
     got = await svc.receive("G", "T", [0], invisible_ms=100, wait_ms=0)
-    clock.ms += 5000
+    clock.wall_ms += 5000
     assert await svc.ack("G", [got[0].receipt_handle]) == 1
     assert await svc.receive("G", "T", [0], wait_ms=0) == []
 
 
 async def test_change_invisibility(store: FakeStore, svc: SimpleConsumerService,
-                                   clock: Clock) -> None:
+                                   clock: FakeClock) -> None:
     store.append("T", 0, "m0")
     got = await svc.receive("G", "T", [0], invisible_ms=1000, wait_ms=0)
     old = got[0].receipt_handle
@@ -188,13 +176,13 @@ async def test_change_invisibility(store: FakeStore, svc: SimpleConsumerService,
     with pytest.raises(ProtocolError) as err:
         await svc.change_invisibility("G", old, 10_000)
     assert err.value.code is ErrorCode.INVALID_RECEIPT_HANDLE
-    clock.ms += 5000  # past the first invisibility, inside the new one
+    clock.wall_ms += 5000  # past the first invisibility, inside the new one
     assert await svc.receive("G", "T", [0], wait_ms=0) == []
     assert await svc.ack("G", [old]) == 0
-    clock.ms += 5000  # the new invisibility ran out too: the handle stays current (as for
+    clock.wall_ms += 5000  # the new invisibility ran out too: the handle stays current (as for
     newer = await svc.change_invisibility("G", new, 1000)  # ack) until a receive hands it out
     assert await svc.receive("G", "T", [0], wait_ms=0) == []  # invisible again
-    clock.ms += 1000
+    clock.wall_ms += 1000
     again = await svc.receive("G", "T", [0], wait_ms=0)
     assert again[0].reconsume_times == 1
     assert await svc.ack("G", [newer]) == 0  # superseded by that delivery
@@ -319,18 +307,18 @@ async def test_long_poll_wakes_when_invisibility_ends(store: FakeStore, redis_se
 
 
 async def test_state_survives_a_new_service(store: FakeStore, redis_server: RedisServer,
-                                            offsets: OffsetStore, clock: Clock) -> None:
+                                            offsets: OffsetStore, clock: FakeClock) -> None:
     for i in range(4):
         store.append("T", 0, f"m{i}")
-    first = make_service(store, redis_server.url, offsets, clock)
+    first = make_service(store, redis_server.url, offsets, clock.ms)
     got = await first.receive("G", "T", [0], max_count=2, invisible_ms=1000, wait_ms=0)
     await first.close()
-    second = make_service(store, redis_server.url, offsets, clock)  # a broker restart
+    second = make_service(store, redis_server.url, offsets, clock.ms)  # a broker restart
     try:
         m2 = await second.receive("G", "T", [0], max_count=1, invisible_ms=1000, wait_ms=0)
         assert bodies(m2) == ["m2"]
         assert await second.ack("G", [got[0].receipt_handle]) == 1
-        clock.ms += 1000
+        clock.wall_ms += 1000
         again = await second.receive("G", "T", [0], max_count=10, wait_ms=0)
         assert bodies(again) == ["m1", "m2", "m3"]
         assert [r.reconsume_times for r in again] == [1, 1, 0]
@@ -376,15 +364,3 @@ async def test_redis_down_is_unavailable_then_recovers(store: FakeStore,
     finally:
         await svc.close()
         await offsets.close()
-
-
-async def test_reset_cursors(store: FakeStore, svc: SimpleConsumerService) -> None:
-    for i in range(5):
-        store.append("T", 0, f"m{i}")
-    assert len(await svc.receive("G", "T", [0], max_count=2, wait_ms=0)) == 2
-    await svc.reset_cursors("G", "T", {0: 4})
-    assert bodies(await svc.receive("G", "T", [0], wait_ms=0)) == ["m4"]
-    svc.forget("G")  # reloaded from Redis: the same cursor
-    await svc.reset_cursors("G", "T", {0: 3})
-    assert bodies(await svc.receive("G", "T", [0], wait_ms=0)) == ["m3"]
-    assert await svc.inflight_count("G", "T") == 4

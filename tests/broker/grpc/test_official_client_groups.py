@@ -19,8 +19,9 @@ import pytest
 from services.broker.grpc.proto import Code, FilterType, service_grpc, service_pb
 from tests.broker.grpc.conftest import Cluster
 from tests.support.broker import unique
-from tests.support.groups import GroupProcs, Groups, run_groups, wait_until
+from tests.support.groups import GroupProcs, Groups, run_groups
 from tests.support.procs import RedisServer, wait_port
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

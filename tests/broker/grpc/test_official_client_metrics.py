@@ -12,7 +12,7 @@ import pytest
 
 from tests.broker.grpc.conftest import Cluster
 from tests.support.broker import unique
-from tests.support.procs import wait_for
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def test_client_metrics_are_on_exported_to_the_door_and_log_no_error(cluster: Cl
     assert sorted(result["received"]) == sorted(result["sent"])
     assert result["metrics_on"] == {"producer": True, "consumer": True}
     # each client's meter provider exports once more as it shuts down
-    wait_for(lambda: figure(cluster, EXPORTS) >= before + 2, 15, "the clients' OTLP exports")
+    wait_until(lambda: figure(cluster, EXPORTS) >= before + 2, 15, "the clients' OTLP exports")
     assert figure(cluster, POINTS) > 0
     new = errors_in(cluster.home)[len(before_errors):]
     assert not [x for x in new if "metric" in x.lower() or "get_meter" in x], new

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from tidemq.protocol import ErrorCode, Limits, Perm, ProtocolError
 
-from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, Delays
+from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
 from services.broker.messaging.dedup import DedupCache, Placed
-from services.broker.messaging.send import SendService, check_put, now_ms
+from services.broker.messaging.send import SendService, appended_or_raise
 from services.broker.messaging.topics import TopicManager
 from services.broker.observability import BrokerMetrics
 from services.broker.store.types import (
@@ -22,12 +22,13 @@ from services.broker.store.types import (
     PutStatus,
     StoredRecord,
 )
+from services.common.clock import now_ms
 
 LEVELS_MS = (1000, 5000)  # a two-level delay table
 
 
 class MemoryStore:
-    """The part of MessageStore the send path uses, in memory; ``gate`` holds puts."""
+    """The store and appender the send path uses, in memory; ``gate`` holds appends."""
 
     def __init__(self) -> None:
         self.records: list[StoredRecord] = []
@@ -36,7 +37,7 @@ class MemoryStore:
         self.gate: asyncio.Event | None = None
         self.puts = 0
 
-    async def put(self, records: list[MessageRecord]) -> PutResult:
+    async def append(self, records: list[MessageRecord]) -> PutResult:
         self.puts += 1
         if self.gate is not None:
             await self.gate.wait()
@@ -62,8 +63,8 @@ async def service(tmp_path: Path) -> tuple[SendService, MemoryStore]:
     topics = TopicManager(tmp_path)
     await topics.put("T", 4, Perm.READ_WRITE)
     store = MemoryStore()
-    svc = SendService(store, topics, DedupCache(600, 1000, 0), BrokerMetrics(),  # type: ignore
-                      Limits(), Delays(LEVELS_MS, Limits().max_delay_ms))
+    svc = SendService(store, store, topics, DedupCache(600, 1000, 0),  # type: ignore
+                      BrokerMetrics(), Limits(), DelayRouter(LEVELS_MS, Limits().max_delay_ms))
     return svc, store
 
 
@@ -166,9 +167,9 @@ async def test_a_bad_message_rejects_the_whole_batch(service: Any) -> None:
     (PutStatus.TOO_LARGE, ErrorCode.MESSAGE_TOO_LARGE)])
 def test_put_status_maps_to_error_code(status: PutStatus, code: ErrorCode) -> None:
     with pytest.raises(ProtocolError) as err:
-        check_put(PutResult(status, message="why"))
+        appended_or_raise(PutResult(status, message="why"))
     assert err.value.code is code and "why" in err.value.message
-    assert check_put(PutResult(PutStatus.OK, [])) == []
+    assert appended_or_raise(PutResult(PutStatus.OK, [])) == []
 
 
 async def test_delayed_messages_are_stored_as_waiting_copies(service: Any) -> None:

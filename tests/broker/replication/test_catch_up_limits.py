@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from tests.conftest import RedisServer
-from tests.support.replication import run_group, status, wait_in_sync, wait_until
+from tests.support.replication import run_group, status, wait_in_sync
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

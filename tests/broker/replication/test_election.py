@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from services.broker.replication.election import Claim, Elector, GroupKeys, best_member
+from services.broker.replication.election import (
+    Claim,
+    Elector,
+    GroupKeys,
+    LeaseFence,
+    best_member,
+)
 from services.common.etcd import EtcdClient, KeyValue
 from tests.support.etcd import EtcdServer
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +34,7 @@ class FakeRole:
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
         self.epoch = 0
-        self.fence: Callable[[], bool] = lambda: False
+        self.fence = LeaseFence()  # the elector moves it
         self.promoted: list[tuple[int, float]] = []  # (epoch, monotonic time)
         self.demoted: list[tuple[str, int]] = []
 
@@ -60,7 +67,7 @@ async def client(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
 def _elector(client: EtcdClient, role: FakeRole, group: str, broker_id: int) -> Elector:
     return Elector(client, role, cluster="test", broker_name=group, broker_id=broker_id,
                    address=f"http://127.0.0.1:{20000 + broker_id}", lease_s=LEASE_S,
-                   margin_s=MARGIN_S, interval_s=INTERVAL_S)
+                   margin_s=MARGIN_S, interval_s=INTERVAL_S, fence=role.fence)
 
 
 def _started(client: EtcdClient, roles: list[FakeRole], group: str) -> list[Elector]:
@@ -69,14 +76,6 @@ def _started(client: EtcdClient, roles: list[FakeRole], group: str) -> list[Elec
     for e in electors:
         e.start()
     return electors
-
-
-async def _until(check: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 async def _crash(elector: Elector) -> None:
@@ -100,7 +99,7 @@ async def test_first_leader_is_broker_0_and_the_other_follows(client: EtcdClient
     roles = [FakeRole(), FakeRole()]
     electors = _started(client, roles, group)
     try:
-        await _until(lambda: bool(roles[0].promoted) and bool(roles[1].demoted))
+        await wait_until_async(lambda: bool(roles[0].promoted) and bool(roles[1].demoted))
         assert roles[0].promoted[0][0] == 1
         assert roles[0].fence() and not roles[1].fence()
         assert roles[1].demoted[-1] == ("http://127.0.0.1:20000", 1)
@@ -117,8 +116,8 @@ async def test_the_larger_offset_wins(client: EtcdClient) -> None:
     roles = [FakeRole(offset=100), FakeRole(offset=700), FakeRole(offset=300)]
     electors = _started(client, roles, group)
     try:
-        await _until(lambda: bool(roles[1].promoted)
-                     and all(r.demoted for i, r in enumerate(roles) if i != 1))
+        await wait_until_async(lambda: bool(roles[1].promoted)
+                               and all(r.demoted for i, r in enumerate(roles) if i != 1))
         assert roles[0].promoted == [] and roles[2].promoted == []
         assert roles[0].demoted[-1] == ("http://127.0.0.1:20001", 1)
     finally:
@@ -132,24 +131,24 @@ async def test_lease_lapse_elects_a_successor_under_the_next_epoch_and_fences_th
     old_role, new_role = FakeRole(offset=50), FakeRole(offset=40)
     old, new = _elector(client, old_role, group, 0), _elector(client, new_role, group, 1)
     old.start()
-    await _until(lambda: bool(old_role.promoted))
+    await wait_until_async(lambda: bool(old_role.promoted))
     new.start()
     try:
-        await _until(lambda: bool(new_role.demoted))
+        await wait_until_async(lambda: bool(new_role.demoted))
         assert old_role.fence()
         paused_at = time.monotonic()
         await _crash(old)  # no more renewals: as if SIGSTOPped
-        await _until(lambda: not old_role.fence(), within=LEASE_S)
+        await wait_until_async(lambda: not old_role.fence(), LEASE_S)
         fenced_at = time.monotonic()
         assert fenced_at - paused_at <= LEASE_S - MARGIN_S + 0.3
-        await _until(lambda: bool(new_role.promoted), within=LEASE_S + 5)
+        await wait_until_async(lambda: bool(new_role.promoted), LEASE_S + 5)
         epoch, elected_at = new_role.promoted[0]
         assert epoch == 2
         assert fenced_at < elected_at  # never two brokers with an open fence
         assert elected_at - paused_at < LEASE_S + 3
         # the old primary resumes: its lease is gone, it follows the new primary
         old.start()
-        await _until(lambda: bool(old_role.demoted))
+        await wait_until_async(lambda: bool(old_role.demoted))
         assert old_role.demoted[-1] == ("http://127.0.0.1:20001", 2)
         assert not old_role.fence() and new_role.fence()
         assert len(old_role.promoted) == 1
@@ -163,11 +162,11 @@ async def test_a_clean_stop_hands_over_at_once(client: EtcdClient) -> None:
     roles = [FakeRole(), FakeRole()]
     electors = _started(client, roles, group)
     try:
-        await _until(lambda: bool(roles[0].promoted) and bool(roles[1].demoted))
+        await wait_until_async(lambda: bool(roles[0].promoted) and bool(roles[1].demoted))
         stopped = time.monotonic()
         await electors[0].stop()
         assert not roles[0].fence()
-        await _until(lambda: bool(roles[1].promoted), within=LEASE_S)
+        await wait_until_async(lambda: bool(roles[1].promoted), LEASE_S)
         assert roles[1].promoted[0][1] - stopped < LEASE_S
         assert roles[1].promoted[0][0] == 2
     finally:
@@ -181,13 +180,13 @@ async def test_a_restarted_primary_ends_its_earlier_lease(client: EtcdClient) ->
     first_role = FakeRole()
     first = _elector(client, first_role, group, 0)
     first.start()
-    await _until(lambda: bool(first_role.promoted))
+    await wait_until_async(lambda: bool(first_role.promoted))
     await _crash(first)
     again_role = FakeRole()
     again = _elector(client, again_role, group, 0)
     again.start()
     try:
-        await _until(lambda: bool(again_role.promoted), within=LEASE_S)
+        await wait_until_async(lambda: bool(again_role.promoted), LEASE_S)
         assert again_role.promoted[0][0] == 2
         kv = await client.get(GroupKeys("test", group).primary)
         assert isinstance(kv, KeyValue) and kv.lease == again.lease
@@ -219,7 +218,7 @@ async def test_a_new_epoch_is_past_the_one_the_broker_recorded(client: EtcdClien
     e = _elector(client, role, group, 0)
     e.start()
     try:
-        await _until(lambda: bool(role.promoted))
+        await wait_until_async(lambda: bool(role.promoted))
         assert role.promoted[0][0] == 8
         stored = await client.get(GroupKeys("test", group).epoch)
         assert stored is not None and stored.value == b"8"
@@ -242,7 +241,7 @@ async def test_a_slow_promotion_keeps_its_lease(client: EtcdClient) -> None:
     first.start()
     second.start()
     try:
-        await _until(lambda: bool(slow.promoted), within=LEASE_S * 4)
+        await wait_until_async(lambda: bool(slow.promoted), LEASE_S * 4)
         await asyncio.sleep(LEASE_S)
         assert slow.fence() and other.promoted == []
         assert other.demoted[-1] == ("http://127.0.0.1:20000", 1)

@@ -16,13 +16,8 @@ import pytest
 from tests.support.broker import TOKEN
 from tests.support.groups import DEAD_URL, FAST_SCHEDULER, CheckAnswerer
 from tests.support.procs import RedisServer, ServiceProcess, free_port
-from tests.support.replicated import (
-    ELECTION_BOUND_S,
-    GROUP,
-    ReplicatedGroup,
-    run_replicated_group,
-    wait_for,
-)
+from tests.support.replicated import ELECTION_BOUND_S, GROUP, ReplicatedGroup, run_replicated_group
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -96,8 +91,8 @@ def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_prim
         "topic": INFLIGHT, "max": 16, "invisible_ms": 60_000, "wait_ms": 2000}).json()
     handles = [m["receipt_handle"] for m in received["messages"]]
     assert len(handles) == 2
-    wait_for(lambda: (group.status(old) or {}).get("in_sync_copies") == 3, 15,
-             "both records on every copy")
+    wait_until(lambda: (group.status(old) or {}).get("in_sync_copies") == 3, 15,
+               "both records on every copy")
 
     group.kill(old)
     killed = time.monotonic()
@@ -110,7 +105,7 @@ def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_prim
             {"body": "once", "message_id": "dedup-1"}]})
         return resp.json()["results"][0] if resp.status_code == 200 else None
 
-    again = wait_for(resend, 15, "the new primary taking sends")
+    again = wait_until(resend, 15, "the new primary taking sends")
     assert (again["queue_id"], again["queue_offset"]) == (first["queue_id"],
                                                           first["queue_offset"])
     still = group.http.post(f"{new_url}/v1/groups/{CONSUMERS}/receive", json={
@@ -120,14 +115,14 @@ def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_prim
                             json={"receipt_handles": handles})
     assert acked.status_code == 200 and acked.json()["acked"] == 2, acked.text
     with CheckAnswerer(lambda: _primary_url(group), PRODUCER_GROUP) as answerer:
-        wait_for(lambda: txid in answerer.answered_ids(), 40,
-                 "the checker to ask the producer about the half through the new primary")
+        wait_until(lambda: txid in answerer.answered_ids(), 40,
+                   "the checker to ask the producer about the half through the new primary")
 
         def delivered() -> dict[str, dict[str, Any]]:
             found = {m["message_id"]: m for m in _messages(group, new)}
             return found if {half_id, timer_id} <= set(found) else {}
 
-        found = wait_for(delivered, 40, "the committed half and the due timer on the new primary")
+        found = wait_until(delivered, 40, "the committed half and the due timer on the new primary")
     assert found[timer_id]["store_timestamp_ms"] >= sent_ms + DELAY_MS  # never early
     ids = [m["message_id"] for m in _messages(group, new)]
     assert ids.count(half_id) == 1 and ids.count(timer_id) == 1  # never twice

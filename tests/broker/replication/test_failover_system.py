@@ -23,12 +23,8 @@ import pytest
 from tidemq import ConsumeResult, Producer, PushConsumer, ReceivedMessage
 
 from tests.support.procs import RedisServer
-from tests.support.replicated import (
-    ELECTION_BOUND_S,
-    ReplicatedGroup,
-    run_replicated_group,
-    wait_for,
-)
+from tests.support.replicated import ELECTION_BOUND_S, ReplicatedGroup, run_replicated_group
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +40,8 @@ def group(tmp_path: Path, redis_server: RedisServer) -> Iterator[ReplicatedGroup
         resp = g.http.put(f"{g.brokers[primary].url}/v1/topics/{TOPIC}",
                           json={"queues": QUEUES})
         assert resp.status_code == 200, resp.text
-        wait_for(lambda: all(_holds_topic(g, i) for i in range(3)), 15,
-                 "the topic on every copy")
+        wait_until(lambda: all(_holds_topic(g, i) for i in range(3)), 15,
+                   "the topic on every copy")
         yield g
 
 
@@ -125,10 +121,10 @@ async def test_sigkill_the_primary_ten_rounds_under_sync_sends(group: Replicated
     async def rounds() -> None:
         for n in range(ROUNDS):
             primary, epoch = await asyncio.to_thread(group.wait_primary, 15)
-            await asyncio.to_thread(wait_for, lambda p=primary: _all_in_sync(group, p), 20,
+            await asyncio.to_thread(wait_until, lambda p=primary: _all_in_sync(group, p), 20,
                                     "three copies in sync")
             before = len(traffic.acked)
-            await asyncio.to_thread(wait_for, lambda b=before: len(traffic.acked) > b + 20, 20,
+            await asyncio.to_thread(wait_until, lambda b=before: len(traffic.acked) > b + 20, 20,
                                     "sends flowing")
             killed_at = time.monotonic()
             await asyncio.to_thread(group.kill, primary)
@@ -139,7 +135,7 @@ async def test_sigkill_the_primary_ten_rounds_under_sync_sends(group: Replicated
 
     await traffic.run(rounds)
     final, _ = group.wait_primary(15)
-    wait_for(lambda: _all_in_sync(group, final), 20, "three copies in sync at the end")
+    wait_until(lambda: _all_in_sync(group, final), 20, "three copies in sync at the end")
     stored = stored_ids(group, final)
     assert traffic.errors == []
     lost = set(traffic.acked) - set(stored)
@@ -161,7 +157,7 @@ async def test_sigstop_past_the_lease_then_sigcont_acknowledges_nothing_and_rejo
     async with Producer(nameservers=[group.nameserver.url]) as producer:
         before = [(await producer.send(f"b{i}".encode(), topic=TOPIC)).message_id
                   for i in range(20)]
-        wait_for(lambda: _all_in_sync(group, old), 15, "three copies in sync")
+        wait_until(lambda: _all_in_sync(group, old), 15, "three copies in sync")
         proc.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         # a send that reaches the paused primary: it is answered only after SIGCONT
@@ -192,8 +188,8 @@ async def test_sigstop_past_the_lease_then_sigcont_acknowledges_nothing_and_rejo
             st = group.status(old)
             return bool(st) and st["role"] == "replica" and st["epoch"] == new_epoch  # type: ignore[index]
 
-        await asyncio.to_thread(wait_for, rejoined, 15, "the old primary following")
-        await asyncio.to_thread(wait_for, lambda: _all_in_sync(group, new), 20,
+        await asyncio.to_thread(wait_until, rejoined, 15, "the old primary following")
+        await asyncio.to_thread(wait_until, lambda: _all_in_sync(group, new), 20,
                                 "the old primary in sync again")
     stored = stored_ids(group, new)
     assert "held-while-paused" not in stored

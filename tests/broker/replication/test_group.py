@@ -12,14 +12,8 @@ import pytest
 from tests.conftest import RedisServer
 from tests.support.broker import TOKEN, BrokerHandle, unique
 from tests.support.procs import ServiceProcess, free_port
-from tests.support.replication import (
-    read_log,
-    run_group,
-    send_raw,
-    status,
-    wait_in_sync,
-    wait_until,
-)
+from tests.support.replication import read_log, run_group, send_raw, status, wait_in_sync
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

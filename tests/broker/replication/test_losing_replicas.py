@@ -12,15 +12,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import RedisServer
-from tests.support.replication import (
-    bodies,
-    read_log,
-    run_group,
-    send_raw,
-    status,
-    wait_in_sync,
-    wait_until,
-)
+from tests.support.replication import bodies, read_log, run_group, send_raw, status, wait_in_sync
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

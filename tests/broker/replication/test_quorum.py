@@ -13,18 +13,11 @@ from services.broker.replication.quorum import Quorum, kth_largest
 from services.broker.replication.role import BrokerRole, Role
 from services.broker.replication.visibility import Visibility
 from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
+from tests.support.clock import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def quorum(k: int = 2, *, sync: bool = True, durable: bool = False) -> tuple[Quorum, Clock]:
-    clock = Clock()
+def quorum(k: int = 2, *, sync: bool = True, durable: bool = False) -> tuple[Quorum, FakeClock]:
+    clock = FakeClock()
     return Quorum(k, lag_max_s=1.0, durable=durable, sync=sync, clock=clock), clock
 
 
@@ -101,38 +94,38 @@ def make_role(tmp_path: Path, role: Role = Role.PRIMARY) -> BrokerRole:
                       "http://p" if role == Role.REPLICA else None)
 
 
-class FakeStore:
+class FakeWriter:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def put(self, records: list[MessageRecord]) -> PutResult:
+    async def append(self, records: list[MessageRecord]) -> PutResult:
         self.calls += 1
         return PutResult(PutStatus.OK, [Appended(100, 50, 0, 0, 0)])
 
 
 async def test_gate_refuses_before_writing_and_fences_before_answering(tmp_path: Path) -> None:
     q, _clock = quorum(2)
-    store = FakeStore()
+    store = FakeWriter()
     woke: list[int] = []
     role = make_role(tmp_path)
-    gate = WriteGate(store.put, role, q, lambda: woke.append(1), timeout_s=0.05)
+    gate = WriteGate(store, role, q, lambda: woke.append(1), timeout_s=0.05)
     rec = [MessageRecord("T", 0, b"x")]
-    res = await gate.put(rec)
+    res = await gate.append(rec)
     assert res.status is PutStatus.NOT_ENOUGH_REPLICAS and store.calls == 0
     assert "nothing was written" in res.message
     r = q.on_fetch(1, "r1", 0, 0, 1, 0)  # caught up with an empty log
     q.answered(r, 0)
-    res = await gate.put(rec)  # written, but the replica never acknowledges 150
+    res = await gate.append(rec)  # written, but the replica never acknowledges 150
     assert res.status is PutStatus.NOT_ENOUGH_REPLICAS and store.calls == 1 and woke == [1]
     assert "not acknowledged" in res.message
     q.on_fetch(1, "r1", 150, 0, 1, 150)
     q.advance(150)
-    assert (await gate.put(rec)).status is PutStatus.OK
+    assert (await gate.append(rec)).status is PutStatus.OK
     role.fence = lambda: False
-    res = await gate.put(rec)
+    res = await gate.append(rec)
     assert res.status is PutStatus.NOT_PRIMARY and "lease" in res.message
-    replica = WriteGate(store.put, make_role(tmp_path / "r", Role.REPLICA), q, lambda: None, 1)
-    res = await replica.put(rec)
+    replica = WriteGate(store, make_role(tmp_path / "r", Role.REPLICA), q, lambda: None, 1)
+    res = await replica.append(rec)
     assert res.status is PutStatus.NOT_PRIMARY and "http://p" in res.message
     assert gate.stats["refused_not_enough_replicas"] == 2
 
@@ -145,6 +138,9 @@ class Store:
     def __init__(self) -> None:
         self.log = Log()
         self.visible_offset: int | None = None
+
+    def limit_reads(self, offset: int | None) -> None:
+        self.visible_offset = offset
 
 
 def test_visibility_holds_wakeups_until_the_hwm_passes() -> None:
@@ -181,14 +177,15 @@ def test_an_inactive_visibility_never_limits_reads() -> None:
 async def test_a_demotion_waits_for_writes_already_let_through(tmp_path: Path) -> None:
     release = asyncio.Event()
 
-    async def slow_put(records: list[MessageRecord]) -> PutResult:
-        await release.wait()
-        return PutResult(PutStatus.OK, [Appended(0, 10, 0, 0, 0)])
+    class SlowWriter:
+        async def append(self, records: list[MessageRecord]) -> PutResult:
+            await release.wait()
+            return PutResult(PutStatus.OK, [Appended(0, 10, 0, 0, 0)])
 
     q, _ = quorum(1)
     role = make_role(tmp_path)
-    gate = WriteGate(slow_put, role, q, lambda: None, timeout_s=0.05)
-    put = asyncio.create_task(gate.put([MessageRecord("T", 0, b"x")]))
+    gate = WriteGate(SlowWriter(), role, q, lambda: None, timeout_s=0.05)
+    put = asyncio.create_task(gate.append([MessageRecord("T", 0, b"x")]))
     await asyncio.sleep(0)
     drained = asyncio.create_task(gate.drained())
     role.role = Role.REPLICA  # demoted while the write is in the writer

@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RedisServer
-from tests.support.replication import (
-    read_log,
-    run_group,
-    set_role,
-    status,
-    wait_in_sync,
-    wait_until,
-)
+from tests.support.replication import read_log, run_group, set_role, status, wait_in_sync
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

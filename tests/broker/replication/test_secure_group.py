@@ -11,7 +11,8 @@ import pytest
 from tests.conftest import RedisServer
 from tests.support.acl import USERS, auth_of, write_acl
 from tests.support.broker import BrokerHandle
-from tests.support.replication import run_group, wait_until
+from tests.support.replication import run_group
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

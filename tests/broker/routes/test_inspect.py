@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.scheduler.harness import AUTH, DelayCluster, run_delay_cluster, unique, wait_until
+from tests.scheduler.harness import AUTH, DelayCluster, run_delay_cluster, unique
 from tests.support.procs import RedisServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

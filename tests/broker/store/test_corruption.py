@@ -16,8 +16,9 @@ from tests.broker.store.conftest import make_record, small_config
 
 def crash(store: MessageStore) -> None:
     """Stop without a final checkpoint, as a SIGKILL would (files are already in the OS)."""
-    for task in [*store._tasks, *store.writer._tasks]:
-        task.cancel()
+    for task in [*(loop._task for loop in store._loops), *store.writer._tasks]:
+        if task is not None:
+            task.cancel()
     store.dispatcher.close()
     store.index.close()
     store.log.close()

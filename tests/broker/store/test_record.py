@@ -56,5 +56,3 @@ def test_crc_covers_everything_after_itself() -> None:
     assert int.from_bytes(raw[8:12], "big") == zlib.crc32(raw[12:])
 
 
-def test_offset_id_is_host_and_offset() -> None:
-    assert record.offset_id("127.0.0.1:10911", 255) == "7F00000100002A9F00000000000000FF"

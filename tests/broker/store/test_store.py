@@ -116,7 +116,7 @@ async def test_busy_when_queue_head_waited_too_long(store_dir: Path) -> None:
 
 async def test_disk_full_refuses_and_keeps_data(store: MessageStore) -> None:
     await store.put([make_record(1)])
-    store.writer.disk_full = True
+    store.disk.full = True
     res = await store.put([make_record(2)])
     assert res.status == PutStatus.DISK_FULL
     assert store.get("T", 0, 0, 10).records[0].message_id == "id-T-1"

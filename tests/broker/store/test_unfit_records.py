@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from services.broker.store import MessageStore, PutStatus
-from services.broker.store.record import FIELD_RANGES, UnfitRecord, check_fits
+from services.broker.store.record import FIELD_RANGES, UnfitRecord, validate_fits
 from tests.broker.store.conftest import make_record
 
 
@@ -44,7 +44,7 @@ async def test_an_unfit_record_fails_its_own_put_only(store: MessageStore, field
 async def test_a_born_host_port_past_its_slot_is_named(store: MessageStore) -> None:
     bad = dataclasses.replace(make_record(1), born_host=f"10.0.0.1:{2**32}")
     with pytest.raises(UnfitRecord, match="born_host"):
-        check_fits(bad)
+        validate_fits(bad)
     result = await store.put([bad])
     assert result.status is PutStatus.INVALID and "born_host" in result.message
     assert (await store.put([make_record(2)])).status is PutStatus.OK
@@ -56,7 +56,7 @@ async def test_a_record_at_the_edges_of_every_slot_is_stored_and_read_back(
     rec = make_record(1)
     for name, value in edges.items():
         setattr(rec, name, value)
-    check_fits(rec)
+    validate_fits(rec)
     result = await store.put([rec])
     assert result.status is PutStatus.OK
     back = store.read(result.appended[0].physical_offset)

@@ -6,14 +6,7 @@ import asyncio
 
 from services.broker.transactions.check_channel import CheckChannel, CheckTicket
 from services.broker.transactions.table import KeyedLocks
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def ticket(txid: str, at: float, times: int = 1) -> CheckTicket:
@@ -21,7 +14,7 @@ def ticket(txid: str, at: float, times: int = 1) -> CheckTicket:
 
 
 async def test_a_check_goes_to_one_live_poller_once() -> None:
-    clock = Clock()
+    clock = FakeClock()
     ch = CheckChannel(hold_s=30, clock=clock)
     ch.offer("g", ticket("a", clock.now))
     ch.offer("g", ticket("b", clock.now))
@@ -34,7 +27,7 @@ async def test_a_check_goes_to_one_live_poller_once() -> None:
 
 
 async def test_newer_check_replaces_older_and_ended_ones_are_withdrawn() -> None:
-    clock = Clock()
+    clock = FakeClock()
     ch = CheckChannel(hold_s=30, clock=clock)
     ch.offer("g", ticket("a", clock.now, times=1))
     ch.offer("g", ticket("a", clock.now, times=2))
@@ -45,7 +38,7 @@ async def test_newer_check_replaces_older_and_ended_ones_are_withdrawn() -> None
 
 
 async def test_unpolled_checks_expire_after_the_hold() -> None:
-    clock = Clock()
+    clock = FakeClock()
     ch = CheckChannel(hold_s=5, clock=clock)
     ch.offer("g", ticket("old", clock.now))
     clock.now += 3

@@ -94,7 +94,7 @@ def test_gate_refuses_each_bad_signature(tmp_path: Path) -> None:
     body = b'{"messages": []}'
     good = sign_rest("AK1", "s1", "POST", "/v1/topics/t/messages", "", body)
     date, auth = good["X-Tidemq-Date"], good["Authorization"]
-    user = gate.check_rest("POST", "/v1/topics/t/messages", "", body_digest(body), date, auth)
+    user = gate.verify_rest("POST", "/v1/topics/t/messages", "", body_digest(body), date, auth)
     gate.authorize("rest", user, [], "x")
     cases = {
         "tampered": ("POST", "/v1/topics/t/messages", "", body_digest(b"{}"), date, auth),
@@ -104,7 +104,7 @@ def test_gate_refuses_each_bad_signature(tmp_path: Path) -> None:
     }
     for name, args in cases.items():
         with pytest.raises(Refused) as info:
-            gate.check_rest(*args)
+            gate.verify_rest(*args)
         assert info.value.code.http_status == 401, name
     wrong = sign_rest("AK1", "nope", "POST", "/p", "", None)
     unknown = sign_rest("AK7", "s1", "POST", "/p", "", None)
@@ -112,15 +112,15 @@ def test_gate_refuses_each_bad_signature(tmp_path: Path) -> None:
     for headers, reason in ((wrong, "bad_signature"), (unknown, "unknown_key"),
                             (stale, "stale_date")):
         with pytest.raises(Refused) as info:
-            gate.check_rest("POST", "/p", "", body_digest(None), headers["X-Tidemq-Date"],
+            gate.verify_rest("POST", "/p", "", body_digest(None), headers["X-Tidemq-Date"],
                             headers["Authorization"])
         assert info.value.reason == reason
     now = format_date()
     gauth = f"MQv2-HMAC-SHA1 Credential=AK1, SignedHeaders=x-mq-date-time, Signature=" \
             f"{grpc_signature('s1', now)}"
-    assert gate.check_grpc(gauth, now, "SendMessage").name == "a"
+    assert gate.verify_grpc(gauth, now, "SendMessage").name == "a"
     with pytest.raises(Refused):
-        gate.check_grpc(gauth.replace("AK1", "AK2"), now, "SendMessage")
+        gate.verify_grpc(gauth.replace("AK1", "AK2"), now, "SendMessage")
     with pytest.raises(Refused) as info:
         gate.authorize("rest", user, [Need(Resource("topic", "u"), ("pub",))], "x")
     assert info.value.code.http_status == 403 and "pub on topic:u" in info.value.message

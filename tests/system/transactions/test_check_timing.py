@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import RedisServer
-from tests.support.transactions import Producer, run_broker, run_checker, unique, wait_until
+from tests.support.transactions import Producer, run_broker, run_checker, unique
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ from tests.support.transactions import (
     run_checker,
     state_of,
     unique,
-    wait_until,
 )
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

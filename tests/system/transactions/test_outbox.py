@@ -18,8 +18,8 @@ from tests.support.transactions import (
     sent_of,
     state_of,
     unique,
-    wait_until,
 )
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

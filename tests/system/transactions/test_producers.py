@@ -16,8 +16,8 @@ from tests.support.transactions import (
     pending,
     state_of,
     unique,
-    wait_until,
 )
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -43,7 +43,6 @@ from tidemq.protocol.numbers import INT64_MAX, integer
 
 from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
-from services.broker.messaging.send import now_ms
 from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
 from services.broker.transactions.check_channel import CheckTicket
 from services.broker.transactions.model import (
@@ -63,6 +62,7 @@ from services.broker.transactions.model import (
     op_records,
 )
 from services.broker.transactions.service import TransactionService
+from services.common.clock import now_ms
 from services.common.constants import CHECKER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ _STATE_VIEW = {TxState.HALF: MessageState.HALF, TxState.COMMITTED: MessageState.
                TxState.DISCARDED: MessageState.DISCARDED}
 
 
-class TxChecking:
+class CheckerRequests:
     def __init__(self, service: TransactionService, broker_name: str,
                  pulls: PullService | None = None) -> None:
         self.tx = service
@@ -243,6 +243,12 @@ class TxChecking:
 
     def start_rebuild(self) -> None:
         self._rebuild = asyncio.create_task(self._rebuild_pending(), name="tx-rebuild")
+
+    async def rebuild_again(self) -> None:
+        """After ``TransactionService.reload`` (a promotion): find the pending ones again."""
+        await self.stop()
+        self.rebuilt.clear()
+        self.start_rebuild()
 
     async def stop(self) -> None:
         if self._rebuild is not None and not self._rebuild.done():

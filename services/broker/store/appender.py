@@ -1,0 +1,35 @@
+"""The broker's write pipeline: every service that stores records holds one ``Appender``.
+
+::
+
+    SendService ─┐
+    TransactionService (and the checker's actions) ─┤
+    DelayService (deliveries, cancels) ─┼──► Appender.append(records) ──► PutResult
+    RetryService ─┘
+
+The composition root (``services/broker/service.py``, ``Broker.start``) picks the appender once:
+
+- one copy of the log: the group-commit writer itself (``store/writer.py``,
+  ``GroupCommitWriter``): it queues the request, packs it with every other waiting request
+  into one write, dispatches the records to the consume queues and the index and answers;
+- a replicated group: the replication gate (``replication/gate.py``, ``WriteGate``) wrapping
+  that writer: it refuses writes on a replica or without enough in-sync copies, hands the
+  records to the writer, then waits for the high-water mark and asks the fence again before
+  it answers.
+
+Outcomes the caller expects (busy, disk full, not primary, ...) come back as the result's
+``PutStatus``; ``messaging.send.appended_or_raise`` turns them into the client's error.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from services.broker.store.types import MessageRecord, PutResult
+
+
+class Appender(Protocol):
+    async def append(self, records: list[MessageRecord]) -> PutResult:
+        """Store ``records`` contiguously and in order, in one group commit; the result says
+        where each landed (``OK``) or why they are not acknowledged."""
+        ...
