@@ -14,7 +14,8 @@ from urllib.parse import quote
 import pytest
 
 from tests.support.broker import BrokerHandle, run_broker, unique
-from tests.support.procs import RedisServer, wait_for
+from tests.support.procs import RedisServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +65,7 @@ def test_a_logged_client_string_stays_on_one_line(broker: BrokerHandle) -> None:
     resp = broker.http.post(f"/v1/groups/{group}/retry", json={"message_id": message_id})
     assert resp.status_code == 200 and resp.json()["destination"] == f"%DLQ%{group}"
     log_path = Path(broker.proc.log_path)
-    line = wait_for(lambda: next((ln for ln in log_path.read_bytes().splitlines()
+    line = wait_until(lambda: next((ln for ln in log_path.read_bytes().splitlines()
                                   if group.encode() in ln and b"moved to" in ln), None),
                     10, "the DLQ move logged")
     assert b"\\n" + forged.encode() + b"\\x1b[2J" in line
