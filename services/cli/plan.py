@@ -23,6 +23,7 @@ from services.common.constants import (
     CHECKER_PORT,
     CONSOLE_PORT,
     ETCD_PORT,
+    LOOPBACK_HOSTS,
     METRICS_PORT,
     NAMESERVER_PORT,
     SCHEDULER_PORT,
@@ -61,6 +62,9 @@ MAX_NAMESERVERS = 9
 REPLICA_PORT_STEP = 100
 REPLICA_GRPC_PORT_STEP = 100
 MAX_REPLICAS = 9
+
+
+LOOPBACK = "127.0.0.1"  # where the console binds without ACL, whatever --host says
 
 
 def group_name(index: int) -> str:
@@ -331,7 +335,13 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                 if sidecar in kinds:
                     env[f"{sidecar.upper()}S"] = ",".join(
                         group_url(sidecar, i) for i in range(opts.groups))
-            specs.append(spec(kind, 0, opts.console_port, env))
+            console = spec(kind, 0, opts.console_port, env)
+            if not acl and opts.host not in LOOPBACK_HOSTS:  # it acts for whoever reaches it
+                console = dataclasses.replace(console, host=LOOPBACK, public_host="", env={
+                    **{k: v for k, v in console.env.items()
+                       if k != "TIDEMQ_CONSOLE_ADVERTISED_ADDRESS"},
+                    "TIDEMQ_CONSOLE_HOST": LOOPBACK})
+            specs.append(console)
         elif kind == "broker":
             for i in range(opts.groups):
                 env = {"BROKER_NAME": group_name(i), "NAMESERVERS": nameservers,

@@ -196,3 +196,5 @@ def checker_progress_key(cluster: str, broker_name: str) -> str:
 
 # bind addresses meaning "every interface": no address to give others (an advertised one is)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+# names of this host only: the web console without ACL binds and answers on nothing else
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})

@@ -31,7 +31,12 @@ from starlette.responses import PlainTextResponse, RedirectResponse
 
 from services.common.auth.client import SigningAuth
 from services.common.auth.store import AclStore
-from services.common.constants import CONSOLE_COOKIE, CONSOLE_PENDING_MAX, CONSOLE_SESSIONS_MAX
+from services.common.constants import (
+    CONSOLE_COOKIE,
+    CONSOLE_PENDING_MAX,
+    CONSOLE_SESSIONS_MAX,
+    LOOPBACK_HOSTS,
+)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -42,7 +47,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: the console's own account, e.g. for its sampler and whenever ACL is off).
 acting_as: ContextVar[httpx.Auth | None] = ContextVar("acting_as", default=None)
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 #: Served to anyone: liveness, metrics, the sign-in page, the stylesheet and script.
 OPEN_PATHS = frozenset({"/healthz", "/metrics", "/login"})
 OPEN_PREFIXES = ("/static/",)

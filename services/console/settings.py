@@ -7,11 +7,14 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import CONSOLE_PORT, CONSOLE_SESSION_TTL_S, NAMESERVER_PORT
+from services.common.constants import (
+    CONSOLE_PORT,
+    CONSOLE_SESSION_TTL_S,
+    LOOPBACK_HOSTS,
+    NAMESERVER_PORT,
+)
 from services.common.discovery import split_urls
 from services.common.settings import ServiceSettings
-
-LOOPBACK_BINDS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 class ConsoleSettings(ServiceSettings):
@@ -37,7 +40,7 @@ class ConsoleSettings(ServiceSettings):
     @model_validator(mode="after")
     def _open_only_on_loopback(self) -> Self:
         """Without ACL the console acts with full rights for whoever reaches it: loopback only."""
-        if not self.acl_file and self.host not in LOOPBACK_BINDS:
+        if not self.acl_file and self.host not in LOOPBACK_HOSTS:
             raise ValueError(f"host {self.host!r}: without ACL (acl_file) the console acts with "
                              "full rights for anyone who reaches it, so it binds loopback only "
                              "(127.0.0.1, ::1 or localhost); set acl_file to listen elsewhere")
