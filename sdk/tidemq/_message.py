@@ -110,6 +110,9 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
     if message.queue_id is not None and message.queue_id < 0:
         raise server_error(ErrorCode.BAD_REQUEST, f"queue_id: must be >= 0, got "
                            f"{message.queue_id}")
+    if message.queue_id is not None and message.sharding_key is not None:
+        raise server_error(ErrorCode.BAD_REQUEST, "queue_id: give queue_id (a fixed queue) or "
+                           "sharding_key (the key's queue), not both")
     out = OutgoingMessage(body, message_id, message.tag or None, keys, dict(message.properties),
                           message.queue_id, message.sharding_key, message.delay_level,
                           message.delay_ms, message.deliver_at_ms)
