@@ -138,7 +138,8 @@ class Broker:
             dedup_max_entries=s.dedup_max_entries, check_hold_s=s.check_hold_s,
             max_ended=s.max_ended_transactions)
         await self.transactions.start()
-        self.checker_requests = CheckerRequests(self.transactions, s.broker_name, self.pulls)
+        self.checker_requests = CheckerRequests(self.transactions, s.broker_name, self.pulls,
+                                                guard=role if s.replicated else None)
         self.checker_requests.start_rebuild()
         # waiting / cancelled delays first, then transactions, then a plain message's state
         self.queries = QueryService(store, topics,

@@ -51,3 +51,5 @@ class Cluster(BaseModel):
     brokers: list[BrokerState]
     nameservers: list[str] = Field(description="base URLs of every nameserver of the cluster "
                                    "(TIDEMQ_NAMESRV_PEERS)")
+    warming_up: bool = Field(False, description="this nameserver started moments ago and may "
+                             "not know every broker yet: an unknown topic answers 503, not 404")

@@ -164,6 +164,7 @@ def test_accounts_on_every_tidemq_service_with_the_init_steps_file() -> None:
         assert (env[f"{prefix}ACCESS_KEY"], env[f"{prefix}SECRET_KEY"]) == account, name
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 def test_prometheus_scrapes_every_tidemq_service() -> None:
     config = DEPLOY / "prometheus" / "prometheus.yml"
     promtool("check", "config", str(config))
