@@ -7,7 +7,7 @@ Grafana up and runs this file against them; it is not part of ``make test`` (pyt
 otherwise), ``TIDEMQ_TLS_CA`` (the compose CA) and ``TIDEMQ_ACCESS_KEY`` / ``_SECRET_KEY`` (the
 admin account the init step made).
 
-Checked, in order: every service healthy; the console answers; a topic created on both groups
+Checked, in order: every service healthy; the console signs the admin in; a topic created on both groups
 (CLI) and messages sent and consumed through the SDK on both; a transaction left UNKNOWN is
 checked back and committed; a delayed message arrives, not early; a broker process killed (a
 crash: ``docker kill`` would count as a manual stop, which Docker never restarts) is restarted
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -208,11 +209,24 @@ def test_every_service_is_healthy() -> None:
     assert set(states.values()) == {"healthy"}, states
 
 
-def test_the_console_answers() -> None:
-    page = httpx.get(url("console") + "/", verify=tls(), timeout=10)
-    assert page.status_code == 200, page.text[:300]
-    assert "<title>Cluster" in page.text
-    assert "broker-a" in page.text and "broker-b" in page.text
+def test_the_console_answers_a_signed_in_admin() -> None:
+    """Compose runs the console with ACL: a visitor is sent to the sign-in page, and the admin
+    account's keys (admin.env) open the cluster page."""
+    with httpx.Client(base_url=url("console"), verify=tls(), timeout=10) as http:
+        first = http.get("/")
+        assert first.status_code == 303 and first.headers["location"].startswith("/login"), \
+            first.text[:300]
+        form = http.get("/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert csrf, form.text[:300]
+        signed = http.post("/login", headers={"Origin": url("console")}, data={
+            "csrf": csrf.group(1), "access_key": os.environ["TIDEMQ_ACCESS_KEY"],
+            "secret_key": os.environ["TIDEMQ_SECRET_KEY"], "next": "/"})
+        assert signed.status_code == 303 and signed.headers["location"] == "/", signed.text[:300]
+        page = http.get("/")
+        assert page.status_code == 200, page.text[:300]
+        assert "<title>Cluster" in page.text
+        assert "broker-a" in page.text and "broker-b" in page.text
 
 
 def test_sent_and_consumed_through_the_sdk_on_both_groups(system: System) -> None:
