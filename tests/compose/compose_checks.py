@@ -7,12 +7,12 @@ Grafana up and runs this file against them; it is not part of ``make test`` (pyt
 otherwise), ``TIDEMQ_TLS_CA`` (the compose CA) and ``TIDEMQ_ACCESS_KEY`` / ``_SECRET_KEY`` (the
 admin account the init step made).
 
-Checked, in order: every service healthy; the console signs the admin in; a topic created on
-both groups (CLI) and messages sent and consumed through the SDK on both; a transaction left UNKNOWN is
-checked back and committed; a delayed message arrives, not early; a broker process killed (a
-crash: ``docker kill`` would count as a manual stop, which Docker never restarts) is restarted
-by ``restart: unless-stopped`` and every acknowledged message is consumed; Prometheus (the
-container) has every tidemq target up and the sidecar's check and discard series.
+Checked, in order: every service healthy; the console signs the admin in; a topic created on both
+groups (CLI) and messages sent and consumed through the SDK on both; a transaction left UNKNOWN is
+checked back and committed; a delayed message arrives, not early; a broker process killed (a crash:
+``docker kill`` would count as a manual stop, which Docker never restarts) is restarted by
+``restart: unless-stopped`` and every acknowledged message is consumed; Prometheus (the container)
+has every tidemq target up and the sidecar's check and discard series.
 """
 
 from __future__ import annotations
