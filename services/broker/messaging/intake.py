@@ -33,7 +33,7 @@ from services.broker.messaging.dedup import DedupKey, Run
 from services.broker.store import record as v1
 from services.broker.store.batches import Batch
 from services.broker.store.entry import store_properties
-from services.broker.store.types import MessageRecord
+from services.broker.store.types import MessageRecord, PutStatus
 from services.common.clock import now_ms
 
 if TYPE_CHECKING:
@@ -137,6 +137,9 @@ class BatchIntake:
             sender.metrics.observe_put_of(topic, count, sum(
                 b.summary.payload_bytes for b in batches), result.status,
                 time.perf_counter() - started)
+            if result.status is not PutStatus.OK:
+                # the batches may be in the log unacknowledged: a retry must find them there
+                cache.mark_incomplete(now_ms())
             appended = appended_or_raise(result)
         except BaseException as exc:
             if keys:

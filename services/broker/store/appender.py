@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from services.broker.store.batches import Batch
-from services.broker.store.types import MessageRecord, PutResult
+from services.broker.store.types import MessageRecord, PutResult, PutStatus
 
 
 class Appender(Protocol):
@@ -39,4 +39,10 @@ class Appender(Protocol):
     async def append_batches(self, batches: list[Batch]) -> PutResult:
         """Store producer-made v2 batches contiguously and in order, in one group commit; the
         result has one ``Appended`` per batch (its start, size and first queue offset)."""
+        ...
+
+    async def settle(self, end: int) -> PutStatus:
+        """May records already in the log below ``end`` be acknowledged (again) now — a dedup
+        hit found in the log, perhaps written but never acknowledged? The writer: always OK;
+        the replication gate: once a writable primary's quorum holds them."""
         ...
