@@ -24,7 +24,7 @@ from tidemq.protocol.batch import RECORD_FIXED
 from tidemq.protocol.batch_read import BatchSummary
 
 from services.broker.store import entry, record
-from services.broker.store.entry import read_record, validate_entry
+from services.broker.store.entry import read_record, salvage_batch, validate_entry
 from services.broker.store.record import BLANK, BLANK_MAGIC, BLANK_SIZE, CorruptRecord
 from services.broker.store.types import StoredRecord
 from services.common.files import fsync_dir
@@ -151,6 +151,13 @@ class CommitLog:
                 except CorruptRecord as exc:
                     if not sealed or not self._next_is_record(seg, pos + p + size):
                         return self._damaged(seg, pos + p, exc.why, sealed)
+                    kept = salvage_batch(view, p, seg.start + pos + p)
+                    if kept is not None:  # a batch whose header holds: its sound records
+                        self._salvaged(seg, kept[1], exc.why)
+                        yield view, p, seg.start + pos + p, kept[0]
+                        p += size
+                        self.scan_end = seg.start + pos + p
+                        continue
                     log.error("recovery: corrupt entry in sealed segment %s at offset %d "
                               "(%s): skipped, never served", seg.name, seg.start + pos + p,
                               exc.why)
@@ -165,6 +172,16 @@ class CommitLog:
                 return self._damaged(seg, pos, "no entry fits", sealed)
             pos += p
         return None
+
+    def _salvaged(self, seg: Segment, damaged: list[tuple[int, int]], why: str) -> None:
+        if not damaged:
+            log.error("recovery: batch in sealed segment %s failed validation (%s) but every "
+                      "record's CRC holds: kept", seg.name, why)
+        for at, n in damaged:
+            log.error("recovery: corrupt record in sealed segment %s at offset %d, %d bytes "
+                      "(its batch: %s): skipped, never served; the batch's other records are "
+                      "kept", seg.name, at, n, why)
+        self.skipped.extend(damaged)
 
     def _next_is_record(self, seg: Segment, at: int) -> bool:
         """Whether a record (or the closing blank) starts at ``at`` of ``seg``."""

@@ -11,6 +11,8 @@ Pure functions over buffers; the caller does the reading:
   time and hosts from its batch's header (``offset - batch_pos``), and its message id, tag
   and keys come back as the ``UNIQ_KEY``, ``TAGS`` and ``KEYS`` properties a v1 record keeps
   them in, so every reader of ``StoredRecord`` works unchanged;
+- ``salvage_batch``: what recovery keeps of a damaged batch in a sealed segment (its sound
+  records; the damaged ones become consume-queue holes);
 - ``store_timestamp``: a record's store time without decoding it (``offset_for_time``);
 - ``as_group``: a v1 record as a stored-form pull group (a one-record v2 batch, filled), so a
   stored-form pull can serve segments written before v2.
@@ -72,6 +74,62 @@ def validate_entry(buf: Buffer, pos: int, offset: int) -> BatchSummary | None:
         return validate(buf, pos, strict=False, offset=offset)
     except BatchError as exc:
         raise CorruptRecord(offset, exc.message) from None
+
+
+def salvage_batch(buf: Buffer, pos: int, offset: int
+                  ) -> tuple[BatchSummary, list[tuple[int, int]]] | None:
+    """A v2 batch at ``buf[pos:]`` (held whole, at commit log ``offset``) that failed
+    validation, as recovery keeps it in a sealed segment: when its header is sound, a summary
+    of every record in which a damaged one is a hole (size 0, no id, no keys: never served,
+    never indexed) and the ``(offset, bytes)`` of each damaged stretch — one record whose CRC
+    fails, or from a record whose sizes are damaged to the batch's end (the records after it
+    cannot be found). None when the header is damaged: the whole batch goes."""
+    if kind_at(buf, pos) != V2:
+        return None
+    try:
+        head = read_head(buf, pos)
+    except BatchError:
+        return None
+    if head.base_physical != offset:
+        return None
+    batch = memoryview(buf)[pos:pos + head.size]
+    summary = BatchSummary(head)
+    damaged: list[tuple[int, int]] = []
+    p = head.records_at
+    for i in range(head.count):
+        if p >= head.size:  # in a stretch that runs to the batch's end
+            _hole(summary, head.size)
+            continue
+        rec: DecodedRecord | None = None
+        try:
+            rec = decode_record(batch, p, i)
+        except BatchError as exc:
+            if exc.field != "size":  # its sizes hold: the record alone is damaged
+                size = int.from_bytes(batch[p:p + 4], "big")
+                damaged.append((offset + p, size))
+                _hole(summary, p)
+                p += size
+                continue
+        if rec is None or rec.ordinal != i or int.from_bytes(batch[p + 4:p + 8], "big") != p:
+            damaged.append((offset + p, head.size - p))
+            _hole(summary, p)
+            p = head.size
+            continue
+        summary.positions.append(p)
+        summary.sizes.append(rec.size)
+        summary.tag_codes.append(rec.tag_code)
+        summary.message_ids.append(rec.message_id)
+        summary.keys.append(KEY_SEPARATOR.join(rec.keys))
+        p += rec.size
+    return summary, damaged
+
+
+def _hole(summary: BatchSummary, p: int) -> None:
+    summary.positions.append(p)
+    summary.sizes.append(0)
+    summary.tag_codes.append(0)
+    summary.message_ids.append("")
+    summary.keys.append("")
 
 
 def store_properties(rec: DecodedRecord) -> dict[str, str]:
