@@ -39,6 +39,7 @@ from tidemq.protocol.batch import (
 from tidemq.protocol.codes import ErrorCode, ProtocolError
 from tidemq.protocol.message import DEFAULT_LIMITS, Limits, OutgoingMessage, has_forbidden
 from tidemq.protocol.properties import RESERVED_PROPERTIES, SHARDING_KEY
+from tidemq.protocol.tags import TAG_MAX, tag_problem
 
 Buffer = bytes | bytearray | memoryview
 
@@ -275,8 +276,10 @@ def _strict(view: memoryview, i: int, tag_at: int, keys_at: int, mid: str, code:
             tag = str(view[tag_at:keys_at], "utf-8")
         except UnicodeDecodeError:
             raise BatchError("tag", "is not utf-8", i) from None
-        if len(tag) > 255 or has_forbidden(tag):
-            raise BatchError("tag", "at most 255 characters, no control characters", i)
+        if len(tag) > TAG_MAX or has_forbidden(tag):
+            raise BatchError("tag", f"at most {TAG_MAX} characters, no control characters", i)
+        if not tag.isalnum() and (problem := tag_problem(tag)):  # no expression selects it
+            raise BatchError("tag", f"{tag!r} {problem}", i)
         if code != zlib.crc32(view[tag_at:keys_at]) + 1:
             raise BatchError("tag_code", f"{code} is not the tag's code (crc32 of the tag + 1)",
                              i)

@@ -16,7 +16,8 @@ A request body is one or more batches, each for one queue of the request's topic
    count (record i of a batch is at that offset + i);
 3. anything else — a delayed record (its waiting copy goes to a system topic), a duplicate —
    is rare: the request's records are decoded into store records and take the JSON/msgpack
-   path (``SendService.put_records``), which answers per message as a JSON send does.
+   path (``SendService.put_records``), which answers per message as a JSON send does (and,
+   as a JSON send, refuses one id twice in the request with other content: 400).
 """
 
 from __future__ import annotations
@@ -111,8 +112,9 @@ class BatchIntake:
             return None
         sender = self.sender
         cache = sender.dedup
-        if not cache.enabled:
-            return []
+        if not cache.enabled:  # one id twice still takes the rare path (same content?)
+            ids = [mid for s in summaries for mid in s.message_ids]
+            return [] if len(set(ids)) == len(ids) else None
         cache.expire(now)
         keys = [(topic, mid) for s in summaries for mid in s.message_ids]
         if not cache.unknown(keys, now) or len(set(keys)) != len(keys):
@@ -161,10 +163,18 @@ class BatchIntake:
         router = sender.delay_router
         records: list[MessageRecord] = []
         ids: list[str] = []
+        seen: dict[str, tuple[int, int, tuple[Any, ...]]] = {}  # id -> batch, record, content
         start = 0  # where batch b starts in the request
         for b, s in enumerate(summaries):
             for k, pos in enumerate(s.positions):
                 rec = decode_record(raw, start + pos, k)
+                content = (s.head.queue_id, rec.body, rec.tag, tuple(rec.keys),
+                           dict(rec.properties), rec.flag, rec.delay_kind, rec.delay_value)
+                first = seen.setdefault(rec.message_id, (b, k, content))
+                if first[2] != content:  # as a JSON send's parse_messages refuses it
+                    raise BatchError("message_id", f"{rec.message_id!r} is also batches["
+                                     f"{first[0]}].records[{first[1]}], with other content: "
+                                     "one id names one message", k, batch=b)
                 record = MessageRecord(topic, s.head.queue_id, rec.body, store_properties(rec),
                                        rec.tag_code, rec.flag, 0, rec.born_timestamp, host)
                 kind, value = rec.delay_kind, rec.delay_value

@@ -106,8 +106,17 @@ async def test_what_a_public_send_may_not_say(sent: Any) -> None:
     svc, store = sent
     reserved = BatchBuilder("T", 0)
     reserved.add(b"x", "r1", properties={"TRAN_MSG": "true"})
+    unselectable = BatchBuilder("T", 0)  # no tag expression could select these (as JSON)
+    unselectable.add(b"x", "u1", tag="Paid")
+    unselectable.add(b"x", "u2", tag="a||b")
+    twice = BatchBuilder("T", 1)  # one id, two messages (as a JSON send: 400)
+    twice.add(b"x", "t1")
+    twice.add(b"y", "t1")
     cases = [
         (reserved.finish(), ErrorCode.BAD_REQUEST, "records[0].properties: 'TRAN_MSG'"),
+        (unselectable.finish(), ErrorCode.BAD_REQUEST, "batches[0].records[1].tag: 'a||b'"),
+        (batch(0, ["v1"]) + twice.finish(), ErrorCode.BAD_REQUEST,
+         "batches[1].records[1].message_id: 't1' is also batches[1].records[0]"),
         (batch(0, ["o1"], topic="Other"), ErrorCode.BAD_REQUEST, "batches[0].batch.topic"),
         (batch(4, ["q1"]), ErrorCode.BAD_REQUEST, "batches[0].batch.queue_id: 4"),
         (BatchBuilder("T", 0, sys_flag=8), ErrorCode.BAD_REQUEST, "sys_flag"),
