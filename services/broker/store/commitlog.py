@@ -158,9 +158,11 @@ class CommitLog:
                         p += size
                         self.scan_end = seg.start + pos + p
                         continue
-                    log.error("recovery: corrupt entry in sealed segment %s at offset %d "
-                              "(%s): skipped, never served", seg.name, seg.start + pos + p,
-                              exc.why)
+                    what = {entry.V1: "record", entry.V2: "batch"}.get(
+                        entry.kind_at(view, p) or 0, "entry")
+                    log.error("recovery: corrupt %s in sealed segment %s at offset %d "
+                              "(%s): skipped, never served", what, seg.name,
+                              seg.start + pos + p, exc.why)
                     self.skipped.append((seg.start + pos + p, size))
                     p += size
                     self.scan_end = seg.start + pos + p
