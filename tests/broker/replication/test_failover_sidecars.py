@@ -39,11 +39,11 @@ def group(tmp_path: Path, redis_server: RedisServer) -> Iterator[ReplicatedGroup
         checker_port = free_port()
         checker = ServiceProcess("checker", checker_port, {f"TIDEMQ_CHECKER_{k}": v for k, v in {
             **common, "PORT": str(checker_port), "CHECK_INTERVAL_MS": "300",
-            "TRANSACTION_TIMEOUT_MS": "800"}.items()}, tmp_path).start(60)
+            "TRANSACTION_TIMEOUT_MS": "800"}.items()}, tmp_path).start()
         scheduler = ServiceProcess("scheduler", scheduler_port, {
             f"TIDEMQ_SCHEDULER_{k}": v for k, v in {
                 **common, "PORT": str(scheduler_port), **FAST_SCHEDULER,
-                "DATA_DIR": str(tmp_path / "scheduler")}.items()}, tmp_path).start(60)
+                "DATA_DIR": str(tmp_path / "scheduler")}.items()}, tmp_path).start()
         try:
             yield g
         finally:
