@@ -23,7 +23,9 @@ from tests.support.procs import ServiceProcess, free_port
 from tests.support.wait import wait_until
 
 LEASE_S = 2  # the primary's etcd lease in these tests (s)
-ELECTION_BOUND_S = LEASE_S + 4.0  # a new primary within the lease plus a few seconds (s)
+# The longest wait for a (new) primary (s): generous, for a loaded machine; how long an
+# election takes is a figure of bench/replication.py (failover), never a test's bound.
+ELECTION_WAIT_S = 60.0
 GROUP = "broker-a"
 STATUS_PATH = "/internal/v1/replication/status"
 
@@ -77,7 +79,8 @@ class ReplicatedGroup:
                 return broker_id, int(st["epoch"])
         return None
 
-    def wait_primary(self, timeout: float, newer_than: int = 0) -> tuple[int, int]:
+    def wait_primary(self, timeout: float = ELECTION_WAIT_S,
+                     newer_than: int = 0) -> tuple[int, int]:
         found: tuple[int, int] = wait_until(
             lambda: (p if (p := self.primary()) and p[1] > newer_than else None),
             timeout, f"a primary of {GROUP} past epoch {newer_than}")
