@@ -18,6 +18,7 @@ from services.broker.replication.election import (
     best_member,
 )
 from services.common.etcd import EtcdClient, KeyValue
+from services.common.loop import cancel_tasks
 from tests.support.etcd import EtcdServer
 from tests.support.wait import TIMEOUT_S, wait_until_async
 
@@ -85,11 +86,8 @@ def _started(client: EtcdClient, roles: list[FakeRole], group: str,
 
 async def _crash(elector: Elector) -> None:
     """Stop an elector's loops without giving its lease back (a SIGKILL or SIGSTOP)."""
-    for task in (elector._task, elector._watch):
-        assert task is not None
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    await elector._steps.stop()
+    await cancel_tasks(elector._watch)
 
 
 def test_best_member_prefers_offset_then_lower_id() -> None:
