@@ -11,6 +11,10 @@ command -v curl >/dev/null 2>&1 || need+=(curl)  # the README's examples (and th
 command -v jq >/dev/null 2>&1 || need+=(jq)
 [ -x /usr/bin/etcd ] || command -v etcd >/dev/null 2>&1 || need+=(etcd-server)  # failover
 [ -x /usr/bin/chromium ] || need+=(chromium)  # the console's browser tests (Playwright)
+# the faults suite between namespace hosts (tests/bench/faults, bench/faults.py; as root)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need+=(libfaketime)  # clock faults
 # PostgreSQL: the outbox tests start their own server (Debian keeps initdb/postgres off PATH)
 command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
   || need+=(postgresql)

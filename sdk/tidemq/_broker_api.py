@@ -163,10 +163,12 @@ class BrokerApi:
         self, broker: str, group: str, offsets: Sequence[tuple[str, int, int]],
         retry: RetryPolicy | None = None,
     ) -> None:
-        """Commit ``(topic, queue_id, offset)`` triples (each the next offset to consume)."""
+        """Commit ``(topic, queue_id, offset)`` triples (each the next offset to consume); a
+        consumer's commit only moves offsets forward (a late retry never undoes a newer one)."""
         await self.http.call(
             "PUT", url(broker, "v1", "groups", group, "offsets"),
-            body={"offsets": [{"topic": t, "queue_id": q, "offset": o} for t, q, o in offsets]},
+            body={"offsets": [{"topic": t, "queue_id": q, "offset": o} for t, q, o in offsets],
+                  "advance_only": True},
             retry=retry)
 
     async def send_to_retry(self, broker: str, group: str, message_id: str,

@@ -26,15 +26,14 @@ from services.common.constants import (
     PRODUCER_EXPIRY_S,
     REDIS_WAIT_REPLICAS,
     REDIS_WAIT_TIMEOUT_MS,
+    WILDCARD_HOSTS,
 )
 from services.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from services.common.discovery import split_urls
 from services.common.settings import RedisUrl, ServiceSettings
-from services.common.tls import scheme
 
 DAY_MS = 24 * 3600 * 1000
 _LIMITS = Limits()
-_WILDCARD_HOSTS = ("0.0.0.0", "", "::")  # bind addresses that mean "every interface"
 
 
 class BrokerSettings(ServiceSettings):
@@ -44,8 +43,8 @@ class BrokerSettings(ServiceSettings):
     port: int = BROKER_PORT  # listen port
     broker_name: str = Field(default="broker-a", min_length=1)  # name in nameserver routes
     broker_id: int = Field(default=0, ge=0, le=MAX_BROKER_ID)  # member of its group (0 = primary)
-    # base URL clients use ("" = http://{host}:{port}, https:// when tls_cert is set)
-    advertised_address: str = ""
+    # advertised_address (TIDEMQ_BROKER_ADVERTISED_ADDRESS, services/common/settings.py): the
+    # base URL in routes, replication and the etcd claim; required when host is 0.0.0.0 or ::
     nameservers: str = ""  # comma-separated nameserver base URLs ("" = register nowhere)
     # nameserver heartbeat period (s)
     register_interval_s: float = Field(default=BROKER_HEARTBEAT_INTERVAL_S, gt=0)
@@ -80,6 +79,9 @@ class BrokerSettings(ServiceSettings):
     disk_high_water_ratio: float = Field(default=0.85, gt=0, le=1)
     # past this disk usage ratio with nothing deletable, refuse sends (DISK_FULL)
     disk_full_ratio: float = Field(default=0.95, gt=0, le=1)
+    # a write that would leave less free space than this is refused (DISK_FULL) before any of
+    # it is written; writes resume by themselves once space returns (bytes)
+    disk_min_free_bytes: int = Field(default=16 * MiB, ge=0)
 
     # --- topics --------------------------------------------------------------------------------
     # queues of a topic created without a count (PUT without queues, auto-creation)
@@ -150,17 +152,19 @@ class BrokerSettings(ServiceSettings):
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
-    @field_validator("advertised_address")
-    @classmethod
-    def _strip_slash(cls, value: str) -> str:
-        return value.rstrip("/")
+    @model_validator(mode="after")
+    def _check_wildcard(self) -> BrokerSettings:
+        if self.host in WILDCARD_HOSTS and not self.advertised_address:
+            raise ValueError(
+                f"host {self.host!r} binds every interface but names none: set "
+                "TIDEMQ_BROKER_ADVERTISED_ADDRESS to the base URL other hosts reach this broker "
+                "at (e.g. http://10.0.0.5:10911); routes, replicas and the etcd claim use it")
+        return self
 
     @property
     def address(self) -> str:
-        """The base URL registered with nameservers."""
-        if self.advertised_address:
-            return self.advertised_address
-        return f"{scheme(self.tls)}://{self.reachable_host}:{self.port}"
+        """The base URL registered with nameservers, replicas and etcd."""
+        return self.public_url
 
     @property
     def grpc_address(self) -> str:
@@ -171,8 +175,9 @@ class BrokerSettings(ServiceSettings):
 
     @property
     def reachable_host(self) -> str:
-        """The bind host as others reach it on this machine: loopback for a wildcard."""
-        return "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+        """The host others reach this broker at (the advertised one, else the bind host)."""
+        host = self.public_host
+        return f"[{host}]" if ":" in host else host
 
     @property
     def nameserver_urls(self) -> list[str]:
@@ -234,6 +239,7 @@ class BrokerSettings(ServiceSettings):
             retention_interval_s=self.retention_interval_s,
             disk_high_water_ratio=self.disk_high_water_ratio,
             disk_full_ratio=self.disk_full_ratio,
+            disk_min_free_bytes=self.disk_min_free_bytes,
             store_host=self.store_host,
         )
 
@@ -241,9 +247,7 @@ class BrokerSettings(ServiceSettings):
     def store_host(self) -> str:
         """``ip:port`` recorded in every stored record (IPv4: the record has 8 bytes for it)."""
         try:
-            ip = str(ipaddress.IPv4Address(self.host))
+            ip = str(ipaddress.IPv4Address(self.public_host))
         except ValueError:
-            ip = "127.0.0.1"
-        if ip == "0.0.0.0":
             ip = "127.0.0.1"
         return f"{ip}:{self.port}"

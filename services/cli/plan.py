@@ -26,6 +26,7 @@ from services.common.constants import (
     METRICS_PORT,
     NAMESERVER_PORT,
     SCHEDULER_PORT,
+    WILDCARD_HOSTS,
 )
 
 # Start order by kind; stopped in reverse. The first two are required, the rest start when
@@ -69,7 +70,10 @@ class UpOptions:
     """The options of `tidemq up`, with the defaults of every service."""
 
     data_dir: Path = Path(".tidemq")
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # every service binds it
+    # every service advertises it (its ADVERTISED_ADDRESS) and the others reach it there
+    # ("" = host; required when host is a wildcard such as 0.0.0.0)
+    advertise_host: str = ""
     cluster: str = "DefaultCluster"
     nameserver_port: int = NAMESERVER_PORT  # of the first nameserver
     broker_port: int = BROKER_PORT  # of the first group's broker
@@ -102,6 +106,11 @@ class UpOptions:
         return "https" if self.tls else "http"
 
     @property
+    def public_host(self) -> str:
+        """The host the services reach each other at (and advertise)."""
+        return self.advertise_host or self.host
+
+    @property
     def tls_dir(self) -> Path:
         """Where `tidemq up --tls` keeps the development CA and certificate."""
         return self.data_dir.resolve() / TLS_DIR
@@ -111,7 +120,8 @@ class UpOptions:
                 for j in range(self.nameservers)]
 
     def nameserver_urls(self) -> list[str]:
-        return [f"{self.scheme}://{self.host}:{port}" for port in self.nameserver_ports()]
+        return [f"{self.scheme}://{self.public_host}:{port}"
+                for port in self.nameserver_ports()]
 
     def group_port(self, kind: str, index: int) -> int:
         """Port of group ``index``'s broker, checker or scheduler."""
@@ -147,13 +157,14 @@ class ServiceSpec:
 
     name: str  # label: nameserver, broker, … or nameserver-2, broker-b, checker-b, …
     module: str
-    host: str
+    host: str  # bind host
     port: int
     env: Mapping[str, str] = field(default_factory=dict)
     grpc_port: int = 0  # the broker's gRPC front door (0 = none)
     kind: str = ""  # nameserver, broker, checker, scheduler or metrics ("" = from the module)
     group: str = ""  # broker name of its group (brokers, checkers, schedulers)
     tls: bool = False  # serves HTTPS (and TLS on the gRPC door)
+    public_host: str = ""  # the host it advertises and is reached at ("" = host)
 
     @property
     def service(self) -> str:
@@ -161,7 +172,8 @@ class ServiceSpec:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+        host = self.public_host or self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     @property
     def shown_url(self) -> str:
@@ -212,6 +224,13 @@ def service_port(opts: UpOptions, name: str) -> int:
 def validate_topology(opts: UpOptions) -> None:
     """Raise ``ValueError`` naming the problem when the group or nameserver counts or the ports
     they imply are impossible (out of range, or two services on one port)."""
+    if opts.host in WILDCARD_HOSTS and not opts.advertise_host:
+        raise ValueError(f"--host {opts.host or repr('')} binds every interface but names none: "
+                         "give the address the services reach each other at with "
+                         "--advertise-host (e.g. --advertise-host 10.0.0.5)")
+    if opts.advertise_host in WILDCARD_HOSTS and opts.advertise_host:
+        raise ValueError(f"--advertise-host {opts.advertise_host} is not an address others "
+                         "can reach")
     if not 1 <= opts.groups <= MAX_GROUPS:
         raise ValueError(f"--groups must be 1 to {MAX_GROUPS}, got {opts.groups}")
     if not 1 <= opts.replicas <= MAX_REPLICAS:
@@ -265,6 +284,8 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
              grpc_port: int = 0) -> ServiceSpec:
         env = {"HOST": opts.host, "PORT": str(port), "CLUSTER": opts.cluster, **specific,
                **(acl or {})}  # ACL_FILE, ACCESS_KEY, SECRET_KEY (`tidemq up --acl`)
+        if opts.advertise_host:
+            env["ADVERTISED_ADDRESS"] = f"{opts.scheme}://{opts.advertise_host}:{port}"
         if opts.tls:
             env |= {"TLS_CERT": str(opts.tls_dir / CERT_FILE),
                     "TLS_KEY": str(opts.tls_dir / KEY_FILE)}
@@ -273,12 +294,13 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
             full[TLS_CA_ENV] = str(opts.tls_dir / CA_FILE)
         return ServiceSpec(name=opts.label(kind, index), module=f"services.{kind}",
                            host=opts.host, port=port, env=full,
+                           public_host=opts.advertise_host,
                            grpc_port=grpc_port, kind=kind,
                            group=group_name(index) if kind in GROUP_SERVICES else "",
                            tls=opts.tls)
 
     def group_url(kind: str, index: int) -> str:
-        return f"{opts.scheme}://{opts.host}:{opts.group_port(kind, index)}"
+        return f"{opts.scheme}://{opts.public_host}:{opts.group_port(kind, index)}"
 
     specs: list[ServiceSpec] = []
     for kind in kinds:
@@ -328,14 +350,18 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
     return specs
 
 
-def etcd_command(exe: str, host: str, client_port: int, data_dir: Path) -> list[str]:
-    """A managed single-member etcd: client URL on ``client_port``, peers on the next port,
-    data under ``data_dir`` (kept across runs)."""
+def etcd_command(exe: str, host: str, client_port: int, data_dir: Path,
+                 public_host: str = "") -> list[str]:
+    """A managed single-member etcd: client URL on ``client_port`` of ``host``, peers on the
+    next port, advertised at ``public_host`` (default ``host``), data under ``data_dir`` (kept
+    across runs)."""
     client, peer = f"http://{host}:{client_port}", f"http://{host}:{client_port + 1}"
+    public = public_host or host
+    shown, shown_peer = f"http://{public}:{client_port}", f"http://{public}:{client_port + 1}"
     return [exe, "--name", "tidemq", "--data-dir", str(data_dir),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"tidemq={peer}", "--log-level", "warn"]
+            "--listen-client-urls", client, "--advertise-client-urls", shown,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", shown_peer,
+            "--initial-cluster", f"tidemq={shown_peer}", "--log-level", "warn"]
 
 
 def with_etcd(specs: list[ServiceSpec], etcd_url: str) -> list[ServiceSpec]:

@@ -43,6 +43,7 @@ from services.cli.plan import (
     plan_services,
     redis_command,
     resolve_token,
+    validate_topology,
     with_etcd,
 )
 from services.cli.rest import CliError, console, err_console, reports_errors
@@ -56,6 +57,7 @@ from services.cli.supervisor import (
 )
 from services.common.auth.client import service_auth, use_account
 from services.common.auth.policy import PolicyError
+from services.common.constants import WILDCARD_HOSTS
 from services.common.tls import client_context, use_ca_bundle
 
 __all__ = ["DUPLICATE_SIGNAL_S", "Supervisor", "up"]
@@ -66,9 +68,6 @@ _DEFAULTS = UpOptions()  # the defaults of the options below live in UpOptions
 class FlushChoice(StrEnum):
     ASYNC = "async"  # ack once written to the OS; fsync in the background
     SYNC = "sync"  # ack after the fsync that covers the message
-
-
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # a bind address that is not a name clients use
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -87,9 +86,9 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def start_redis(sup: Supervisor, host: str) -> str:
-    """A managed redis-server on a free port, its append-only data under the data dir (kept
-    across restarts of it). Answers its URL."""
+def start_redis(sup: Supervisor, host: str, public_host: str = "") -> str:
+    """A managed redis-server on a free port of ``host``, its append-only data under the data
+    dir (kept across restarts of it). Answers its URL (at ``public_host`` when given)."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise CliError("redis-server is not installed: install it (scripts/install-system-"
@@ -97,13 +96,13 @@ def start_redis(sup: Supervisor, host: str) -> str:
     port = free_port(host)
     data = sup.data_dir / "redis"
     data.mkdir(parents=True, exist_ok=True)
-    url = f"redis://{host}:{port}/0"
+    url = f"redis://{public_host or host}:{port}/0"
     sup.start("redis", redis_command(exe, port, host, data), dict(os.environ), url, "",
-              redis_probe(host, port))
+              redis_probe(public_host or host, port))
     return url
 
 
-def start_etcd(sup: Supervisor, host: str, port: int) -> str:
+def start_etcd(sup: Supervisor, host: str, port: int, public_host: str = "") -> str:
     """A managed etcd for replicated groups: client port ``port`` (peers on ``port + 1``),
     data under ``<data dir>/etcd`` (kept across runs). Answers its client URL."""
     exe = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
@@ -117,8 +116,8 @@ def start_etcd(sup: Supervisor, host: str, port: int) -> str:
                            "another with --etcd-port (its peer port is the next one)")
     data = sup.data_dir / "etcd"
     data.mkdir(parents=True, exist_ok=True)
-    url = f"http://{host}:{port}"
-    sup.start("etcd", etcd_command(exe, host, port, data), dict(os.environ), url, "",
+    url = f"http://{public_host or host}:{port}"
+    sup.start("etcd", etcd_command(exe, host, port, data, public_host), dict(os.environ), url, "",
               http_probe(url + "/health"))
     return url
 
@@ -236,6 +235,10 @@ def up(
                    ] = _DEFAULTS.metrics,
     host: Annotated[str, typer.Option(help="Address every service binds.")
                 ] = _DEFAULTS.host,
+    advertise_host: Annotated[str, typer.Option(
+        help="Address every service advertises and the services reach each other at "
+             "(default: --host; required when --host is 0.0.0.0 or ::).")
+                          ] = _DEFAULTS.advertise_host,
     cluster: Annotated[str, typer.Option(help="Cluster name.")] = _DEFAULTS.cluster,
     skip: Annotated[list[str] | None, typer.Option(
         help=f"Do not start this service (repeatable): {', '.join(SERVICE_ORDER)}.")] = None,
@@ -266,7 +269,8 @@ def up(
                 err_console.print(f"port {grpc + i} is in use: {group_name(i)} starts without "
                                   "its gRPC door (choose a free port with --grpc-port)")
                 grpc_off.add(i)
-    opts = UpOptions(data_dir=data_dir, host=host, cluster=cluster,
+    opts = UpOptions(data_dir=data_dir, host=host, advertise_host=advertise_host,
+                     cluster=cluster,
                      nameserver_port=nameserver_port, broker_port=broker_port,
                      broker_grpc_port=grpc, checker_port=checker_port,
                      scheduler_port=scheduler_port, metrics_port=metrics_port,
@@ -276,7 +280,8 @@ def up(
                      tls=tls)
     ca_line = ""
     if tls:
-        pki = ensure_dev_pki(opts.tls_dir, [host] if host not in WILDCARD_HOSTS else [])
+        pki = ensure_dev_pki(opts.tls_dir, [opts.public_host]
+                             if opts.public_host not in WILDCARD_HOSTS else [])
         use_ca_bundle(str(pki.ca))  # our own probes verify the children like any client
         ca_line = (f"TLS on: CA [bold]{pki.ca}[/] (clients: TIDEMQ_TLS_CA={pki.ca}; "
                    "RocketMQ 5 clients: tls_enable=True, GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)")
@@ -296,7 +301,11 @@ def up(
     sup.install_signal_handlers()
     crash_loop: str | None = None
     try:
-        redis_url = os.environ.get("REDIS_URL") or start_redis(sup, host)
+        try:
+            validate_topology(opts)
+        except ValueError as exc:
+            raise CliError(f"BAD_REQUEST: {exc}", 2) from None
+        redis_url = os.environ.get("REDIS_URL") or start_redis(sup, host, advertise_host)
         try:
             specs = plan_services(opts, redis_url=redis_url, token=token,
                                   acl=acl_setup.env() if acl_setup else None)
@@ -305,7 +314,7 @@ def up(
         except ValueError as exc:
             raise CliError(f"BAD_REQUEST: {exc}", 2) from None
         if opts.replicas > 1 and "broker" not in skipped:
-            specs = with_etcd(specs, start_etcd(sup, host, opts.etcd_port))
+            specs = with_etcd(specs, start_etcd(sup, host, opts.etcd_port, advertise_host))
         for spec in specs:
             start_service(sup, spec)
         kinds = {spec.service for spec in specs}

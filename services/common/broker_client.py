@@ -9,7 +9,9 @@ Every failure is a ``BrokerError``:
 
 - ``BrokerDown``: retriable — no connection, a timeout, a 503 answer or an answer that cannot be
   decoded (a proxy page, a cut-off body). ``maybe_done`` says whether the request may have taken
-  effect (no answer came back), unlike a 503, which did nothing;
+  effect: no answer came back, or a replicated primary answered ``NOT_ENOUGH_REPLICAS`` or
+  ``NOT_PRIMARY`` (both may come after the records were written: too few copies in time, or the
+  fence shut before the answer); any other 503 did nothing;
 - ``BrokerRefused``: any other error answer — a bug or a misconfiguration, worth a loud log.
 """
 
@@ -99,9 +101,13 @@ def _answer(what: str, resp: httpx.Response) -> Any:
         code = str(data.get("code", "")) if isinstance(data, dict) else ""
         message = str(data.get("message", "")) if isinstance(data, dict) else ""
         if status == 503:
-            raise BrokerDown(f"{what}: {code}: {message}", maybe_done=False)
+            raise BrokerDown(f"{what}: {code}: {message}", maybe_done=code in AFTER_WRITE)
         raise BrokerRefused(status, code, message)
     return data
+
+
+#: 503 codes a write may answer after its records were written (retry strict, or dedup)
+AFTER_WRITE = frozenset({"NOT_ENOUGH_REPLICAS", "NOT_PRIMARY"})
 
 
 def bodies_path(topic: str, queue_id: int) -> str:

@@ -183,3 +183,7 @@ def checker_progress_key(cluster: str, broker_name: str) -> str:
     ``op`` → next op-queue offset to read, ``op_from`` → the op-queue offset the ended ids it
     holds were read from (a restarted checker reads them again)."""
     return service_progress_key(cluster, f"checker:{broker_name}")
+
+
+# bind addresses meaning "every interface": no address to give others (an advertised one is)
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from typing import Annotated, Self
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.common.constants import BROKER_PORT
+from services.common.constants import BROKER_PORT, WILDCARD_HOSTS
 from services.common.discovery import BrokerResolver, split_urls
 from services.common.redis import validate_redis_url
-from services.common.tls import ServerTls, server_tls
+from services.common.tls import ServerTls, scheme, server_tls
 
 # redis://host:port/db, or redis+sentinel://host1:26379,host2:26379/master-name/db (see
 # services/common/redis.py and docs/operations.md)
@@ -24,6 +25,10 @@ class ServiceSettings(BaseSettings):
 
     host: str = "127.0.0.1"  # bind address; loopback until ACL exists
     port: int = 0  # listen port (each service sets its default)
+    # base URL the others use to reach this service, e.g. http://10.0.0.5:10911 ("" =
+    # {scheme}://{host}:{port}); needed when host is a wildcard (0.0.0.0, ::) on a service
+    # whose address is handed to others (a broker: routes, replication, its etcd claim)
+    advertised_address: str = ""
     cluster: str = "DefaultCluster"  # namespaces Redis keys and registrations
     token: str = ""  # shared cluster token for /internal/ endpoints ("" = none required)
     # accounts and rules (YAML, docs/operations.md "Accounts and ACL"); "" = ACL off
@@ -42,6 +47,33 @@ class ServiceSettings(BaseSettings):
             missing = "tls_cert" if not self.tls_cert else "tls_key"
             raise ValueError(f"TLS needs both a certificate and its key: {missing} is not set")
         return self
+
+    @field_validator("advertised_address")
+    @classmethod
+    def _check_advertised(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if value and (urlsplit(value).scheme not in ("http", "https")
+                      or not urlsplit(value).hostname):
+            raise ValueError(f"advertised_address {value!r} is not a base URL like "
+                             "http://10.0.0.5:10911")
+        if value and urlsplit(value).hostname in WILDCARD_HOSTS:
+            raise ValueError(f"advertised_address {value!r} names no host others can reach")
+        return value
+
+    @property
+    def public_url(self) -> str:
+        """The base URL others use to reach this service (``advertised_address``, or the bind
+        host and port; a wildcard bind then says loopback: reachable from this host only)."""
+        if self.advertised_address:
+            return self.advertised_address
+        host = "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{scheme(self.tls)}://{host}:{self.port}"
+
+    @property
+    def public_host(self) -> str:
+        """The host of ``public_url``."""
+        return urlsplit(self.public_url).hostname or "127.0.0.1"
 
     @property
     def tls(self) -> bool:

@@ -17,7 +17,10 @@ not expire every broker at once; the wall clock only stamps ``last_heartbeat_ms`
   elected is routed read-only (perm "r") at its most caught-up replica: consumers keep reading
   (RocketMQ's slave read) and producers wait for the new primary.
 - A primary registering under a newer epoch drops every older primary claim of its group at
-  once (the deposed or dead primary), so routes switch without waiting for its expiry.
+  once (the deposed or dead primary), so routes switch without waiting for its expiry; and a
+  primary claim under an older epoch than a live member of its group knows (a primary cut off
+  from etcd but not from us, heartbeating before it learns it was deposed) is refused: it
+  removes that member's registration instead of listing a second primary.
 """
 
 from __future__ import annotations
@@ -124,11 +127,18 @@ class BrokerRegistry:
     def heartbeat(self, cluster: str, broker_name: str, address: str,
                   topics: Mapping[str, TopicInfo], *, broker_id: int = 0, role: str = PRIMARY,
                   epoch: int = 0, grpc_address: str | None = None,
-                  max_offset: int = 0) -> BrokerRegistration:
-        """Record a heartbeat: the member's registration (and topic set) becomes exactly this."""
+                  max_offset: int = 0) -> BrokerRegistration | None:
+        """Record a heartbeat: the member's registration (and topic set) becomes exactly this.
+        None: a stale primary claim, refused (and the member's registration removed)."""
         now = self._monotonic()
         key = (broker_name, broker_id)
         previous = self._brokers.get(key)
+        if role == PRIMARY and epoch > 0 and (newer := self._newer_epoch(key, epoch, now)):
+            self._brokers.pop(key, None)
+            log.warning("broker %s/%d (%s) claims primary under epoch %d, but its group is at "
+                        "epoch %d: not listed until it follows the new primary", broker_name,
+                        broker_id, address, epoch, newer)
+            return None
         registration = BrokerRegistration(
             cluster=cluster, broker_name=broker_name, address=address, topics=dict(topics),
             last_heartbeat_ms=self._clock(), broker_id=broker_id, role=role, epoch=epoch,
@@ -151,6 +161,14 @@ class BrokerRegistry:
             if added or removed:
                 log.info("broker %s topics changed: +%s -%s", who, added, removed)
         return registration
+
+    def _newer_epoch(self, key: BrokerKey, epoch: int, now: int) -> int:
+        """The newest epoch a live member of ``key``'s group (other than ``key``) reports, when
+        newer than ``epoch``; else 0."""
+        newest = max((b.epoch for b in self._brokers.values()
+                      if b.broker_name == key[0] and b.key != key and self._alive(b, now)),
+                     default=0)
+        return newest if newest > epoch else 0
 
     def _drop_older_primaries(self, primary: BrokerRegistration) -> None:
         stale = [b for b in self._brokers.values()

@@ -51,6 +51,11 @@ def test_etcd_command_names_its_ports_and_data_dir(tmp_path: Path) -> None:
     assert argv[argv.index("--listen-client-urls") + 1] == "http://127.0.0.1:4000"
     assert argv[argv.index("--listen-peer-urls") + 1] == "http://127.0.0.1:4001"
     assert argv[argv.index("--data-dir") + 1] == str(tmp_path / "etcd")
+    # bound to every interface, it advertises the address given
+    argv = etcd_command("/usr/bin/etcd", "0.0.0.0", 4000, tmp_path / "etcd", "10.77.0.5")
+    assert argv[argv.index("--listen-client-urls") + 1] == "http://0.0.0.0:4000"
+    assert argv[argv.index("--advertise-client-urls") + 1] == "http://10.77.0.5:4000"
+    assert argv[argv.index("--initial-cluster") + 1] == "tidemq=http://10.77.0.5:4001"
 
 
 @pytest.mark.integration

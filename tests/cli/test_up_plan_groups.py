@@ -84,6 +84,8 @@ def test_base_ports_move_every_group_and_busy_grpc_stays_off() -> None:
                                               "port 11911"),
     (UpOptions(broker_grpc_port=9877, nameservers=2),
      "nameserver-2 and broker gRPC would both listen on port 9877"),
+    (UpOptions(host="0.0.0.0"), "--host 0.0.0.0 binds every interface but names none"),
+    (UpOptions(host="0.0.0.0", advertise_host="::"), "--advertise-host :: is not an address"),
 ])
 def test_impossible_topologies_are_refused(opts: UpOptions, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -95,3 +97,23 @@ def test_skip_applies_to_every_group() -> None:
     specs = plan_services(opts, redis_url="redis://r", token="t", available=everything)
     assert [s.name for s in specs] == ["nameserver", "broker-a", "broker-b", "scheduler-a",
                                        "scheduler-b", "console"]
+
+
+def test_bound_to_every_interface_each_service_advertises_the_given_host() -> None:
+    opts = UpOptions(host="0.0.0.0", advertise_host="10.77.0.5", replicas=2)
+    specs = plan_services(opts, redis_url="redis://r", token="t", available=everything)
+    env = {s.name: dict(s.env) for s in specs}
+    assert all(s.host == "0.0.0.0" for s in specs)
+    assert env["nameserver"]["TIDEMQ_NAMESRV_HOST"] == "0.0.0.0"
+    assert env["nameserver"]["TIDEMQ_NAMESRV_ADVERTISED_ADDRESS"] == "http://10.77.0.5:9876"
+    assert env["broker"]["TIDEMQ_BROKER_ADVERTISED_ADDRESS"] == "http://10.77.0.5:10911"
+    assert env["broker-r1"]["TIDEMQ_BROKER_ADVERTISED_ADDRESS"] == "http://10.77.0.5:11011"
+    assert env["broker-r1"]["TIDEMQ_BROKER_PRIMARY_ADDRESS"] == "http://10.77.0.5:10911"
+    assert env["broker"]["TIDEMQ_BROKER_NAMESERVERS"] == "http://10.77.0.5:9876"
+    assert env["checker"]["TIDEMQ_CHECKER_ADVERTISED_ADDRESS"] == "http://10.77.0.5:10921"
+    assert env["checker"]["TIDEMQ_CHECKER_BROKER_URL"] == "http://10.77.0.5:10911"
+    assert env["broker"]["TIDEMQ_BROKER_SCHEDULER_URL"] == "http://10.77.0.5:10931"
+    assert specs[0].url == "http://10.77.0.5:9876"  # what `tidemq up` prints and probes
+    # without --advertise-host nothing is added: every service advertises its bind host
+    plain = plan_services(UpOptions(), redis_url="redis://r", token="t", available=everything)
+    assert not any(k.endswith("ADVERTISED_ADDRESS") for s in plain for k in s.env)

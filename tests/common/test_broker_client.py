@@ -7,6 +7,7 @@ import pickle
 import time
 from collections.abc import Iterator
 
+import httpx
 import msgpack
 import pytest
 from tidemq.protocol import UNIQ_KEY, DeliveryRow, SystemTopic
@@ -16,6 +17,7 @@ from services.common.broker_client import (
     BrokerClient,
     BrokerDown,
     BrokerRefused,
+    _answer,
     deliver_body,
 )
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
@@ -123,3 +125,16 @@ def test_blocking_client_reads_bodies_and_retries(broker: BrokerHandle) -> None:
         nobody.bodies(topic, 0, 0, 10)
     assert time.monotonic() - began >= 0.15  # backed off 0.05 s, then 0.1 s
     nobody.close()
+
+
+@pytest.mark.parametrize(("code", "maybe_done"), [
+    ("NOT_ENOUGH_REPLICAS", True), ("NOT_PRIMARY", True), ("BROKER_BUSY", False),
+    ("UNAVAILABLE", False)])
+def test_a_503_after_the_write_may_have_taken_effect(code: str, maybe_done: bool) -> None:
+    """A replicated primary answers NOT_ENOUGH_REPLICAS (or NOT_PRIMARY, its fence shut) after
+    the records were written: the scheduler then retries strict. Taking them for "nothing done"
+    delivered timers twice across failovers (found by the faults suite)."""
+    resp = httpx.Response(503, json={"code": code, "message": "m"})
+    with pytest.raises(BrokerDown) as down:
+        _answer("deliver", resp)
+    assert down.value.maybe_done is maybe_done

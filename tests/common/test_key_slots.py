@@ -61,9 +61,12 @@ def key_slot(key: str) -> int:
 
 
 def keys_of(command: Command) -> list[str]:
-    """The keys of the commands the offset store sends (DEL takes several)."""
+    """The keys of the commands the offset store sends (DEL takes several; EVAL names its
+    key count)."""
     name = str(command[0]).upper()
-    assert name in ("HSET", "SADD", "SREM", "DEL"), f"unexpected command {name}"
+    assert name in ("HSET", "SADD", "SREM", "DEL", "EVAL"), f"unexpected command {name}"
+    if name == "EVAL":
+        return [str(k) for k in command[3:3 + int(str(command[2]))]]
     return [str(k) for k in command[1:]] if name == "DEL" else [str(command[1])]
 
 
@@ -83,6 +86,7 @@ async def test_one_offset_batch_is_one_slot(cluster: str, broker: str) -> None:
     batch: list[Command] = []
     for group in GROUPS:
         batch += store.commit_commands(group, {t: {"0": 5, "3": 9} for t in TOPICS})
+        batch += store.commit_commands(group, {t: {"0": 6} for t in TOPICS}, True)
         batch += store.reset_commands(group, TOPICS[0], {1: 2})
         batch += store.reset_commands(group, TOPICS[1], {})
         batch += store.delete_commands(group, TOPICS)

@@ -85,6 +85,31 @@ def test_newer_epoch_wins_between_two_primaries(registry: BrokerRegistry) -> Non
     assert [q.address for q in registry.routes("orders")] == ["http://new:1"]
 
 
+def test_a_deposed_primary_heartbeating_late_is_not_listed_again(
+        registry: BrokerRegistry) -> None:
+    """Cut off from etcd but not from the nameserver, the old primary heartbeats as primary
+    under its old epoch after its successor registered: one primary stays listed."""
+    registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8}, epoch=3)
+    registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": RW8}, broker_id=1, epoch=4)
+    assert registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8},
+                              epoch=3) is None
+    assert [(b.broker_id, b.role, b.epoch) for b in registry.brokers()] == [(1, "primary", 4)]
+    assert [q.address for q in registry.routes("orders")] == ["http://a1:1"]
+    # a replica that already follows the new epoch is enough to refuse the stale claim
+    registry.heartbeat("c1", "broker-a", "http://a2:1", {"orders": RW8}, broker_id=2,
+                       role="replica", epoch=5)
+    assert registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": RW8}, broker_id=1,
+                              epoch=4) is None
+    assert [(b.broker_id, b.role) for b in registry.brokers()] == [(2, "replica")]
+    assert registry.routes("orders") == [
+        QueueRoute("broker-a", "http://a2:1", 8, "r", replicas=("http://a2:1",))]
+    # following the new primary, the old one is listed again, as a replica
+    registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8}, role="replica",
+                       epoch=5)
+    assert [(b.broker_id, b.role) for b in registry.brokers()] == [(0, "replica"),
+                                                                   (2, "replica")]
+
+
 def test_goodbye_of_one_member_keeps_the_others(registry: BrokerRegistry) -> None:
     registry.heartbeat("c1", "broker-a", "http://a0:1", {"orders": RW8})
     registry.heartbeat("c1", "broker-a", "http://a1:1", {"orders": RW8}, broker_id=1,

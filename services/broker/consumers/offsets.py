@@ -26,6 +26,12 @@ Under Sentinel (services/common/redis.py) a connection error or READONLY reply s
 batch again to the master the sentinels name, for up to the URL's ``failover_wait_s``: every
 command in it sets values (HSET, SADD, SREM, DEL), so applying it twice is applying it once.
 
+A commit with ``advance_only`` (what consumers send) only moves an offset forward: a script sets
+each queue's offset only when it is higher, so a commit held up behind a partition and written
+late — the broker retries a batch for up to ``failover_wait_s`` — cannot put the group back behind
+a newer commit (the faults suite saw offsets go back from 44 to 31 that way). A plain commit sets
+the offsets as given (an operator's reset).
+
 Keys (services/common/constants.py): ``consumer_offsets_key`` (hash queue id → offset) per
 (broker, group, topic), ``consumer_offsets_index_key`` (set of topics) per (broker, group); both
 carry the broker's hash tag, so a batch of many groups is one Redis Cluster slot.
@@ -61,6 +67,16 @@ from services.common.redis import REDIS_TIMEOUT_S, NotReplicated, connect_redis,
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 1024  # commits sent in one pipeline at most
+#: HSET of (queue id, offset) pairs, each only when higher than the stored offset
+RAISE_ONLY = """
+for i = 1, #ARGV, 2 do
+  local current = redis.call('HGET', KEYS[1], ARGV[i])
+  if not current or tonumber(current) < tonumber(ARGV[i + 1]) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+return 0
+"""
 SCAN_COUNT = 500  # keys Redis looks at per SCAN step when listing groups
 MIGRATE_RETRY_S = 2.0  # renaming pre-hash-tag keys is tried again this often until Redis answers
 
@@ -136,8 +152,10 @@ class OffsetStore:
 
     # --- writes: queued for the writer task --------------------------------------------------
 
-    async def commit(self, group: str, offsets: list[tuple[str, int, int]]) -> None:
-        """Store (topic, queue id, next offset) triples; returns once Redis has them."""
+    async def commit(self, group: str, offsets: list[tuple[str, int, int]], *,
+                     advance_only: bool = False) -> None:
+        """Store (topic, queue id, next offset) triples; returns once Redis has them. With
+        ``advance_only`` an offset lower than the stored one is left alone."""
         by_topic: dict[str, dict[str, int]] = {}
         for topic, queue_id, offset in offsets:
             if queue_id < 0 or offset < 0:
@@ -146,12 +164,15 @@ class OffsetStore:
                                     "queue id and offset must be >= 0")
             by_topic.setdefault(topic, {})[str(queue_id)] = offset
         if by_topic:
-            await self._submit(self.commit_commands(group, by_topic))
+            await self._submit(self.commit_commands(group, by_topic, advance_only))
 
-    def commit_commands(self, group: str, by_topic: dict[str, dict[str, int]]) -> list[Command]:
+    def commit_commands(self, group: str, by_topic: dict[str, dict[str, int]],
+                        advance_only: bool = False) -> list[Command]:
         """The writes of one commit: topic → {queue id: offset}."""
-        commands: list[Command] = [("HSET", self._key(group, topic), *_flat(mapping))
-                                   for topic, mapping in by_topic.items()]
+        commands: list[Command] = [
+            ("EVAL", RAISE_ONLY, 1, self._key(group, topic), *_flat(mapping)) if advance_only
+            else ("HSET", self._key(group, topic), *_flat(mapping))
+            for topic, mapping in by_topic.items()]
         commands.append(("SADD", self._index(group), *by_topic))
         return commands
 

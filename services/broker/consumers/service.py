@@ -45,8 +45,10 @@ class ConsumerService:
 
     # --- offsets ---------------------------------------------------------------------------------
 
-    async def commit(self, group: str, entries: list[tuple[str, int, int]]) -> None:
-        """Store committed offsets once each is known to be within its queue."""
+    async def commit(self, group: str, entries: list[tuple[str, int, int]], *,
+                     advance_only: bool = False) -> None:
+        """Store committed offsets once each is known to be within its queue (``advance_only``:
+        never lower a stored offset)."""
         validate_group_name(group)
         if len(entries) > MAX_OFFSETS_PER_COMMIT:
             raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE,
@@ -66,7 +68,7 @@ class ConsumerService:
                 raise ProtocolError(ErrorCode.OFFSET_OUT_OF_RANGE,
                                     f"offset {offset} for {topic} queue {queue_id} is beyond its "
                                     f"max_offset {high}")
-        await self.offsets.commit(group, entries)
+        await self.offsets.commit(group, entries, advance_only=advance_only)
 
     async def committed(self, group: str, topic: str | None) -> list[dict[str, Any]]:
         """Committed offsets with the queue end and lag ([] for an unknown group)."""

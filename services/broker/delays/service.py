@@ -64,7 +64,7 @@ from services.broker.messaging.send import SendService, appended_or_raise
 from services.broker.messaging.topics import TopicManager
 from services.broker.store.appender import Appender
 from services.broker.store.store import MessageStore
-from services.broker.store.types import MessageRecord, StoredRecord, tag_code
+from services.broker.store.types import MessageRecord, PutResult, StoredRecord, tag_code
 from services.common.clock import now_ms
 from services.common.constants import SCHEDULER_FLOOR_OWNER
 
@@ -255,7 +255,16 @@ class DelayService:
                                         f"a timer rolled into {INTAKE_TOPIC} needs properties "
                                         f"{REAL_TOPIC} and {TIMER_DELIVER_MS} (epoch ms)")
                 record.tag_code = int(due)
-        keep = [r for i, r in enumerate(records) if i not in strict or not self._delivered(r)]
+        keep: list[MessageRecord] = []
+        settle = 0  # end of the newest copy found stored (perhaps never acknowledged)
+        for i, r in enumerate(records):
+            end = self._delivered(r) if i in strict else 0
+            if end:
+                settle = max(settle, end)
+            else:
+                keep.append(r)
+        if settle:  # a copy above the high-water mark counts once a quorum holds it
+            appended_or_raise(PutResult(await self.appender.settle(settle)))
         duplicates = len(records) - len(keep)
         if keep:
             await self.sender.put_records(keep, [False] * len(keep), now_ms())
@@ -273,13 +282,16 @@ class DelayService:
             return None
         return cfg.queues
 
-    def _delivered(self, record: MessageRecord) -> bool:
-        """True when this very delivery is already stored (same topic, id, reconsume count
-        and born time): a re-delivery after a crash, de-duplicated by the unique key."""
+    def _delivered(self, record: MessageRecord) -> int:
+        """Where this very delivery, already stored, ends in the log (same topic, id,
+        reconsume count and born time: a re-delivery after a crash or a failed request,
+        de-duplicated by the unique key); 0 when it is not stored."""
         mid = record.properties[UNIQ_KEY]
-        return any(c.topic == record.topic and c.reconsume_times == record.reconsume_times
-                   and c.born_timestamp == record.born_timestamp and not is_waiting(c)
-                   for c in self.store.find_by_unique_key(mid))
+        return max((c.physical_offset + c.size
+                    for c in self.store.find_by_unique_key(mid, whole_log=True)
+                    if c.topic == record.topic and c.reconsume_times == record.reconsume_times
+                    and c.born_timestamp == record.born_timestamp and not is_waiting(c)),
+                   default=0)
 
     def report_progress(self, owner: str, positions: list[tuple[str, int, int]]) -> int:
         """Hold retention at the first record any of ``positions`` (topic, queue, next offset)

@@ -16,6 +16,7 @@ import zlib
 from typing import Any, cast
 
 from tidemq.protocol import (
+    REAL_TOPIC,
     UNIQ_KEY,
     ErrorCode,
     Limits,
@@ -40,6 +41,7 @@ from services.broker.store.types import (
     MessageRecord,
     PutResult,
     PutStatus,
+    StoredRecord,
 )
 from services.common.clock import now_ms
 
@@ -66,8 +68,9 @@ PUT_ERRORS: dict[PutStatus, tuple[ErrorCode, str]] = {
                             "this broker does not take writes; send to the group's primary"),
     PutStatus.NOT_ENOUGH_REPLICAS: (ErrorCode.NOT_ENOUGH_REPLICAS,
                                     "fewer in-sync copies than min_insync hold the records, so "
-                                    "they are not acknowledged; retry later (a record written "
-                                    "on the primary only may then be stored twice)"),
+                                    "they are not acknowledged; retry later with the same "
+                                    "message ids (a record already written is not stored "
+                                    "twice)"),
 }
 
 
@@ -179,13 +182,15 @@ class SendService:
         same_as: list[tuple[int, int]] = []  # (i, j): record i repeats record j of this batch
         waits: list[tuple[int, WriteFuture, int]] = []  # (i, write of its first copy, index)
         keys: dict[int, DedupKey] = {}
+        indexed: list[tuple[DedupKey, Placed, int]] = []  # first copies found in the index
+        settle_end = 0  # where the newest of them ends
         if cache.enabled:
             cache.expire(now)
             use_index = cache.needs_index(now)
             first: dict[DedupKey, int] = {}
             for i, record in enumerate(records):
                 if dedup[i]:
-                    key = (record.topic, record.properties[UNIQ_KEY])
+                    key = (self.dedup_topic(record), record.properties[UNIQ_KEY])
                     j = first.setdefault(key, i)
                     if j != i:
                         same_as.append((i, j))
@@ -194,8 +199,10 @@ class SendService:
                     if hit is None and (other := cache.in_flight(key)) is not None:
                         waits.append((i, *other))
                         continue
-                    if hit is None and use_index:
-                        hit = self._indexed(key, now)
+                    if hit is None and use_index and (found := self._indexed(key, now)):
+                        hit, stored, end = found
+                        indexed.append((key, hit, stored))
+                        settle_end = max(settle_end, end)
                     if hit is not None:
                         placed[i] = hit
                         if repeated is not None:
@@ -205,6 +212,10 @@ class SendService:
                 to_store.append(i)
         else:
             to_store = list(range(n))
+        if indexed:  # first copies perhaps never acknowledged: settle them, then remember
+            appended_or_raise(PutResult(await self.appender.settle(settle_end)))
+            for key, where, stored in indexed:
+                cache.remember(key, where, stored)
         if to_store and keys:
             # in flight from here: a concurrent duplicate waits for this write's result. The
             # write runs as its own task so that its result is remembered even if this
@@ -237,6 +248,9 @@ class SendService:
             result = await self.appender.append(batch)
             self.metrics.observe_put(batch[0].topic, batch, result.status,
                                      time.perf_counter() - started)
+            if result.status is not PutStatus.OK:
+                # the records may be in the log unacknowledged: a retry must find them there
+                cache.mark_incomplete(now_ms())
             appended = appended_or_raise(result)
         except BaseException as exc:
             err = exc if isinstance(exc, ProtocolError) else ProtocolError(
@@ -253,15 +267,24 @@ class SendService:
         if future is not None and keys:
             cache.finish(keys, future, placed, stored_ms=stored_ms)
 
-    def _indexed(self, key: DedupKey, now: int) -> Placed | None:
-        """The first copy of ``key`` in the store's unique-key index within the window."""
+    def dedup_topic(self, record: MessageRecord | StoredRecord) -> str:
+        """The topic a message id is de-duplicated in: a waiting (delayed) copy's real topic,
+        so that a retry sent after the due time — stored in the real topic at once — finds
+        the waiting copy of its first attempt (the faults suite saw both delivered)."""
+        return (record.properties[REAL_TOPIC] if self.delay_router.waiting(record)
+                else record.topic)
+
+    def _indexed(self, key: DedupKey, now: int) -> tuple[Placed, int, int] | None:
+        """The first copy of ``key`` in the store's unique-key index within the window, its
+        store time and its end offset. The whole log counts, above the high-water mark too: a
+        promoted replica keeps what it copied, and a write answered NOT_ENOUGH_REPLICAS stays
+        in the log."""
         topic, mid = key
         horizon = now - self.dedup.window_ms
-        for rec in self.store.find_by_unique_key(mid):
-            if rec.topic == topic and rec.store_timestamp >= horizon:
+        for rec in self.store.find_by_unique_key(mid, whole_log=True):
+            if self.dedup_topic(rec) == topic and rec.store_timestamp >= horizon:
                 where = Placed(rec.queue_id, rec.queue_offset, self.delay_router.waiting(rec))
-                self.dedup.remember(key, where, rec.store_timestamp)
-                return where
+                return where, rec.store_timestamp, rec.physical_offset + rec.size
         return None
 
 

@@ -7,8 +7,9 @@ in-sync copies than the quorum answers NOT_ENOUGH_REPLICAS with nothing written.
 
 After the write: the fetches waiting at the log end are woken; a sync write waits until the
 high-water mark covers it (NOT_ENOUGH_REPLICAS when the copies drop below the quorum or
-``timeout_s`` passes: the records are then stored here but may not survive a failover, and a
-retry may store them twice, as Kafka's NotEnoughReplicasAfterAppend); and right before the
+``timeout_s`` passes: the records are then stored here but may not survive a failover, as
+Kafka's NotEnoughReplicasAfterAppend; a retry with the same message ids finds them through the
+dedup index and is acknowledged through ``settle``, on the same terms); and right before the
 answer the fence is asked again, so a primary that lost its lease meanwhile acknowledges
 nothing.
 """
@@ -80,3 +81,17 @@ class WriteGate:
         if not self.role.may_write():
             return self._not_primary()
         return result
+
+    async def settle(self, end: int) -> PutStatus:
+        """The answer a repeated send may get for records already written below ``end`` (a
+        dedup hit): only a writable primary answers, and only once the HWM covers ``end`` — a
+        record a promoted replica kept above its HWM, or one written earlier on this primary
+        but not acknowledged, is acknowledged on the same terms as a fresh write."""
+        if not self.role.may_write():
+            return self._not_primary().status
+        if self.quorum.sync and not await self.quorum.wait_for(end, self.timeout_s):
+            if not self.role.may_write():
+                return self._not_primary().status
+            self.stats["quorum_timeouts"] += 1
+            return PutStatus.NOT_ENOUGH_REPLICAS
+        return PutStatus.OK if self.role.may_write() else self._not_primary().status

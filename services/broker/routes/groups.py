@@ -53,6 +53,9 @@ class OffsetEntry(_Body):
 
 class OffsetsBody(_Body):
     offsets: list[OffsetEntry]
+    advance_only: bool = Field(False, description=(
+        "only move offsets forward: an offset lower than the committed one is left alone (a "
+        "consumer's commit, so that a late retry cannot undo a newer one); false: set as given"))
 
 
 class RetryBody(_Body):
@@ -118,7 +121,7 @@ async def leave(group: GroupName, client_id: str, request: Request) -> Response:
 async def commit_offsets(group: GroupName, request: Request) -> Response:
     body = await read_model(request, OffsetsBody)
     entries = [(e.topic, e.queue_id, e.offset) for e in body.offsets]
-    await broker_of(request).consumers.commit(group, entries)
+    await broker_of(request).consumers.commit(group, entries, advance_only=body.advance_only)
     return reply(request, {})
 
 

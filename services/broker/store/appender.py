@@ -25,11 +25,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.broker.store.types import MessageRecord, PutResult
+from services.broker.store.types import MessageRecord, PutResult, PutStatus
 
 
 class Appender(Protocol):
     async def append(self, records: list[MessageRecord]) -> PutResult:
         """Store ``records`` contiguously and in order, in one group commit; the result says
         where each landed (``OK``) or why they are not acknowledged."""
+        ...
+
+    async def settle(self, end: int) -> PutStatus:
+        """May records already in the log below ``end`` be acknowledged (again) now — a dedup
+        hit found in the log, perhaps written but never acknowledged? The writer: always OK;
+        the replication gate: once a writable primary's quorum holds them."""
         ...

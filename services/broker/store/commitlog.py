@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,49 +88,91 @@ class CommitLog:
     def scan(self, start: int) -> Iterator[tuple[memoryview, int, int]]:
         """Yield ``(buffer, pos, physical_offset)`` for each valid record from ``start`` on.
 
-        Stops at the first invalid record or at the end of data; ``self.scan_end`` then holds
-        the offset just past the last valid record (where the log must be truncated).
+        In the last segment it stops at the first invalid record or at the end of data;
+        ``self.scan_end`` then holds the offset just past the last valid record (where the log
+        must be truncated: a torn tail). In a sealed segment (one with a successor) damage
+        is not a torn tail and the records after it are not thrown away: a corrupt record
+        whose size still leads to the next record is skipped alone, otherwise the rest of that
+        segment is; each skip is logged with the segment and offset and listed in
+        ``self.skipped`` as ``(offset, bytes)``. Skipped records are never served (every read
+        checks the CRC); another copy of the log still has them.
         """
         self.scan_end = start
+        self.skipped: list[tuple[int, int]] = []
         i = self._segment_index(start)
         if i is None:
             return
         pos = start - self.segments[i].start
         while i < len(self.segments):
             seg = self.segments[i]
-            sealed = False
-            while pos < seg.length and not sealed:
-                view = memoryview(os.pread(seg.fd, min(SCAN_CHUNK, seg.length - pos), pos))
-                p = 0
-                while True:
-                    if record.is_blank(view, p):
-                        sealed = True
-                        break
-                    if len(view) - p < record.PREFIX.size:
-                        if pos + p + record.PREFIX.size > seg.length:
-                            return  # a torn header at the end of the file
-                        break
-                    size = int.from_bytes(view[p:p + 4], "big")
-                    if size < record.MIN_RECORD_SIZE or size > SCAN_CHUNK:
-                        return
-                    if p + size > len(view):
-                        if pos + p + size > seg.length:
-                            return  # torn at the end of the file
-                        break  # the record continues in the next chunk
-                    try:
-                        record.validate(view, p, seg.start + pos + p)
-                    except CorruptRecord:
-                        return
-                    yield view, p, seg.start + pos + p
-                    p += size
-                    self.scan_end = seg.start + pos + p
-                if p == 0 and not sealed:
-                    return
-                pos += p
+            sealed_by_successor = i + 1 < len(self.segments)
+            result = yield from self._scan_segment(seg, pos, sealed_by_successor)
+            if result is not None and not sealed_by_successor:
+                return  # the last segment: the valid data ends at scan_end
             i += 1
             pos = 0
             if i < len(self.segments):
                 self.scan_end = self.segments[i].start
+
+    def _scan_segment(self, seg: Segment, pos: int, sealed: bool
+                      ) -> Generator[tuple[memoryview, int, int], None, str | None]:
+        """The records of one segment from ``pos``; returns None at its end (data end or
+        blank), else why it stopped (a damaged record the caller decides about)."""
+        while pos < seg.length:
+            view = memoryview(os.pread(seg.fd, min(SCAN_CHUNK, seg.length - pos), pos))
+            p = 0
+            while True:
+                if record.is_blank(view, p):
+                    return None
+                if len(view) - p < record.PREFIX.size:
+                    if pos + p + record.PREFIX.size > seg.length:
+                        return self._damaged(seg, pos + p, "a torn header", sealed)
+                    break
+                size = int.from_bytes(view[p:p + 4], "big")
+                if size < record.MIN_RECORD_SIZE or size > SCAN_CHUNK:
+                    return self._damaged(seg, pos + p, f"bad size {size}", sealed)
+                if p + size > len(view):
+                    if pos + p + size > seg.length:
+                        return self._damaged(seg, pos + p, "torn at the end of the file",
+                                             sealed)
+                    break  # the record continues in the next chunk
+                try:
+                    record.validate(view, p, seg.start + pos + p)
+                except CorruptRecord as exc:
+                    if not sealed or not self._next_is_record(seg, pos + p + size):
+                        return self._damaged(seg, pos + p, exc.why, sealed)
+                    log.error("recovery: corrupt record in sealed segment %s at offset %d "
+                              "(%s): skipped, never served", seg.name, seg.start + pos + p,
+                              exc.why)
+                    self.skipped.append((seg.start + pos + p, size))
+                    p += size
+                    self.scan_end = seg.start + pos + p
+                    continue
+                yield view, p, seg.start + pos + p
+                p += size
+                self.scan_end = seg.start + pos + p
+            if p == 0:
+                return self._damaged(seg, pos, "no record fits", sealed)
+            pos += p
+        return None
+
+    def _next_is_record(self, seg: Segment, at: int) -> bool:
+        """Whether a record (or the closing blank) starts at ``at`` of ``seg``."""
+        head = os.pread(seg.fd, record.PREFIX.size, at)
+        if record.is_blank(head + bytes(BLANK_SIZE), 0):
+            return True
+        return (len(head) == record.PREFIX.size
+                and record.PREFIX.unpack(head)[1] & 0xFFFF_0000 == record.MAGIC_BASE)
+
+    def _damaged(self, seg: Segment, at: int, why: str, sealed: bool) -> str:
+        """A stop inside ``seg`` at relative ``at``: in a sealed segment its rest is skipped
+        (logged, listed); in the last one it is where the valid data ends."""
+        if sealed:
+            log.error("recovery: segment %s is damaged at offset %d (%s): its remaining %d "
+                      "bytes are skipped, never served; the segments after it are kept",
+                      seg.name, seg.start + at, why, seg.length - at)
+            self.skipped.append((seg.start + at, seg.length - at))
+        return why
 
     def truncate(self, offset: int) -> None:
         """Drop everything at and after ``offset`` (recovery of a torn tail)."""

@@ -29,5 +29,8 @@ class StoreConfig:
     retention_interval_s: float = 10.0  # how often retention runs
     disk_high_water_ratio: float = 0.85  # past this disk usage, delete oldest segments early
     disk_full_ratio: float = 0.95  # past this with nothing deletable, refuse puts (DISK_FULL)
+    # a write that would leave less free space than this is refused (DISK_FULL) before any
+    # byte of it is written: room for consume queue and index growth and the checkpoint
+    disk_min_free_bytes: int = 16 * MiB
     store_host: str = "127.0.0.1:10911"  # recorded in every record; part of offset ids
     max_read_bytes: int = 32 * MiB  # upper bound on bytes one get() returns

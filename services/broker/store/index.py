@@ -8,6 +8,11 @@ File layout (big-endian), named by the 20-digit store timestamp (ms) of its firs
     entries  entries x 20 B         key hash u32, commit log offset i64, ms since begin i32,
                                     previous entry with the same slot u32
 
+The file is created sparse and its pages are reserved with ``fallocate`` before they are
+written through the mapping — the header and slots at once, entries ``RESERVE_ENTRIES`` at a
+time — so a full disk answers ENOSPC to the reservation (an error the writer handles) and never
+a SIGBUS to a write into the mapping (which kills the process).
+
 Hashes collide, and entries may point at records that recovery later truncated and overwrote;
 so every hit is verified by the caller against the record itself. The index is derived data,
 rebuilt by re-dispatching from the checkpoint after a crash; duplicate entries are harmless.
@@ -38,6 +43,7 @@ ENTRY_SIZE = ENTRY.size  # 20
 INDEX_MAGIC = 0x7D1E_1D01
 MAX_DELTA_MS = 2**31 - 1
 MAX_CHAIN = 100_000  # a walk longer than this means a corrupt file
+RESERVE_ENTRIES = 16_384  # entries whose pages are reserved ahead of use (320 KiB)
 
 
 def key_hash(key: str) -> int:
@@ -71,8 +77,21 @@ class IndexFile:
         self.begin_ms, self.end_ms, self.end_phys, self.count = begin, end, end_phys, count
         self.sealed = bool(sealed)
         self._entries_at = HEADER_SIZE + slots * SLOT.size
+        self._reserved = 0  # entries whose pages are reserved on disk
+        if not self.sealed:
+            self.reserve(0)
         if not fresh and not self.sealed:
             self._roll_back_to_count()
+
+    def reserve(self, more: int) -> None:
+        """Make sure the pages of the next ``more`` entries (and the slots) exist on disk;
+        OSError (ENOSPC) when the disk cannot hold them."""
+        need = min(self.entries + 1, self.count + more + 1)
+        if need <= self._reserved:
+            return
+        upto = min(self.entries + 1, need + RESERVE_ENTRIES)
+        os.posix_fallocate(self.fd, 0, self._entries_at + upto * ENTRY_SIZE)
+        self._reserved = upto
 
     def _roll_back_to_count(self) -> None:
         """Point every slot at its newest entry within ``count`` (see the module docstring)."""
@@ -101,6 +120,8 @@ class IndexFile:
     def put(self, key: str, phys: int, store_ms: int) -> None:
         if self.sealed:
             raise RuntimeError(f"index file {self.path.name} is sealed")
+        if self.count + 1 >= self._reserved:
+            self.reserve(1)
         h = zlib.crc32(key.encode("utf-8"))
         mm = self.mm
         slot_at = HEADER_SIZE + (h % self.slots) * SLOT_SIZE

@@ -25,20 +25,31 @@ log = logging.getLogger(__name__)
 
 
 class DiskSpace:
-    """How full the store's disk is; ``full`` past ``full_ratio`` (writes refused)."""
+    """How full the store's disk is; ``full`` past ``full_ratio``, or with less than
+    ``min_free_bytes`` free (writes refused). The writer also asks ``short`` before each group
+    commit, so a disk another process filled refuses the write whole, before any of it is
+    written (a full disk once killed the broker: the mapped index took a SIGBUS)."""
 
-    def __init__(self, root: Path, full_ratio: float) -> None:
+    def __init__(self, root: Path, full_ratio: float, min_free_bytes: int = 0) -> None:
         self.root = root
         self.full_ratio = full_ratio
+        self.min_free_bytes = min_free_bytes
         self.full = False
 
     def used_ratio(self) -> float:
         usage = shutil.disk_usage(self.root)
         return usage.used / usage.total
 
+    def short(self, extra: int = 0) -> bool:
+        """Whether the disk cannot take ``extra`` more bytes: past ``full_ratio``, or less than
+        ``min_free_bytes`` would be left."""
+        usage = shutil.disk_usage(self.root)
+        return (usage.used / usage.total > self.full_ratio
+                or usage.free - extra < self.min_free_bytes)
+
     def refresh(self) -> bool:
         """Measure again; True when the disk is full."""
-        self.full = self.used_ratio() > self.full_ratio
+        self.full = self.short()
         return self.full
 
 
@@ -75,7 +86,8 @@ class Retention:
                 store.index.delete_before(min_phys)
         self.deleted_segments += deleted
         if store.disk.refresh():
-            log.error("disk usage past %.0f%% and nothing deletable: refusing writes",
-                      cfg.disk_full_ratio * 100)
+            log.error("disk usage past %.0f%% (or less than %d bytes free) and nothing "
+                      "deletable: refusing writes", cfg.disk_full_ratio * 100,
+                      cfg.disk_min_free_bytes)
         await asyncio.sleep(0)
         return deleted

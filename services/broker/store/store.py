@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.broker.store import record, replicated
-from services.broker.store.checkpoint import Checkpoint
+from services.broker.store.checkpoint import Checkpoint, CorruptCheckpoint
 from services.broker.store.commitlog import CLOSED, CommitLog
 from services.broker.store.config import StoreConfig
 from services.broker.store.dispatcher import Dispatcher
@@ -53,7 +53,7 @@ class MessageStore:
         self.floors: dict[str, int] = {}
         self._listeners: list[Listener] = []
         self._sync_lock = asyncio.Lock()
-        self.disk = DiskSpace(root, config.disk_full_ratio)
+        self.disk = DiskSpace(root, config.disk_full_ratio, config.disk_min_free_bytes)
         self.writer = GroupCommitWriter(config, self.log, self.dispatcher, self._notify,
                                         self._sync_lock, self.disk)
         self.retention = Retention(self)
@@ -82,7 +82,11 @@ class MessageStore:
         began = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
         fresh = not self.checkpoint_path.exists()
-        cp = Checkpoint.load(self.checkpoint_path)
+        try:
+            cp = Checkpoint.load(self.checkpoint_path)
+        except CorruptCheckpoint as exc:  # derived data is rebuilt from the whole log
+            log.error("recovery: %s; re-dispatching the whole commit log", exc)
+            cp, fresh = Checkpoint(), True
         self.floors = dict(cp.retention_floors)
         self.log.open()
         self.index.open()
@@ -142,8 +146,13 @@ class MessageStore:
         self._save_checkpoint(offset, clean)
 
     async def _checkpoint_and_measure(self) -> None:
-        """Every ``flush_interval_ms``: a checkpoint, then how full the disk is."""
-        await self.checkpoint()
+        """Every ``flush_interval_ms``: a checkpoint, then how full the disk is (also when the
+        checkpoint failed: a full disk is said in one line, and measured)."""
+        try:
+            await self.checkpoint()
+        except OSError as exc:
+            log.error("checkpoint failed (%s); retrying in %.1fs", exc,
+                      self.config.flush_interval_ms / 1000)
         self.disk.refresh()
 
     async def close(self) -> None:
@@ -280,10 +289,10 @@ class MessageStore:
             i = j
         return out
 
-    def _verified(self, offsets: list[int], keep: Callable[[StoredRecord], bool]
-                  ) -> list[StoredRecord]:
+    def _verified(self, offsets: list[int], keep: Callable[[StoredRecord], bool],
+                  whole_log: bool = False) -> list[StoredRecord]:
         out = []
-        limit = self.visible_offset
+        limit = None if whole_log else self.visible_offset
         for phys in sorted(offsets):
             if limit is not None and phys >= limit:
                 continue
@@ -292,12 +301,16 @@ class MessageStore:
                 out.append(rec)
         return out
 
-    def find_by_unique_key(self, message_id: str) -> list[StoredRecord]:
-        """Every record whose message id is ``message_id``, oldest first."""
+    def find_by_unique_key(self, message_id: str, *, whole_log: bool = False
+                           ) -> list[StoredRecord]:
+        """Every record whose message id is ``message_id``, oldest first: below the
+        high-water mark (what readers may see), or in the ``whole_log`` this copy keeps — what
+        a write decision (dedup, "already committed / delivered?") must consult, since a
+        promoted replica keeps records above its high-water mark."""
         offsets = self.index.lookup(unique_key(message_id))
         if not offsets:  # the usual answer while sends check for duplicates
             return []
-        return self._verified(offsets, lambda r: r.message_id == message_id)
+        return self._verified(offsets, lambda r: r.message_id == message_id, whole_log)
 
     def find_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
                     max_count: int = 64) -> list[StoredRecord]:

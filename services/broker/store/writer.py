@@ -24,6 +24,7 @@ the broker's /healthz reports it.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -45,6 +46,8 @@ from services.broker.store.types import Appended, MessageRecord, PutResult, PutS
 log = logging.getLogger(__name__)
 
 WRITE_BATCH_BYTES = 4 * 1024 * 1024  # at most this much is packed into one write
+DISK_FULL_TEXT = ("disk is nearly full and nothing can be deleted; writes resume once space "
+                  "returns")
 HEADER_WRITTEN = record.HEADER_SIZE - 4  # body_len is written as part of the payload
 
 
@@ -113,8 +116,7 @@ class GroupCommitWriter:
         if self.closed or self.log.error:
             return PutResult(PutStatus.UNAVAILABLE, message=self.log.error or "store is closing")
         if self.disk.full:
-            return PutResult(PutStatus.DISK_FULL,
-                             message="disk is nearly full and nothing can be deleted")
+            return PutResult(PutStatus.DISK_FULL, message=DISK_FULL_TEXT)
         waited = (now - self._queue[0].enqueued) if self._queue else 0.0
         if self._sync_waits:
             waited = max(waited, now - self._sync_waits[0].since)
@@ -125,6 +127,10 @@ class GroupCommitWriter:
             return PutResult(PutStatus.BUSY, message=f"{self._pending_bytes} bytes waiting to be "
                              f"written (limit {self.config.max_pending_bytes})")
         return None
+
+    async def settle(self, end: int) -> PutStatus:
+        """One copy of the log: what is written is acknowledged as it is (``Appender``)."""
+        return PutStatus.OK
 
     async def append(self, records: list[MessageRecord]) -> PutResult:
         """Queue ``records`` for the next batch; answered once written (``flush=async``) or
@@ -170,17 +176,24 @@ class GroupCommitWriter:
                 batch.append(req)
                 nbytes += req.nbytes
             try:
+                if self.disk.short(nbytes):  # refused whole, before a byte is written
+                    self.disk.full = True
+                    log.error("disk nearly full: refusing writes until space returns")
+                    self._finish(batch, PutResult(PutStatus.DISK_FULL, message=DISK_FULL_TEXT))
+                    continue
                 self._write_batch(batch)
+                touched = self.dispatcher.write_pending()
             except StoreClosedError as exc:
                 self._finish(batch, PutResult(PutStatus.UNAVAILABLE, message=str(exc)))
                 continue
-            except Exception as exc:  # a bug: make it sticky rather than write past it
+            except Exception as exc:  # a bug or a failing disk: sticky, never write past it
                 log.exception("store writer failed")
                 reason = f"writer failed: {exc}"
                 self.log.fail(reason)
+                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                    self.disk.full = True
                 self._finish(batch, PutResult(PutStatus.WRITE_FAILED, message=reason))
                 continue
-            touched = self.dispatcher.write_pending()
             if touched:
                 self.notify(touched)
             if self.config.flush == FlushMode.SYNC:

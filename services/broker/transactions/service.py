@@ -47,6 +47,7 @@ from services.broker.store.store import MessageStore
 from services.broker.store.types import (
     Appended,
     MessageRecord,
+    PutResult,
     StoredRecord,
     tag_code,
 )
@@ -223,9 +224,14 @@ class TransactionService:
         records: list[MessageRecord] = []
         fresh: list[tuple[int, TxInfo]] = []  # (index of the half record, its info)
         seen: dict[str, str] = {}
+        settle = 0  # end of the newest half found in the log (perhaps never acknowledged)
         for msg, queue_id, mid in plan:
-            known = seen.get(mid) or (self.dedup.lookup(topic, mid, now)
-                                      if msg.message_id else None)
+            known = seen.get(mid)
+            if known is None and msg.message_id:
+                found = self.dedup.lookup(topic, mid, now)
+                if found is not None:
+                    known, end = found
+                    settle = max(settle, end)
             if known is not None:
                 txids.append(known)
                 continue
@@ -239,9 +245,15 @@ class TransactionService:
             fresh.append((len(records), info))
             records.append(record)
             records.append(event_record(EventKind.HALF, EventSource.PRODUCER, info, now))
+        if settle:  # acknowledged on the same terms as a fresh write (quorum, primary)
+            appended_or_raise(PutResult(await self.appender.settle(settle)))
         if not records:
             return txids
-        appended = await self.write(records)
+        try:
+            appended = await self.write(records)
+        except ProtocolError:
+            self.dedup.mark_incomplete(now)  # the halves may be in the log: a retry looks
+            raise
         for i, info in fresh:
             where = appended[i]
             info.first_offset = info.latest_offset = where.physical_offset

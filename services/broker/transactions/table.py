@@ -91,20 +91,28 @@ class HalfDedup:
         self._recent: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
         self._oldest_ms = started_ms  # store time of the first entry (none older remains)
 
-    def lookup(self, topic: str, message_id: str, now_ms: int) -> str | None:
+    def lookup(self, topic: str, message_id: str, now_ms: int) -> tuple[str, int] | None:
+        """The transaction id of the half stored within the window, and where that half ends
+        in the log when it was found there rather than in memory (0: remembered, so it was
+        acknowledged). A half found in the log may lie above the high-water mark (written,
+        answered NOT_ENOUGH_REPLICAS): the caller settles it before answering."""
         if self.window_ms <= 0:
             return None
         horizon = now_ms - self.window_ms
         hit = self._recent.get((topic, message_id))
         if hit is not None and hit[1] >= horizon:
-            return hit[0]
+            return hit[0], 0
         if horizon >= self._complete_since:
             return None
-        for rec in reversed(self.store.find_by_unique_key(message_id)):
+        for rec in reversed(self.store.find_by_unique_key(message_id, whole_log=True)):
             if (rec.topic == HALF_TOPIC and rec.properties.get(REAL_TOPIC) == topic
                     and born_ms_of(rec) >= horizon and rec.properties.get(TRANSACTION_ID)):
-                return rec.properties[TRANSACTION_ID]
+                return rec.properties[TRANSACTION_ID], rec.physical_offset + rec.size
         return None
+
+    def mark_incomplete(self, now_ms: int) -> None:
+        """A half write failed (it may be in the log): consult the log for the next window."""
+        self._complete_since = max(self._complete_since, now_ms)
 
     def remember(self, topic: str, message_id: str, txid: str, now_ms: int) -> None:
         if self.window_ms <= 0:
@@ -228,7 +236,11 @@ class TxTable:
                         continue
                     if state.ended:
                         return state
-        # no op record: a crash may have torn the tail between a copy and its op record
+        # no op record: a crash may have torn the tail between a copy and its op record. Only
+        # what a quorum holds counts (below the high-water mark): a commit copy written but
+        # answered NOT_ENOUGH_REPLICAS may be cut by a failover, and taking it for "ended"
+        # stopped the checks of a transaction whose commit was then lost (found by the faults
+        # suite)
         for rec in self.store.find_by_unique_key(message_id):
             if is_commit_copy(rec, txid):
                 return TxState.COMMITTED

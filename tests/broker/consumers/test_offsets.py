@@ -45,6 +45,20 @@ async def test_commit_then_get(offsets: OffsetStore) -> None:
     assert await offsets.get("other", "T") == {}
 
 
+async def test_a_commit_never_moves_an_offset_back(offsets: OffsetStore) -> None:
+    """A commit delayed behind a partition and written late must not undo a newer one (the
+    faults suite read back 31 after 44 was committed); only a reset rewinds."""
+    await offsets.commit("G", [("T", 0, 44), ("T", 1, 5)], advance_only=True)
+    # the late one, and a newer one
+    await offsets.commit("G", [("T", 0, 31), ("T", 1, 6)], advance_only=True)
+    assert await offsets.get("G", "T") == {0: 44, 1: 6}
+    await offsets.commit("G", [("T", 0, 10)])  # a plain commit sets (an operator's reset)
+    assert await offsets.get("G", "T") == {0: 10, 1: 6}
+    await offsets.reset("G", "T", {0: 3})
+    await offsets.commit("G", [("T", 0, 12)], advance_only=True)
+    assert await offsets.get("G", "T") == {0: 12}
+
+
 async def test_reset_and_delete_group(offsets: OffsetStore) -> None:
     await offsets.commit("G", [("T", 0, 5), ("T", 1, 7), ("U", 0, 2)])
     await offsets.reset("G", "T", {2: 3})

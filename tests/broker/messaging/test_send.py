@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tidemq.protocol import ErrorCode, Limits, Perm, ProtocolError
+from tidemq.protocol import UNIQ_KEY, ErrorCode, Limits, Perm, ProtocolError
 
 from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
 from services.broker.messaging.dedup import DedupCache, Placed
@@ -28,7 +28,8 @@ LEVELS_MS = (1000, 5000)  # a two-level delay table
 
 
 class MemoryStore:
-    """The store and appender the send path uses, in memory; ``gate`` holds appends."""
+    """The store and appender the send path uses, in memory; ``gate`` holds appends; ``settle``
+    answers ``settle_status`` (a replicated group's gate may say NOT_ENOUGH_REPLICAS)."""
 
     def __init__(self) -> None:
         self.records: list[StoredRecord] = []
@@ -36,6 +37,8 @@ class MemoryStore:
         self.status = PutStatus.OK
         self.gate: asyncio.Event | None = None
         self.puts = 0
+        self.settled: list[int] = []  # ends a dedup hit from the index asked to settle
+        self.settle_status = PutStatus.OK
 
     async def append(self, records: list[MessageRecord]) -> PutResult:
         self.puts += 1
@@ -54,8 +57,13 @@ class MemoryStore:
             out.append(Appended(phys, 1, r.queue_id, offset, now_ms()))
         return PutResult(PutStatus.OK, out)
 
-    def find_by_unique_key(self, message_id: str) -> list[StoredRecord]:
+    def find_by_unique_key(self, message_id: str, *, whole_log: bool = False
+                           ) -> list[StoredRecord]:
         return [r for r in self.records if r.message_id == message_id]
+
+    async def settle(self, end: int) -> PutStatus:
+        self.settled.append(end)
+        return self.settle_status
 
 
 @pytest.fixture
@@ -104,6 +112,30 @@ async def test_dedup_retry_in_batch_and_index(service: Any) -> None:
     svc.dedup = DedupCache(600, 1000, now_ms())
     assert await svc.send("T", batch, "") == first
     assert len(store.records) == 2
+
+
+async def test_an_unacknowledged_first_copy_is_found_and_settled(service: Any) -> None:
+    """A write answered NOT_ENOUGH_REPLICAS may be in the log: the retry finds it through the
+    index, asks the store to settle it (the write gate: quorum, primary) and only then answers
+    its first place; a settle that fails answers the error and remembers nothing."""
+    svc, store = service
+    store.status = PutStatus.NOT_ENOUGH_REPLICAS
+    with pytest.raises(ProtocolError):
+        await svc.send("T", msgs({"message_id": "u", "body": "1", "queue_id": 1}), "")
+    store.status = PutStatus.OK
+    # as if the failed write had reached the log (the gate writes, then waits for copies)
+    await store.append([MessageRecord("T", 1, b"1", {UNIQ_KEY: "u"})])
+    store.settle_status = PutStatus.NOT_ENOUGH_REPLICAS
+    with pytest.raises(ProtocolError) as err:
+        await svc.send("T", msgs({"message_id": "u", "body": "1", "queue_id": 1}), "")
+    assert err.value.code is ErrorCode.NOT_ENOUGH_REPLICAS
+    store.settle_status = PutStatus.OK
+    again = await svc.send("T", msgs({"message_id": "u", "body": "1", "queue_id": 1}), "")
+    assert again == [{"message_id": "u", "queue_id": 1, "queue_offset": 0}]
+    assert len(store.records) == 1 and store.settled == [1, 1]
+    # remembered once settled: the next retry needs neither the index nor a settle
+    await svc.send("T", msgs({"message_id": "u", "body": "1", "queue_id": 1}), "")
+    assert len(store.records) == 1 and store.settled == [1, 1]
 
 
 async def test_concurrent_duplicates_wait_for_the_first(service: Any) -> None:
@@ -186,6 +218,21 @@ async def test_delayed_messages_are_stored_as_waiting_copies(service: Any) -> No
             await svc.send("T", msgs({"body": "x", **bad}), "")
         assert err.value.code is ErrorCode.INVALID_DELAY
     assert len(store.records) == 4
+
+
+async def test_a_retry_after_the_due_time_finds_the_waiting_copy(service: Any) -> None:
+    """A delayed send whose answer was lost, retried once its due time has passed, is not
+    routed to the scheduler but stored in its topic at once: it must still find the waiting
+    copy of its first attempt (the faults suite saw both delivered)."""
+    svc, store = service
+    due = now_ms() + 60_000
+    first = await svc.send("T", msgs({"message_id": "w", "body": "x", "deliver_at_ms": due}), "")
+    assert first[0]["state"] == "scheduled" and store.records[0].topic == INTAKE_TOPIC
+    late = msgs({"message_id": "w", "body": "x", "deliver_at_ms": now_ms() - 1})
+    assert (await svc.send("T", late, ""))[0]["deliver_at_ms"] == due
+    svc.dedup = DedupCache(600, 1000, now_ms())  # a promoted replica: found in the index
+    assert (await svc.send("T", late, ""))[0]["deliver_at_ms"] == due
+    assert len(store.records) == 1
 
 
 def test_dedup_cache_window_and_size_bound() -> None:

@@ -104,3 +104,61 @@ async def test_corrupt_record_below_checkpoint_is_never_served(store_dir: Path) 
     got = store.get("T", 0, 0, 5).records
     assert victim.physical_offset not in [r.physical_offset for r in got]
     await store.close()
+
+
+@pytest.mark.parametrize("damage", ["bit", "junk"])
+async def test_a_damaged_checkpoint_is_reported_and_everything_re_dispatched(
+        store_dir: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A flipped bit in the checkpoint once stopped the broker at start (not UTF-8), or could
+    make recovery trust queues past what was dispatched: now it is detected (CRC), named in
+    the log, and the whole log is re-dispatched."""
+    spots, _ = await _written(store_dir)
+    ckpt = store_dir / "checkpoint"
+    raw = bytearray(ckpt.read_bytes())
+    at = raw.index(b'"dispatched": ') + len(b'"dispatched": ')
+    if damage == "bit":
+        raw[at] ^= 0x01  # still a digit: valid JSON, a wrong offset
+    else:
+        raw[at] = 0xA0  # not UTF-8 any more
+    ckpt.write_bytes(bytes(raw))
+    with caplog.at_level("ERROR"):
+        store = await MessageStore.open(small_config(store_dir))
+    assert any(str(ckpt) in r.getMessage() and "re-dispatching" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert store.recovered_records == 200  # every record, not only those past the checkpoint
+    total = sum(len(store.get("T", q, 0, 1000).records) for q in (0, 1))
+    assert total == 200 and len(spots) == 160
+    await store.close()
+    reopened = await MessageStore.open(small_config(store_dir))  # a good checkpoint again
+    assert reopened.recovered_records == 0
+    await reopened.close()
+
+
+@pytest.mark.parametrize("where", ["body", "size"])
+async def test_damage_in_a_sealed_segment_keeps_every_later_segment(
+        store_dir: Path, where: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Re-scanned from the start (its checkpoint lost), a log with a flipped bit in a sealed
+    segment once truncated everything after it: every later segment, acknowledged records
+    and all. Now the damaged record (or the rest of its segment, when its size field is hit)
+    is skipped, named in the log, never served; the later segments stay whole."""
+    spots, _ = await _written(store_dir)  # 200 records of ~800 B: four 64 KiB segments
+    segments = sorted((store_dir / "commitlog").iterdir())
+    assert len(segments) >= 3
+    store = await MessageStore.open(small_config(store_dir))
+    victim = store.get("T", 0, 3, 1).records[0]  # in the first segment
+    await store.close()
+    offset_in_seg = victim.physical_offset - int(segments[0].name)
+    _flip(segments[0], offset_in_seg + (300 if where == "body" else 1), 1)
+    (store_dir / "checkpoint").unlink()  # re-dispatched from the start
+    with caplog.at_level("ERROR"):
+        store = await MessageStore.open(small_config(store_dir))
+    assert segments[0].name in caplog.text and str(victim.physical_offset) in caplog.text
+    assert store.log.skipped and store.log.skipped[0][0] == victim.physical_offset
+    assert store.read(victim.physical_offset) is None  # never served
+    kept = {r.physical_offset for q in (0, 1) for r in store.get("T", q, 0, 1000).records}
+    later = {phys for phys, _ in spots if phys >= int(segments[1].name)}
+    assert later <= kept  # every record of the later segments is still served
+    assert victim.physical_offset not in kept
+    if where == "body":
+        assert len(kept) == 199  # only the damaged record is missing
+    await store.close()

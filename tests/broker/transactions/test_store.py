@@ -61,6 +61,27 @@ async def test_state_is_rebuilt_from_records(store_dir: Path) -> None:
         await store.close()
 
 
+async def test_a_commit_copy_above_the_high_water_mark_does_not_end_the_transaction(
+        store_dir: Path) -> None:
+    """A commit written but answered NOT_ENOUGH_REPLICAS may be cut by a failover: taken for
+    "committed", the checker stopped checking the transaction and its commit was lost (found
+    by the faults suite). Only what a quorum holds ends it."""
+    store = await MessageStore.open(StoreConfig(root=store_dir))
+    try:
+        await store.put([half_record("txU", "mU")])
+        info = TxTable(store, 10).ensure("txU")
+        assert info is not None
+        res = await store.put([commit_copy(store.read(info.first_offset), info, 0)])  # type: ignore[arg-type]
+        store.visible_offset = res.appended[0].physical_offset  # the copy is above the HWM
+        unsettled = TxTable(store, 10).ensure("txU")
+        assert unsettled is not None and unsettled.state is TxState.HALF  # checks go on
+        store.visible_offset = None  # a quorum holds it now
+        settled = TxTable(store, 10).ensure("txU")
+        assert settled is not None and settled.state is TxState.COMMITTED
+    finally:
+        await store.close()
+
+
 async def test_commit_copy_is_the_message_in_its_real_queue(store_dir: Path) -> None:
     store = await MessageStore.open(StoreConfig(root=store_dir))
     try:
@@ -114,19 +135,21 @@ async def test_half_dedup_remembers_within_the_window_and_falls_back_to_the_inde
     try:
         dedup = HalfDedup(store, window_ms=1000, max_entries=2, started_ms=0)
         dedup.remember("Orders", "m1", "tx1", 10_000)
-        assert dedup.lookup("Orders", "m1", 10_500) == "tx1"
+        assert dedup.lookup("Orders", "m1", 10_500) == ("tx1", 0)  # remembered: acknowledged
         assert dedup.lookup("Other", "m1", 10_500) is None
         assert dedup.lookup("Orders", "m1", 11_001) is None  # past the window
         dedup.remember("Orders", "m2", "tx2", 11_000)
         dedup.remember("Orders", "m3", "tx3", 11_100)
         dedup.remember("Orders", "m4", "tx4", 11_200)  # evicts m2, still inside the window
-        assert dedup.lookup("Orders", "m4", 11_300) == "tx4"
+        assert dedup.lookup("Orders", "m4", 11_300) == ("tx4", 0)
         # m2 was evicted young: now the index is asked, and it holds no half for m2
         assert dedup.lookup("Orders", "m2", 11_300) is None
         earlier = half_record("txS", "mS")  # a half stored by "an earlier run"
         earlier.properties["BORN_MS"] = "11000"
-        await store.put([earlier])
-        assert dedup.lookup("Orders", "mS", 11_300) == "txS"
+        res = await store.put([earlier])
+        end = res.appended[0].physical_offset + res.appended[0].size
+        # found in the log: its end comes along, for the caller to settle (quorum, primary)
+        assert dedup.lookup("Orders", "mS", 11_300) == ("txS", end)
         assert dedup.lookup("Orders", "mS", 12_500) is None  # too old to be a retry
     finally:
         await store.close()

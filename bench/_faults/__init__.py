@@ -1,0 +1,1 @@
+"""The faults suite: namespace hosts, nemeses, a workload recording a history, its checker."""

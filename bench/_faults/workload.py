@@ -1,0 +1,351 @@
+"""The workload, run on the client host (its own namespace): ``python -m bench._faults.workload
+CONFIG.json``. It records every operation in the history file as it completes.
+
+Writers send plain messages (round robin over the broker groups), messages with a sharding key
+(each key owned by one writer, so its sends are sequential: ``seq`` is their order), delayed
+messages (some cancelled a little later) and transactions (committed, rolled back, or left
+UNKNOWN and answered by check-back with what the local transaction decided). Two consumer groups
+pull every queue of every group, commit their offsets now and then and read them back.
+
+The client is raw HTTP, like a simple SDK: the route comes from the nameservers, a send goes to
+the group's primary, and on an error or a timeout it is resent with the same message id (the
+broker de-duplicates) until its deadline; what never got an answer is recorded ``info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench._faults.history import FAIL, INFO, OK, Op, now_ms, write_ops
+
+PRODUCER_GROUP = "faults-tx"
+CONSUMER_GROUPS = ("cg1", "cg2")
+RETRY_PAUSE_S = 0.25  # between two attempts of one operation (s)
+REQUEST_TIMEOUT_S = 3.0  # one HTTP request (s)
+
+
+@dataclass
+class Config:
+    nameservers: list[str]
+    groups: list[str]  # the broker groups (a sharding key stays in one)
+    topic: str
+    out: str
+    duration_s: float  # operations are started for this long at most
+    drain_s: float  # then consumers keep reading this long
+    writers: int = 4
+    op_deadline_s: float = 8.0  # an operation is retried until this (s)
+    delay_max_ms: int = 6_000
+    long_delay_max_ms: int = 0  # one delayed message in ten waits up to this long (0 = none)
+    seed: int = 0
+    pace_s: float = 0.05  # pause of a writer between operations (s)
+    stop_file: str = ""  # operations stop once this file exists (the controller's word)
+
+
+class Recorder:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pending: list[Op] = []
+
+    def add(self, op: Op) -> None:
+        self.pending.append(op)
+        if len(self.pending) >= 64:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            write_ops(self.path, self.pending)
+            self.pending = []
+
+
+class Routes:
+    """The topic's route per broker group, from any nameserver that answers."""
+
+    def __init__(self, http: httpx.AsyncClient, nameservers: list[str], topic: str) -> None:
+        self.http = http
+        self.nameservers = nameservers
+        self.topic = topic
+        self.groups: dict[str, dict[str, Any]] = {}
+        self._fetched = 0.0
+
+    async def refresh(self, force: bool = False) -> dict[str, dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        if not force and self.groups and loop.time() - self._fetched < 2.0:
+            return self.groups
+        for ns in random.sample(self.nameservers, len(self.nameservers)):
+            try:
+                resp = await self.http.get(f"{ns}/v1/routes/{self.topic}", timeout=1.5)
+            except httpx.HTTPError:
+                continue
+            if resp.status_code == 200:
+                self.groups = {q["broker_name"]: q for q in resp.json()["queues"]}
+                self._fetched = loop.time()
+                break
+        return self.groups
+
+
+class Workload:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.rec = Recorder(Path(cfg.out))
+        self.http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S,
+                                      limits=httpx.Limits(max_connections=64))
+        self.routes = Routes(self.http, cfg.nameservers, cfg.topic)
+        self.rng = random.Random(cfg.seed)
+        self.intents: dict[str, str] = {}  # transaction message id → commit / rollback
+        self.stop = asyncio.Event()
+        self.reading = asyncio.Event()  # set once the consumers should stop
+        self._rr = 0
+
+    # --- one operation against a group's primary, retried with the same id ----------------
+    async def attempt(self, group: str | None, method: str, path: str, body: Any
+                      ) -> tuple[str, dict[str, Any], str, str, str]:
+        """(type, answer, group, address, last error) of a request retried until the
+        operation's deadline; ``group`` None: round robin over the groups."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.op_deadline_s
+        error = "no route"
+        force = False
+        while loop.time() < deadline:
+            groups = await self.routes.refresh(force)
+            if group is None and groups:
+                names = sorted(groups)
+                self._rr += 1
+                group = names[self._rr % len(names)]
+            route = groups.get(group or "")
+            if route is None or "w" not in route["perm"]:
+                error, force = f"no writable route to {group}", True
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            address = route["address"]
+            try:
+                resp = await self.http.request(method, address + path, json=body)
+            except httpx.HTTPError as exc:
+                error, force = f"{type(exc).__name__} from {address}", True
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            if resp.status_code == 200:
+                return OK, resp.json(), group or "", address, ""
+            answer = _json(resp)
+            error = f"{resp.status_code} {answer.get('code', '')} from {address}"
+            if 400 <= resp.status_code < 500 and resp.status_code != 408:
+                return FAIL, answer, group or "", address, error
+            force = True
+            await asyncio.sleep(RETRY_PAUSE_S)
+        return INFO, {}, group or "", "", error
+
+    # --- writers --------------------------------------------------------------------------
+    async def writer(self, w: int) -> None:
+        seqs: dict[str, int] = {}
+        while not self.stop.is_set():
+            roll = self.rng.random()
+            if roll < 0.45:
+                await self.send(None, None, 0)
+            elif roll < 0.65:
+                key = f"w{w}-k{self.rng.randrange(3)}"
+                seqs[key] = seqs.get(key, 0) + 1
+                await self.send(None, key, seqs[key])
+            elif roll < 0.82:
+                await self.delay()
+            else:
+                await self.transaction()
+            await asyncio.sleep(self.cfg.pace_s)
+
+    async def send(self, group: str | None, key: str | None, seq: int) -> None:
+        mid = f"s-{uuid.uuid4().hex[:12]}"
+        msg: dict[str, Any] = {"message_id": mid, "body": json.dumps({"key": key, "seq": seq})}
+        if key is not None:
+            msg["sharding_key"] = key
+            group = self.cfg.groups[zlib.crc32(key.encode()) % len(self.cfg.groups)]
+        t0 = now_ms()
+        kind, answer, group, address, err = await self.attempt(
+            group, "POST", f"/v1/topics/{self.cfg.topic}/messages", {"messages": [msg]})
+        res = answer.get("results", [{}])[0] if kind == OK else {}
+        self.rec.add(Op("send", kind, t0, now_ms(), id=mid, topic=self.cfg.topic, key=key,
+                        seq=seq, group=group, address=address, queue=res.get("queue_id", -1),
+                        offset=res.get("queue_offset", -1), error=err))
+
+    async def delay(self) -> None:
+        mid = f"d-{uuid.uuid4().hex[:12]}"
+        delay = self.rng.randrange(1000, self.cfg.delay_max_ms)
+        if self.cfg.long_delay_max_ms and self.rng.random() < 0.1:  # a minute or so
+            delay = self.rng.randrange(self.cfg.delay_max_ms, self.cfg.long_delay_max_ms)
+        t0 = now_ms()
+        msg: dict[str, Any] = {"message_id": mid, "body": json.dumps({"delay": delay})}
+        if self.rng.random() < 0.5:
+            msg["deliver_at_ms"] = due = t0 + delay
+        else:
+            msg["delay_ms"], due = delay, t0 + delay  # the broker gets it at t0 or later
+        kind, _, group, address, err = await self.attempt(
+            None, "POST", f"/v1/topics/{self.cfg.topic}/messages", {"messages": [msg]})
+        self.rec.add(Op("delay", kind, t0, now_ms(), id=mid, topic=self.cfg.topic, due_ms=due,
+                        group=group, address=address, error=err))
+        if kind != FAIL and self.rng.random() < 0.25:
+            asyncio.get_running_loop().create_task(self.cancel(mid, group, delay))
+
+    async def cancel(self, mid: str, group: str, delay: int) -> None:
+        await asyncio.sleep(self.rng.uniform(0.1, 0.6) * delay / 1000)
+        t0 = now_ms()
+        kind, _, _, address, err = await self.attempt(group, "DELETE",
+                                                      f"/v1/messages/{mid}/schedule", None)
+        self.rec.add(Op("cancel", kind, t0, now_ms(), id=mid, group=group, address=address,
+                        error=err))
+
+    async def transaction(self) -> None:
+        mid = f"t-{uuid.uuid4().hex[:12]}"
+        intent = "commit" if self.rng.random() < 0.6 else "rollback"
+        end = intent if self.rng.random() < 0.6 else "unknown"
+        self.intents[mid] = intent
+        t0 = now_ms()
+        kind, answer, group, address, err = await self.attempt(
+            None, "POST", "/v1/transactions",
+            {"producer_group": PRODUCER_GROUP, "topic": self.cfg.topic, "check_immunity_s": 2,
+             "message": {"message_id": mid, "body": json.dumps({"intent": intent})}})
+        self.rec.add(Op("txn", kind, t0, now_ms(), id=mid, topic=self.cfg.topic, intent=intent,
+                        end=end, group=group, address=address, error=err))
+        if kind == OK:  # the end may fail too: the check-back answers with the intent
+            await self.attempt(group, "POST", f"/v1/transactions/{answer['transaction_id']}/end",
+                               {"producer_group": PRODUCER_GROUP, "action": end})
+
+    # --- the check-back answerer: every group's primary -----------------------------------
+    async def answer_checks(self) -> None:
+        client = f"faults-{uuid.uuid4().hex[:6]}"
+        while not self.reading.is_set():
+            groups = await self.routes.refresh()
+            polls = [self._checks(r["address"], client) for r in groups.values()]
+            await asyncio.gather(*polls) if polls else await asyncio.sleep(0.5)
+
+    async def _checks(self, address: str, client: str) -> None:
+        try:
+            await self.http.post(f"{address}/v1/producers/{PRODUCER_GROUP}/heartbeat",
+                                 json={"client_id": client})
+            resp = await self.http.get(f"{address}/v1/producers/{PRODUCER_GROUP}/checks",
+                                       params={"client_id": client, "wait_ms": 1000})
+            for check in resp.json().get("checks", []) if resp.status_code == 200 else []:
+                action = self.intents.get(check["message_id"], "rollback")
+                await self.http.post(f"{address}/v1/transactions/{check['transaction_id']}/end",
+                                     json={"producer_group": PRODUCER_GROUP, "action": action,
+                                           "from_check": True})
+        except (httpx.HTTPError, ValueError):
+            await asyncio.sleep(0.3)
+
+    # --- consumers ------------------------------------------------------------------------
+    async def consumer(self, cgroup: str) -> None:
+        positions: dict[tuple[str, int], int] = {}
+        loop = asyncio.get_running_loop()
+        last_commit = last_fetch = loop.time()
+        while not self.reading.is_set():
+            groups = await self.routes.refresh()
+            for group, route in sorted(groups.items()):
+                for q in range(route["queues"]):
+                    await self._pull(cgroup, group, route["address"], q, positions)
+            if loop.time() - last_commit > 1.0:
+                last_commit = loop.time()
+                await self._commit(cgroup, groups, positions)
+            if loop.time() - last_fetch > 3.0:
+                last_fetch = loop.time()
+                await self._fetch(cgroup, groups, positions)
+            await asyncio.sleep(0.1)
+        self.rec.flush()
+
+    async def _pull(self, cgroup: str, group: str, address: str, q: int,
+                    positions: dict[tuple[str, int], int]) -> None:
+        at = positions.get((group, q), 0)
+        try:
+            resp = await self.http.get(
+                f"{address}/v1/topics/{self.cfg.topic}/queues/{q}/messages",
+                params={"offset": at, "max": 256, "wait_ms": 0}, timeout=2.0)
+        except httpx.HTTPError:
+            return
+        if resp.status_code != 200:
+            return
+        answer = resp.json()
+        t = now_ms()
+        for m in answer["messages"]:
+            self.rec.add(Op("read", OK, t, t, id=m["message_id"], topic=self.cfg.topic,
+                            cgroup=cgroup, group=group, queue=q, offset=m["queue_offset"]))
+        positions[(group, q)] = answer["next_offset"]
+
+    async def _commit(self, cgroup: str, groups: dict[str, dict[str, Any]],
+                      positions: dict[tuple[str, int], int]) -> None:
+        for group, route in groups.items():
+            mine = [(q, o) for (g, q), o in positions.items() if g == group]
+            if not mine or "w" not in route["perm"]:
+                continue
+            t0 = now_ms()
+            try:
+                resp = await self.http.put(
+                    f"{route['address']}/v1/groups/{cgroup}/offsets",
+                    json={"offsets": [{"topic": self.cfg.topic, "queue_id": q, "offset": o}
+                                      for q, o in mine], "advance_only": True})
+                kind = OK if resp.status_code == 200 else (
+                    FAIL if resp.status_code < 500 else INFO)
+            except httpx.HTTPError:
+                kind = INFO
+            for q, o in mine:
+                self.rec.add(Op("commit_offset", kind, t0, now_ms(), cgroup=cgroup,
+                                group=group, topic=self.cfg.topic, queue=q, offset=o))
+
+    async def _fetch(self, cgroup: str, groups: dict[str, dict[str, Any]],
+                     positions: dict[tuple[str, int], int]) -> None:
+        """Read the committed offsets back, and go on from them (as a restarted consumer)."""
+        for group, route in groups.items():
+            t0 = now_ms()
+            try:
+                resp = await self.http.get(f"{route['address']}/v1/groups/{cgroup}/offsets",
+                                           params={"topic": self.cfg.topic})
+            except httpx.HTTPError:
+                continue
+            if resp.status_code != 200:
+                continue
+            for o in resp.json()["offsets"]:
+                self.rec.add(Op("fetch_offset", OK, t0, now_ms(), cgroup=cgroup, group=group,
+                                topic=self.cfg.topic, queue=o["queue_id"], offset=o["offset"]))
+                positions[(group, o["queue_id"])] = o["offset"]
+
+    # --- the run --------------------------------------------------------------------------
+    async def run(self) -> None:
+        await self.routes.refresh(force=True)
+        consumers = [asyncio.create_task(self.consumer(g)) for g in CONSUMER_GROUPS]
+        checks = asyncio.create_task(self.answer_checks())
+        writers = [asyncio.create_task(self.writer(w)) for w in range(self.cfg.writers)]
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.cfg.duration_s
+        stop = Path(self.cfg.stop_file) if self.cfg.stop_file else None
+        while loop.time() < until and not (stop is not None and stop.exists()):  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+        self.stop.set()
+        await asyncio.gather(*writers)
+        self.rec.flush()
+        await asyncio.sleep(self.cfg.drain_s)
+        self.reading.set()
+        await asyncio.gather(*consumers, checks)
+        self.rec.flush()
+        await self.http.aclose()
+
+
+def _json(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        answer = resp.json()
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def main(argv: list[str]) -> None:
+    cfg = Config(**json.loads(Path(argv[0]).read_text()))
+    random.seed(cfg.seed)
+    asyncio.run(Workload(cfg).run())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
