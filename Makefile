@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 
-.PHONY: up test test-unit bench bench-quick lint clean system-deps
+.PHONY: up test test-unit bench bench-quick lint clean system-deps compose-up compose-test
 
 $(STAMP): pyproject.toml sdk/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,19 @@ XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
+
+# docker-compose.yml for real (scripts/compose-test.sh): on a private dockerd under a temporary
+# folder, images built from a debootstrapped Debian base, every service but Grafana up, checked
+# from the host on the published ports (tests/compose/compose_checks.py), then down. Needs root.
+compose-test: $(STAMP)
+	scripts/compose-test.sh
+
+# `docker compose up` after checking that Docker is there and every published port is free
+# (a taken one is named with its service and the variable that moves it)
+COMPOSE := $(shell command -v docker-compose >/dev/null 2>&1 && echo docker-compose || echo docker compose)
+compose-up: $(STAMP)
+	$(BIN)/python scripts/compose_preflight.py check
+	$(COMPOSE) up -d --build
 
 # The tests that start no real process (no redis-server, service, Spark or docker-compose).
 test-unit: $(STAMP)

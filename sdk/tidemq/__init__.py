@@ -45,6 +45,7 @@ from tidemq._exceptions import (
     UnavailableError,
     UnexpectedResponseError,
     UnsupportedMediaTypeError,
+    UriTooLongError,
     error_class,
     server_error,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "UnavailableError",
     "UnexpectedResponseError",
     "UnsupportedMediaTypeError",
+    "UriTooLongError",
     "allocate_averagely",
     "allocation_table",
     "error_class",

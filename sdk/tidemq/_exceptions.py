@@ -26,6 +26,7 @@
         ├── AlreadyDeliveredError         409 ALREADY_DELIVERED
         ├── QueuesNotEmptyError           409 QUEUES_NOT_EMPTY
         ├── MessageTooLargeError          413 MESSAGE_TOO_LARGE
+        ├── UriTooLongError               414 URI_TOO_LONG
         ├── UnsupportedMediaTypeError     415 UNSUPPORTED_MEDIA_TYPE
         ├── InternalServerError           500 INTERNAL_ERROR (retriable)
         ├── BrokerBusyError               503 BROKER_BUSY (retriable, honours Retry-After)
@@ -226,6 +227,10 @@ class QueuesNotEmptyError(ServerError):
 
 class MessageTooLargeError(ServerError):
     error_code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class UriTooLongError(ServerError):
+    error_code = ErrorCode.URI_TOO_LONG
 
 
 class UnsupportedMediaTypeError(ServerError):

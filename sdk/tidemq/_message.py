@@ -103,32 +103,53 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
     body = bytes(body)
     if len(body) > limits.max_body_bytes:
         raise _body_too_large(body, limits)
-    message_id = message.message_id or new_message_id()
-    if len(message_id) > limits.max_message_id_chars:
-        raise server_error(ErrorCode.BAD_REQUEST, f"message_id: at most "
-                           f"{limits.max_message_id_chars} characters, got {len(message_id)}")
+    message_id = _valid_id(message.message_id, limits)
     keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
     if message.delay_level or message.delay_ms is not None or message.deliver_at_ms is not None:
         _validate_delay(message, limits)
     if message.queue_id is not None and message.queue_id < 0:
         raise server_error(ErrorCode.BAD_REQUEST, f"queue_id: must be >= 0, got "
                            f"{message.queue_id}")
+    if message.queue_id is not None and message.sharding_key is not None:
+        raise server_error(ErrorCode.BAD_REQUEST, "queue_id: give queue_id (a fixed queue) or "
+                           "sharding_key (the key's queue), not both")
     out = OutgoingMessage(body, message_id, message.tag or None, keys, dict(message.properties),
                           message.queue_id, message.sharding_key, message.delay_level,
                           message.delay_ms, message.deliver_at_ms)
-    if out.properties and out.properties_size() > limits.max_properties_bytes:
-        raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"properties: {out.properties_size()} "
-                           f"bytes exceeds the limit of {limits.max_properties_bytes} bytes")
+    _validate_properties(out, limits)
     return out
 
 
-def body_to_outgoing(body: bytes | str, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
-    """``to_outgoing(Message(body))`` without building the ``Message``: a bare body (``bytes``
-    or ``str``) has nothing else to check."""
+def body_to_outgoing(body: bytes | str, limits: Limits = DEFAULT_LIMITS, *,
+                     message_id: str | None = None,
+                     properties: Mapping[str, str] | None = None) -> OutgoingMessage:
+    """``to_outgoing(Message(body, message_id=..., properties=...))`` without building the
+    ``Message``: a bare body, with at most the id and properties a tracer adds
+    (``tidemq.otel``), has nothing else to check."""
     raw = body.encode("utf-8") if isinstance(body, str) else body
     if len(raw) > limits.max_body_bytes:
         raise _body_too_large(raw, limits)
-    return OutgoingMessage(raw, new_message_id())
+    out = OutgoingMessage(raw, _valid_id(message_id, limits))
+    if properties:
+        out.properties = dict(properties)
+        _validate_properties(out, limits)
+    return out
+
+
+def _valid_id(message_id: str | None, limits: Limits) -> str:
+    """The caller's message id, checked, or a fresh one."""
+    if not message_id:
+        return new_message_id()
+    if len(message_id) > limits.max_message_id_chars:
+        raise server_error(ErrorCode.BAD_REQUEST, f"message_id: at most "
+                           f"{limits.max_message_id_chars} characters, got {len(message_id)}")
+    return message_id
+
+
+def _validate_properties(out: OutgoingMessage, limits: Limits) -> None:
+    if out.properties and out.properties_size() > limits.max_properties_bytes:
+        raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"properties: {out.properties_size()} "
+                           f"bytes exceeds the limit of {limits.max_properties_bytes} bytes")
 
 
 def _body_too_large(body: bytes, limits: Limits) -> Exception:

@@ -75,6 +75,7 @@ class SendOptions(TypedDict, total=False):
 
 _SEND_OPTIONS = SendOptions.__optional_keys__
 _BARE_BODIES = (bytes, str)  # exact types ``_outgoing`` takes without a Message
+_BARE_OPTIONS = frozenset({"topic", "message_id", "properties"})  # ... and the options with them
 
 
 class Producer(Client):
@@ -305,11 +306,14 @@ class Producer(Client):
             raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
         self._require_open()
         topic = options.get("topic")
-        if topic and len(options) == 1 and type(message) in _BARE_BODIES:
-            # the common case, send(body, topic=...): no Message to build and copy
+        if topic and type(message) in _BARE_BODIES and options.keys() <= _BARE_OPTIONS:
+            # the common case, send(body, topic=...) (a tracer adds message_id and properties):
+            # no Message to build and copy
             if topic not in self._valid_topics:
                 validate_topic(topic, self._valid_topics)
-            return topic, body_to_outgoing(message)  # type: ignore[arg-type]
+            return topic, body_to_outgoing(
+                message, message_id=options.get("message_id"),  # type: ignore[arg-type]
+                properties=options.get("properties"))
         msg = self._as_message(message, options)
         topic = msg.topic
         if not topic:

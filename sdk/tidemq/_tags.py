@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tidemq._exceptions import ConfigurationError
+from tidemq.protocol import ProtocolError
+from tidemq.protocol.tags import parse_tag_expression
 
 ALL = "*"
 
@@ -21,16 +23,12 @@ class TagExpression:
 
     @classmethod
     def parse(cls, expression: str | None) -> TagExpression:
-        """Parse ``*``, ``""``/None (both: every message) or ``a || b || c``."""
-        text = (expression or "").strip()
-        if text in ("", ALL):
-            return cls(None)
-        tags = [t.strip() for t in text.split("||")]
-        if any(not t for t in tags):
-            raise ConfigurationError(f"tag expression {expression!r} has an empty tag")
-        if ALL in tags:
-            return cls(None)
-        return cls(frozenset(tags))
+        """Parse ``*``, ``""``/None (both: every message) or ``a || b || c``; the broker's
+        rule (tidemq.protocol.tags), so a subscription it would refuse fails here."""
+        try:
+            return cls(parse_tag_expression(expression, "subscription"))
+        except ProtocolError as exc:
+            raise ConfigurationError(exc.message) from None
 
     @property
     def matches_all(self) -> bool:

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from services.broker.grpc import GrpcFrontDoor
 from services.broker.observability import BrokerMetrics
 from services.broker.routes import ROUTERS
+from services.broker.routes.raw_ids import RawIdPaths
 from services.broker.service import Broker
 from services.broker.settings import BrokerSettings
 from services.common.app import create_app
@@ -71,6 +72,7 @@ def create_broker_app(settings: BrokerSettings | None = None, *,
                      gate=gate)
     for router in ROUTERS:
         app.include_router(router)
+    app.add_middleware(RawIdPaths)  # outermost: ids with "/" (routes/raw_ids.py)
     return app
 
 

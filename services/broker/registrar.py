@@ -83,11 +83,14 @@ class NameserverRegistrar:
                  timeout_s: float = REQUEST_TIMEOUT_S,
                  unregister_on_stop: bool = True, token: str = "", *, broker_id: int = 0,
                  standing: Standing | None = None, grpc_address: str | None = None,
+                 internal_address: str | None = None,
                  max_offset_provider: OffsetProvider | None = None) -> None:
         self.nameserver_urls = [u.strip().rstrip("/") for u in nameserver_urls if u.strip()]
         self.cluster = cluster
         self.broker_name = broker_name
         self.address = address.rstrip("/")
+        # the base URL the deployment's own services use; None when it is ``address``
+        self.internal_address = internal_address.rstrip("/") if internal_address else None
         self.topics_provider = topics_provider
         self.broker_id = broker_id
         self.standing = standing  # None: a primary at epoch 0 (no replication)
@@ -164,7 +167,8 @@ class NameserverRegistrar:
                        if self.standing is not None else ("primary", 0))
         return {"cluster": self.cluster, "broker_name": self.broker_name,
                 "broker_id": self.broker_id, "role": role, "epoch": epoch,
-                "address": self.address, "grpc_address": self.grpc_address,
+                "address": self.address, "internal_address": self.internal_address,
+                "grpc_address": self.grpc_address,
                 "max_offset": self.max_offset_provider() if self.max_offset_provider else 0,
                 "topics": self.topics_provider()}
 

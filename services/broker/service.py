@@ -90,7 +90,7 @@ class Broker:
         self.store = store = await MessageStore.open(s.store_config())
         lease = LeaseFence() if elected(s) else None  # etcd decides: the elector moves it
         self.role = role = await asyncio.to_thread(
-            static_role, EpochFile(s.data_dir / EPOCH_FILE), s.address,
+            static_role, EpochFile(s.data_dir / EPOCH_FILE), s.internal_url,
             lambda: store.log.write_offset,
             # with etcd every member starts as a replica; the election picks the primary
             s.role or ("replica" if s.etcd_urls else ""), s.broker_id, s.primary_address,
@@ -138,7 +138,8 @@ class Broker:
             dedup_max_entries=s.dedup_max_entries, check_hold_s=s.check_hold_s,
             max_ended=s.max_ended_transactions)
         await self.transactions.start()
-        self.checker_requests = CheckerRequests(self.transactions, s.broker_name, self.pulls)
+        self.checker_requests = CheckerRequests(self.transactions, s.broker_name, self.pulls,
+                                                guard=role if s.replicated else None)
         self.checker_requests.start_rebuild()
         # waiting / cancelled delays first, then transactions, then a plain message's state
         self.queries = QueryService(store, topics,
@@ -149,6 +150,7 @@ class Broker:
         self.registrar = NameserverRegistrar(
             s.nameserver_urls, s.cluster, s.broker_name, s.address, topics.route_table,
             s.register_interval_s, token=s.token, broker_id=s.broker_id, standing=role,
+            internal_address=s.internal_address or None,
             grpc_address=s.grpc_address if s.grpc_enabled and s.grpc_port else None,
             max_offset_provider=lambda: store.log.write_offset)
         topics.add_listener(self._topic_changed)

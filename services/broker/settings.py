@@ -45,6 +45,10 @@ class BrokerSettings(ServiceSettings):
     broker_id: int = Field(default=0, ge=0, le=MAX_BROKER_ID)  # member of its group (0 = primary)
     # advertised_address (TIDEMQ_BROKER_ADVERTISED_ADDRESS, services/common/settings.py): the
     # base URL in routes, replication and the etcd claim; required when host is 0.0.0.0 or ::
+    # base URL the deployment's own services (checker, scheduler, metrics sidecar, console, the
+    # group's other members) use when it is not the advertised one, e.g. compose's
+    # https://broker-a:10911 while clients on the host get https://127.0.0.1:10911 ("" = address)
+    internal_address: str = ""
     nameservers: str = ""  # comma-separated nameserver base URLs ("" = register nowhere)
     # nameserver heartbeat period (s)
     register_interval_s: float = Field(default=BROKER_HEARTBEAT_INTERVAL_S, gt=0)
@@ -152,6 +156,11 @@ class BrokerSettings(ServiceSettings):
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
+    @field_validator("internal_address")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.strip().rstrip("/")
+
     @model_validator(mode="after")
     def _check_wildcard(self) -> BrokerSettings:
         if self.host in WILDCARD_HOSTS and not self.advertised_address:
@@ -165,6 +174,11 @@ class BrokerSettings(ServiceSettings):
     def address(self) -> str:
         """The base URL registered with nameservers, replicas and etcd."""
         return self.public_url
+
+    @property
+    def internal_url(self) -> str:
+        """The base URL the other services of the deployment reach this broker at."""
+        return self.internal_address or self.address
 
     @property
     def grpc_address(self) -> str:

@@ -37,6 +37,15 @@ def resend_one(client: httpx.Client, ep: Endpoints, dlq: str, m: dict[str, Any])
     if message is None:
         return outcome
     try:
+        earlier = call(client, "GET", f"{ep.broker}/v1/messages/{segment(message['message_id'])}")
+    except CliError as exc:
+        if not exc.message.startswith("MESSAGE_NOT_FOUND"):
+            raise
+    else:  # resent before: not again (the dedup window may have passed)
+        outcome.result = {k: earlier.get(k) for k in ("message_id", "queue_id", "queue_offset")}
+        outcome.earlier = True
+        return outcome
+    try:
         answer = call(client, "POST", f"{ep.broker}/v1/topics/{segment(outcome.topic)}/messages",
                       json={"messages": [message]})
         outcome.result = answer.get("results", [{}])[0]
@@ -120,11 +129,14 @@ def _report(outcomes: list[Outcome], dlq: str, json_out: bool) -> None:
             print_json(outcome.to_json())
         return
     failed = sum(o.result is None for o in outcomes)
+    before = sum(o.earlier for o in outcomes)
     table = Table("dlq offset", "message id", "to topic", "result",
-                  title=f"{dlq}: {len(outcomes) - failed} resent, {failed} failed")
+                  title=f"{dlq}: {len(outcomes) - failed - before} resent, {failed} failed"
+                        + (f", {before} resent before (not again)" if before else ""))
     for o in outcomes:
         if o.result is not None:
-            result = (f"[green]sent[/] {escape(str(o.result.get('message_id')))} queue "
+            result = (f"[green]{'resent before as' if o.earlier else 'sent'}[/] "
+                      f"{escape(str(o.result.get('message_id')))} queue "
                       f"{o.result.get('queue_id')} offset {o.result.get('queue_offset')}")
         else:
             result = f"[red]{escape(o.error)}[/]"

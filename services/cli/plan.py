@@ -23,6 +23,7 @@ from services.common.constants import (
     CHECKER_PORT,
     CONSOLE_PORT,
     ETCD_PORT,
+    LOOPBACK_HOSTS,
     METRICS_PORT,
     NAMESERVER_PORT,
     SCHEDULER_PORT,
@@ -54,10 +55,16 @@ NAMESERVER_PORT_STEP = 1
 MAX_GROUPS = 26  # broker-a … broker-z
 MAX_NAMESERVERS = 9
 # With --replicas R, replica j (broker_id 1 … R-1) of group i serves REST on the group's broker
-# port + REPLICA_PORT_STEP * j (10911 → 11011, 11111; group b 11911 → 12011, …); replicas have
-# no gRPC door (RocketMQ clients reach the primary).
+# port + REPLICA_PORT_STEP * j (10911 → 11011, 11111; group b 11911 → 12011, …) and gRPC on the
+# group's gRPC port + REPLICA_GRPC_PORT_STEP * j (8081 → 8181, 8281; group b 8082 → 8182, …): a
+# replica promoted by a failover serves RocketMQ 5 clients at once, and until then its door
+# names the group's primary in routes.
 REPLICA_PORT_STEP = 100
+REPLICA_GRPC_PORT_STEP = 100
 MAX_REPLICAS = 9
+
+
+LOOPBACK = "127.0.0.1"  # where the console binds without ACL, whatever --host says
 
 
 def group_name(index: int) -> str:
@@ -94,6 +101,11 @@ class UpOptions:
     def replica_port(self, index: int, broker_id: int) -> int:
         """REST port of group ``index``'s member ``broker_id`` (0 = the primary)."""
         return self.group_port("broker", index) + REPLICA_PORT_STEP * broker_id
+
+    def replica_grpc_port(self, index: int, broker_id: int) -> int:
+        """gRPC port of group ``index``'s member ``broker_id``; 0 when the group has none."""
+        base = self.grpc_port(index)
+        return base + REPLICA_GRPC_PORT_STEP * broker_id if base else 0
 
     def replica_label(self, index: int, broker_id: int) -> str:
         """``broker-r1``, ``broker-b-r2``, …: a replica's name in the output and its log."""
@@ -245,6 +257,8 @@ def validate_topology(opts: UpOptions) -> None:
                   for j in range(1, opts.replicas)]
         if opts.grpc_port(i):
             ports.append((f"{opts.label('broker', i)} gRPC", opts.grpc_port(i)))
+            ports += [(f"{opts.replica_label(i, j)} gRPC", opts.replica_grpc_port(i, j))
+                      for j in range(1, opts.replicas)]
     ports.append(("metrics", opts.metrics_port))
     ports.append(("console", opts.console_port))
     for name, port in ports:
@@ -305,7 +319,10 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
     specs: list[ServiceSpec] = []
     for kind in kinds:
         if kind == "nameserver":  # brokers register with every one; each lists them all
-            specs += [spec(kind, j, port, {"TOKEN": token, "PEERS": nameservers})
+            expect = ",".join(group_name(i) for i in range(opts.groups)) \
+                if "broker" in kinds else ""  # their warm-up ends once these registered
+            specs += [spec(kind, j, port, {"TOKEN": token, "PEERS": nameservers,
+                                           "EXPECT_BROKERS": expect})
                       for j, port in enumerate(opts.nameserver_ports())]
         elif kind == "metrics":  # reads the events of every group, found through nameservers
             specs.append(spec(kind, 0, opts.metrics_port, {
@@ -318,7 +335,13 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                 if sidecar in kinds:
                     env[f"{sidecar.upper()}S"] = ",".join(
                         group_url(sidecar, i) for i in range(opts.groups))
-            specs.append(spec(kind, 0, opts.console_port, env))
+            console = spec(kind, 0, opts.console_port, env)
+            if not acl and opts.host not in LOOPBACK_HOSTS:  # it acts for whoever reaches it
+                console = dataclasses.replace(console, host=LOOPBACK, public_host="", env={
+                    **{k: v for k, v in console.env.items()
+                       if k != "TIDEMQ_CONSOLE_ADVERTISED_ADDRESS"},
+                    "TIDEMQ_CONSOLE_HOST": LOOPBACK})
+            specs.append(console)
         elif kind == "broker":
             for i in range(opts.groups):
                 env = {"BROKER_NAME": group_name(i), "NAMESERVERS": nameservers,
@@ -333,11 +356,11 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
                     env["REPLICAS"] = str(opts.replicas)
                 specs.append(spec(kind, i, opts.group_port(kind, i), env, opts.grpc_port(i)))
                 for j in range(1, opts.replicas):  # static replicas following broker_id 0
-                    port = opts.replica_port(i, j)
+                    port, grpc = opts.replica_port(i, j), opts.replica_grpc_port(i, j)
                     replica = {**env, "BROKER_ID": str(j), "PRIMARY_ADDRESS":
-                               group_url("broker", i), "GRPC_PORT": "0",
+                               group_url("broker", i), "GRPC_PORT": str(grpc),
                                "DATA_DIR": f"{env['DATA_DIR']}-r{j}"}
-                    member = spec(kind, i, port, replica)  # with the group's TLS and ACL
+                    member = spec(kind, i, port, replica, grpc)  # the group's TLS and ACL
                     specs.append(dataclasses.replace(member, name=opts.replica_label(i, j)))
         else:  # checker, scheduler: one per group, finding its broker by name (or URL)
             for i in range(opts.groups):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -23,8 +25,19 @@ from services.common.auth.client import service_auth
 from services.common.constants import BROKER_PORT, NAMESERVER_PORT
 from services.common.tls import client_context
 
-console = Console()
-err_console = Console(stderr=True)
+#: Width of the CLI's output when it is not a terminal (a pipe, a file, a supervisor's log) and
+#: COLUMNS does not say: wide, so a table never cuts a name short ("nameserver…").
+PIPED_WIDTH = 240
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    return Console(stderr=stderr, width=PIPED_WIDTH if piped else None)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 DEFAULT_BROKER_URL = f"http://127.0.0.1:{BROKER_PORT}"
 DEFAULT_NAMESERVER_URL = f"http://127.0.0.1:{NAMESERVER_PORT}"

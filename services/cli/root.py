@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated
 
 import typer
@@ -45,3 +46,28 @@ app.command("query")(messages.query)
 app.command("cluster")(admin.cluster)
 app.command("bench", context_settings={"allow_extra_args": True,
                                        "ignore_unknown_options": True})(admin.bench)
+
+
+def _first_paragraph(text: str | None) -> str | None:
+    """A help text's first paragraph on one line (docstrings wrap it at 100 columns)."""
+    if not text:
+        return None
+    return " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+
+
+def one_line_help(typer_app: typer.Typer) -> None:
+    """Give every command and group a one-line ``short_help``: the lists of ``--help`` keep a
+    docstring's line breaks in rich mode, so sentences broke in the middle."""
+    for command in typer_app.registered_commands:
+        if command.short_help is None:
+            command.short_help = _first_paragraph(command.help or inspect.getdoc(
+                command.callback))
+    for group in typer_app.registered_groups:
+        sub = group.typer_instance
+        if group.short_help is None and sub is not None:
+            group.short_help = _first_paragraph(group.help or sub.info.help)
+        if sub is not None:
+            one_line_help(sub)
+
+
+one_line_help(app)

@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI, Request, Security
+from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse as FastAPIJSONResponse
 from fastapi.responses import PlainTextResponse, Response
@@ -30,6 +30,7 @@ from services.common.auth.rest import AclMiddleware, account_of
 from services.common.bodies import describe
 from services.common.constants import TOKEN_HEADER
 from services.common.docs import install_docs
+from services.common.lean import declared_query
 from services.common.openapi import Health, errors, finish_openapi
 
 log = logging.getLogger(__name__)
@@ -104,13 +105,45 @@ def token_guard(token_of: Callable[[Request], str]) -> Callable[..., None]:
     return guard
 
 
+def query_names(route: Any) -> frozenset[str] | None:
+    """The query parameters ``route`` declares (its dependencies' too); None for a route
+    FastAPI does not build (static files, the OpenAPI document)."""
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return None
+    found = _QUERY_NAMES.get(id(route))
+    if found is None:
+        found = _QUERY_NAMES[id(route)] = declared_query(dependant)
+    return found
+
+
+_QUERY_NAMES: dict[int, frozenset[str]] = {}
+
+
+def refuse_unknown_query(request: Request) -> None:
+    """400 BAD_REQUEST naming a query parameter the endpoint does not take (``?offest=0``
+    would otherwise be ignored, as a misspelt body field is not)."""
+    if not request.query_params:
+        return
+    known = query_names(request.scope.get("route"))
+    if known is None:
+        return
+    unknown = sorted(set(request.query_params.keys()) - known)
+    if unknown:
+        takes = ", ".join(sorted(known)) or "no query parameters"
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"{unknown[0]}: unknown query parameter; this endpoint takes {takes}")
+
+
 def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | None = None,
                version: str = "0.1.0", health: HealthCheck | None = None,
-               gate: Gate | None = None) -> FastAPI:
+               gate: Gate | None = None, strict_query: bool = True) -> FastAPI:
     """A service's app; with ``gate`` (ACL on) every request but /healthz, /metrics and the docs
-    must be signed and allowed (services.common.auth.rest)."""
+    must be signed and allowed (services.common.auth.rest). With ``strict_query`` (every API)
+    a query parameter the endpoint does not take is refused with 400."""
     app = FastAPI(title=title, version=version, lifespan=lifespan,
-                  default_response_class=JSONResponse, docs_url=None, redoc_url=None)
+                  default_response_class=JSONResponse, docs_url=None, redoc_url=None,
+                  dependencies=[Depends(refuse_unknown_query)] if strict_query else None)
     if gate is not None:
         app.add_middleware(AclMiddleware, gate=gate)
     install_docs(app)

@@ -42,6 +42,15 @@ TIMING_HEADER = "X-Tidemq-Timing"
 # --- broker groups ----------------------------------------------------------------------------
 MAX_BROKER_ID = 1023  # highest member id of a broker group (0 = the primary)
 
+# --- web console sessions (services/console/sessions.py) ---------------------------------------
+CONSOLE_COOKIE = "tidemq_console"  # the session cookie's name (HttpOnly, SameSite=Strict)
+CONSOLE_SESSION_TTL_S = 8 * 3600.0  # a console session (and its sign-in) lasts this long (s)
+CONSOLE_SESSIONS_MAX = 10_000  # sessions kept in memory at most (the oldest are dropped)
+CONSOLE_PENDING_MAX = 16  # confirmations one session may have waiting (the oldest dropped)
+
+# every service refuses a request target (path and query) longer than this: 414 URI_TOO_LONG
+MAX_URL_BYTES = 16 * 1024
+
 # --- HTTP keep-alive --------------------------------------------------------------------------
 HTTP_SERVER_KEEP_ALIVE_S = 5  # every service closes a connection idle this long (uvicorn, s)
 # Clients drop a pooled connection idle this long (s). It must stay below the server's keep-alive:
@@ -187,3 +196,5 @@ def checker_progress_key(cluster: str, broker_name: str) -> str:
 
 # bind addresses meaning "every interface": no address to give others (an advertised one is)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+# names of this host only: the web console without ACL binds and answers on nothing else
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})

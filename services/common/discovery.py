@@ -97,7 +97,9 @@ def parse_cluster(answer: Any) -> dict[str, Group]:
     for entry in brokers:
         if not isinstance(entry, Mapping) or not _is_primary(entry):
             continue
-        name, address = entry.get("broker_name"), entry.get("address")
+        # the services of the deployment use the broker's internal address when it has one
+        name = entry.get("broker_name")
+        address = entry.get("internal_address") or entry.get("address")
         if not isinstance(name, str) or not name or not isinstance(address, str) or not address:
             continue
         grpc = entry.get("grpc_address")

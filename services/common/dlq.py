@@ -2,9 +2,12 @@
 
 A message lands in ``%DLQ%{group}`` after too many failed consumes; the broker shows its
 original topic (the ``RETRY_TOPIC`` property) as ``origin_topic``. Resending stores a new message
-in that topic with the same body, tag, keys and user properties, a message id derived from the
-DLQ copy (so resending again within the dedup window stores nothing twice) and the property
-``dlq_message_id`` naming the dead-lettered message. The DLQ copy stays where it is.
+in that topic with the same body, tag, keys and user properties, the message id
+``dlq-<40 hex>`` derived from the DLQ copy (``resent_id``: the first 40 hex digits of SHA-256
+over ``{message_id}|{dlq topic}|{queue_id}|{queue_offset}``) and the property
+``dlq_message_id`` naming the dead-lettered message. The DLQ copy stays where it is; since the
+resent id is known from it, the original's trace names the resent copy and a DLQ entry whose
+copy exists already is not resent again (``Outcome.earlier``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class Outcome:
     topic: str  # the original topic ("" when the DLQ copy does not name one)
     result: dict[str, Any] | None = None
     error: str = ""
+    earlier: bool = False  # resent before: ``result`` is that copy, nothing was sent now
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"dlq_queue_id": self.queue_id,
@@ -35,6 +39,8 @@ class Outcome:
                                "message_id": self.message_id, "topic": self.topic}
         if self.result is not None:
             out["resent"] = self.result
+            if self.earlier:
+                out["earlier"] = True
         else:
             out["error"] = self.error
         return out
@@ -44,6 +50,12 @@ def resent_id(message_id: str, dlq: str, queue_id: int, offset: int) -> str:
     """A stable id for the resent copy of one DLQ entry (≤ 64 characters)."""
     digest = hashlib.sha256(f"{message_id}|{dlq}|{queue_id}|{offset}".encode()).hexdigest()
     return f"dlq-{digest[:40]}"
+
+
+def copy_id(dlq: str, m: dict[str, Any]) -> str:
+    """The id the resent copy of the pulled DLQ message ``m`` gets."""
+    return resent_id(str(m.get("message_id", "")), dlq, int(m.get("queue_id", 0)),
+                     int(m.get("queue_offset", 0)))
 
 
 def plan_resend(dlq: str, m: dict[str, Any]) -> tuple[Outcome, dict[str, Any] | None]:
@@ -56,7 +68,7 @@ def plan_resend(dlq: str, m: dict[str, Any]) -> tuple[Outcome, dict[str, Any] | 
         outcome.error = NO_ORIGIN
         return outcome, None
     message: dict[str, Any] = {
-        "message_id": resent_id(mid, dlq, qid, offset), "body": m.get("body", ""),
+        "message_id": copy_id(dlq, m), "body": m.get("body", ""),
         "properties": {**(m.get("properties") or {}), RESENT_FROM: mid}}
     if m.get("body_encoding") == "base64":
         message["body_encoding"] = "base64"

@@ -27,6 +27,14 @@ E = TypeVar("E", bound=Callable[..., Any])
 _PARSE_ATTR = "__tidemq_lean_parse__"
 
 
+def declared_query(dependant: Any) -> frozenset[str]:
+    """The query parameter names of an endpoint and its dependencies."""
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= declared_query(sub)
+    return frozenset(names)
+
+
 def lean(parse: Parse) -> Callable[[E], E]:
     """Mark an endpoint of a ``LeanRoute`` router as served through ``parse``."""
 
@@ -56,9 +64,11 @@ class LeanRoute(APIRoute):
         if parse is None:
             return full
         endpoint = self.endpoint
+        known = declared_query(self.dependant)
 
         async def handler(request: Request) -> Response:
-            params = parse(request)
+            # an unknown query parameter goes the full way, whose check refuses it
+            params = parse(request) if request.query_params.keys() <= known else None
             if params is None:
                 return await full(request)
             response: Response = await endpoint(request=request, **params)

@@ -4,6 +4,11 @@ Each page calls ``views`` and renders a template; an ``ApiError`` is shown insid
 red box naming the code and message), never as a blank screen. Actions are plain forms that
 POST here and redirect back with the outcome (post/redirect/get). The pages are not part of
 the REST contract: they are left out of the OpenAPI document, which lists /healthz and /metrics.
+
+Every POST is checked by ``form_guard`` (same origin, the session's CSRF token: sessions.py);
+the offset reset and the resolving of a discarded transaction are confirmed by a second POST
+naming a one-time token that holds what the first showed. With ACL on, ``/login`` signs a
+person in with an account's keys and the console acts as that account.
 """
 
 from __future__ import annotations
@@ -14,20 +19,32 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import FastAPI, Form, Request
+from fastapi import Depends, FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from tidemq.protocol import ErrorCode, ProtocolError
 
 from services.common.app import create_app
 from services.common.auth.client import use_account
+from services.common.auth.store import AclStore
 from services.console import deadletters, views
 from services.console.client import ApiError, ConsoleClient
 from services.console.sampler import Sampler
+from services.console.sessions import (
+    Refused,
+    Session,
+    SessionMiddleware,
+    Sessions,
+    check_form,
+    renew,
+    session_of,
+    verify_account,
+)
 from services.console.settings import ConsoleSettings
 from services.console.timeline import full_trace
 
@@ -80,6 +97,30 @@ def parse_ms(value: str) -> int | None:
     return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
+STALE = ("CONFIRMATION_EXPIRED: this confirmation was already used or has expired; "
+         "review the action again")
+
+
+async def _none(**values: Any) -> dict[str, Any]:
+    return values
+
+
+def _local(target: str) -> str:
+    """A redirect target on this console only (an absolute or scheme-relative URL is "/")."""
+    return target if target.startswith("/") and not target.startswith(("//", "/\\")) else "/"
+
+
+async def form_guard(request: Request, csrf: str = Form("")) -> Session:
+    """Every POST: from this console's own page (sessions.check_form), else 403."""
+    try:
+        return check_form(request, csrf)
+    except Refused as exc:
+        raise ProtocolError(ErrorCode.FORBIDDEN, str(exc)) from exc
+
+
+Guarded = Annotated[Session, Depends(form_guard)]
+
+
 def create_console_app(settings: ConsoleSettings,
                        client: ConsoleClient | None = None) -> FastAPI:
     registry = CollectorRegistry()
@@ -104,7 +145,12 @@ def create_console_app(settings: ConsoleSettings,
             await sampler.stop()
             await c.close()
 
-    app = create_app("tidemq console", registry, lifespan)
+    # pages keep their own query (done=, failed= after an action): not the strict API rule
+    app = create_app("tidemq console", registry, lifespan, strict_query=False)
+    acl = AclStore(settings.acl_file) if settings.acl_file else None
+    sessions = Sessions(settings.session_ttl_s)
+    app.add_middleware(SessionMiddleware, sessions=sessions, acl_on=acl is not None,
+                       secure=settings.tls)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["ms"] = fmt_ms
@@ -117,7 +163,8 @@ def create_console_app(settings: ConsoleSettings,
         start = time.perf_counter()
         ctx: dict[str, Any] = {"q": request.query_params, "error": "",
                                "done": request.query_params.get("done", ""),
-                               "failed": request.query_params.get("failed", "")}
+                               "failed": request.query_params.get("failed", ""),
+                               "acl": acl is not None, "session": session_of(request)}
         try:
             ctx.update(await gather())
             pages.labels(name, "ok").inc()
@@ -149,6 +196,31 @@ def create_console_app(settings: ConsoleSettings,
             return back(path, failed=f"INTERNAL_ERROR: {type(exc).__name__}: {exc}", **keep)
 
 
+    @app.get("/login", response_class=HTMLResponse, include_in_schema=False)
+    async def login_page(request: Request, next: str = "/") -> Response:
+        if acl is None:
+            return back("/")
+        return await render(request, "login", lambda: _none(next=_local(next)))
+
+    @app.post("/login", response_class=HTMLResponse, include_in_schema=False)
+    async def login(request: Request, _: Guarded, access_key: str = Form(""),
+                    secret_key: str = Form(""), next: str = Form("/")) -> Response:
+        if acl is None:
+            return back("/")
+        try:
+            name, auth = verify_account(acl, access_key.strip(), secret_key)
+        except ValueError as exc:
+            log.warning("console: a sign-in with access key %r was refused", access_key[:64])
+            return back("/login", failed=f"UNAUTHORIZED: {exc}", next=_local(next))
+        renew(request, sessions, name, auth)
+        log.info("console: %s signed in", name)
+        return RedirectResponse(_local(next), status_code=303)
+
+    @app.post("/logout", response_class=HTMLResponse, include_in_schema=False)
+    async def logout(request: Request, _: Guarded) -> Response:
+        renew(request, sessions)
+        return back("/login" if acl is not None else "/")
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def cluster(request: Request) -> Response:
         return await render(request, "cluster", lambda: views.cluster_view(
@@ -159,7 +231,7 @@ def create_console_app(settings: ConsoleSettings,
         return await render(request, "topics", lambda: views.topics_view(c, topic, sampler))
 
     @app.post("/topics", response_class=HTMLResponse, include_in_schema=False)
-    async def topic_create(broker: str = Form(...), topic: str = Form(...),
+    async def topic_create(_: Guarded, broker: str = Form(...), topic: str = Form(...),
                            queues: int = Form(8)) -> Response:
         return await act("/topics", views.create_topic(c, broker, topic.strip(), queues),
                          topic=topic.strip())
@@ -169,20 +241,25 @@ def create_console_app(settings: ConsoleSettings,
         return await render(request, "groups", lambda: views.groups_view(c, group, sampler))
 
     @app.post("/groups/reset", response_class=HTMLResponse, include_in_schema=False)
-    async def group_reset(request: Request, group: str = Form(...), topic: str = Form(...),
-                          to: str = Form("latest"), at: str = Form(""),
-                          confirm: str = Form("")) -> Response:
+    async def group_reset(request: Request, s: Guarded, group: str = Form(...),
+                          topic: str = Form(...), to: str = Form("latest"),
+                          at: str = Form("")) -> Response:
+        """The first step: the plan, and a one-time token confirming exactly that plan."""
         async def gather() -> dict[str, Any]:
             plan = await views.reset_plan(c, group, topic, to, parse_ms(at))
-            return {"group": group, "topic": topic, "to": to, "at": at, "plan": plan}
+            token = s.expect("reset", {"group": group, "plan": plan})
+            return {"group": group, "topic": topic, "plan": plan, "token": token}
 
-        if confirm == "yes":
-            try:
-                plan = await views.reset_plan(c, group, topic, to, parse_ms(at))
-                return await act("/groups", views.reset_offsets(c, group, plan), group=group)
-            except (ApiError, ValueError) as exc:
-                return back("/groups", failed=str(exc), group=group)
         return await render(request, "reset", gather)
+
+    @app.post("/groups/reset/confirm", response_class=HTMLResponse, include_in_schema=False)
+    async def group_reset_confirm(s: Guarded, token: str = Form("")) -> Response:
+        pending = s.confirm("reset", token)
+        if pending is None:
+            return back("/groups", failed=STALE)
+        group = str(pending.params["group"])
+        return await act("/groups", views.reset_offsets(c, group, pending.params["plan"]),
+                         group=group)
 
     @app.get("/messages", response_class=HTMLResponse, include_in_schema=False)
     async def messages(request: Request, id: str = "", topic: str = "", key: str = "",
@@ -206,18 +283,26 @@ def create_console_app(settings: ConsoleSettings,
             c, producer_group.strip(), page_size))
 
     @app.post("/transactions/resolve", response_class=HTMLResponse, include_in_schema=False)
-    async def transaction_resolve(request: Request, broker: str = Form(...),
-                                  transaction_id: str = Form(...), action: str = Form(...),
-                                  confirm: str = Form("")) -> Response:
-        if confirm == "yes":
-            return await act("/transactions", views.resolve_discarded(
-                c, broker, transaction_id.strip(), action))
-
+    async def transaction_resolve(request: Request, s: Guarded, broker: str = Form(...),
+                                  transaction_id: str = Form(...),
+                                  action: str = Form(...)) -> Response:
         async def gather() -> dict[str, Any]:
             tx = await views.discarded_tx(c, broker, transaction_id.strip())
-            return {"tx": tx, "broker": broker, "action": action}
+            token = s.expect("resolve", {"broker": broker, "action": action,
+                                         "transaction_id": transaction_id.strip()})
+            return {"tx": tx, "broker": broker, "action": action, "token": token}
 
         return await render(request, "resolve", gather)
+
+    @app.post("/transactions/resolve/confirm", response_class=HTMLResponse,
+              include_in_schema=False)
+    async def transaction_resolve_confirm(s: Guarded, token: str = Form("")) -> Response:
+        pending = s.confirm("resolve", token)
+        if pending is None:
+            return back("/transactions", failed=STALE)
+        p = pending.params
+        return await act("/transactions", views.resolve_discarded(
+            c, str(p["broker"]), str(p["transaction_id"]), str(p["action"])))
 
     @app.get("/timers", response_class=HTMLResponse, include_in_schema=False)
     async def timers(request: Request, id: str = "") -> Response:
@@ -232,7 +317,7 @@ def create_console_app(settings: ConsoleSettings,
         return await render(request, "timers", gather)
 
     @app.post("/timers/cancel", response_class=HTMLResponse, include_in_schema=False)
-    async def timer_cancel(message_id: str = Form(...)) -> Response:
+    async def timer_cancel(_: Guarded, message_id: str = Form(...)) -> Response:
         return await act("/timers", views.cancel_timer(c, message_id.strip()), id=message_id)
 
     @app.get("/dlq", response_class=HTMLResponse, include_in_schema=False)
@@ -245,7 +330,8 @@ def create_console_app(settings: ConsoleSettings,
         return await render(request, "dlq", gather)
 
     @app.post("/dlq/resend", response_class=HTMLResponse, include_in_schema=False)
-    async def dlq_resend(group: str = Form(...), message_id: str = Form("")) -> Response:
+    async def dlq_resend(_: Guarded, group: str = Form(...),
+                         message_id: str = Form("")) -> Response:
         async def action() -> str:
             outcomes = await deadletters.resend(c, group.strip(), message_id.strip())
             return deadletters.summary(outcomes)

@@ -1,5 +1,7 @@
 """The console's one I/O seam: calls to nameservers, brokers and sidecars over HTTP.
 
+Calls made while serving a signed-in person (ACL on) are signed with that person's account
+(``sessions.acting_as``); the sampler's, and every call with ACL off, with the console's own.
 Every failure becomes ``ApiError`` (code, message, the URL asked) so a page can show it; a
 service that cannot be reached is ``UNAVAILABLE``. Internal endpoints carry the cluster token.
 """
@@ -16,6 +18,7 @@ import httpx
 from services.common.auth.client import service_auth
 from services.common.constants import CLUSTER_PATH, TOKEN_HEADER
 from services.common.tls import client_context
+from services.console.sessions import acting_as
 
 
 class ApiError(Exception):
@@ -60,9 +63,12 @@ class ConsoleClient:
     async def call(self, method: str, url: str, *, internal: bool = False,
                    params: dict[str, Any] | None = None, json: Any = None) -> Any:
         headers = {TOKEN_HEADER: self.token} if internal and self.token else None
+        person = acting_as.get()  # a signed-in person's account (ACL on), else the console's
         try:
             resp = await self.http.request(method, url, params=params, json=json,
-                                           headers=headers)
+                                           headers=headers,
+                                           auth=httpx.USE_CLIENT_DEFAULT if person is None
+                                           else person)
         except httpx.HTTPError as exc:
             raise ApiError("UNAVAILABLE", f"cannot reach {url}: {exc or type(exc).__name__}",
                            url) from exc
@@ -97,7 +103,8 @@ class ConsoleClient:
 
     async def brokers(self, primaries_only: bool = True) -> list[LiveBroker]:
         _, answer = await self.cluster()
-        found = [LiveBroker(str(b.get("broker_name", "")), str(b.get("address", "")),
+        found = [LiveBroker(str(b.get("broker_name", "")),
+                        str(b.get("internal_address") or b.get("address", "")),
                         str(b.get("role", "primary")), int(b.get("broker_id", 0)),
                         int(b.get("last_heartbeat_ms", 0)), dict(b.get("topics") or {}),
                         int(b.get("max_offset", 0)), int(b.get("epoch") or 0))

@@ -4,16 +4,18 @@ offset to the last (``PAGE`` per pull), sent in batches. The DLQ copies stay."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from tidemq.protocol import dlq_topic
 
-from services.common.dlq import PAGE, Outcome, plan_resend
+from services.common.dlq import PAGE, Outcome, copy_id, plan_resend
 from services.console.client import ApiError, ConsoleClient, segment
 
 SEND_BATCH = 256  # resent messages per send request
 SHOWN_OUTCOMES = 20  # outcomes named in the page after a resend (all failures are counted)
+LOOKUPS = 8  # lookups of earlier resent copies in flight at once
 
 
 async def tail(c: ConsoleClient, address: str, topic: str, limit: int
@@ -54,15 +56,36 @@ async def walk(c: ConsoleClient, address: str, topic: str
             offset = nxt
 
 
+async def earlier_copy(c: ConsoleClient, address: str, dlq: str, m: dict[str, Any],
+                       gate: asyncio.Semaphore) -> dict[str, Any] | None:
+    """The copy an earlier resend of DLQ entry ``m`` stored on ``address`` (None: none)."""
+    async with gate:
+        try:
+            found: dict[str, Any] = await c.call(
+                "GET", f"{address}/v1/messages/{segment(copy_id(dlq, m))}")
+        except ApiError as exc:
+            if exc.code == "MESSAGE_NOT_FOUND":
+                return None
+            raise
+    return found
+
+
 async def dlq_view(c: ConsoleClient, group: str, limit: int) -> list[dict[str, Any]]:
+    """The newest entries of the group's DLQ on every broker, each with ``resent`` (the copy
+    an earlier resend stored, or None)."""
     out: list[dict[str, Any]] = []
+    dlq, gate = dlq_topic(group), asyncio.Semaphore(LOOKUPS)
     for b in await c.brokers():
         try:
-            out += [{**m, "broker": b.name} for m in await tail(c, b.address, dlq_topic(group),
-                                                                   limit)]
+            found = await tail(c, b.address, dlq, limit)
         except ApiError as exc:
             if exc.code != "TOPIC_NOT_FOUND":
                 raise
+            continue
+        earlier = await asyncio.gather(*(earlier_copy(c, b.address, dlq, m, gate)
+                                         for m in found))
+        out += [{**m, "broker": b.name, "resent": e} for m, e in zip(found, earlier,
+                                                                      strict=True)]
     return out
 
 
@@ -100,12 +123,17 @@ async def resend(c: ConsoleClient, group: str, message_id: str) -> list[Outcome]
             if exc.code in ("TOPIC_NOT_FOUND", "MESSAGE_NOT_FOUND"):
                 continue
             raise
+        gate = asyncio.Semaphore(LOOKUPS)
         for page in pages:
             planned = []
-            for m in page:
+            earlier = await asyncio.gather(*(earlier_copy(c, b.address, dlq, m, gate)
+                                             for m in page))
+            for m, copy in zip(page, earlier, strict=True):
                 outcome, message = plan_resend(dlq, m)
                 outcomes.append(outcome)
-                if message is not None:
+                if copy is not None and message is not None:  # resent before: not again
+                    outcome.result, outcome.earlier = copy, True
+                elif message is not None:
                     planned.append((outcome, message))
             await _send(c, b.address, planned)
     if message_id and not outcomes:
@@ -126,12 +154,16 @@ async def _one(c: ConsoleClient, address: str, dlq: str, message_id: str
 
 
 def summary(outcomes: list[Outcome]) -> str:
-    ok = sum(o.result is not None for o in outcomes)
+    ok = sum(o.result is not None and not o.earlier for o in outcomes)
+    before = sum(o.earlier for o in outcomes)
     failed = [o for o in outcomes if o.result is None]
     shown = (failed + [o for o in outcomes if o.result is not None])[:SHOWN_OUTCOMES]
     parts = [f"{o.message_id} → {o.topic or '?'}: "
-             + (f"sent as {o.result.get('message_id')}" if o.result is not None else o.error)
+             + (f"{'resent before' if o.earlier else 'sent'} as {o.result.get('message_id')}"
+                if o.result is not None else o.error)
              for o in shown]
     more = len(outcomes) - len(shown)
-    return (f"{ok} resent, {len(failed)} failed. " + "; ".join(parts)
+    return (f"{ok} resent, {len(failed)} failed"
+            + (f", {before} resent before (not again)" if before else "") + ". "
+            + "; ".join(parts)
             + (f"; and {more} more" if more > 0 else ""))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import CONSOLE_PORT, NAMESERVER_PORT
+from services.common.constants import (
+    CONSOLE_PORT,
+    CONSOLE_SESSION_TTL_S,
+    LOOPBACK_HOSTS,
+    NAMESERVER_PORT,
+)
 from services.common.discovery import split_urls
 from services.common.settings import ServiceSettings
 
@@ -29,6 +34,17 @@ class ConsoleSettings(ServiceSettings):
     sample_interval_s: float = Field(default=10.0, gt=0)
     history_samples: int = Field(default=360, ge=2, le=100_000)  # lag samples kept per group
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    # a browser session (and its sign-in, ACL on) lasts this long (s)
+    session_ttl_s: float = Field(default=CONSOLE_SESSION_TTL_S, gt=0)
+
+    @model_validator(mode="after")
+    def _open_only_on_loopback(self) -> Self:
+        """Without ACL the console acts with full rights for whoever reaches it: loopback only."""
+        if not self.acl_file and self.host not in LOOPBACK_HOSTS:
+            raise ValueError(f"host {self.host!r}: without ACL (acl_file) the console acts with "
+                             "full rights for anyone who reaches it, so it binds loopback only "
+                             "(127.0.0.1, ::1 or localhost); set acl_file to listen elsewhere")
+        return self
 
     @property
     def nameserver_urls(self) -> list[str]:

@@ -84,6 +84,9 @@ def base_steps(t: dict[str, Any]) -> list[Step]:
                       f"group {r['group']} sent it back {r['reconsume_times'] or 0} time(s)"
                       + (f"; in the dead-letter queue %DLQ%{r['group']}"
                          if r.get("dead_lettered") else "")))
+    for r in t.get("resent", []):
+        steps.append(("ok", f"resent from the DLQ as {r['message_id']} to {r['topic']} queue "
+                      f"{r['queue_id']} offset {r['queue_offset']} {at(r['store_timestamp_ms'])}"))
     return steps
 
 

@@ -37,7 +37,9 @@ class BrokerState(BaseModel):
     broker_id: int = Field(description="member of the group (0 while primary)")
     role: Literal["primary", "replica"]
     epoch: int = Field(description="the group's leadership term (0 without replication)")
-    address: str
+    address: str = Field(description="the base URL clients use")
+    internal_address: str | None = Field(description="the base URL the deployment's own "
+                                         "services use, or null when it is ``address``")
     grpc_address: str | None = Field(description="host:port of its gRPC door, or null")
     max_offset: int = Field(description="commit log max physical offset at the last "
                             "heartbeat (bytes)")
@@ -49,3 +51,5 @@ class Cluster(BaseModel):
     brokers: list[BrokerState]
     nameservers: list[str] = Field(description="base URLs of every nameserver of the cluster "
                                    "(TIDEMQ_NAMESRV_PEERS)")
+    warming_up: bool = Field(False, description="this nameserver started moments ago and may "
+                             "not know every broker yet: an unknown topic answers 503, not 404")

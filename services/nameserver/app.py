@@ -1,19 +1,20 @@
 """The nameserver's HTTP API (docs/api.md, "Nameserver"): broker heartbeats in, topic routes out.
 
 Thin routes over ``BrokerRegistry``; an ``ExpiryLoop`` sweeps silent brokers in the background.
-Its state is memory only: for ``warmup_s`` after start, until every broker has heartbeated again,
-an unknown topic answers 503 UNAVAILABLE (retriable) rather than 404 TOPIC_NOT_FOUND, which
-clients would take for a deleted topic.
+Its state is memory only: after a start, until every broker group it knows of has registered
+again (``warmup.py``; ``warmup_s`` at most), an unknown topic answers 503 UNAVAILABLE (retriable)
+rather than 404 TOPIC_NOT_FOUND, which clients would take for a deleted topic.
 Registering and deregistering a broker rewrites every client's routes, so both take the cluster
 token (``X-Tidemq-Token``, 401 UNAUTHORIZED without it); reading routes stays open.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import re
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
@@ -32,6 +33,7 @@ from services.common.openapi import TOPIC_RULE, Empty, TopicName, errors
 from services.nameserver.answers import Cluster, Routes
 from services.nameserver.registry import BrokerRegistry, TopicInfo
 from services.nameserver.settings import NameserverSettings
+from services.nameserver.warmup import WarmUp, ask_peers
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,9 @@ class HeartbeatBody(BaseModel):
     grpc_address: str | None = Field(None, max_length=1024,
                                      description="host:port of its gRPC door, null when none")
     max_offset: StrictInt = Field(0, ge=0, description="commit log max physical offset (bytes)")
+    internal_address: str | None = Field(
+        None, max_length=1024, description="base URL the deployment's own services use, when "
+        "not ``address`` (e.g. a container name, while ``address`` is a published port)")
 
     @field_validator("grpc_address")
     @classmethod
@@ -72,6 +77,11 @@ class HeartbeatBody(BaseModel):
         if address is not None and not GRPC_ADDRESS_RE.match(address):
             raise ValueError(f"{address!r} is not host:port (like 127.0.0.1:8081)")
         return address
+
+    @field_validator("internal_address")
+    @classmethod
+    def _internal_address(cls, address: str | None) -> str | None:
+        return None if address is None else cls._address(address)
 
     @field_validator("address")
     @classmethod
@@ -142,7 +152,10 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
     metrics = Metrics(brokers)
     gate = service_gate(settings, metrics.registry)
     expiry = ExpiryLoop(brokers, metrics, settings.expiry_check_interval_s)
-    started = [time.monotonic()]  # reset when serving starts: the warm-up counts from there
+    warm = WarmUp(settings.warmup_s, settings.expected_groups)
+
+    def warming() -> bool:
+        return warm.warming({b.broker_name for b in brokers.brokers() if b.role == "primary"})
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -150,13 +163,17 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
             log.warning("no cluster token set (TIDEMQ_NAMESRV_TOKEN): any local process can "
                         "register or remove brokers")
         expiry.start()
-        started[0] = time.monotonic()
+        warm.restart()  # the warm-up counts from here
+        peers = asyncio.create_task(ask_peers(warm, settings.peer_urls), name="warmup-peers")
         log.info("nameserver ready on %s:%d (broker expiry %.1f s, swept every %.1f s, "
                  "warm-up %.1f s)", settings.host, settings.port, settings.broker_expiry_s,
                  settings.expiry_check_interval_s, settings.warmup_s)
         try:
             yield
         finally:
+            peers.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await peers
             await expiry.stop()
             log.info("nameserver stopped")
 
@@ -175,7 +192,8 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
         topics = {name: TopicInfo(queues=t.queues, perm=t.perm) for name, t in body.topics.items()}
         brokers.heartbeat(body.cluster, body.broker_name, body.address, topics,
                           broker_id=body.broker_id, role=body.role, epoch=body.epoch,
-                          grpc_address=body.grpc_address, max_offset=body.max_offset)
+                          grpc_address=body.grpc_address, max_offset=body.max_offset,
+                          internal_address=body.internal_address)
         metrics.heartbeats.inc()
         return reply(request, {})
 
@@ -208,13 +226,13 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
         """Every group whose live primary serves ``topic``: its address, queue count,
         permission and readable copies (``replicas``). A topic no live broker serves is
         404 TOPIC_NOT_FOUND, or 503 UNAVAILABLE with Retry-After during the warm-up after
-        start (TIDEMQ_NAMESRV_WARMUP_S), while brokers may not have re-registered yet."""
+        start, while a broker group it knows of has not registered yet (TIDEMQ_NAMESRV_WARMUP_S
+        at most)."""
         validate_topic_name(topic)
         queues = brokers.routes(topic)
-        age_s = time.monotonic() - started[0]
-        if not queues and age_s < settings.warmup_s:
+        if not queues and warming():
             metrics.route_lookups.labels("warming_up").inc()
-            return warming_up(topic, age_s, settings.warmup_s)
+            return warming_up(topic, warm.age_s(), settings.warmup_s)
         if not queues:
             metrics.route_lookups.labels("not_found").inc()
             raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND,
@@ -226,8 +244,9 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
     @app.get("/v1/cluster", tags=["routes"], response_model=Cluster)
     async def cluster(request: Request) -> Response:
         """Every live broker with its role, addresses, last heartbeat and topics, and every
-        nameserver of the cluster (TIDEMQ_NAMESRV_PEERS)."""
+        nameserver of the cluster (TIDEMQ_NAMESRV_PEERS); ``warming_up`` while this nameserver
+        may not know every broker yet (a starting peer does not trust its view then)."""
         return reply(request, {"brokers": [b.to_wire() for b in brokers.brokers()],
-                               "nameservers": settings.peer_urls})
+                               "nameservers": settings.peer_urls, "warming_up": warming()})
 
     return app

@@ -74,6 +74,9 @@ class BrokerRegistration:
     epoch: int = 0  # the group's leadership term (0 without replication)
     grpc_address: str | None = None  # host:port of its gRPC door, None when it has none
     max_offset: int = 0  # commit log max physical offset at the heartbeat (bytes)
+    # base URL the deployment's own services use, None when it is ``address`` (compose: the
+    # container's name, while ``address`` is the published port clients on the host use)
+    internal_address: str | None = None
     seen_ms: int = 0  # monotonic clock of the last heartbeat (ms): liveness, never shown
 
     @property
@@ -88,6 +91,7 @@ class BrokerRegistration:
             "role": self.role,
             "epoch": self.epoch,
             "address": self.address,
+            "internal_address": self.internal_address,
             "grpc_address": self.grpc_address,
             "max_offset": self.max_offset,
             "last_heartbeat_ms": self.last_heartbeat_ms,
@@ -127,7 +131,8 @@ class BrokerRegistry:
     def heartbeat(self, cluster: str, broker_name: str, address: str,
                   topics: Mapping[str, TopicInfo], *, broker_id: int = 0, role: str = PRIMARY,
                   epoch: int = 0, grpc_address: str | None = None,
-                  max_offset: int = 0) -> BrokerRegistration | None:
+                  max_offset: int = 0, internal_address: str | None = None,
+                  ) -> BrokerRegistration | None:
         """Record a heartbeat: the member's registration (and topic set) becomes exactly this.
         None: a stale primary claim, refused (and the member's registration removed)."""
         now = self._monotonic()
@@ -142,7 +147,8 @@ class BrokerRegistry:
         registration = BrokerRegistration(
             cluster=cluster, broker_name=broker_name, address=address, topics=dict(topics),
             last_heartbeat_ms=self._clock(), broker_id=broker_id, role=role, epoch=epoch,
-            grpc_address=grpc_address, max_offset=max_offset, seen_ms=now)
+            grpc_address=grpc_address, max_offset=max_offset,
+            internal_address=internal_address, seen_ms=now)
         self._brokers[key] = registration
         who = f"{broker_name}/{broker_id}"
         if role == PRIMARY and epoch > 0:

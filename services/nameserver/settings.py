@@ -27,6 +27,13 @@ class NameserverSettings(ServiceSettings):
     # comma-separated base URLs of every nameserver of the cluster, this one included, as
     # GET /v1/cluster lists them for clients ("" = none listed)
     peers: str = ""
+    # comma-separated broker group names this nameserver expects (``tidemq up`` lists the
+    # groups it starts): once each has a primary registered, the warm-up ends ("" = none)
+    expect_brokers: str = ""
+
+    @property
+    def expected_groups(self) -> list[str]:
+        return [g.strip() for g in self.expect_brokers.split(",") if g.strip()]
 
     @property
     def peer_urls(self) -> list[str]:

@@ -82,7 +82,9 @@ def test_record_round_trip_strips_reserved_properties() -> None:
 
 def test_tag_filter() -> None:
     assert TagFilter.parse("*").tags is None and TagFilter.parse("").codes is None
-    f = TagFilter.parse("a || b ||")
+    with pytest.raises(ProtocolError, match="a tag is empty"):  # no empty tag (issue 25)
+        TagFilter.parse("a || b ||")
+    f = TagFilter.parse(" a ||b ")
     assert f.tags == {"a", "b"} and f.codes == {tag_code("a"), tag_code("b")}
     assert f.matches(stored(props={"TAGS": "a"})) and not f.matches(stored(props={"TAGS": "ab"}))
     assert not f.matches(stored())

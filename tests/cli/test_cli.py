@@ -102,8 +102,8 @@ def test_nameserver_url_from_environment(runner: CliRunner, nameserver: ServiceP
 @pytest.mark.integration
 def test_server_error_is_code_and_message_with_exit_1(runner: CliRunner,
                                                       nameserver: ServiceProcess) -> None:
-    # The nameserver has no /v1/topics/...: it answers {code, message} like any service.
-    result = runner.invoke(app, ["--broker", nameserver.url, "topic", "show", "x"], env=WIDE)
+    # The nameserver has no /v1/messages/...: it answers {code, message} like any service.
+    result = runner.invoke(app, ["--broker", nameserver.url, "query", "--id", "x"], env=WIDE)
     assert result.exit_code == 1
     assert "NOT_FOUND: no such endpoint" in result.stderr
 
@@ -143,7 +143,8 @@ def test_plan_starts_every_service_in_order_with_its_env(tmp_path: Path) -> None
                                  "TIDEMQ_NAMESRV_PORT": "1002",
                                  "TIDEMQ_NAMESRV_CLUSTER": "DefaultCluster",
                                  "TIDEMQ_NAMESRV_TOKEN": "tok",
-                                 "TIDEMQ_NAMESRV_PEERS": "http://127.0.0.1:1002"}
+                                 "TIDEMQ_NAMESRV_PEERS": "http://127.0.0.1:1002",
+                                 "TIDEMQ_NAMESRV_EXPECT_BROKERS": "broker-a"}
     assert env["broker"] == {
         "TIDEMQ_BROKER_HOST": "127.0.0.1", "TIDEMQ_BROKER_PORT": "1001",
         "TIDEMQ_BROKER_CLUSTER": "DefaultCluster", "TIDEMQ_BROKER_BROKER_NAME": "broker-a",

@@ -186,7 +186,7 @@ def test_dlq_resend(cli: Cli, broker: BrokerHandle) -> None:
     assert broker.pull(topic, 0)["max_offset"] == 4
 
     table = cli.run("dlq", "resend", group, "--message-id", second).stdout
-    assert f"%DLQ%{group}: 1 resent, 0 failed" in table
+    assert f"%DLQ%{group}: 0 resent, 0 failed, 1 resent before (not again)" in table
     err = cli.run("dlq", "resend", group, "--message-id", "nope", code=1).stderr
     assert "MESSAGE_NOT_FOUND" in err
     assert "--message-id ID or --all" in cli.run("dlq", "resend", group, code=2).stderr

@@ -103,7 +103,7 @@ def test_bound_to_every_interface_each_service_advertises_the_given_host() -> No
     opts = UpOptions(host="0.0.0.0", advertise_host="10.77.0.5", replicas=2)
     specs = plan_services(opts, redis_url="redis://r", token="t", available=everything)
     env = {s.name: dict(s.env) for s in specs}
-    assert all(s.host == "0.0.0.0" for s in specs)
+    assert all(s.host == "0.0.0.0" for s in specs if s.service != "console")
     assert env["nameserver"]["TIDEMQ_NAMESRV_HOST"] == "0.0.0.0"
     assert env["nameserver"]["TIDEMQ_NAMESRV_ADVERTISED_ADDRESS"] == "http://10.77.0.5:9876"
     assert env["broker"]["TIDEMQ_BROKER_ADVERTISED_ADDRESS"] == "http://10.77.0.5:10911"
@@ -117,3 +117,19 @@ def test_bound_to_every_interface_each_service_advertises_the_given_host() -> No
     # without --advertise-host nothing is added: every service advertises its bind host
     plain = plan_services(UpOptions(), redis_url="redis://r", token="t", available=everything)
     assert not any(k.endswith("ADVERTISED_ADDRESS") for s in plain for k in s.env)
+
+
+def test_without_acl_the_console_stays_on_loopback_whatever_the_host() -> None:
+    """It acts with full rights for whoever reaches it (issue 25 item 1); with ACL it binds the
+    host like every service (a sign-in is asked)."""
+    opts = UpOptions(host="0.0.0.0", advertise_host="10.77.0.5")
+    [console] = [s for s in plan_services(opts, redis_url="redis://r", token="t",
+                                          available=everything) if s.service == "console"]
+    assert console.host == "127.0.0.1" and console.url == "http://127.0.0.1:8080"
+    assert console.env["TIDEMQ_CONSOLE_HOST"] == "127.0.0.1"
+    assert "TIDEMQ_CONSOLE_ADVERTISED_ADDRESS" not in console.env
+    acl = {"ACL_FILE": "/acl.yaml", "ACCESS_KEY": "ak", "SECRET_KEY": "sk"}
+    [guarded] = [s for s in plan_services(opts, redis_url="redis://r", token="t",
+                                          available=everything, acl=acl)
+                 if s.service == "console"]
+    assert guarded.host == "0.0.0.0" and guarded.env["TIDEMQ_CONSOLE_HOST"] == "0.0.0.0"

@@ -19,8 +19,8 @@ def test_three_copies_in_two_groups(tmp_path: Path) -> None:
     data = (tmp_path / "d").resolve()
     brokers = [(s.name, s.port, s.grpc_port) for s in specs if s.service == "broker"]
     assert brokers == [
-        ("broker-a", 10911, 8081), ("broker-a-r1", 11011, 0), ("broker-a-r2", 11111, 0),
-        ("broker-b", 11911, 8082), ("broker-b-r1", 12011, 0), ("broker-b-r2", 12111, 0)]
+        ("broker-a", 10911, 8081), ("broker-a-r1", 11011, 8181), ("broker-a-r2", 11111, 8281),
+        ("broker-b", 11911, 8082), ("broker-b-r1", 12011, 8182), ("broker-b-r2", 12111, 8282)]
     env = {s.name: dict(s.env) for s in specs}
     assert env["broker-a"]["TIDEMQ_BROKER_REPLICAS"] == "3"
     assert "TIDEMQ_BROKER_BROKER_ID" not in env["broker-a"]
@@ -30,7 +30,8 @@ def test_three_copies_in_two_groups(tmp_path: Path) -> None:
     assert replica["TIDEMQ_BROKER_REPLICAS"] == "3"
     assert replica["TIDEMQ_BROKER_PRIMARY_ADDRESS"] == "http://127.0.0.1:11911"
     assert replica["TIDEMQ_BROKER_DATA_DIR"] == str(data / "broker-b-r2")
-    assert replica["TIDEMQ_BROKER_PORT"] == "12111" and replica["TIDEMQ_BROKER_GRPC_PORT"] == "0"
+    assert replica["TIDEMQ_BROKER_PORT"] == "12111"
+    assert replica["TIDEMQ_BROKER_GRPC_PORT"] == "8282"  # every copy has a gRPC door
     assert {s.group for s in specs if s.service == "broker"} == {"broker-a", "broker-b"}
     # checkers and schedulers still talk to their group's primary
     assert env["checker-b"]["TIDEMQ_CHECKER_BROKER_URL"] == "http://127.0.0.1:11911"

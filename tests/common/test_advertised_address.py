@@ -46,6 +46,8 @@ def test_every_service_has_a_bind_host_and_an_advertised_address(
     prefix = cls.model_config["env_prefix"]
     monkeypatch.setenv(f"{prefix}HOST", "0.0.0.0")
     monkeypatch.setenv(f"{prefix}PORT", "4321")
+    # the console leaves loopback only with ACL on (services/console/settings.py)
+    monkeypatch.setenv(f"{prefix}ACL_FILE", "/etc/tidemq/acl.yaml")
     assert cls().public_url == "http://127.0.0.1:4321"  # wildcard, nothing advertised
     monkeypatch.setenv(f"{prefix}ADVERTISED_ADDRESS", "http://10.77.0.15:4321")
     s = cls()

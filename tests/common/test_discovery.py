@@ -90,6 +90,15 @@ def test_parse_cluster_reads_primaries_and_tolerates_missing_fields() -> None:
         parse_cluster({"routes": []})
 
 
+def test_parse_cluster_prefers_the_address_for_the_deployments_own_services() -> None:
+    groups = parse_cluster({"brokers": [
+        entry("broker-a", "https://127.0.0.1:10911", internal_address="https://broker-a:10911/"),
+        entry("broker-b", "https://127.0.0.1:11911", internal_address=None),
+    ]})
+    assert groups["broker-a"].address == "https://broker-a:10911"
+    assert groups["broker-b"].address == "https://127.0.0.1:11911"
+
+
 def test_nameservers_are_asked_in_turn_and_the_last_good_one_first() -> None:
     fake = Fake()
     fake.cluster[NS1] = None

@@ -143,7 +143,7 @@ def test_plain_http_to_a_tls_port_gets_a_clear_error(tls: TlsCluster) -> None:
     plain = f"http://127.0.0.1:{port}"
     with pytest.raises(httpx.RemoteProtocolError):
         httpx.get(plain + "/healthz", timeout=5)
-    result = CliRunner().invoke(app, ["--broker", plain, "topic", "list"])
+    result = CliRunner().invoke(app, ["--broker", plain, "query", "--id", "x"])
     assert result.exit_code == 1
     said = " ".join(result.output.split())  # rich wraps the line
     assert "closed the connection without an answer" in said and "use https://" in said

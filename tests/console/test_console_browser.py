@@ -18,7 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from services.cli import app as cli_app
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import REPO, RedisServer, ServiceProcess, free_port
 from tests.support.wait import wait_until
@@ -434,6 +436,39 @@ def test_dlq_resend_all_covers_the_whole_dlq(page: Any, system: System) -> None:
     assert q["max"] == 2 * BULK_DEAD  # the originals, then one copy of each
     resent = system.broker.pull(system.bulk_topic, 0, BULK_DEAD, max=1024)["messages"]
     assert len({m["properties"]["dlq_message_id"] for m in resent}) == BULK_DEAD
+
+
+def test_a_resent_dead_letter_is_marked_traced_and_not_resent_again(page: Any,
+                                                                    system: System) -> None:
+    """After test_dlq_view_and_resend: the entry is marked with its copy's id, the original's
+    trace names the copy, and neither Resend all nor the CLI sends it again."""
+    dead, b = system.ids["dead"], system.broker
+    _open(page, system, f"/dlq?group={system.dlq_group}")
+    row = page.locator("table.dlq tr", has_text=dead)
+    assert row.get_attribute("class") == "resent"
+    copy_id = row.locator("td.resent-as a").inner_text()
+    assert copy_id.startswith("dlq-") and len(copy_id) == 44
+    assert row.locator("button").is_disabled()
+    trace = b.http.get(f"/v1/messages/{dead}/trace").json()
+    assert [r["message_id"] for r in trace["resent"]] == [copy_id]
+    assert [c.get("resent_as") for c in trace["copies"] if c["kind"] == "dlq"] == [copy_id]
+    row.locator("td.resent-as a").click()
+    assert b.http.get(f"/v1/messages/{copy_id}").json()["properties"]["dlq_message_id"] == dead
+    _open(page, system, f"/messages?id={dead}")
+    assert f"resent from the DLQ as {copy_id} to {system.topic}" in page.locator(
+        "ol.trace").inner_text()
+    _open(page, system, f"/dlq?group={system.dlq_group}")
+    page.click("#resend-all button")
+    assert "0 resent, 0 failed, 1 resent before (not again)" in page.locator(
+        ".done").inner_text()
+    result = CliRunner().invoke(cli_app, ["--broker", b.url, "dlq", "resend",
+                                          system.dlq_group, "--message-id", dead, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["earlier"] is True
+    found = b.http.get("/v1/messages", params={"topic": system.topic, "begin_ms": 0,
+                                               "end_ms": 2**41, "max": 1024}).json()
+    assert [m["message_id"] for m in found["messages"]
+            if m["properties"].get("dlq_message_id") == dead] == [copy_id]
 
 
 def test_an_unreachable_nameserver_is_shown_in_the_page(page: Any, system: System,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from services.metrics.settings import MetricsSettings
@@ -21,6 +22,7 @@ def alert_rules() -> list[dict]:
     return [r for g in rules["groups"] for r in g["rules"]]
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 def test_prometheus_loads_the_alerts_and_promtool_tests_them() -> None:
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     assert "alerts.yml" in config["rule_files"]

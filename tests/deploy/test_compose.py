@@ -1,4 +1,5 @@
-"""docker-compose.yml, deploy/Dockerfile and the Prometheus config, validated offline."""
+"""docker-compose.yml, deploy/images and the Prometheus config, validated offline (make
+compose-test runs them for real)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import yaml
 
 from services.cli.plan import ENV_PREFIX, SERVICE_ORDER
 from tests.deploy.topology import COMPOSE, env_of, load_compose
+from tests.support.compose import preflight
 from tests.support.metrics import promtool
 from tests.support.procs import REPO
 
@@ -49,7 +51,7 @@ def test_every_service_is_there_with_health_restart_and_volumes() -> None:
     for name, kind in TIDEMQ.items():
         svc = services[name]
         assert svc["command"] == ["python", "-m", f"services.{kind}"]
-        assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert svc["build"]["dockerfile"] == "deploy/images/tidemq/Dockerfile"
         assert (REPO / "services" / kind).is_dir()
         env = env_of(svc)
         prefix = ENV_PREFIX[kind]
@@ -85,7 +87,10 @@ def test_two_groups_behind_two_nameservers() -> None:
         assert broker["TIDEMQ_BROKER_BROKER_NAME"] == f"broker-{group}"
         assert broker["TIDEMQ_BROKER_NAMESERVERS"] == NAMESERVER_LIST  # registers with both
         assert broker["TIDEMQ_BROKER_PORT"] == str(10911 + 1000 * i)  # as `tidemq up` lays out
+        # clients on the host get the published port; the other services the container
         assert broker["TIDEMQ_BROKER_ADVERTISED_ADDRESS"] == (
+            f"https://127.0.0.1:{broker['TIDEMQ_BROKER_PORT']}")
+        assert broker["TIDEMQ_BROKER_INTERNAL_ADDRESS"] == (
             f"https://broker-{group}:{broker['TIDEMQ_BROKER_PORT']}")
         scheduler = env_of(services[f"scheduler-{group}"])
         assert broker["TIDEMQ_BROKER_SCHEDULER_URL"] == (
@@ -159,6 +164,7 @@ def test_accounts_on_every_tidemq_service_with_the_init_steps_file() -> None:
         assert (env[f"{prefix}ACCESS_KEY"], env[f"{prefix}SECRET_KEY"]) == account, name
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 def test_prometheus_scrapes_every_tidemq_service() -> None:
     config = DEPLOY / "prometheus" / "prometheus.yml"
     promtool("check", "config", str(config))
@@ -177,10 +183,43 @@ def test_prometheus_scrapes_every_tidemq_service() -> None:
     assert "./deploy/prometheus:/etc/prometheus:ro" in mounts
 
 
-def test_dockerfile_builds_one_image_with_java() -> None:
-    text = (DEPLOY / "Dockerfile").read_text()
-    assert text.startswith("#") and "\nFROM python:3.11" in text
-    assert "openjdk-17-jre-headless" in text  # Spark needs a JRE
-    assert "COPY services/ services/" in text and "pip install ./sdk ." in text
-    assert "\nUSER tidemq" in text
-    assert "chown -R tidemq /data /secrets" in text  # the init step writes the secrets volume
+def test_every_image_but_grafana_is_built_from_one_debian_base() -> None:
+    services = load_compose()["services"]
+    images = {name: svc["image"] for name, svc in services.items()}
+    assert {images[name] for name in TIDEMQ} == {"tidemq:local"}
+    for name in ("redis", "etcd", "prometheus"):
+        assert images[name] == f"tidemq-{name}:local"
+        assert services[name]["build"] == {"context": f"deploy/images/{name}", "network": "host"}
+    assert images["grafana"].startswith("grafana/grafana:")  # Debian has no package
+    for dockerfile in (DEPLOY / "images").glob("*/Dockerfile"):
+        froms = [line.split()[1] for line in dockerfile.read_text().splitlines()
+                 if line.startswith("FROM ")]
+        assert froms and set(froms) == {"debian:bookworm-slim"}, dockerfile
+
+
+def test_the_tidemq_image_keeps_no_build_certificate_and_runs_as_tidemq() -> None:
+    text = (DEPLOY / "images" / "tidemq" / "Dockerfile").read_text()
+    build, run = text.split("\nFROM debian:bookworm-slim\n")  # the build stage, the image
+    assert "ARG EXTRA_CA_CERTS" in build and "EXTRA_CA_CERTS" not in run
+    assert "openjdk-17-jre-headless" in run  # Spark needs a JRE
+    assert "COPY --from=build /opt/tidemq /opt/tidemq" in run
+    assert 'ENTRYPOINT ["tidemq-entrypoint"]' in run
+    entrypoint = (DEPLOY / "images" / "tidemq" / "entrypoint.sh").read_text()
+    assert "_DATA_DIR=" in entrypoint and "setpriv --reuid=tidemq" in entrypoint
+
+
+def test_every_published_port_moves_with_a_variable() -> None:
+    ports = preflight().load()
+    assert {p.service for p in ports} == {"nameserver-1", "nameserver-2", "broker-a", "broker-b",
+                                          "metrics", "console", "prometheus", "grafana"}
+    assert len({p.variable for p in ports}) == len(ports)
+    assert all(p.ip == "127.0.0.1" for p in ports)
+
+
+def test_every_data_directory_is_a_mounted_volume() -> None:
+    # the image's entrypoint creates and owns the path of each *_DATA_DIR at start
+    for name, svc in load_compose()["services"].items():
+        mounts = {v.split(":")[1] for v in svc.get("volumes", [])}
+        for key, value in env_of(svc).items():
+            if key.endswith("_DATA_DIR"):
+                assert value in mounts, (name, key, value)

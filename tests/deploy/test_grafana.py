@@ -8,6 +8,7 @@ import re
 import sys
 from types import ModuleType
 
+import pytest
 import yaml
 from prometheus_client import generate_latest
 
@@ -62,6 +63,7 @@ def test_dashboard_has_the_rows_and_panels_asked_for() -> None:
         assert panel["targets"] and all(t["expr"] for t in panel["targets"])
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 def test_every_panel_query_is_a_tested_rule() -> None:
     fixed = builder().fixed
     rules = yaml.safe_load((PROMETHEUS / "dashboard-rules.yml").read_text())

@@ -67,12 +67,19 @@ class Topology:
     compose: dict[str, Any]
     workdir: Path
     ports: dict[tuple[str, int], int] = field(default_factory=dict)
+    # the host port a service publishes (its default) → the port that service runs on here
+    published: dict[int, int] = field(default_factory=dict)
     services: dict[str, LocalService] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, svc in self.compose["services"].items():
             for port in svc.get("expose", []):
                 self.ports[(name, int(port))] = free_port()
+        for name, svc in self.compose["services"].items():
+            for spec in svc.get("ports", []):  # 127.0.0.1:${VARIABLE:-HOST}:CONTAINER
+                host, inner = re.findall(r"(\d+)\}?:(\d+)$", str(spec))[0]
+                if (name, int(inner)) in self.ports:
+                    self.published[int(host)] = self.ports[(name, int(inner))]
 
     def tls(self, service: str) -> bool:
         """The service serves TLS: its environment names a certificate."""
@@ -117,6 +124,8 @@ class Topology:
         assert done.returncode == 0, f"{name} failed:\n{done.stdout}{done.stderr}"
 
     def localize(self, service: str, value: str) -> str:
+        for host, local in self.published.items():  # the advertised addresses, for the host
+            value = re.sub(rf"\b127\.0\.0\.1:{host}\b", f"127.0.0.1:{local}", value)
         for (name, port), local in self.ports.items():
             value = re.sub(rf"(?<![\w.-]){re.escape(name)}:{port}\b", f"127.0.0.1:{local}",
                            value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.metrics.events import parse_event
 from services.metrics.exposition import BatchInfo, escape, render
 from services.metrics.rollup import exact_quantile, python_rollup
@@ -16,6 +18,7 @@ def rendered() -> str:
     return render(python_rollup(parse_event(b) for b in scripted()), BatchInfo(7, 1234.5))
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 def test_exposition_passes_promtool() -> None:
     promtool("check", "metrics", stdin=rendered())
 

@@ -35,6 +35,7 @@ def test_the_liveness_file_sits_beside_the_exposition(tmp_path: Path) -> None:
     assert liveness_path(tmp_path / "metrics.prom") == tmp_path / "metrics-liveness.prom"
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 def test_empty_polls_advance_liveness_but_not_the_newest_event(tmp_path: Path) -> None:
     path = liveness_path(tmp_path / "metrics.prom")
     assert read_liveness(path) == LivenessState()  # nothing written yet
@@ -54,6 +55,7 @@ def test_empty_polls_advance_liveness_but_not_the_newest_event(tmp_path: Path) -
     assert read_liveness(path) == LivenessState(completed_s=200.0, newest_event_s=100.0)
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 def test_no_event_read_yet_leaves_that_time_out() -> None:
     text = render_liveness(LivenessState(completed_s=5.0))
     promtool("check", "metrics", stdin=text)
@@ -62,6 +64,7 @@ def test_no_event_read_yet_leaves_that_time_out() -> None:
     assert parse_liveness(f"{COMPLETED} nonsense\n") == LivenessState()
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 def test_the_sidecar_serves_both_ages(tmp_path: Path) -> None:
     settings = MetricsSettings(data_dir=tmp_path, run_job=False)
     runner = JobRunner(settings)

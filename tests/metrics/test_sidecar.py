@@ -32,6 +32,7 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch,
                                                       "spark.x": "y"}
 
 
+@pytest.mark.integration  # runs promtool (make test-unit needs nothing but the venv)
 async def test_metrics_serves_the_file_and_job_gauges(tmp_path: Path) -> None:
     settings = MetricsSettings(data_dir=tmp_path, run_job=False)
     app = create_sidecar_app(settings)

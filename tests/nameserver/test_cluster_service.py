@@ -56,7 +56,8 @@ def test_broker_registers_with_every_nameserver_and_leaves_cleanly(
     urls = [ns.url for ns in nameservers]
     name, grpc_port = unique("grp"), free_port()
     with run_broker(tmp_path, redis_server.url, nameservers=",".join(urls), broker_name=name,
-                    grpc_port=grpc_port, register_interval_s=0.2) as broker:
+                    grpc_port=grpc_port, register_interval_s=0.2,
+                    internal_address="http://broker-internal:10911/") as broker:
         topic = broker.create_topic(queues=3)
         for url in urls:  # registered at creation with both
             [queue] = httpx.get(f"{url}/v1/routes/{topic}", timeout=5).json()["queues"]
@@ -64,8 +65,9 @@ def test_broker_registers_with_every_nameserver_and_leaves_cleanly(
                              "perm": "rw", "replicas": []}
             [member] = members(url, name)
             assert {k: member[k] for k in ("broker_id", "role", "epoch", "address",
-                                           "grpc_address")} == {
+                                           "internal_address", "grpc_address")} == {
                 "broker_id": 0, "role": "primary", "epoch": 0, "address": broker.url,
+                "internal_address": "http://broker-internal:10911",
                 "grpc_address": f"127.0.0.1:{grpc_port}"}
         before = members(urls[0], name)[0]["max_offset"]
         broker.send(topic, {"body": "x" * 100})
@@ -100,6 +102,7 @@ def test_killed_broker_leaves_within_the_expiry(
     ({"role": "leader"}, "role"),
     ({"epoch": -2}, "epoch"),
     ({"grpc_address": "http://x:1"}, "grpc_address"),
+    ({"internal_address": "broker-a:10911"}, "internal_address"),
     ({"max_offset": 1.5}, "max_offset"),
 ])
 def test_malformed_cluster_fields_are_400(nameservers: list[ServiceProcess],

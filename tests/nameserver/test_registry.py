@@ -28,10 +28,23 @@ def test_heartbeat_registers_broker_and_its_routes(registry: BrokerRegistry,
     [broker] = registry.brokers()
     assert broker.to_wire() == {
         "cluster": "c1", "broker_name": "broker-a", "broker_id": 0, "role": "primary",
-        "epoch": 0, "address": "http://127.0.0.1:10911", "grpc_address": None, "max_offset": 0,
+        "epoch": 0, "address": "http://127.0.0.1:10911", "internal_address": None,
+        "grpc_address": None, "max_offset": 0,
         "last_heartbeat_ms": clock.wall_ms,
         "topics": {"audit": {"queues": 2, "perm": "r"}, "orders": {"queues": 8, "perm": "rw"}},
     }
+
+
+def test_routes_give_the_advertised_address_and_the_cluster_view_both(
+        registry: BrokerRegistry) -> None:
+    # compose: clients on the host use the published port, the other services the container
+    registry.heartbeat("c1", "broker-a", "https://127.0.0.1:10911", {"orders": RW8},
+                       internal_address="https://broker-a:10911")
+    assert [r.address for r in registry.routes("orders")] == ["https://127.0.0.1:10911"]
+    [broker] = registry.brokers()
+    wire = broker.to_wire()
+    assert (wire["address"], wire["internal_address"]) == ("https://127.0.0.1:10911",
+                                                           "https://broker-a:10911")
 
 
 def test_heartbeat_replaces_the_topic_set(registry: BrokerRegistry) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,7 +141,9 @@ class FakeBroker:
             assert m.message_id, "the SDK must always set a message id"
             key = (topic, m.message_id)
             if key not in self.dedup:
-                queue_id = m.queue_id if m.queue_id is not None else 0
+                queue_id = (m.queue_id if m.queue_id is not None  # as the broker picks it
+                            else zlib.crc32(m.sharding_key.encode()) % len(self.queues[topic])
+                            if m.sharding_key is not None else 0)
                 stored = self.put(topic, queue_id, m.body, tag=m.tag, message_id=m.message_id,
                                   keys=m.keys, properties=m.properties, wire=wire)
                 self.dedup[key] = {"message_id": m.message_id, "queue_id": queue_id,

@@ -176,7 +176,7 @@ async def test_sigkill_of_a_group_while_sending_fails_no_send_and_loses_nothing(
         held = sum(groups.max_offsets("broker-b", topic).values())
         # the producer finds broker-b in its next route and probes it once its back-off ends
         await wait_until_async(lambda: sum(groups.max_offsets("broker-b", topic).values()) > held,
-                               20, "sends to reach broker-b again", interval=0.2)
+                               20, "sends to reach broker-b again", every=0.2)
         back_s = time.monotonic() - restarted
         await asyncio.sleep(0.5)
         sender.stop.set()

@@ -45,8 +45,9 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from tidemq import __version__, _hooks
-from tidemq.otel._attributes import SCHEMA_URL
-from tidemq.otel._tracer import OtelTracer, creation_context
+from tidemq.otel._attributes import SCHEMA_URL, Shapes
+from tidemq.otel._propagation import creation_context
+from tidemq.otel._tracer import OtelTracer
 from tidemq.otel._wrappers import Patch, unwrap, wrap
 
 __all__ = ["TidemqInstrumentor", "creation_context"]
@@ -63,8 +64,9 @@ class TidemqInstrumentor(BaseInstrumentor):
     def _instrument(self, **kwargs: Any) -> None:
         tracer = trace.get_tracer(__name__, __version__, kwargs.get("tracer_provider"),
                                   schema_url=SCHEMA_URL)
-        self._patches = wrap(tracer)
-        _hooks.tracer = OtelTracer(tracer)
+        shapes = Shapes()
+        self._patches = wrap(tracer, shapes)
+        _hooks.tracer = OtelTracer(tracer, shapes)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         _hooks.tracer = None

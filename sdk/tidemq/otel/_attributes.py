@@ -7,6 +7,7 @@ Names are spelled out here rather than imported from ``opentelemetry.semconv._in
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,15 +52,59 @@ def operation(name: str, kind: str) -> dict[str, Any]:
     return {MESSAGING_SYSTEM: SYSTEM, OPERATION_NAME: name, OPERATION_TYPE: kind}
 
 
-def outgoing(topic: str, *, message_type: str, message_id: str | None = None,
-             tag: str | None = None, keys: Sequence[str] | str | None = None,
-             delay_level: int | None = None, deliver_at_ms: int | None = None,
-             delay_ms: int | None = None, sharding_key: str | None = None,
-             now_ms: int = 0) -> dict[str, Any]:
-    """A send span's attributes, from the message's fields."""
-    attrs = operation("send", "send")
-    attrs[DESTINATION] = topic
-    attrs[MESSAGE_TYPE] = message_type
+class Shapes:
+    """Span names and creation-time attributes, made once per shape and shared by every span
+    of that shape (never modify one): the attributes the conventions list as those a sampler
+    may look at (system, operation, destination, partition, consumer group), which are the
+    same for every message of a topic. A span's per-message attributes (``outgoing``,
+    ``about``) are built only when the sampler made it a recording span."""
+
+    LIMIT = 4096  # shapes kept per kind; an application with more topics than this rebuilds
+
+    def __init__(self) -> None:
+        self._send: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        self._process: dict[tuple[str, int, str, bool], tuple[str, dict[str, Any]]] = {}
+
+    def send(self, topic: str, message_type: str) -> tuple[str, dict[str, Any]]:
+        """``send {topic}`` (one message of ``message_type``, or a batch)."""
+        shape = self._send.get((topic, message_type))
+        if shape is None:
+            attrs = operation("send", "send")
+            attrs[DESTINATION] = topic
+            if message_type:
+                attrs[MESSAGE_TYPE] = message_type
+            shape = _keep(self._send, (topic, message_type), (f"send {topic}", attrs))
+        return shape
+
+    def process(self, topic: str, queue_id: int, group: str, clustering: bool
+                ) -> tuple[str, dict[str, Any]]:
+        """``process {topic}``: a push consumer's handler on a message of that queue."""
+        key = (topic, queue_id, group, clustering)
+        shape = self._process.get(key)
+        if shape is None:
+            attrs = operation("process", "process")
+            attrs[DESTINATION] = topic
+            attrs[PARTITION] = str(queue_id)
+            attrs[CONSUMER_GROUP] = group
+            attrs[CONSUMPTION_MODEL] = "clustering" if clustering else "broadcasting"
+            shape = _keep(self._process, key, (f"process {topic}", attrs))
+        return shape
+
+
+def _keep(shapes: dict[Any, tuple[str, dict[str, Any]]], key: Any,
+          shape: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    if len(shapes) >= Shapes.LIMIT:
+        shapes.clear()
+    shapes[key] = shape
+    return shape
+
+
+def outgoing(*, message_id: str | None = None, tag: str | None = None,
+             keys: Sequence[str] | str | None = None, delay_level: int | None = None,
+             deliver_at_ms: int | None = None, delay_ms: int | None = None,
+             sharding_key: str | None = None) -> dict[str, Any]:
+    """A send span's per-message attributes, from the message's fields."""
+    attrs: dict[str, Any] = {}
     if message_id:
         attrs[MESSAGE_ID] = message_id
     if tag:
@@ -71,7 +116,7 @@ def outgoing(topic: str, *, message_type: str, message_id: str | None = None,
     elif deliver_at_ms is not None:
         attrs[DELIVERY_TIMESTAMP] = int(deliver_at_ms)
     elif delay_ms is not None:
-        attrs[DELIVERY_TIMESTAMP] = now_ms + int(delay_ms)
+        attrs[DELIVERY_TIMESTAMP] = time.time_ns() // 1_000_000 + int(delay_ms)
     if sharding_key:
         attrs[MESSAGE_GROUP] = sharding_key
     return attrs
@@ -85,12 +130,9 @@ def message_type(*, delayed: bool, sharding_key: str | None, transaction: bool =
     return "fifo" if sharding_key else "normal"
 
 
-def received(message: ReceivedMessage, name: str, kind: str) -> dict[str, Any]:
-    """A span's attributes about one received message."""
-    attrs = operation(name, kind)
-    attrs[DESTINATION] = message.topic
-    attrs[MESSAGE_ID] = message.message_id
-    attrs[PARTITION] = str(message.queue_id)
+def about(message: ReceivedMessage) -> dict[str, Any]:
+    """A span's per-message attributes about one received message."""
+    attrs: dict[str, Any] = {MESSAGE_ID: message.message_id}
     if message.tag:
         attrs[MESSAGE_TAG] = message.tag
     if message.keys:
@@ -98,3 +140,13 @@ def received(message: ReceivedMessage, name: str, kind: str) -> dict[str, Any]:
     if message.reconsume_times:
         attrs[RECONSUME_TIMES] = message.reconsume_times
     return attrs
+
+
+def received(message: ReceivedMessage, name: str, kind: str) -> dict[str, Any]:
+    """A span's attributes about one received message."""
+    attrs = operation(name, kind)
+    attrs[DESTINATION] = message.topic
+    attrs[PARTITION] = str(message.queue_id)
+    attrs.update(about(message))
+    return attrs
+

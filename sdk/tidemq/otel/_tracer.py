@@ -1,9 +1,9 @@
-"""Spans around the SDK's internal steps (``tidemq._hooks``), and the trace context of a message.
+"""Spans around the SDK's internal steps (``tidemq._hooks``).
 
 A message carries its creation context in its properties (W3C ``traceparent``, and
 ``tracestate`` / baggage when the global propagator adds them), so it survives every re-put
 inside tidemq: a half message's commit (by the producer, or after a check-back), a delay of
-any length, a retry. ``creation_context`` reads it back.
+any length, a retry. ``tidemq.otel._propagation`` writes and reads it.
 
 The "process" span of a message uses that context as its **parent** (one trace from the send
 to the handler) and also **links** to it, as the conventions ask; a span that was current
@@ -13,47 +13,23 @@ where the handler runs (e.g. the consumer was started inside a span) is linked t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from opentelemetry import context, propagate, trace
-from opentelemetry.context import Context
+from opentelemetry import context, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from tidemq.otel import _attributes as A
+from tidemq.otel._propagation import creation_context, extract
 from tidemq.protocol import ReceivedMessage
 
 RETRY_LATER = "retry_later"  # ConsumeResult.RETRY_LATER, without importing the puller
 
 
-def creation_context(properties: Mapping[str, str]) -> tuple[Context | None, list[Link]]:
-    """The message's creation context (None when it carries none) and a link to it."""
-    if not properties:
-        return None, []
-    ctx = propagate.extract(properties)
-    span_context = trace.get_current_span(ctx).get_span_context()
-    if not span_context.is_valid:
-        return None, []
-    return ctx, [Link(span_context)]
-
-
-def links_of(messages: list[ReceivedMessage]) -> list[Link]:
-    """A link to each message's creation context (those that carry one)."""
-    return [link for m in messages for link in creation_context(m.properties)[1]]
-
-
-def inject(properties: dict[str, str], context: Context | None = None) -> list[Link]:
-    """Put ``context`` (default: the current one) into ``properties``; a context the caller
-    put there already is kept (the conventions' "custom creation context") and returned as a
-    link instead."""
-    if "traceparent" in properties:
-        return creation_context(properties)[1]
-    propagate.inject(properties, context)
-    return []
-
-
 def failed(span: trace.Span, exc: BaseException) -> None:
     """Record ``exc`` on ``span`` as the conventions ask (status, ``error.type``)."""
+    if not span.is_recording():
+        return
     span.record_exception(exc)
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
     span.set_attribute(A.ERROR_TYPE, type(exc).__qualname__)
@@ -62,22 +38,27 @@ def failed(span: trace.Span, exc: BaseException) -> None:
 class OtelTracer:
     """``tidemq._hooks.Tracer`` with OpenTelemetry spans."""
 
-    def __init__(self, tracer: trace.Tracer) -> None:
+    def __init__(self, tracer: trace.Tracer, shapes: A.Shapes) -> None:
         self.tracer = tracer
+        self.shapes = shapes
 
     async def process(self, handler: Callable[[ReceivedMessage], Awaitable[Any]],
                       message: ReceivedMessage, group: str, clustering: bool) -> Any:
-        # start_span + attach rather than start_as_current_span: this runs per message, and
-        # the two generator-based context managers of the latter cost more than the rest
-        parent, links = creation_context(message.properties)
-        ambient = trace.get_current_span().get_span_context()
-        if parent is not None and ambient.is_valid:
-            links.append(Link(ambient))
-        attrs = A.received(message, "process", "process")
-        attrs[A.CONSUMER_GROUP] = group
-        attrs[A.CONSUMPTION_MODEL] = "clustering" if clustering else "broadcasting"
-        span = self.tracer.start_span(f"process {message.topic}", context=parent,
-                                      kind=SpanKind.CONSUMER, attributes=attrs, links=links)
+        # runs per message: start_span + attach rather than start_as_current_span (its two
+        # generator-based context managers), the name and creation attributes shared by the
+        # queue's messages, the message's own attributes only on a span the sampler records
+        parent, origin = extract(message.properties)
+        links: list[Link] = []
+        if origin is not None:
+            links.append(Link(origin))
+            ambient = trace.get_current_span().get_span_context()
+            if ambient.is_valid:
+                links.append(Link(ambient))
+        name, attrs = self.shapes.process(message.topic, message.queue_id, group, clustering)
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.CONSUMER,
+                                      attributes=attrs, links=links)
+        if span.is_recording():
+            span.set_attributes(A.about(message))
         token = context.attach(trace.set_span_in_context(span))
         try:
             result = await handler(message)

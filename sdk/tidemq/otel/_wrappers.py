@@ -11,13 +11,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind
 
 from tidemq._exceptions import LocalTransactionError
@@ -26,14 +24,14 @@ from tidemq._producer import Producer
 from tidemq._simple_consumer import SimpleConsumer
 from tidemq._transaction import TransactionProducer
 from tidemq.otel import _attributes as A
-from tidemq.otel._tracer import failed, inject, links_of
+from tidemq.otel._propagation import TRACEPARENT, carry, extract, inject, links_of
+from tidemq.otel._tracer import failed
 from tidemq.protocol import ReceivedMessage
 
 _FIELDS = ("topic", "tag", "keys", "properties", "sharding_key", "delay_level", "delay_ms",
            "deliver_at_ms", "message_id")
 
 _BARE = (bytes, str)
-_NORMAL_SEND = {**A.operation("send", "send"), A.MESSAGE_TYPE: "normal"}
 
 #: (class, method name, original function) of every method wrapped; ``unwrap`` restores them.
 Patch = tuple[type, str, Callable[..., Any]]
@@ -47,104 +45,144 @@ def _fields(message: Any, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _send_attributes(f: dict[str, Any], transaction: bool = False) -> dict[str, Any]:
+def _message_type(f: dict[str, Any], transaction: bool = False) -> str:
     delayed = bool(f["delay_level"]) or f["delay_ms"] is not None \
         or f["deliver_at_ms"] is not None
-    kind = A.message_type(delayed=delayed, sharding_key=f["sharding_key"],
+    return A.message_type(delayed=delayed, sharding_key=f["sharding_key"],
                           transaction=transaction)
-    return A.outgoing(f["topic"], message_type=kind, message_id=f["message_id"], tag=f["tag"],
-                      keys=f["keys"], delay_level=f["delay_level"],
-                      deliver_at_ms=f["deliver_at_ms"], delay_ms=f["delay_ms"],
-                      sharding_key=f["sharding_key"], now_ms=time.time_ns() // 1_000_000)
 
 
-def _traced_send(tracer: trace.Tracer, original: Callable[..., Any]) -> Callable[..., Any]:
-    # the span is not made current: nothing inside a send makes spans of its own, and
-    # attaching it to the context would cost more than the rest of the wrapper
+def _per_message(f: dict[str, Any] | None, message_id: str) -> dict[str, Any]:
+    """A send span's own attributes (only a recording span gets them)."""
+    if f is None:
+        return {A.MESSAGE_ID: message_id}
+    return A.outgoing(message_id=message_id, tag=f["tag"], keys=f["keys"],
+                      delay_level=f["delay_level"], deliver_at_ms=f["deliver_at_ms"],
+                      delay_ms=f["delay_ms"], sharding_key=f["sharding_key"])
+
+
+def _traced_send(tracer: trace.Tracer, shapes: A.Shapes,
+                 original: Callable[..., Any]) -> Callable[..., Any]:
+    # runs per message, so: the span is not made current (nothing inside a send makes spans
+    # of its own, and the coalesced request goes out from another task), its name and
+    # creation attributes are shared by the topic's messages, and its per-message attributes
+    # are built only when the sampler records it, in one call once the send is done
     @functools.wraps(original)
     async def send(self: Producer, message: Any, **options: Any) -> Any:
         topic = options.get("topic")
+        f: dict[str, Any] | None = None
         if topic and len(options) == 1 and type(message) in _BARE:  # send(body, topic=...)
             mid = new_message_id()
-            attrs = {**_NORMAL_SEND, A.DESTINATION: topic, A.MESSAGE_ID: mid}
+            name, attrs = shapes.send(topic, "normal")
             properties: dict[str, str] = {}
         else:
             f = _fields(message, options)
             if not f["topic"]:
                 return await original(self, message, **options)  # fails with the SDK's error
-            topic = f["topic"]
             mid = f["message_id"] = f["message_id"] or new_message_id()
-            attrs = _send_attributes(f)
+            name, attrs = shapes.send(f["topic"], _message_type(f))
             properties = dict(f["properties"] or {})
-        span = tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs)
+        span = tracer.start_span(name, kind=SpanKind.PRODUCER, attributes=attrs)
         try:
-            for link in inject(properties, trace.set_span_in_context(span)):
-                span.add_link(link.context)
+            origin = carry(properties, span)
+            if origin is not None:
+                span.add_link(origin)
             result = await original(self, message, **{**options, "properties": properties,
                                                       "message_id": mid})
-            if result is not None:
-                span.set_attribute(A.PARTITION, str(result.queue_id))
+            if span.is_recording():
+                own = _per_message(f, mid)
+                if result is not None:  # send_oneway's is
+                    own[A.PARTITION] = str(result.queue_id)
+                span.set_attributes(own)
             return result
-        except Exception as exc:
-            failed(span, exc)
+        except BaseException as exc:
+            if span.is_recording():
+                span.set_attributes(_per_message(f, mid))
+                if isinstance(exc, Exception):
+                    failed(span, exc)
             raise
         finally:
             span.end()
     return send
 
 
-def _traced_send_batch(tracer: trace.Tracer, original: Callable[..., Any]) -> Callable[..., Any]:
+def _traced_send_batch(tracer: trace.Tracer, shapes: A.Shapes,
+                       original: Callable[..., Any]) -> Callable[..., Any]:
+    # one span for the batch (``messaging.batch.message_count``); its context is formatted
+    # once and copied into every message that does not carry a creation context of its own
+    # (the span links to those)
     @functools.wraps(original)
     async def send_batch(self: Producer, topic: str, messages: Iterable[Any]) -> Any:
         items = list(messages)
-        attrs = A.operation("send", "send")
-        attrs[A.DESTINATION] = topic
-        attrs[A.BATCH_COUNT] = len(items)
-        with tracer.start_as_current_span(f"send {topic}", kind=SpanKind.PRODUCER,
-                                          attributes=attrs):
-            carried = []
+        name, shape = shapes.send(topic, "")
+        span = tracer.start_span(name, kind=SpanKind.PRODUCER,
+                                 attributes={**shape, A.BATCH_COUNT: len(items)})
+        try:
+            carried: dict[str, str] = {}
+            inject(carried, span)
+            outgoing = []
             for m in items:
-                message = m if isinstance(m, Message) else Message(body=m)
-                properties = dict(message.properties)
-                inject(properties)
-                carried.append(dataclasses.replace(message, properties=properties))
-            return await original(self, topic, carried)
+                own = m.properties if isinstance(m, Message) else {}
+                if TRACEPARENT in own:
+                    origin = extract(own)[1]
+                    if origin is not None:
+                        span.add_link(origin)
+                    outgoing.append(m)
+                else:
+                    outgoing.append(self._as_message(m, {"properties": {**own, **carried}}))
+            return await original(self, topic, outgoing)
+        except Exception as exc:
+            failed(span, exc)
+            raise
+        finally:
+            span.end()
     return send_batch
 
 
-def _traced_transaction_send(tracer: trace.Tracer, original: Callable[..., Any]
-                             ) -> Callable[..., Any]:
+def _traced_transaction_send(tracer: trace.Tracer, shapes: A.Shapes,
+                             original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def send(self: TransactionProducer, message: Any, arg: Any = None,
                    **options: Any) -> Any:
         f = _fields(message, options)
         if not f["topic"]:
             return await original(self, message, arg, **options)
-        f["message_id"] = f["message_id"] or new_message_id()
-        attrs = _send_attributes(f, transaction=True)
-        attrs[A.PRODUCER_GROUP] = self.group
-        with tracer.start_as_current_span(f"send {f['topic']}", kind=SpanKind.PRODUCER,
-                                          attributes=attrs) as span:
-            properties = dict(f["properties"] or {})
-            for link in inject(properties):
-                span.add_link(link.context)
-            try:
-                result = await original(self, message, arg, **{
-                    **options, "properties": properties, "message_id": f["message_id"]})
-            except LocalTransactionError as exc:
-                _transaction_outcome(span, exc.result)
-                raise
+        mid = f["message_id"] = f["message_id"] or new_message_id()
+        name, attrs = shapes.send(f["topic"], _message_type(f, transaction=True))
+        span = tracer.start_span(name, kind=SpanKind.PRODUCER, attributes=attrs)
+        if span.is_recording():
+            span.set_attributes({**_per_message(f, mid), A.PRODUCER_GROUP: self.group})
+        properties = dict(f["properties"] or {})
+        origin = carry(properties, span)
+        if origin is not None:
+            span.add_link(origin)
+        # current while the local transaction runs: its own spans nest inside
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            result = await original(self, message, arg, **{
+                **options, "properties": properties, "message_id": mid})
             _transaction_outcome(span, result)
             return result
+        except LocalTransactionError as exc:
+            _transaction_outcome(span, exc.result)
+            failed(span, exc)
+            raise
+        except Exception as exc:
+            failed(span, exc)
+            raise
+        finally:
+            context.detach(token)
+            span.end()
     return send
 
 
 def _transaction_outcome(span: trace.Span, result: Any) -> None:
-    span.set_attribute(A.TRANSACTION_ID, result.transaction_id)
-    span.set_attribute(A.LOCAL_STATE, str(result.local_state.value))
+    span.set_attributes({A.TRANSACTION_ID: result.transaction_id,
+                         A.LOCAL_STATE: str(result.local_state.value)})
 
 
-def _traced_receive(tracer: trace.Tracer, original: Callable[..., Any]) -> Callable[..., Any]:
+def _traced_receive(tracer: trace.Tracer, shapes: A.Shapes,
+                    original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def receive(self: SimpleConsumer, *args: Any, **kwargs: Any) -> Any:
         attrs = A.operation("receive", "receive")
@@ -153,14 +191,16 @@ def _traced_receive(tracer: trace.Tracer, original: Callable[..., Any]) -> Calla
         with tracer.start_as_current_span(f"receive {self.topic}", kind=SpanKind.CLIENT,
                                           attributes=attrs) as span:
             messages: list[ReceivedMessage] = await original(self, *args, **kwargs)
-            span.set_attribute(A.BATCH_COUNT, len(messages))
-            for link in links_of(messages):
-                span.add_link(link.context)
+            if span.is_recording():
+                span.set_attribute(A.BATCH_COUNT, len(messages))
+                for link in links_of(messages):
+                    span.add_link(link.context)
             return messages
     return receive
 
 
-def _traced_ack(tracer: trace.Tracer, original: Callable[..., Any]) -> Callable[..., Any]:
+def _traced_ack(tracer: trace.Tracer, shapes: A.Shapes,
+                original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def ack(self: SimpleConsumer, messages: Any) -> Any:
         items = [messages] if isinstance(messages, ReceivedMessage | str) else list(messages)
@@ -189,12 +229,12 @@ _WRAPPERS: tuple[tuple[type, str, Callable[..., Any]], ...] = (
 )
 
 
-def wrap(tracer: trace.Tracer) -> list[Patch]:
+def wrap(tracer: trace.Tracer, shapes: A.Shapes) -> list[Patch]:
     """Install every wrapper; what ``unwrap`` needs to take them out again."""
     patches: list[Patch] = []
     for owner, name, make in _WRAPPERS:
         original = owner.__dict__[name]
-        setattr(owner, name, make(tracer, original))
+        setattr(owner, name, make(tracer, shapes, original))
         patches.append((owner, name, original))
     return patches
 

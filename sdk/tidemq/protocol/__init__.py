@@ -55,6 +55,7 @@ from tidemq.protocol.topics import (
     is_system_topic,
     parse_perm,
     retry_topic,
+    validate_client_id,
     validate_group_name,
     validate_topic_name,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "parse_messages",
     "parse_perm",
     "retry_topic",
+    "validate_client_id",
     "validate_group_name",
     "validate_topic_name",
 ]

@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     QUEUES_NOT_EMPTY = "QUEUES_NOT_EMPTY"  # shrinking a topic would hide stored messages
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"  # body, properties or batch over its limit
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"  # body neither JSON nor msgpack
+    URI_TOO_LONG = "URI_TOO_LONG"  # a request target (path and query) over the servers' limit
     BROKER_BUSY = "BROKER_BUSY"  # flow control; retry after Retry-After
     DISK_FULL = "DISK_FULL"  # store refuses writes; nothing deletable
     UNAVAILABLE = "UNAVAILABLE"  # dependency down or service shutting down
@@ -66,6 +67,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.QUEUES_NOT_EMPTY: 409,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorCode.URI_TOO_LONG: 414,
     ErrorCode.BROKER_BUSY: 503,
     ErrorCode.DISK_FULL: 503,
     ErrorCode.UNAVAILABLE: 503,

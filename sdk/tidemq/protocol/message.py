@@ -15,6 +15,7 @@ from typing import Any
 from tidemq.protocol.codes import ErrorCode, ProtocolError
 from tidemq.protocol.numbers import INT32_MAX, INT64_MAX, integer
 from tidemq.protocol.properties import RESERVED_PROPERTIES
+from tidemq.protocol.tags import TAG_MAX, tag_problem
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -86,8 +87,8 @@ class OutgoingMessage:
             out["keys"] = list(self.keys)
         if self.properties:
             out["properties"] = dict(self.properties)
-        if self.queue_id is not None:
-            out["queue_id"] = self.queue_id
+        if self.queue_id is not None and self.sharding_key is None:  # the key decides the
+            out["queue_id"] = self.queue_id  # queue on the broker (the SDK chose the broker)
         if self.sharding_key is not None:
             out["sharding_key"] = self.sharding_key
         if self.delay_level:
@@ -230,14 +231,23 @@ def parse_message(obj: Any, limits: Limits = DEFAULT_LIMITS) -> OutgoingMessage:
         for k in keys:
             _text({"keys": k}, "keys")
     queue_id = _int(obj, "queue_id", 0, INT32_MAX)
+    sharding_key = _text(obj, "sharding_key")
+    if queue_id is not None and sharding_key is not None:
+        raise _bad("queue_id", "give queue_id (a fixed queue) or sharding_key (the key's "
+                   "queue), not both")
+    tag = _text(obj, "tag", TAG_MAX) or None
+    if tag is not None and not tag.isalnum():  # isalnum: most tags in one cheap step
+        problem = tag_problem(tag)
+        if problem:
+            raise _bad("tag", f"{tag!r} {problem}")
     msg = OutgoingMessage(
         _body(obj, limits),
         message_id,
-        _text(obj, "tag", 255) or None,
+        tag,
         keys,
         _properties(obj, limits),
         queue_id,
-        _text(obj, "sharding_key"),
+        sharding_key,
     )
     for name in _DELAY_FIELDS:
         if name in obj:
@@ -257,14 +267,20 @@ def parse_messages(payload: Any, limits: Limits = DEFAULT_LIMITS) -> list[Outgoi
     if len(items) > limits.max_batch_messages:
         raise _bad("messages", f"{len(items)} messages exceeds the batch limit of "
                    f"{limits.max_batch_messages}", ErrorCode.MESSAGE_TOO_LARGE)
-    out = []
+    out: list[OutgoingMessage] = []
     total = 0
+    seen: dict[str, int] = {}
     for i, item in enumerate(items):
         try:
             msg = parse_message(item, limits)
         except ProtocolError as exc:
             raise ProtocolError(exc.code, f"messages[{i}].{exc.message}") from None
         total += len(msg.body) + msg.properties_size()
+        if msg.message_id is not None:
+            first = seen.setdefault(msg.message_id, i)
+            if first != i and out[first] != msg:
+                raise _bad(f"messages[{i}].message_id", f"{msg.message_id!r} is also "
+                           f"messages[{first}], with other content: one id names one message")
         out.append(msg)
     if total > limits.max_batch_bytes:
         raise _bad("messages", f"batch of {total} bytes exceeds the limit of "

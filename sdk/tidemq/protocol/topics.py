@@ -75,6 +75,24 @@ def validate_topic_name(topic: str) -> str:
     return topic
 
 
+CLIENT_ID_MAX = 255  # characters of a client_id (consumer and producer heartbeats)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # C0, DEL, C1, line separators
+
+
+def validate_client_id(client_id: object) -> str:
+    """A consumer's or producer's ``client_id``: 1-255 characters, no control characters (they
+    would reach the logs and the listings as they are). BAD_REQUEST saying what is wrong."""
+    if not isinstance(client_id, str) or not 1 <= len(client_id) <= CLIENT_ID_MAX:
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"client_id must be a string of 1-{CLIENT_ID_MAX} characters")
+    bad = _CONTROL.search(client_id)
+    if bad is not None:
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"client_id must not contain control characters, found "
+                            f"{bad.group()!r} at {bad.start()}")
+    return client_id
+
+
 def validate_group_name(group: str) -> str:
     if not isinstance(group, str) or not GROUP_NAME_RE.match(group):
         raise ProtocolError(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tidemq.protocol import ErrorCode, ProtocolError
+from tidemq.protocol.tags import parse_tag_expression
 
 from services.common.constants import CONSUMER_EXPIRY_S, PRODUCER_EXPIRY_S
 from services.common.loop import BackgroundLoop
@@ -173,14 +174,10 @@ class ProducerRegistry(_Liveness):
 
 
 def parse_tags(expression: str | None) -> set[str] | None:
-    """``"a || b"`` → {"a", "b"}; ``"*"``, empty or None → None (every tag)."""
-    if expression is None:
-        return None
-    tags = {t.strip() for t in expression.split("||")}
-    tags.discard("")
-    if not tags or "*" in tags:
-        return None
-    return tags
+    """``"a || b"`` → {"a", "b"}; ``"*"``, empty or None → None (every tag); BAD_REQUEST
+    naming the expression when it is neither (tidemq.protocol.tags)."""
+    tags = parse_tag_expression(expression)
+    return None if tags is None else set(tags)
 
 
 class GroupExpiryLoop(BackgroundLoop):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name
+from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name, validate_topic_name
+from tidemq.protocol.tags import parse_tag_expression
 
 from services.broker.consumers.membership import GroupRegistry
 from services.broker.consumers.offsets import OffsetStore
@@ -36,7 +37,13 @@ class ConsumerService:
 
     def heartbeat(self, group: str, client_id: str, subscriptions: dict[str, str],
                   mode: str) -> list[str]:
+        """A member's heartbeat. Every subscribed topic name and tag expression must be valid
+        (400 naming it); a topic this broker does not have is kept (it may live on another
+        broker group, or be created later) but not listed by ``known_groups``."""
         validate_group_name(group)
+        for topic, expression in subscriptions.items():
+            validate_topic_name(topic)
+            parse_tag_expression(expression, f"subscriptions[{topic!r}]")
         return self.groups.heartbeat(group, client_id, subscriptions, mode)
 
     def leave(self, group: str, client_id: str) -> None:
@@ -91,7 +98,8 @@ class ConsumerService:
         committed = await self.offsets.groups()
         out: list[dict[str, Any]] = []
         for group in sorted(set(self.groups.groups()) | set(committed)):
-            subscriptions = self.groups.subscriptions(group)
+            subscriptions = {t: e for t, e in self.groups.subscriptions(group).items()
+                             if self.topics.get(t) is not None}
             out.append({
                 "group": group,
                 "members": self.groups.members(group),

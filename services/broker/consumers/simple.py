@@ -354,7 +354,9 @@ class SimpleConsumerService:
 
     async def change_invisibility(self, group: str, receipt_handle: str,
                                   invisible_ms: int) -> str:
-        """Make a received message invisible ``invisible_ms`` from now; returns its new handle."""
+        """Make a received message invisible ``invisible_ms`` from now; returns its new handle.
+        Like ``ack``, it takes a handle whose invisibility ran out while nobody received the
+        message again."""
         _validate_range("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
         r = self._receipt(group, receipt_handle)
         key = (group, r.topic)
@@ -362,10 +364,12 @@ class SimpleConsumerService:
             state = await self._state(group, r.topic)
             now = self.clock_ms()
             entry = state.inflight.get((r.queue_id, r.offset))
-            if entry is None or entry.nonce != r.nonce or entry.visible_at <= now:
+            # the rule ack follows too: a handle is current until the message is acked or
+            # handed out again, also after its invisibility ran out (docs/api.md)
+            if entry is None or entry.nonce != r.nonce:
                 raise ProtocolError(ErrorCode.INVALID_RECEIPT_HANDLE,
-                                    "receipt handle is acked, expired or superseded by a later "
-                                    "delivery; receive the message again")
+                                    "receipt handle is acked or superseded by a later delivery; "
+                                    "receive the message again")
             entry = _Inflight(now + invisible_ms, secrets.randbits(64), entry.deliveries)
             state.put(r.queue_id, r.offset, entry, new=False)
             try:

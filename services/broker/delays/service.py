@@ -369,15 +369,21 @@ class DelayService:
         return self.scheduler
 
     async def cancel(self, message_id: str) -> dict[str, Any]:
-        """Cancel a delayed message not yet delivered; 409 ALREADY_DELIVERED once it was."""
+        """Cancel a delayed message not yet delivered; 409 ALREADY_DELIVERED once it was, 404
+        MESSAGE_NOT_FOUND for an id never stored as a delayed message."""
         copies = self.store.find_by_unique_key(message_id) if message_id else []
         newest = _newest_that_matters(copies)
         if newest is not None and newest.topic == CANCELS_TOPIC:
             return {"message_id": message_id, "state": "cancelled"}
         if newest is not None and not is_waiting(newest):
+            if not any(is_waiting(c) for c in copies):
+                raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
+                                    f"message {message_id!r} was never delayed (stored at once "
+                                    f"in {newest.topic!r}: sent without a delay, or with one of "
+                                    "0 or in the past): no delayed message to cancel")
             raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
                                 f"message {message_id!r} was already delivered to "
-                                f"{newest.topic!r} (or was never delayed): nothing to cancel")
+                                f"{newest.topic!r}: nothing to cancel")
         hint: dict[str, Any] = {}
         if newest is not None:
             hint = {"due_ms": due_of(newest), "topic": newest.properties.get(REAL_TOPIC)}

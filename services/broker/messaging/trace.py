@@ -4,7 +4,8 @@ what it was, with the transaction and delay it went through.
 The broker finds every copy by message id (the index) and names each one: ``half`` (a half
 copy: one more per check), ``discarded``, ``committed``, ``delayed`` (waiting for its time),
 ``cancelled``, ``delivered`` (stored in its topic after a delay), ``stored`` (a plain send),
-``retry`` (a copy a consumer group sent back, waiting or in its retry topic) and ``dlq``. The
+``retry`` (a copy a consumer group sent back, waiting or in its retry topic) and ``dlq`` (with
+``resent_as`` once an operator resent it: that copy is listed under ``resent``). The
 transaction (check count, state, an operator's resolution) comes from the transaction table;
 which consumer groups consumed the message is for the caller to tell from the groups' offsets
 against ``consumable`` (the copy consumers read).
@@ -28,6 +29,7 @@ from services.broker.transactions.model import (
 )
 from services.broker.transactions.resolve import describe
 from services.broker.transactions.service import TransactionService
+from services.common.dlq import resent_id
 
 
 def kind_of(rec: StoredRecord, txid: str, after_wait: bool) -> str:
@@ -59,6 +61,19 @@ def copy_entry(rec: StoredRecord, kind: str) -> dict[str, Any]:
     return entry
 
 
+def resent_copy(queries: QueryService, message_id: str, rec: StoredRecord
+                ) -> dict[str, Any] | None:
+    """Where the copy resent from DLQ entry ``rec`` is (services.common.dlq), if it was."""
+    rid = resent_id(message_id, rec.topic, rec.queue_id, rec.queue_offset)
+    try:
+        found = queries.copies(rid)
+    except ProtocolError:  # not resent (or past retention)
+        return None
+    first = found[0]
+    return {"message_id": rid, "topic": first.topic, "queue_id": first.queue_id,
+            "queue_offset": first.queue_offset, "store_timestamp_ms": first.store_timestamp}
+
+
 def trace(queries: QueryService, tx: TransactionService, message_id: str) -> dict[str, Any]:
     copies = queries.copies(message_id)  # 404 MESSAGE_NOT_FOUND
     shown, state = queries.copies_state(copies)
@@ -69,9 +84,13 @@ def trace(queries: QueryService, tx: TransactionService, message_id: str) -> dic
     waited = False
     consumable: StoredRecord | None = None
     delay: dict[str, Any] | None = None
+    resent: list[dict[str, Any]] = []
     for rec in copies:  # oldest first
         kind = kind_of(rec, txid, waited)
         entries.append(copy_entry(rec, kind))
+        if kind == "dlq" and (again := resent_copy(queries, message_id, rec)) is not None:
+            entries[-1]["resent_as"] = again["message_id"]
+            resent.append(again)
         if kind == "delayed":
             waited = True
             delay = {"deliver_at_ms": due_of(rec), "state": "scheduled"}
@@ -93,5 +112,5 @@ def trace(queries: QueryService, tx: TransactionService, message_id: str) -> dic
         "consumable": None if consumable is None else {
             "topic": consumable.topic, "queue_id": consumable.queue_id,
             "queue_offset": consumable.queue_offset},
-        "retries": retry_history(copies), "copies": entries,
+        "retries": retry_history(copies), "copies": entries, "resent": resent,
     }

@@ -151,7 +151,7 @@ def elector_for(settings: BrokerSettings, role: RoleSeam, fence: LeaseFence) -> 
     ``fence``, which the role asks before every acknowledgement."""
     return Elector(EtcdClient(settings.etcd_urls), role, cluster=settings.cluster,
                    broker_name=settings.broker_name, broker_id=settings.broker_id,
-                   address=settings.address, lease_s=settings.lease_s,
+                   address=settings.internal_url, lease_s=settings.lease_s,
                    margin_s=settings.lease_margin_s, interval_s=settings.election_interval_s,
                    fence=fence)
 

@@ -65,7 +65,7 @@ class ReplicationManager:
                               s.sync_ack_timeout_ms / 1000)
         self.follower = Follower(
             store, role,
-            FollowerConfig(s.broker_id, s.address, s.token, s.replica_fetch_wait_ms,
+            FollowerConfig(s.broker_id, s.internal_url, s.token, s.replica_fetch_wait_ms,
                            s.replica_fetch_max_bytes, s.replica_retry_ms / 1000,
                            durable=s.flush == FlushMode.SYNC),
             on_hwm=self.visibility.advance, on_meta=self._sync_metadata,

@@ -29,6 +29,7 @@ from services.broker.routes.answers_internal import (
     ScheduleInfo,
     TimerCancels,
 )
+from services.broker.routes.raw_ids import path_id
 from services.common.answers import Scheduled
 from services.common.app import reply
 from services.common.openapi import errors
@@ -42,7 +43,7 @@ router = APIRouter(tags=["delayed messages"])
                    ErrorCode.MESSAGE_NOT_FOUND, ErrorCode.ALREADY_DELIVERED,
                    ErrorCode.UNAVAILABLE))
 async def cancel(message_id: str, request: Request) -> Response:
-    return reply(request, await broker_of(request).delays.cancel(message_id))
+    return reply(request, await broker_of(request).delays.cancel(path_id(message_id)))
 
 
 @router.get("/v1/scheduled", summary="Pending delayed messages: count, next due time, by level",

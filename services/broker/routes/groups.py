@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
-from tidemq.protocol import MAX_CONSUME_FAILURE_CHARS, ErrorCode
+from tidemq.protocol import MAX_CONSUME_FAILURE_CHARS, ErrorCode, validate_client_id
 
 from services.broker.messaging.convert import to_wire
 from services.broker.routes._common import body_doc, broker_of, read_model, wants_msgpack
@@ -22,6 +22,7 @@ from services.broker.routes.answers import (
     ReceiveAnswer,
     RetryAnswer,
 )
+from services.broker.routes.raw_ids import path_id
 from services.common.app import reply
 from services.common.lean import LeanRoute, lean
 from services.common.openapi import TOPIC_RULE, Empty, GroupName, errors
@@ -102,6 +103,7 @@ async def list_groups(request: Request) -> Response:
              response_model=Members, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def heartbeat(group: GroupName, request: Request) -> Response:
     body = await read_model(request, HeartbeatBody)
+    validate_client_id(body.client_id)
     members = broker_of(request).consumers.heartbeat(group, body.client_id,
                                                      body.subscriptions, body.mode)
     return reply(request, {"members": members})
@@ -110,7 +112,7 @@ async def heartbeat(group: GroupName, request: Request) -> Response:
 @router.delete("/v1/groups/{group}/members/{client_id}", summary="Leave the group now",
                response_model=Empty, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def leave(group: GroupName, client_id: str, request: Request) -> Response:
-    broker_of(request).consumers.leave(group, client_id)
+    broker_of(request).consumers.leave(group, validate_client_id(path_id(client_id)))
     return reply(request, {})
 
 

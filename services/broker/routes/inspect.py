@@ -14,6 +14,7 @@ from tidemq.protocol.message import reject_unknown
 from services.broker.messaging.trace import trace
 from services.broker.routes._common import body_doc, broker_of, read_payload
 from services.broker.routes.answers import PendingTransaction
+from services.broker.routes.raw_ids import path_id
 from services.broker.transactions import resolve as resolving
 from services.broker.transactions.service import parse_group
 from services.common.answers import Histogram
@@ -55,6 +56,8 @@ class TraceCopy(BaseModel):
     check_times: int | None = None
     deliver_at_ms: int | None = None
     reconsume_times: int | None = None
+    resent_as: str | None = Field(None, description="a dlq copy an operator resent: the "
+                                  "resent copy's message id (dlq-<40 hex>)")
 
 
 class Trace(BaseModel):
@@ -69,6 +72,9 @@ class Trace(BaseModel):
                                               "of the copy consumers read")
     retries: list[dict[str, Any]]
     copies: list[TraceCopy]
+    resent: list[dict[str, Any]] = Field(default_factory=list, description="copies resent from "
+                                         "the DLQ: {message_id, topic, queue_id, queue_offset, "
+                                         "store_timestamp_ms}")
 
 
 @router.get("/v1/transactions/{transaction_id}", summary="One transaction, in any state",
@@ -102,7 +108,7 @@ async def resolve(transaction_id: str, request: Request) -> Response:
             response_model=Trace, responses=errors(ErrorCode.MESSAGE_NOT_FOUND))
 async def message_trace(message_id: str, request: Request) -> Response:
     broker = broker_of(request)
-    return reply(request, trace(broker.queries, broker.transactions, message_id))
+    return reply(request, trace(broker.queries, broker.transactions, path_id(message_id)))
 
 
 @router.get("/v1/scheduled/histogram", summary="Pending timers by hour or day of due time",

@@ -12,6 +12,7 @@ from services.broker.messaging.convert import to_wire
 from services.broker.messaging.query import DEFAULT_QUERY, MAX_QUERY, MessageState, retry_history
 from services.broker.routes._common import broker_of, wants_msgpack
 from services.broker.routes.answers import Messages, StoredMessageOut
+from services.broker.routes.raw_ids import path_id
 from services.common.app import reply
 from services.common.openapi import errors
 
@@ -24,7 +25,7 @@ async def get_message(message_id: str, request: Request) -> Response:
     """The message as sent (never a retry copy) with its ``state``; once a consumer group sent
     it back, ``retries`` lists per group the reconsume count and where each copy went."""
     queries = broker_of(request).queries
-    copies = queries.copies(message_id)
+    copies = queries.copies(path_id(message_id))
     record, state = queries.copies_state(copies)
     wire = to_wire(record, wants_msgpack(request))
     wire["state"] = state.value

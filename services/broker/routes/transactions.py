@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
-from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name
+from tidemq.protocol import ErrorCode, ProtocolError, validate_client_id, validate_group_name
 from tidemq.protocol.message import reject_unknown
 
 from services.broker.routes._common import (
@@ -25,6 +25,7 @@ from services.broker.routes.answers import (
     PendingTransactions,
 )
 from services.broker.routes.messages import MessageDoc
+from services.broker.routes.raw_ids import path_id
 from services.broker.transactions.service import parse_end, parse_ends, parse_group
 from services.common.app import reply
 from services.common.lean import LeanRoute, lean
@@ -156,9 +157,8 @@ async def producer_heartbeat(group: GroupName, request: Request) -> Response:
     payload = await read_payload(request)
     if isinstance(payload, dict):
         reject_unknown(payload, HEARTBEAT_FIELDS, "a producer heartbeat")
-    client_id = payload.get("client_id") if isinstance(payload, dict) else None
-    if not isinstance(client_id, str) or not client_id or len(client_id) > 255:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, "client_id must be a string of 1-255 chars")
+    client_id = validate_client_id(payload.get("client_id") if isinstance(payload, dict)
+                                   else None)
     broker_of(request).transactions.heartbeat(group, client_id)
     answer: dict[str, Any] = {}
     return reply(request, answer)
@@ -169,7 +169,7 @@ async def producer_heartbeat(group: GroupName, request: Request) -> Response:
                responses=errors(ErrorCode.INVALID_TOPIC_NAME))
 async def producer_leave(group: GroupName, client_id: str, request: Request) -> Response:
     validate_group_name(group)
-    broker_of(request).transactions.leave(group, client_id)
+    broker_of(request).transactions.leave(group, validate_client_id(path_id(client_id)))
     answer: dict[str, Any] = {}
     return reply(request, answer)
 
@@ -184,6 +184,7 @@ async def checks(
     wait_ms: WaitMs = 20_000,
 ) -> Response:
     validate_group_name(group)
+    validate_client_id(client_id)
     broker = broker_of(request)
     wait_ms = min(wait_ms, broker.settings.long_poll_max_ms)
     found = await broker.transactions.poll_checks(group, client_id, max, wait_ms,

@@ -10,7 +10,9 @@
   ``defer`` re-puts it unchanged (a message whose own immunity is not over); ``discard`` writes it
   to ``TRANS_CHECK_MAX_TIME_TOPIC`` with an op record. A decision about a copy that is no longer
   the transaction's newest (a checker that crashed and re-scans a batch) is ``superseded`` and
-  changes nothing — so a restarted checker never checks twice or forks a transaction.
+  changes nothing — so a restarted checker never checks twice or forks a transaction. Only a
+  writable primary decides (a replica answers ``NOT_PRIMARY``, whatever the answers would be):
+  the checker passes a copy for good on an ``ended`` or ``superseded`` answer.
 - ``rebuild``: after a broker restart, pending transactions are re-read from the half queue
   (from the checker's retention floor on), so ``GET /v1/transactions`` lists them again.
 - ``message_view``: the state ``GET /v1/messages/{id}`` shows for a transactional message.
@@ -43,6 +45,7 @@ from tidemq.protocol.numbers import INT64_MAX, integer
 
 from services.broker.messaging.pull import PullService, TagFilter
 from services.broker.messaging.query import MessageState
+from services.broker.messaging.topics import WriteGuard
 from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
 from services.broker.transactions.check_channel import CheckTicket
 from services.broker.transactions.model import (
@@ -81,9 +84,10 @@ _STATE_VIEW = {TxState.HALF: MessageState.HALF, TxState.COMMITTED: MessageState.
 
 class CheckerRequests:
     def __init__(self, service: TransactionService, broker_name: str,
-                 pulls: PullService | None = None) -> None:
+                 pulls: PullService | None = None, guard: WriteGuard | None = None) -> None:
         self.tx = service
         self.pulls = pulls  # holds a halves request at the end of the queue (None: no hold)
+        self.guard = guard  # asked before deciding: only a writable primary decides
         self.store = service.store
         self.broker_name = broker_name
         self.rebuilt = asyncio.Event()
@@ -165,9 +169,30 @@ class CheckerRequests:
         tx = self.tx
         taken = await tx.locks.acquire(t for t, _, _ in items)
         try:
+            if self.guard is not None:
+                # NOT_PRIMARY, even when every answer would be "ended" or "superseded" with
+                # nothing to write: a replica's table is its own old term's (or a load of a
+                # lagging copy); answered here, the checker moved past the newest copy of a
+                # transaction for good (found by the faults suite: the checker follows the
+                # nameservers, which learn of a failover seconds late)
+                self.guard.require_writable()
+            self._require_held(items)
             return await self._act(items)
         finally:
             tx.locks.release(taken)
+
+    def _require_held(self, items: list[tuple[str, int, str]]) -> None:
+        """NOT_ENOUGH_REPLICAS for a copy above this primary's high-water mark (the checker
+        read its page from another copy, e.g. the deposed primary, just before a failover):
+        what this broker knows of it is not settled yet, and "not found" or "superseded" would
+        make the checker pass it for good. Decided once a quorum holds it."""
+        limit = self.store.visible_offset
+        above = [offset for _, offset, _ in items if limit is not None and offset >= limit]
+        if above:
+            raise ProtocolError(ErrorCode.NOT_ENOUGH_REPLICAS,
+                                f"the half copy at {above[0]} is above this primary's "
+                                f"high-water mark {limit}: not yet held by a quorum of the "
+                                "group's copies; decide it again later")
 
     async def _act(self, items: list[tuple[str, int, str]]) -> list[dict[str, Any]]:
         tx, now = self.tx, now_ms()

@@ -121,6 +121,9 @@ class TxInfo:
     check_times: int
     born_ms: int
     state: TxState = TxState.HALF
+    # [from, to) of the log a load could not see (above the high-water mark then): None when
+    # what memory holds covers the whole log (see TxTable.ensure)
+    unseen: tuple[int, int] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {"transaction_id": self.txid, "message_id": self.message_id, "topic": self.topic,

@@ -7,6 +7,8 @@ op records (``find_by_key(OP, txid)``), and, because a crash can tear the tail b
 copy and its op record, any COMMIT copy of the message id in a real topic (``find_by_unique_key``)
 counts as committed too. A load is synchronous, so it can never interleave with a write on the
 event loop; writers hold the transaction's lock (``KeyedLocks``) from lookup to table update.
+A load sees only what a quorum holds (below the high-water mark); one made while the log held
+more (a promoted replica, a failed write) is done again once that part is visible.
 
 ``HalfDedup`` makes a retried half send (same topic and message id within the dedup window)
 answer the first transaction id instead of opening a second transaction.
@@ -182,13 +184,37 @@ class TxTable:
         return self._pending.get(txid) or self._ended.get(txid)
 
     def ensure(self, txid: str) -> TxInfo | None:
-        """The transaction from memory, else loaded from the store; None when unknown."""
+        """The transaction from memory, else loaded from the store; None when unknown. A load
+        that could not see part of the log is done again once more of it is visible."""
         info = self._pending.get(txid) or self._ended.get(txid)
         if info is None:
             info = self.load(txid)
             if info is not None:
                 self.put(info)
+        elif info.unseen is not None:
+            limit = self.store.visible_offset
+            if limit is None or limit > info.unseen[0]:
+                self._refresh(info)
         return info
+
+    def _refresh(self, info: TxInfo) -> None:
+        """Bring a load made below the high-water mark up to date, in place (callers hold the
+        entry): a newer half copy or an end it could not see (a promoted replica loads while
+        its HWM lags its log; answered from the older copy, the checker's decision on the
+        newest one was refused as superseded and the checks stopped: found by the faults
+        suite). Past the log end of that load only this run writes, and keeps memory right."""
+        fresh = self.load(info.txid)
+        end = info.unseen[1] if info.unseen is not None else 0
+        limit = self.store.visible_offset
+        info.unseen = (limit, end) if limit is not None and limit < end else None
+        if fresh is None:
+            return
+        if fresh.latest_offset > info.latest_offset:
+            info.latest_offset, info.latest_size = fresh.latest_offset, fresh.latest_size
+            info.check_times = fresh.check_times
+        if fresh.state.ended and not info.state.ended:
+            info.state = fresh.state
+            self.put(info)
 
     def put(self, info: TxInfo) -> None:
         if info.state is TxState.HALF:
@@ -224,6 +250,9 @@ class TxTable:
         self.loads += 1
         info = info_from_half(txid, halves[0], halves[-1])
         info.state = self._ended_state(txid, info.message_id)
+        limit, end = self.store.visible_offset, self.store.log.write_offset
+        if limit is not None and limit < end:  # records above the HWM were not looked at
+            info.unseen = (limit, end)
         return info
 
     def _ended_state(self, txid: str, message_id: str) -> TxState:

@@ -180,13 +180,16 @@ async def test_change_invisibility(store: FakeStore, svc: SimpleConsumerService,
     clock.wall_ms += 5000  # past the first invisibility, inside the new one
     assert await svc.receive("G", "T", [0], wait_ms=0) == []
     assert await svc.ack("G", [old]) == 0
-    clock.wall_ms += 5000  # the new invisibility ran out too
-    with pytest.raises(ProtocolError) as err:
-        await svc.change_invisibility("G", new, 1000)
-    assert err.value.code is ErrorCode.INVALID_RECEIPT_HANDLE
+    clock.wall_ms += 5000  # the new invisibility ran out too: the handle stays current (as for
+    newer = await svc.change_invisibility("G", new, 1000)  # ack) until a receive hands it out
+    assert await svc.receive("G", "T", [0], wait_ms=0) == []  # invisible again
+    clock.wall_ms += 1000
     again = await svc.receive("G", "T", [0], wait_ms=0)
     assert again[0].reconsume_times == 1
-    assert await svc.ack("G", [new]) == 0
+    assert await svc.ack("G", [newer]) == 0  # superseded by that delivery
+    with pytest.raises(ProtocolError) as err:
+        await svc.change_invisibility("G", newer, 1000)
+    assert err.value.code is ErrorCode.INVALID_RECEIPT_HANDLE
 
 
 async def test_invalid_handles(store: FakeStore, svc: SimpleConsumerService) -> None:

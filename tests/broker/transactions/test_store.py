@@ -82,6 +82,37 @@ async def test_a_commit_copy_above_the_high_water_mark_does_not_end_the_transact
         await store.close()
 
 
+async def test_a_load_that_saw_below_the_high_water_mark_is_done_again_when_it_moves(
+        store_dir: Path) -> None:
+    """A promoted replica loads its transactions while its high-water mark still lags its
+    log: the newest copy of a half message, and an op record, may lie above it. Once a quorum
+    holds them the table must know them, not answer from the older copy for ever (a decision
+    on the newest copy was refused as ``superseded`` and the checks stopped)."""
+    store = await MessageStore.open(StoreConfig(root=store_dir))
+    try:
+        await store.put([half_record("txC", "mC"), half_record("txE", "mE")])
+        first = store.find_by_key(HALF_TOPIC, "txC")[0]
+        rechecked = await store.put([half_copy(first, 1)])
+        ended = await store.put(op_records([("txE", "rollback", "check")], 9))
+        store.visible_offset = rechecked.appended[0].physical_offset  # both above the HWM
+        table = TxTable(store, 10)
+        seen = table.ensure("txC")
+        assert seen is not None and (seen.latest_offset, seen.check_times) == (
+            first.physical_offset, 0)
+        assert table.ensure("txE").state is TxState.HALF  # type: ignore[union-attr]
+        store.visible_offset = ended.appended[0].physical_offset  # the copy is held now
+        again = table.ensure("txC")
+        assert again is seen  # the same entry, brought up to date
+        assert (again.latest_offset, again.check_times) == (
+            rechecked.appended[0].physical_offset, 1)
+        assert table.ensure("txE").state is TxState.HALF  # type: ignore[union-attr]
+        store.visible_offset = None  # and the op record
+        assert table.ensure("txE").state is TxState.ROLLED_BACK  # type: ignore[union-attr]
+        assert [i.txid for i in table.pending()] == ["txC"]
+    finally:
+        await store.close()
+
+
 async def test_commit_copy_is_the_message_in_its_real_queue(store_dir: Path) -> None:
     store = await MessageStore.open(StoreConfig(root=store_dir))
     try:
