@@ -251,6 +251,7 @@ class Broker:
             "topics": float(len(self.topics)),
             "dedup_entries": float(len(self.sender.dedup)),
             "held_pulls": float(self.hold.waiter_count()),
+            "held_pulls_woken": float(self.hold.notified),
             "offset_commit_round_trips": float(self.offsets.round_trips),
             "simple_delivered": float(self.simple.delivered),
             "simple_acked": float(self.simple.acked),

@@ -36,10 +36,10 @@ from services.console import deadletters, views
 from services.console.client import ApiError, ConsoleClient
 from services.console.sampler import Sampler
 from services.console.sessions import (
-    Refused,
-    Session,
+    BrowserSession,
+    BrowserSessions,
+    FormRefused,
     SessionMiddleware,
-    Sessions,
     check_form,
     renew,
     session_of,
@@ -110,15 +110,15 @@ def _local(target: str) -> str:
     return target if target.startswith("/") and not target.startswith(("//", "/\\")) else "/"
 
 
-async def form_guard(request: Request, csrf: str = Form("")) -> Session:
+async def form_guard(request: Request, csrf: str = Form("")) -> BrowserSession:
     """Every POST: from this console's own page (sessions.check_form), else 403."""
     try:
         return check_form(request, csrf)
-    except Refused as exc:
+    except FormRefused as exc:
         raise ProtocolError(ErrorCode.FORBIDDEN, str(exc)) from exc
 
 
-Guarded = Annotated[Session, Depends(form_guard)]
+Guarded = Annotated[BrowserSession, Depends(form_guard)]
 
 
 def create_console_app(settings: ConsoleSettings,
@@ -148,7 +148,7 @@ def create_console_app(settings: ConsoleSettings,
     # pages keep their own query (done=, failed= after an action): not the strict API rule
     app = create_app("tidemq console", registry, lifespan, strict_query=False)
     acl = AclStore(settings.acl_file) if settings.acl_file else None
-    sessions = Sessions(settings.session_ttl_s)
+    sessions = BrowserSessions(settings.session_ttl_s)
     app.add_middleware(SessionMiddleware, sessions=sessions, acl_on=acl is not None,
                        secure=settings.tls)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")

@@ -10,7 +10,6 @@ restart of the console; the pages say so.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -20,6 +19,7 @@ from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.app import START_TIME_METRIC
+from services.common.loop import BackgroundLoop
 from services.console.client import ApiError, ConsoleClient, LiveBroker, segment
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,28 @@ def rates(pair: deque[BrokerSample]) -> Rates | None:
     return Rates(send, receive, by_topic, new.log_bytes, new.disk_used_ratio, new.started_s)
 
 
+class _Rounds(BackgroundLoop):
+    """The sampler's rounds, one every ``interval_s`` from one round's start to the next (a
+    slow round shortens the pause after it)."""
+
+    name = "console-sampler"
+
+    def __init__(self, sampler: Sampler) -> None:
+        super().__init__(sampler.interval_s)
+        self.sampler = sampler
+        self._began = 0.0
+
+    async def run_once(self) -> None:
+        self._began = time.monotonic()
+        try:
+            await self.sampler.sample()
+        except Exception:  # the sampler must outlive any one bad round
+            log.exception("console sampler: a round failed")
+
+    async def pause(self) -> None:
+        await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - self._began)))
+
+
 class Sampler:
     def __init__(self, client: ConsoleClient, interval_s: float, keep: int,
                  rounds: Counter | None = None) -> None:
@@ -113,26 +135,14 @@ class Sampler:
         self.lag: dict[str, deque[tuple[int, int]]] = {}  # group → ring of (epoch ms, lag)
         self.errors: list[str] = []  # what the last round could not read
         self.rounds = 0
-        self._task: asyncio.Task[None] | None = None
+        self._loop = _Rounds(self)
         self._gate = asyncio.Semaphore(CONCURRENCY)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="console-sampler")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        while True:
-            started = time.monotonic()
-            try:
-                await self.sample()
-            except Exception:  # the sampler must outlive any one bad round
-                log.exception("console sampler: a round failed")
-            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+        await self._loop.stop()
 
     async def sample(self) -> None:
         """One round: every broker's metrics and every group's lag (from the primaries)."""

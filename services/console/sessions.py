@@ -54,12 +54,12 @@ OPEN_PREFIXES = ("/static/",)
 SESSIONLESS = ("/healthz", "/metrics", "/static/")
 
 
-class Refused(Exception):
+class FormRefused(Exception):
     """A state-changing request that does not come from the console's own page (403)."""
 
 
 @dataclass
-class Pending:
+class PendingConfirmation:
     """A confirmation waiting for its second request: what it does, with what was shown."""
 
     kind: str
@@ -67,39 +67,39 @@ class Pending:
 
 
 @dataclass
-class Session:
+class BrowserSession:
     sid: str
     csrf: str
     expires: float
     user: str = ""  # the signed-in account's name ("" = nobody; always "" with ACL off)
     auth: SigningAuth | None = field(default=None, repr=False)
-    pending: OrderedDict[str, Pending] = field(default_factory=OrderedDict)
+    pending: OrderedDict[str, PendingConfirmation] = field(default_factory=OrderedDict)
 
     def expect(self, kind: str, params: dict[str, Any]) -> str:
         """A one-time token for a confirmation of ``kind`` with ``params``."""
         token = secrets.token_urlsafe(24)
-        self.pending[token] = Pending(kind, params)
+        self.pending[token] = PendingConfirmation(kind, params)
         while len(self.pending) > CONSOLE_PENDING_MAX:
             self.pending.popitem(last=False)
         return token
 
-    def confirm(self, kind: str, token: str) -> Pending | None:
+    def confirm(self, kind: str, token: str) -> PendingConfirmation | None:
         """The confirmation ``token`` stands for, once (None: unknown, used or of another kind)."""
         found = self.pending.pop(token, None)
         return found if found is not None and found.kind == kind else None
 
 
-class Sessions:
-    """Sessions in memory (a restart signs everyone out), the oldest dropped past the maximum.
-    Signed-in sessions are kept apart from those of visitors, so a flood of cookie-less
+class BrowserSessions:
+    """Browser sessions in memory (a restart signs everyone out), the oldest dropped past the
+    maximum. Signed-in sessions are kept apart from those of visitors, so a flood of cookie-less
     requests can never push a signed-in person out."""
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self._visitors: OrderedDict[str, Session] = OrderedDict()
-        self._signed_in: OrderedDict[str, Session] = OrderedDict()
+        self._visitors: OrderedDict[str, BrowserSession] = OrderedDict()
+        self._signed_in: OrderedDict[str, BrowserSession] = OrderedDict()
 
-    def get(self, sid: str | None) -> Session | None:
+    def get(self, sid: str | None) -> BrowserSession | None:
         for table in (self._signed_in, self._visitors):
             found = table.get(sid or "")
             if found is not None:
@@ -109,9 +109,9 @@ class Sessions:
                 return found
         return None
 
-    def start(self, user: str = "", auth: SigningAuth | None = None) -> Session:
+    def start(self, user: str = "", auth: SigningAuth | None = None) -> BrowserSession:
         """A new session: a visitor's, or (``user``) a signed-in one."""
-        s = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32),
+        s = BrowserSession(secrets.token_urlsafe(32), secrets.token_urlsafe(32),
                     time.monotonic() + self.ttl_s, user, auth)
         table = self._signed_in if user else self._visitors
         table[s.sid] = s
@@ -119,7 +119,7 @@ class Sessions:
             table.popitem(last=False)
         return s
 
-    def end(self, s: Session) -> None:
+    def end(self, s: BrowserSession) -> None:
         self._visitors.pop(s.sid, None)
         self._signed_in.pop(s.sid, None)
 
@@ -132,8 +132,8 @@ def verify_account(acl: AclStore, access_key: str, secret_key: str) -> tuple[str
     return user.name, SigningAuth(user.access_key, user.secret_key)
 
 
-def session_of(request: Request) -> Session:
-    s: Session = request.scope["state"]["console_session"]
+def session_of(request: Request) -> BrowserSession:
+    s: BrowserSession = request.scope["state"]["console_session"]
     return s
 
 
@@ -142,26 +142,28 @@ def _origin_of(value: str) -> str:
     return f"{parts.scheme}://{parts.netloc}".lower()
 
 
-def check_form(request: Request, form_token: str) -> Session:
+def check_form(request: Request, form_token: str) -> BrowserSession:
     """A POST must come from a page of this console: its ``Origin`` (or ``Referer``) is this
-    console, and its form carries the session's CSRF token. ``Refused`` saying what is wrong."""
+    console, and its form carries the session's CSRF token. ``FormRefused`` saying what is wrong."""
     s = session_of(request)
     own = f"{request.url.scheme}://{request.headers.get('host', '')}".lower()
     sent = request.headers.get("origin") or request.headers.get("referer") or ""
     if sent and _origin_of(sent) != own:
-        raise Refused(f"cross-site request refused: it comes from {_origin_of(sent)}, not {own}")
+        raise FormRefused(
+            f"cross-site request refused: it comes from {_origin_of(sent)}, not {own}")
     if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-        raise Refused("cross-site request refused (Sec-Fetch-Site)")
+        raise FormRefused("cross-site request refused (Sec-Fetch-Site)")
     if not form_token or not hmac.compare_digest(form_token.encode(), s.csrf.encode()):
-        raise Refused("the form's CSRF token is missing or stale: reload the page and try again")
+        raise FormRefused(
+            "the form's CSRF token is missing or stale: reload the page and try again")
     return s
 
 
 class SessionMiddleware:
-    def __init__(self, app: ASGIApp, sessions: Sessions, acl_on: bool, secure: bool) -> None:
+    def __init__(self, app: ASGIApp, sessions: BrowserSessions, acl_on: bool, secure: bool) -> None:
         self.app, self.sessions, self.acl_on, self.secure = app, sessions, acl_on, secure
 
-    def cookie(self, s: Session) -> str:
+    def cookie(self, s: BrowserSession) -> str:
         return (f"{CONSOLE_COOKIE}={s.sid}; Path=/; HttpOnly; SameSite=Strict"
                 + ("; Secure" if self.secure else ""))
 
@@ -203,7 +205,7 @@ class SessionMiddleware:
         async def send_with_cookie(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 state = scope["state"]
-                current: Session = state["console_session"]
+                current: BrowserSession = state["console_session"]
                 if fresh or state.get("console_session_new"):
                     message.setdefault("headers", []).append(
                         (b"set-cookie", self.cookie(current).encode("latin-1")))
@@ -215,8 +217,8 @@ class SessionMiddleware:
             acting_as.reset(token)
 
 
-def renew(request: Request, sessions: Sessions, user: str = "",
-          auth: SigningAuth | None = None) -> Session:
+def renew(request: Request, sessions: BrowserSessions, user: str = "",
+          auth: SigningAuth | None = None) -> BrowserSession:
     """A new session for a sign-in (``user``) or a sign-out: the old id is dropped (no
     fixation)."""
     sessions.end(session_of(request))

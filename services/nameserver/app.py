@@ -42,14 +42,14 @@ ADDRESS_RE = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 GRPC_ADDRESS_RE = re.compile(r"^[^\s/:]+:\d{1,5}$|^\[[0-9A-Fa-f:.]+\]:\d{1,5}$")
 
 
-class TopicBody(BaseModel):
+class BrokerTopicBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     queues: StrictInt = Field(ge=1, le=MAX_QUEUES)
     perm: Literal["r", "w", "rw"]
 
 
-class HeartbeatBody(BaseModel):
+class BrokerHeartbeatBody(BaseModel):
     """``POST /v1/brokers/heartbeat``: the broker's full current state (replaces the last one)."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
@@ -58,7 +58,7 @@ class HeartbeatBody(BaseModel):
     broker_name: str = Field(min_length=1, max_length=255)
     address: str = Field(max_length=1024,
                          description="base URL clients use, e.g. http://127.0.0.1:10911")
-    topics: dict[str, TopicBody] = Field(json_schema_extra={"propertyNames": TOPIC_RULE})
+    topics: dict[str, BrokerTopicBody] = Field(json_schema_extra={"propertyNames": TOPIC_RULE})
     # cluster fields (additive: a heartbeat without them is a group's only member, primary)
     broker_id: StrictInt = Field(0, ge=0, le=MAX_BROKER_ID,
                                  description="member of the group (0 while primary)")
@@ -93,7 +93,7 @@ class HeartbeatBody(BaseModel):
 
     @field_validator("topics")
     @classmethod
-    def _topic_names(cls, topics: dict[str, TopicBody]) -> dict[str, TopicBody]:
+    def _topic_names(cls, topics: dict[str, BrokerTopicBody]) -> dict[str, BrokerTopicBody]:
         for name in topics:
             try:
                 validate_topic_name(name)
@@ -184,11 +184,11 @@ def build_app(settings: NameserverSettings, brokers: BrokerRegistry | None = Non
     cluster_token = token_guard(lambda _: settings.token)
 
     @app.post("/v1/brokers/heartbeat", tags=["brokers"], dependencies=[Depends(cluster_token)],
-              openapi_extra=body_doc(HeartbeatBody), response_model=Empty)
+              openapi_extra=body_doc(BrokerHeartbeatBody), response_model=Empty)
     async def heartbeat(request: Request) -> Response:
         """Register a broker or refresh it; its topic set becomes exactly ``topics``.
         Needs the cluster token."""
-        body = await read_model(request, HeartbeatBody)
+        body = await read_model(request, BrokerHeartbeatBody)
         topics = {name: TopicInfo(queues=t.queues, perm=t.perm) for name, t in body.topics.items()}
         brokers.heartbeat(body.cluster, body.broker_name, body.address, topics,
                           broker_id=body.broker_id, role=body.role, epoch=body.epoch,

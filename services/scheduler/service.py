@@ -67,6 +67,8 @@ class Scheduler:
         self._tasks: list[asyncio.Task[None]] = []
         self._checkpoints = Periodic("checkpoints", s.checkpoint_interval_ms / 1000,
                                      self.store.checkpoint, pause_first=True)
+        self._rolls = Periodic("rolls", s.roll_interval_ms / 1000, self.roll_pass)
+        self._floor_reports = Periodic("floor", s.progress_interval_ms / 1000, self.report_floor)
         self._process = psutil.Process(os.getpid())
 
     async def start(self) -> None:
@@ -107,48 +109,46 @@ class Scheduler:
                                  s.intake_batch, s.intake_wait_ms, self.deliverer.wakeup)
         self.intake.start(rebuild_from if rebuild_from is not None else intake_offset)
         self.canceller = Canceller(self.store, self.deliverer, self.levels, self.metrics)
-        self._tasks.append(asyncio.create_task(self._rolls(), name="rolls"))
+        self._rolls.start()
         self.ready = True
         log.info("scheduler serving broker %s at %s: %d delay levels, intake from offset %d, "
                  "%d pending timer(s)", self.broker_name, self.broker.base_url,
                  len(self.levels_ms), self.intake.offset, self.store.pending)
 
-    async def _rolls(self) -> None:
-        """Roll long timers and save the rebuild floor in Redis every ``roll_interval_ms``
-        (the first at once); the broker's retention floor follows the saved value only."""
-        interval = self.settings.roll_interval_ms / 1000
-        while True:
-            try:
-                floor = await self.roller.run_once()
-                await self.progress.set_rebuild_floor(floor)
-                if self.rebuild_floor is None:
-                    self._tasks.append(asyncio.create_task(self._report_floor(), name="floor"))
-                self.rebuild_floor = floor
-            except Exception as exc:
-                log.warning("the roll pass failed (%r); retrying in %.1fs", exc, interval)
-            await asyncio.sleep(interval)
+    async def roll_pass(self) -> None:
+        """Roll long timers and save the rebuild floor in Redis (every ``roll_interval_ms``, the
+        first at once); the broker's retention floor follows the saved value only, reported
+        from the first saved floor on."""
+        try:
+            floor = await self.roller.run_once()
+            await self.progress.set_rebuild_floor(floor)
+            if self.rebuild_floor is None:
+                self._floor_reports.start()
+            self.rebuild_floor = floor
+        except Exception as exc:
+            log.warning("the roll pass failed (%r); retrying in %.1fs", exc,
+                        self._rolls.interval_s)
 
-    async def _report_floor(self) -> None:
+    async def report_floor(self) -> None:
         """Tell the broker what it must keep: intake records from the rebuild floor (saved in
         Redis first) and level records not delivered yet. Sent every interval, changed or not:
         the broker turns "consumed to the end" into the log's current end, so an idle scheduler
         does not hold old segments either."""
-        interval = self.settings.progress_interval_ms / 1000
-        while True:
-            floor = self.rebuild_floor or 0
-            positions = [(SystemTopic.TIMER_INTAKE.value, 0, floor)]
-            positions += [(SystemTopic.SCHEDULE.value, q, self.levels.offsets.get(q, 0))
-                          for q in range(len(self.levels_ms))]
-            try:
-                await self.broker.schedule_progress(SCHEDULER_FLOOR_OWNER, positions)
-            except Exception as exc:
-                log.warning("reporting progress to the broker failed: %s", exc)
-            await asyncio.sleep(interval)
+        floor = self.rebuild_floor or 0
+        positions = [(SystemTopic.TIMER_INTAKE.value, 0, floor)]
+        positions += [(SystemTopic.SCHEDULE.value, q, self.levels.offsets.get(q, 0))
+                      for q in range(len(self.levels_ms))]
+        try:
+            await self.broker.schedule_progress(SCHEDULER_FLOOR_OWNER, positions)
+        except Exception as exc:
+            log.warning("reporting progress to the broker failed: %s", exc)
 
     async def stop(self) -> None:
         self.ready = False
         await self._checkpoints.stop()
-        await cancel_tasks(*self._tasks)
+        await cancel_tasks(*self._tasks)  # the connect step: it starts the roll loop
+        await self._rolls.stop()  # before the floor reports: a roll pass starts those
+        await self._floor_reports.stop()
         steps: list[tuple[str, Any]] = []
         if hasattr(self, "intake"):
             steps.append(("intake", self.intake.stop()))

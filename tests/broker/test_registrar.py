@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from services.broker.registrar import NameserverRegistrar
 from tests.support.procs import ServiceProcess, free_port
+from tests.support.wait import TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 
@@ -79,14 +81,25 @@ async def test_register_now_reaches_every_nameserver(nameservers: list[ServicePr
 
 async def test_one_nameserver_down_does_not_break_the_other(
         nameservers: list[ServiceProcess]) -> None:
-    live, dead = nameservers[0].url, dead_url()
-    registrar = make_registrar([dead, live], "reg-b", Topics(**{"reg-partial": 1}))
+    """A nameserver that takes connections and never answers does not hold up the heartbeat
+    to the live one: the live one has the route while the other request is still waiting."""
+    live = nameservers[0].url
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody answers
+    hung = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    registrar = NameserverRegistrar([hung, live], cluster="c1", broker_name="reg-b",
+                                    address=f"http://127.0.0.1:{free_port()}",
+                                    topics_provider=Topics(**{"reg-partial": 1}),
+                                    timeout_s=3600.0)  # the hung request waits for good
     try:
-        started = time.monotonic()
-        assert await registrar.register_now() == {dead: False, live: True}
-        assert time.monotonic() - started < 3.0
-        assert (await route(live, "reg-partial")).status_code == 200
+        registering = asyncio.create_task(registrar.register_now())
+        while (await route(live, "reg-partial")).status_code != 200:
+            assert not registering.done(), registering.result()
+            await asyncio.sleep(0.05)
+        assert not registering.done()  # the hung nameserver still holds its request
+        silent.close()  # now it fails (connection reset)
+        assert await registering == {hung: False, live: True}
     finally:
+        silent.close()
         await registrar.stop()
 
 
@@ -134,7 +147,7 @@ async def test_nameserver_restart_is_caught_up_by_the_next_heartbeat(tmp_path: P
         ns.stop()
 
 
-async def wait_for_route(url: str, topic: str, timeout_s: float = 5.0) -> None:
+async def wait_for_route(url: str, topic: str, timeout_s: float = TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while (await route(url, topic)).status_code != 200:
         assert time.monotonic() < deadline, f"no route for {topic} on {url}"
@@ -146,13 +159,13 @@ async def test_a_missed_heartbeat_is_retried_within_seconds_not_an_interval(
     port = free_port()
     ns = ServiceProcess("nameserver", port, {"TIDEMQ_NAMESRV_PORT": str(port),
                                              "TIDEMQ_NAMESRV_WARMUP_S": "0"}, tmp_path)
-    registrar = make_registrar([ns.url], "reg-f", Topics(**{"reg-retry": 1}), interval_s=30.0)
+    registrar = make_registrar([ns.url], "reg-f", Topics(**{"reg-retry": 1}), interval_s=3600)
     registrar.start()  # the first heartbeat finds nobody listening
     try:
         await asyncio.sleep(0.3)
         assert not registrar.all_registered()
         ns.start()
-        await wait_for_route(ns.url, "reg-retry", timeout_s=5.0)  # far below the 30 s interval
+        await wait_for_route(ns.url, "reg-retry")  # a retry: the interval is an hour
         assert registrar.all_registered()
     finally:
         await registrar.stop()

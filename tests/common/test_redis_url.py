@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -11,6 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from services.broker.settings import BrokerSettings
 from services.checker.settings import CheckerSettings
+from services.common import redis as redis_module
 from services.common.constants import REDIS_FAILOVER_WAIT_S, REDIS_SENTINEL_PORT
 from services.common.redis import (
     FailoverRetry,
@@ -22,6 +25,8 @@ from services.common.redis import (
     parse_sentinel_url,
 )
 from services.scheduler.settings import SchedulerSettings
+from tests.support.clock import FakeClock
+from tests.support.wait import HANG_S
 
 
 def test_full_url() -> None:
@@ -93,14 +98,44 @@ async def test_sentinel_url_makes_a_master_client() -> None:
         await client.aclose()
 
 
+async def test_failover_retry_gives_up_once_its_budget_is_spent(
+        monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
+    """On a clock the test moves: back-offs double from the first failure, the last one is cut
+    to the budget, and the first failure past it is raised."""
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(round(seconds, 6))
+        clock.advance(seconds)
+
+    monkeypatch.setattr(redis_module, "time", SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr(redis_module, "sleep", pause)
+    attempts = 0
+
+    async def down() -> None:
+        nonlocal attempts
+        attempts += 1
+        raise RedisConnectionError("refused")
+
+    async def failed(error: Exception) -> None:
+        pass
+
+    with pytest.raises(RedisConnectionError):
+        await FailoverRetry(budget_s=2.0).call_with_retry(down, failed)
+    assert pauses[:7] == [0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.25]  # capped; the last one cut
+    assert sum(pauses) == pytest.approx(2.0)  # (a float step may add a vanishing one)
+    assert attempts == len(pauses) + 1
+
+
 async def test_failover_retry_is_bounded_in_time() -> None:
     """No sentinel answers: a command fails once the failover wait is spent, not before."""
     client = connect_redis("redis+sentinel://127.0.0.1:1/m?failover_wait_s=0.6")
     started = time.monotonic()
     try:
         with pytest.raises(RedisConnectionError) as err:
-            await client.ping()
+            async with asyncio.timeout(HANG_S):  # bounded: it gives up (a hang fails here)
+                await client.ping()
     finally:
         await client.aclose()
-    assert 0.55 <= time.monotonic() - started < 2.0
+    assert time.monotonic() - started >= 0.55  # not before the failover wait is spent
     assert "no master for 'm': the sentinels at 127.0.0.1:1 name no healthy one" in str(err.value)

@@ -79,7 +79,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory,
     tls_cluster: TlsCluster | None = None
     try:
         for name, service_env in plan:
-            procs[name] = ServiceProcess(name, ports[name], service_env, work).start(60.0)
+            procs[name] = ServiceProcess(name, ports[name], service_env, work).start()
         tls_cluster = TlsCluster(pki, procs)
         yield tls_cluster
     finally:

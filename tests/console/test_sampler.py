@@ -4,12 +4,16 @@ histogram's contiguous window."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from services.console.charts import DAY_MS, HOUR_BARS, HOUR_MS, line_chart, timer_bars
-from services.console.sampler import BrokerSample, parse_metrics, rates
+from services.console.client import ConsoleClient
+from services.console.sampler import BrokerSample, Sampler, parse_metrics, rates
+from tests.support.wait import wait_until_async
 
 
 def exposition(sent: dict[str, int], pulled: dict[str, int], received: int, log: tuple[int, int],
@@ -67,3 +71,26 @@ def test_line_chart_spans_the_samples() -> None:
     assert [x for x, _, _ in chart.dots] == [40, 140, 240]
     assert [y for _, y, _ in chart.dots] == [105, 55, 5] and chart.peak == 10
     assert line_chart([]).points == ""
+
+
+class FlakySampler(Sampler):
+    """A sampler whose first round fails; it counts the rounds it was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(ConsoleClient, None), interval_s=0.01, keep=4)
+        self.asked = 0
+
+    async def sample(self) -> None:
+        self.asked += 1
+        if self.asked == 1:
+            raise RuntimeError("the first round breaks")
+
+
+async def test_the_sampler_outlives_a_failed_round_and_stops() -> None:
+    sampler = FlakySampler()
+    sampler.start()
+    await wait_until_async(lambda: sampler.asked >= 3, what="rounds after the failed one")
+    await sampler.stop()
+    asked = sampler.asked
+    await asyncio.sleep(0.05)  # five intervals: a loop still running would sample again
+    assert sampler.asked == asked

@@ -37,6 +37,10 @@ def test_unknown_topic_is_503_during_warmup_then_404(nameserver: ServiceProcess)
             "cluster": "c1", "broker_name": "warm-a", "address": "http://127.0.0.1:10911",
             "topics": {"warm-known": {"queues": 2, "perm": "rw"}}}).raise_for_status()
 
+        # a topic a broker did register is routed at once (asked first: the 503 below shows
+        # this was still the warm-up, however slow the machine)
+        assert client.get("/v1/routes/warm-known").json()["queues"][0]["broker_name"] == "warm-a"
+        assert client.get("/v1/routes/bad name!").status_code == 400  # still validated first
         early = client.get("/v1/routes/warm-unknown")
         assert early.status_code == 503
         assert early.json()["code"] == "UNAVAILABLE"
@@ -45,10 +49,6 @@ def test_unknown_topic_is_503_during_warmup_then_404(nameserver: ServiceProcess)
         assert f"re-register within {WARMUP_S:.0f} s" in message
         retry_after = int(early.headers["Retry-After"])
         assert 1 <= retry_after <= math.ceil(WARMUP_S)
-        # a topic a broker did register is routed at once
-        assert client.get("/v1/routes/warm-known").json()["queues"][0]["broker_name"] == "warm-a"
-        assert client.get("/v1/routes/bad name!").status_code == 400  # still validated first
-        assert time.monotonic() - started < WARMUP_S, "too slow to observe the warm-up"
 
         time.sleep(max(0.0, WARMUP_S - (time.monotonic() - started)) + 0.2)
         late = client.get("/v1/routes/warm-unknown")

@@ -135,16 +135,21 @@ async def test_concurrent_sends_and_ends_share_batch_requests() -> None:
 
 async def test_ends_nobody_waits_for_ride_with_the_next_half_messages() -> None:
     fake = FakeTxBroker()
-    async with producer(fake, Listener(), wait_for_end=False, linger_ms=50) as p:
+    # A linger no test outlasts, and one half message per request: a half goes at once (the
+    # batch is full), an end waits for the next half or for close(), whatever the load.
+    async with producer(fake, Listener(), wait_for_end=False, linger_ms=600_000,
+                        max_batch=1) as p:
         results = []
-        for i in range(5):  # a send every 10 ms: an end that went at once would go alone
+        for i in range(5):  # an end that went at once would go alone before the next send
             results.append(await p.send(f"m{i}", "commit", topic="orders"))
             await asyncio.sleep(0.01)
     ended = [e["transaction_id"] for body in fake.ends for e in body["ends"]]
     assert sorted(ended) == sorted(r.transaction_id for r in results)  # every end was sent
-    riding = [body for body in fake.ends if body.get("with_halves")]
-    assert len(riding) >= 3  # ends 1-4 went out with halves 2-5, not on their own
-    assert len(fake.halves) + len(fake.ends) - len(riding) <= 6  # not two requests each
+    riding = [[e["transaction_id"] for e in body["ends"]]
+              for body in fake.ends if body.get("with_halves")]
+    # ends 1-4 went out with halves 2-5, not on their own; close() sent the last one alone
+    assert riding == [[r.transaction_id] for r in results[:4]]
+    assert len(fake.halves) == 5 and len(fake.ends) == 5
 
 
 async def test_checks_are_answered_in_a_batch_from_check() -> None:

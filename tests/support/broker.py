@@ -69,6 +69,21 @@ class BrokerHandle:
         answer: dict[str, Any] = resp.json()
         return answer
 
+    def gauge(self, name: str) -> float:
+        """A sample without labels on ``/metrics`` (e.g. ``tidemq_broker_held_pulls``)."""
+        for line in self.http.get("/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        raise AssertionError(f"no {name} on /metrics")
+
+    def held_pulls(self) -> float:
+        """Pulls (and receives) the broker holds now, waiting for a message."""
+        return self.gauge("tidemq_broker_held_pulls")
+
+    def pulls_woken(self) -> float:
+        """Held pulls woken by a message so far (not by their timeout or a re-read)."""
+        return self.gauge("tidemq_broker_held_pulls_woken")
+
     def error(self, resp: httpx.Response, status: int, code: str) -> str:
         assert resp.status_code == status, (resp.status_code, resp.text)
         body = resp.json()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.procs import free_port, stop_process
+from tests.support.procs import PROBE_TIMEOUT_S, START_TIMEOUT_S, free_port, stop_process
 
 
 class EtcdServer:
@@ -26,7 +26,7 @@ class EtcdServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> EtcdServer:
+    def start(self, timeout: float = START_TIMEOUT_S) -> EtcdServer:
         exe = shutil.which("etcd") or "/usr/bin/etcd"
         if not Path(exe).exists():
             raise RuntimeError("etcd is not installed: run scripts/install-system-deps.sh")
@@ -46,7 +46,8 @@ class EtcdServer:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}:\n"
                                    + self.log_path.read_text()[-3000:])
             try:
-                if httpx.get(self.url + "/health", timeout=0.5).json().get("health") == "true":
+                health = httpx.get(self.url + "/health", timeout=PROBE_TIMEOUT_S).json()
+                if health.get("health") == "true":
                     return self
             except (httpx.HTTPError, ValueError):
                 pass

@@ -25,10 +25,9 @@ from typing import Any
 
 import asyncpg
 
-from tests.support.procs import free_port, stop_process
+from tests.support.procs import START_TIMEOUT_S, free_port, stop_process
 
 SUPERUSER = "tidemq"
-START_TIMEOUT_S = 30.0
 
 
 def pg_bin(name: str) -> str:

@@ -19,6 +19,11 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
+# How long a process may take to start and answer its health check. Only a start is waited for,
+# so a broken one is the only thing that waits this out; a healthy start on a loaded 2-core
+# machine (six test runs at once, load 25-37) took more than 20 s (s).
+START_TIMEOUT_S = 90.0
+PROBE_TIMEOUT_S = 5.0  # one health probe: a loaded service answers late, not never (s)
 
 
 def free_port() -> int:
@@ -27,11 +32,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, timeout: float = 15.0) -> None:
+def wait_port(port: int, timeout: float = START_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT_S):
                 return
         except OSError:
             time.sleep(0.05)
@@ -106,7 +111,7 @@ class ServiceProcess:
         ca = self.env.get("TIDEMQ_TLS_CA")
         return ssl.create_default_context(cafile=ca) if self.tls and ca else True
 
-    def start(self, timeout: float = 20.0) -> ServiceProcess:
+    def start(self, timeout: float = START_TIMEOUT_S) -> ServiceProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         if self.name == "broker":  # gRPC off unless a test asks: brokers must not race for 8081
@@ -123,7 +128,7 @@ class ServiceProcess:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
                                    + self.log_path.read_text()[-4000:])
             try:
-                if httpx.get(self.url + "/healthz", timeout=0.5,
+                if httpx.get(self.url + "/healthz", timeout=PROBE_TIMEOUT_S,
                              verify=verify).status_code == 200:
                     return self
             except httpx.HTTPError:

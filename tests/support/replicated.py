@@ -23,9 +23,10 @@ from tests.support.procs import ServiceProcess, free_port
 from tests.support.wait import wait_until
 
 LEASE_S = 2  # the primary's etcd lease in these tests (s)
-ELECTION_BOUND_S = LEASE_S + 4.0  # a new primary within the lease plus a few seconds (s)
+# The longest wait for a (new) primary (s): generous, for a loaded machine; how long an
+# election takes is a figure of bench/replication.py (failover), never a test's bound.
+ELECTION_WAIT_S = 60.0
 GROUP = "broker-a"
-START_TIMEOUT_S = 60.0  # a broker start on a busy machine (s)
 STATUS_PATH = "/internal/v1/replication/status"
 
 
@@ -58,7 +59,7 @@ class ReplicatedGroup:
             self.brokers.append(proc)
         # all at once (each start waits for its /healthz): the election waits for none
         with ThreadPoolExecutor(len(self.brokers)) as pool:
-            list(pool.map(lambda proc: proc.start(START_TIMEOUT_S), self.brokers))
+            list(pool.map(lambda proc: proc.start(), self.brokers))
 
     def status(self, broker_id: int) -> dict[str, Any] | None:
         proc = self.brokers[broker_id]
@@ -78,7 +79,8 @@ class ReplicatedGroup:
                 return broker_id, int(st["epoch"])
         return None
 
-    def wait_primary(self, timeout: float, newer_than: int = 0) -> tuple[int, int]:
+    def wait_primary(self, timeout: float = ELECTION_WAIT_S,
+                     newer_than: int = 0) -> tuple[int, int]:
         found: tuple[int, int] = wait_until(
             lambda: (p if (p := self.primary()) and p[1] > newer_than else None),
             timeout, f"a primary of {GROUP} past epoch {newer_than}")
@@ -98,11 +100,11 @@ class ReplicatedGroup:
     def restart(self, broker_id: int) -> None:
         proc = self.brokers[broker_id]
         proc.stop()
-        proc.start(START_TIMEOUT_S)
+        proc.start()
 
     def revive(self, broker_id: int) -> None:
         """Start a stopped (killed) member again: it rejoins as a replica."""
-        self.brokers[broker_id].start(START_TIMEOUT_S)
+        self.brokers[broker_id].start()
 
     def logs(self) -> str:
         return "\n".join(f"--- broker {i}\n{p.logs()[-3000:]}" for i, p in

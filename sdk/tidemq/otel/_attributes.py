@@ -8,7 +8,7 @@ Names are spelled out here rather than imported from ``opentelemetry.semconv._in
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from tidemq.protocol import ReceivedMessage
@@ -150,7 +150,3 @@ def received(message: ReceivedMessage, name: str, kind: str) -> dict[str, Any]:
     attrs.update(about(message))
     return attrs
 
-
-def merged_properties(base: Mapping[str, str] | None, extra: Mapping[str, str] | None
-                      ) -> dict[str, str]:
-    return {**(base or {}), **(extra or {})}

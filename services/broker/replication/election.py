@@ -50,6 +50,7 @@ from services.common.etcd import (
     mod_revision_is,
     put,
 )
+from services.common.loop import BackgroundLoop, cancel_tasks
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,21 @@ def best_member(members: list[Claim]) -> Claim | None:
     return max(members, key=lambda m: (m.last_offset, -m.broker_id), default=None)
 
 
+class _Steps(BackgroundLoop):
+    """The elector's steps: every ``interval_s``, at once on ``wakeup`` (a key of the group
+    changed, a campaign lost a race). ``stop`` ends them even when its cancel meets a wakeup
+    (3.11's ``wait_for`` may swallow that cancel: the loop checks its stop flag)."""
+
+    name = "election"
+
+    def __init__(self, elector: Elector) -> None:
+        super().__init__(elector.interval_s)
+        self.elector = elector
+
+    async def run_once(self) -> None:
+        await self.elector.logged_step()
+
+
 class Elector:
     """Campaigns for one broker in its group and drives its role; see the module docstring."""
 
@@ -187,8 +203,7 @@ class Elector:
         self.epoch = 0  # the epoch we lead or follow under
         self.following: Claim | None = None
         self.elections = 0  # campaigns won (a metric)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._steps = _Steps(self)
         self._watch: asyncio.Task[None] | None = None
         self._error = ""
         self._refused: Claim | None = None  # a primary claim older than our epoch (logged once)
@@ -212,16 +227,14 @@ class Elector:
     def start(self) -> None:
         log.info("election for %s/%d through etcd %s (lease %d s)", self.keys.broker_name,
                  self.broker_id, ", ".join(self.client.endpoints), self.lease_ttl)
-        self._task = asyncio.create_task(self._run(), name="election")
+        self._steps.start()
         self._watch = asyncio.create_task(self._watch_group(), name="election-watch")
 
     async def stop(self) -> None:
         """Stop campaigning; a leader gives its lease back so a successor is elected at once."""
-        for task in (self._task, self._watch):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await self._steps.stop()
+        await cancel_tasks(self._watch)
+        self._watch = None
         was_leading = self.leading
         self.write_fence.lose()
         if self.lease:
@@ -235,34 +248,28 @@ class Elector:
         await self.stop()
         await self.client.close()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.step()
-                if self._error:
-                    log.info("etcd answers again")
-                    self._error = ""
-            except EtcdError as exc:
-                if str(exc) != self._error:
-                    log.warning("election step failed (%s)%s", exc,
-                                "; writes stop once the lease deadline passes"
-                                if self.leading else "")
-                self._error = str(exc)
-            except Exception:
-                log.exception("election step failed")
-            # asyncio.timeout, not wait_for: 3.11's wait_for may swallow a cancel that
-            # arrives together with a wakeup, and stop() would wait forever
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await self._wake.wait()
-            self._wake.clear()
+    async def logged_step(self) -> None:
+        """``step``, its failure logged (an etcd error once, until it changes)."""
+        try:
+            await self.step()
+            if self._error:
+                log.info("etcd answers again")
+                self._error = ""
+        except EtcdError as exc:
+            if str(exc) != self._error:
+                log.warning("election step failed (%s)%s", exc,
+                            "; writes stop once the lease deadline passes"
+                            if self.leading else "")
+            self._error = str(exc)
+        except Exception:
+            log.exception("election step failed")
 
     async def _watch_group(self) -> None:
-        """Wake the loop whenever a key of the group changes (the primary's lease lapsing)."""
+        """Wake the steps whenever a key of the group changes (the primary's lease lapsing)."""
         while True:
             try:
                 async for _ in self.client.watch_prefix(self.keys.prefix + "primary"):
-                    self._wake.set()
+                    self._steps.wakeup()
             except EtcdError as exc:
                 log.debug("watch ended: %s", exc)
             await asyncio.sleep(self.interval_s)
@@ -383,7 +390,7 @@ class Elector:
              put(self.keys.epoch, str(epoch).encode())])
         if not won:
             log.info("campaign in %s lost a race; reading the new state", self.keys.broker_name)
-            self._wake.set()
+            self._steps.wakeup()
             return
         self.write_fence.hold_until(min(self.deadline, sent + self.lease_ttl - self.margin_s))
         log.warning("elected primary of %s under epoch %d (offset %d)", self.keys.broker_name,

@@ -43,6 +43,7 @@ class CheckChannel:
         self.offered = 0
         self.handed_out = 0
         self.expired = 0
+        self.woken = 0  # waiting polls woken by ``wake`` (not by their own re-look)
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
@@ -69,6 +70,7 @@ class CheckChannel:
         for fut in self._waiters.get(group, ()):
             if not fut.done():
                 fut.set_result(None)
+                self.woken += 1
 
     def close(self) -> None:
         """Answer every held poll now (shutdown)."""

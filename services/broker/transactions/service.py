@@ -439,4 +439,5 @@ class TransactionService:
             "checks_handed_out": float(self.channel.handed_out),
             "checks_expired": float(self.channel.expired),
             "check_pollers": float(self.channel.waiting_pollers()),
+            "check_polls_woken": float(self.channel.woken),
         }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from tidemq.protocol import ErrorCode, ProtocolError
 
 from services.broker.consumers.offsets import OffsetStore
 from tests.support.procs import RedisServer
+from tests.support.wait import HANG_S
 
 pytestmark = pytest.mark.integration
 
@@ -127,20 +127,19 @@ async def test_outage_is_unavailable_then_recovers(own_redis: RedisServer) -> No
     try:
         await store.commit("G", [("T", 0, 1)])
         own_redis.stop()
-        started = time.monotonic()
-        with pytest.raises(ProtocolError) as err:
-            await store.commit("G", [("T", 0, 2)])
-        assert err.value.code is ErrorCode.UNAVAILABLE
-        assert "Redis unreachable" in err.value.message
-        with pytest.raises(ProtocolError) as err:
-            await store.get("G", "T")
-        assert err.value.code is ErrorCode.UNAVAILABLE
-        # concurrent commits during the outage all fail; none hangs
-        results = await asyncio.gather(*(store.commit("G", [("T", 1, i)]) for i in range(20)),
-                                       return_exceptions=True)
+        async with asyncio.timeout(HANG_S):  # every answer comes; none hangs
+            with pytest.raises(ProtocolError) as err:
+                await store.commit("G", [("T", 0, 2)])
+            assert err.value.code is ErrorCode.UNAVAILABLE
+            assert "Redis unreachable" in err.value.message
+            with pytest.raises(ProtocolError) as err:
+                await store.get("G", "T")
+            assert err.value.code is ErrorCode.UNAVAILABLE
+            # concurrent commits during the outage all fail
+            results = await asyncio.gather(
+                *(store.commit("G", [("T", 1, i)]) for i in range(20)), return_exceptions=True)
         assert all(isinstance(r, ProtocolError) and r.code is ErrorCode.UNAVAILABLE
                    for r in results)
-        assert time.monotonic() - started < 5.0
         own_redis.start()
         await store.commit("G", [("T", 0, 3)])
         assert await store.get("G", "T") == {0: 3}
@@ -165,11 +164,11 @@ async def test_hung_redis_times_out_then_recovers(own_redis: RedisServer) -> Non
         await store.commit("G", [("T", 0, 1)])
         own_redis.proc.send_signal(signal.SIGSTOP)  # alive but silent: only a timeout tells
         try:
-            started = time.monotonic()
+            # answered by its timeouts, not held until SIGCONT
             with pytest.raises(ProtocolError) as err:
-                await store.commit("G", [("T", 0, 2)])
+                async with asyncio.timeout(HANG_S):
+                    await store.commit("G", [("T", 0, 2)])
             assert err.value.code is ErrorCode.UNAVAILABLE
-            assert time.monotonic() - started < 2.0
         finally:
             own_redis.proc.send_signal(signal.SIGCONT)
         await store.commit("G", [("T", 0, 3)])  # the writer is not wedged

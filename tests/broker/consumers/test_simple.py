@@ -14,11 +14,12 @@ from tidemq.protocol import ErrorCode, ProtocolError
 
 from services.broker.consumers.offsets import OffsetStore
 from services.broker.consumers.receipts import decode_receipt, encode_receipt
-from services.broker.consumers.simple import Received, SimpleConsumerService
+from services.broker.consumers.simple import MAX_WAIT_MS, Received, SimpleConsumerService
 from services.broker.messaging.longpoll import PullHold
 from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
 from tests.support.clock import FakeClock
 from tests.support.procs import RedisServer
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -263,33 +264,33 @@ async def test_tag_filter(redis_server: RedisServer, offsets: OffsetStore, honor
 async def test_long_poll_wakes_on_new_message(store: FakeStore, svc: SimpleConsumerService,
                                               ) -> None:
     store.append("T", 1, "x")  # another queue: not asked for
-    task = asyncio.create_task(svc.receive("G", "T", [0], wait_ms=5000))
-    await asyncio.sleep(0.05)
-    assert not task.done()
-    appended = time.perf_counter()
+    task = asyncio.create_task(svc.receive("G", "T", [0], wait_ms=MAX_WAIT_MS))
+    await wait_until_async(lambda: svc.hold.waiter_count() == 1, what="the receive held")
     store.append("T", 0, "hello")
-    got = await asyncio.wait_for(task, 2.0)
-    assert bodies(got) == ["hello"]
-    assert time.perf_counter() - appended < 0.2
+    assert bodies(await task) == ["hello"]
+    assert svc.hold.notified == 1  # woken by the message, not by its 60 s wait running out
     assert svc.hold.waiter_count() == 0
 
 
 async def test_long_poll_times_out_empty(store: FakeStore, svc: SimpleConsumerService) -> None:
     started = time.perf_counter()
     assert await svc.receive("G", "T", [0], wait_ms=100) == []
-    assert 0.09 <= time.perf_counter() - started < 1.0
+    # held for its wait_ms; ended by it (ms taken for s would hold it 100 s)
+    assert 0.09 <= time.perf_counter() - started < 5.0
     assert svc.hold.waiter_count() == 0
 
 
 async def test_long_poll_ignores_non_matching_tags(store: FakeStore,
                                                    svc: SimpleConsumerService) -> None:
-    task = asyncio.create_task(svc.receive("G", "T", [0], tags="a", wait_ms=3000))
-    await asyncio.sleep(0.05)
+    task = asyncio.create_task(svc.receive("G", "T", [0], tags="a", wait_ms=MAX_WAIT_MS))
+    await wait_until_async(lambda: svc.hold.waiter_count() == 1, what="the receive held")
     store.append("T", 0, "skip", "b")
-    await asyncio.sleep(0.05)
+    await wait_until_async(lambda: svc.hold.notified == 1 and svc.hold.waiter_count() == 1,
+                           what="woken, and waiting again")
     assert not task.done()  # woken, found nothing matching, still waiting
     store.append("T", 0, "take", "a")
-    assert bodies(await asyncio.wait_for(task, 2.0)) == ["take"]
+    assert bodies(await task) == ["take"]
+    assert svc.hold.notified == 2
 
 
 async def test_long_poll_wakes_when_invisibility_ends(store: FakeStore, redis_server: RedisServer,
@@ -299,9 +300,11 @@ async def test_long_poll_wakes_when_invisibility_ends(store: FakeStore, redis_se
         store.append("T", 0, "m0")
         await svc.receive("G", "T", [0], invisible_ms=200, wait_ms=0)
         started = time.perf_counter()
-        got = await svc.receive("G", "T", [0], wait_ms=3000)
+        got = await svc.receive("G", "T", [0], wait_ms=MAX_WAIT_MS)
         assert bodies(got) == ["m0"] and got[0].reconsume_times == 1
-        assert 0.1 <= time.perf_counter() - started < 1.0
+        # back once its invisibility ended, not when the 60 s wait ran out; nothing notified it
+        assert 0.1 <= time.perf_counter() - started < MAX_WAIT_MS / 1000 / 2
+        assert svc.hold.notified == 0
     finally:
         await svc.close()
 

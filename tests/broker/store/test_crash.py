@@ -29,9 +29,12 @@ def _run_and_kill(root: Path, rnd: int, delay: float) -> list[str]:
                             stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == b"ready"
+    # the kill comes ``delay`` after the first acknowledgement, not after the start: a loaded
+    # machine may acknowledge nothing in the first 0.6 s
+    first = proc.stdout.readline()
     time.sleep(delay)
     os.kill(proc.pid, signal.SIGKILL)
-    data = proc.stdout.read()
+    data = first + proc.stdout.read()
     proc.wait()
     lines = data.split(b"\n")[:-1]  # the last piece may be a torn line
     return [ln.split()[1].decode() for ln in lines if ln.startswith(b"ack ")]

@@ -221,6 +221,11 @@ def test_a_restarted_checker_remembers_ended_transactions(
     when the scan passes them they are skipped as ended, not checked once more."""
     with run_broker(tmp_path, redis_server.url) as b:
         topic, group = b.create_topic(queues=1), unique("G")
+        settings = dict(transaction_timeout_ms=10_000, check_interval_ms=60_000)
+        proc = checker_process(tmp_path, b, redis_server.url, **settings)
+        # started first: "held" must not be due at the first scan, and a start on a loaded
+        # machine took longer than its 10 s immunity
+        proc.start()
         resp = b.http.post("/v1/transactions", json={
             "producer_group": group, "topic": topic,
             "messages": [{"body": "held"}, {"body": "a"}, {"body": "b"}]})
@@ -229,9 +234,6 @@ def test_a_restarted_checker_remembers_ended_transactions(
         resp = b.http.post("/v1/transactions/end", json={"producer_group": group, "ends": [
             {"transaction_id": t, "action": "commit"} for t in ended]})
         assert resp.status_code == 200, resp.text
-        settings = dict(transaction_timeout_ms=10_000, check_interval_ms=60_000)
-        proc = checker_process(tmp_path, b, redis_server.url, **settings)
-        proc.start()
         with httpx.Client(base_url=proc.url, timeout=30) as http:
             report = http.post("/internal/v1/scan", headers={"X-Tidemq-Token": TOKEN}).json()
         assert report["stopped_early"] and report["ended"] == 0  # "held" is not due yet
