@@ -29,7 +29,7 @@ PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && 
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 test: $(STAMP) system-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 $(XDIST) $(PYTEST_ARGS)
 
 # docker-compose.yml for real (scripts/compose-test.sh): on a private dockerd under a temporary
 # folder, images built from a debootstrapped Debian base, every service but Grafana up, checked
