@@ -20,7 +20,17 @@ from typing import Any
 
 from tidemq._exceptions import UnexpectedResponseError
 from tidemq._message import SendResult
-from tidemq.protocol import SHARDING_KEY, OutgoingMessage
+from tidemq.protocol import (
+    CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PGROUP,
+    REAL_QID,
+    REAL_TOPIC,
+    SHARDING_KEY,
+    TRAN_MSG,
+    TRANSACTION_ID,
+    OutgoingMessage,
+    SystemTopic,
+)
 from tidemq.protocol.batch import BatchBuilder, DelayKind
 
 
@@ -130,3 +140,28 @@ def send_result(r: dict[str, Any], topic: str) -> SendResult:
     return SendResult(str(r["message_id"]), topic, int(r["queue_id"]),
                       None if offset is None else int(offset), str(r.get("state") or "stored"),
                       None if due is None else int(due))
+
+
+HALF_TOPIC = SystemTopic.TRANS_HALF.value
+
+
+def encode_halves(group: str, topic: str, immunity: float | None,
+                  messages: list[OutgoingMessage], txids: list[str], born_ms: int) -> bytes:
+    """A half-message request's body (``POST /v1/transactions``, docs/api.md): one batch for
+    the half queue whose records are the half copies of ``messages`` (each with its queue id
+    and no delay), transaction ``txids[i]`` for message i."""
+    batch = BatchBuilder(HALF_TOPIC, 0)
+    fixed = {TRAN_MSG: "true", PGROUP: group, REAL_TOPIC: topic}
+    if immunity is not None:
+        fixed[CHECK_IMMUNITY_TIME_IN_SECONDS] = str(int(immunity)) \
+            if float(immunity).is_integer() else str(immunity)
+    for msg, txid in zip(messages, txids, strict=True):
+        if msg.message_id is None or msg.queue_id is None:
+            raise ValueError("a half message needs its message_id and queue_id")
+        props = {**msg.properties, **fixed, REAL_QID: str(msg.queue_id),
+                 TRANSACTION_ID: txid}
+        if msg.sharding_key is not None:
+            props[SHARDING_KEY] = msg.sharding_key
+        batch.add(msg.body, msg.message_id, tag=msg.tag, keys=[*msg.keys, txid],
+                  properties=props, born_timestamp=born_ms)
+    return batch.finish()

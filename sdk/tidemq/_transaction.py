@@ -35,14 +35,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import socket
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol, Self
+from urllib.parse import urlencode
 
 from tidemq import _hooks
 from tidemq._auth import Credentials
+from tidemq._batch import encode_halves
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
@@ -71,6 +75,7 @@ from tidemq._transaction_checks import CheckPoller
 from tidemq._transaction_types import TransactionSendResult, TransactionState
 from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import OutgoingMessage, ProtocolError, ReceivedMessage, validate_topic_name
+from tidemq.protocol.batch import CONTENT_BATCH
 
 log = logging.getLogger("tidemq.transactions")
 
@@ -143,6 +148,8 @@ class TransactionProducer(Client):
         self._valid_topics: set[str] = set()
         self._started = False
         self._closed = False
+        self._txid_prefix = uuid.uuid4().hex[:16]  # transaction ids of half batches
+        self._txid_seq = itertools.count(1)
         # half messages stored on a group after an earlier group may have stored them too
         self.possible_duplicates = 0
 
@@ -300,25 +307,59 @@ class TransactionProducer(Client):
                                                  "ends": wire_ends})
             return [], self._end_results(answer, broker)
         topic, immunity = group
+        if not any(_delayed(m) for m in messages):
+            return await self._post_batch(broker, topic, immunity, messages, wire_ends)
         body: dict[str, Any] = {"producer_group": self.group, "topic": topic,
                                 "messages": [m.to_wire(binary=True) for m in messages]}
         if immunity is not None:
             body["check_immunity_s"] = immunity
         if wire_ends:
             body["ends"] = wire_ends
+        answer = await self._half_answer(self._http.call(
+            "POST", url(broker, "v1", "transactions"), body=body, binary=True, retry=NO_RETRY),
+            topic)
+        return self._txids_of(answer, broker), \
+            self._end_results(answer, broker) if wire_ends else []
+
+    async def _post_batch(self, broker: str, topic: str, immunity: float | None,
+                          messages: list[OutgoingMessage], wire_ends: list[dict[str, Any]],
+                          ) -> tuple[list[str | BaseException], list[str | BaseException]]:
+        """Half messages as one batch (record format v2, transaction ids made here); ends
+        waiting meanwhile go beside it in their own request."""
+        txids = [f"{self._txid_prefix}{next(self._txid_seq):016x}" for _ in messages]
+        content = encode_halves(self.group, topic, immunity, messages, txids,
+                                int(time.time() * 1000))
+        target = url(broker, "v1", "transactions") + "?" + urlencode(
+            {"producer_group": self.group, "topic": topic})
+        halves = self._http.call_raw("POST", target, content, CONTENT_BATCH, retry=NO_RETRY)
+        if not wire_ends:
+            answer = await self._half_answer(halves, topic)
+            return self._txids_of(answer, broker), []
+        ends = self._http.call("POST", url(broker, "v1", "transactions", "end"),
+                               body={"producer_group": self.group, "ends": wire_ends})
+        got: tuple[Any, Any] = await asyncio.gather(self._half_answer(halves, topic), ends,
+                                                    return_exceptions=True)
+        answer, ended = got
+        if isinstance(answer, BaseException):
+            raise answer  # the batcher sends the ends again on their own (an end is idempotent)
+        states: list[str | BaseException] = [ended] * len(wire_ends) \
+            if isinstance(ended, BaseException) else self._end_results(ended, broker)
+        return self._txids_of(answer, broker), states
+
+    async def _half_answer(self, request: Awaitable[Any], topic: str) -> Any:
         try:  # no retries here: _store_half decides where a failed half goes
-            answer = await self._http.call("POST", url(broker, "v1", "transactions"), body=body,
-                                           binary=True, retry=NO_RETRY)
+            return await request
         except (TopicNotFoundError, TransportError):
             self._routes.invalidate(topic)
             raise
+
+    @staticmethod
+    def _txids_of(answer: Any, broker: str) -> list[str | BaseException]:
         try:
-            txids: list[str | BaseException] = [str(t["transaction_id"])
-                                                for t in answer["transactions"]]
+            return [str(t["transaction_id"]) for t in answer["transactions"]]
         except (KeyError, TypeError) as exc:
             raise UnexpectedResponseError(f"malformed half answer from {broker}: {exc!r}") \
                 from exc
-        return txids, self._end_results(answer, broker) if wire_ends else []
 
     @staticmethod
     def _end_results(answer: Any, broker: str) -> list[str | BaseException]:
@@ -331,6 +372,10 @@ class TransactionProducer(Client):
             raise UnexpectedResponseError(f"malformed end answer from {broker}: {exc!r}") \
                 from exc
         return out
+
+
+def _delayed(msg: OutgoingMessage) -> bool:
+    return bool(msg.delay_level) or msg.delay_ms is not None or msg.deliver_at_ms is not None
 
 
 def _log_end_failure(future: asyncio.Future[str]) -> None:

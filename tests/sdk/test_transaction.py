@@ -25,6 +25,9 @@ from tidemq import (
     TransactionState,
 )
 from tidemq.outbox import OutboxListener
+from tidemq.protocol import TRANSACTION_ID
+from tidemq.protocol.batch import CONTENT_BATCH
+from tidemq.protocol.batch_read import as_messages
 
 BROKER = "http://broker.test"
 
@@ -42,21 +45,26 @@ class FakeTxBroker:
         path, method = request.url.path, request.method
         if request.headers.get("content-type") == "application/msgpack":
             body = msgpack.unpackb(request.content)
+        elif request.headers.get("content-type") == CONTENT_BATCH:  # half messages as a batch
+            body = dict(request.url.params)
+            body["messages"] = [{"message_id": m.message_id, "properties": m.properties}
+                                for m in as_messages(request.content)]
         else:
             body = orjson.loads(request.content) if request.content else None
         if path.startswith("/v1/topics/"):
             return self._answer(request, {"name": "orders", "queues": 4, "perm": "rw"})
         if path == "/v1/transactions":
             self.halves.append(body)
-            answer: dict[str, Any] = {"transactions": [
-                {"transaction_id": f"tx{next(self._ids)}", "message_id": m["message_id"]}
+            answer: dict[str, Any] = {"transactions": [  # a batch's ids are the producer's
+                {"transaction_id": m.get("properties", {}).get(TRANSACTION_ID)
+                 or f"tx{next(self._ids)}", "message_id": m["message_id"]}
                 for m in body["messages"]]}
             if body.get("ends"):  # ends riding with half messages
                 self.ends.append({"ends": body["ends"], "with_halves": True})
                 answer["results"] = self._end_results(body["ends"])
             return self._answer(request, answer)
         if path == "/v1/transactions/end":
-            self.ends.append(body)
+            self.ends.append({**body, "after_halves": len(self.halves)})
             return self._answer(request, {"results": self._end_results(body["ends"])})
         if path.endswith("/heartbeat"):
             self.heartbeats += 1
@@ -145,10 +153,12 @@ async def test_ends_nobody_waits_for_ride_with_the_next_half_messages() -> None:
             await asyncio.sleep(0.01)
     ended = [e["transaction_id"] for body in fake.ends for e in body["ends"]]
     assert sorted(ended) == sorted(r.transaction_id for r in results)  # every end was sent
-    riding = [[e["transaction_id"] for e in body["ends"]]
-              for body in fake.ends if body.get("with_halves")]
-    # ends 1-4 went out with halves 2-5, not on their own; close() sent the last one alone
-    assert riding == [[r.transaction_id] for r in results[:4]]
+    # ends 1-4 went out with halves 2-5 (beside each half batch), not on their own before;
+    # close() sent the last one alone
+    riding = [([e["transaction_id"] for e in body["ends"]], body["after_halves"])
+              for body in fake.ends]
+    assert riding == [([r.transaction_id], i + 2) for i, r in enumerate(results[:4])] + \
+        [([results[4].transaction_id], 5)]
     assert len(fake.halves) == 5 and len(fake.ends) == 5
 
 

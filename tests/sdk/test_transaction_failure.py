@@ -24,6 +24,8 @@ from tidemq import (
     TransactionState,
 )
 from tidemq.outbox import OutboxListener
+from tidemq.protocol.batch import CONTENT_BATCH
+from tidemq.protocol.batch_read import as_messages
 
 BROKER = "http://broker.test"
 
@@ -38,9 +40,13 @@ class RecordingBroker:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         body: Any = None
-        if request.content:
-            body = (msgpack.unpackb(request.content) if "msgpack" in
-                    request.headers.get("content-type", "") else orjson.loads(request.content))
+        kind = request.headers.get("content-type", "")
+        if kind == CONTENT_BATCH:  # half messages as a batch
+            body = {"messages": [{"message_id": m.message_id}
+                                 for m in as_messages(request.content)]}
+        elif request.content:
+            body = (msgpack.unpackb(request.content) if "msgpack" in kind
+                    else orjson.loads(request.content))
         answer: Any = {}
         if path.startswith("/v1/topics/"):
             answer = {"name": "orders", "queues": 1, "perm": "rw"}

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, ProtocolError, validate_client_id, validate_group_name
+from tidemq.protocol.codec import is_batch
 from tidemq.protocol.message import reject_unknown
 
 from services.broker.routes._common import (
@@ -15,6 +16,7 @@ from services.broker.routes._common import (
     broker_of,
     client_host,
     read_payload,
+    read_raw,
     wants_msgpack,
 )
 from services.broker.routes.answers import (
@@ -87,10 +89,26 @@ class HeartbeatDoc(_Doc):
              responses=errors(ErrorCode.INVALID_DELAY, ErrorCode.INVALID_BODY_ENCODING,
                               ErrorCode.FORBIDDEN_SYSTEM_TOPIC, ErrorCode.TRANSACTIONS_DISABLED,
                               ErrorCode.TOPIC_NOT_FOUND, *_TX_ERRORS))
-@lean(lambda request: {})
-async def begin(request: Request) -> Response:
+@lean(lambda request: {"producer_group": request.query_params.get("producer_group"),
+                       "topic": request.query_params.get("topic")})
+async def begin(
+    request: Request,
+    producer_group: Annotated[str | None, Query(description="with a batch body (application/"
+                                                "x-tidemq-batch) only: the producer group")]
+    = None,
+    topic: Annotated[str | None, Query(description="with a batch body only: the real topic")]
+    = None,
+) -> Response:
     broker = broker_of(request)
     broker.transactions.require_enabled()
+    if is_batch(request.headers.get("content-type")):  # the SDK's half batches (format v2)
+        raw = await read_raw(request, broker.sender.max_request_bytes)
+        return reply(request, await broker.transactions.batches.begin(
+            producer_group, topic, raw, client_host(request)))
+    if producer_group is not None or topic is not None:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "producer_group and topic are query "
+                            "parameters of a batch body only; a JSON or msgpack body names "
+                            "them itself")
     payload = await read_payload(request, broker.sender.max_request_bytes)
     if isinstance(payload, dict):
         reject_unknown(payload, HALF_FIELDS, "a half-message request")

@@ -52,6 +52,7 @@ from services.broker.store.types import (
     tag_code,
 )
 from services.broker.transactions.check_channel import CheckChannel
+from services.broker.transactions.half_batches import HalfBatches
 from services.broker.transactions.model import (
     DISCARD_TOPIC,
     EVENTS_TOPIC,
@@ -123,6 +124,7 @@ class TransactionService:
                                  registry=metrics.registry)
         for kind in EventKind:
             self.events.labels(kind.value)
+        self.batches = HalfBatches(self)  # half messages as producer-made batches
 
     async def start(self) -> None:
         """Nothing to open: the system topics are created with the first half message."""
@@ -367,7 +369,7 @@ class TransactionService:
         """The half copies a batch of commits needs, read with as few preads as possible."""
         spots = set()
         for req in ends:
-            if req.action is TxAction.COMMIT and self.cache.get(req.txid) is None:
+            if req.action is TxAction.COMMIT and req.txid not in self.cache:
                 info = self.table.ensure(req.txid)
                 if info is not None and info.state is TxState.HALF and info.latest_size > 0:
                     spots.add((info.latest_offset, info.latest_size))

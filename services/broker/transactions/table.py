@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Protocol
 
 from tidemq.protocol import REAL_TOPIC, TRANSACTION_ID
 
@@ -136,34 +137,52 @@ class HalfDedup:
 class HalfCache:
     """The half records this run wrote, kept (up to ``max_bytes`` of bodies and ``max_entries``
     records) until their end:
-    a commit then builds its copy without reading the half back from the log."""
+    a commit then builds its copy without reading the half back from the log. A half stored
+    from a producer's batch is kept as its bytes (``LazyHalf``) and decoded when first asked."""
 
     def __init__(self, max_bytes: int, max_entries: int = 200_000) -> None:
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         self.bytes = 0
-        self._records: OrderedDict[str, MessageRecord] = OrderedDict()
+        self._records: OrderedDict[str, MessageRecord | LazyHalf] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._records)
 
-    def add(self, txid: str, record: MessageRecord) -> None:
+    def add(self, txid: str, record: MessageRecord | LazyHalf) -> None:
         if self.max_bytes <= 0:
             return
         self._records[txid] = record
-        self.bytes += len(record.body)
+        self.bytes += _nbytes(record)
         while (self.bytes > self.max_bytes or len(self._records) > self.max_entries) \
                 and self._records:
-            self.bytes -= len(self._records.popitem(last=False)[1].body)
+            self.bytes -= _nbytes(self._records.popitem(last=False)[1])
 
-    def pop(self, txid: str) -> MessageRecord | None:
+    def pop(self, txid: str) -> None:
         record = self._records.pop(txid, None)
         if record is not None:
-            self.bytes -= len(record.body)
-        return record
+            self.bytes -= _nbytes(record)
 
     def get(self, txid: str) -> MessageRecord | None:
-        return self._records.get(txid)
+        record = self._records.get(txid)
+        if record is None or isinstance(record, MessageRecord):
+            return record
+        return record.record()
+
+    def __contains__(self, txid: str) -> bool:
+        return txid in self._records
+
+
+class LazyHalf(Protocol):
+    """A half kept as stored bytes: ``size`` bytes, decoded by ``record()``."""
+
+    size: int
+
+    def record(self) -> MessageRecord: ...
+
+
+def _nbytes(record: MessageRecord | LazyHalf) -> int:
+    return len(record.body) if isinstance(record, MessageRecord) else record.size
 
 
 class TxTable:
