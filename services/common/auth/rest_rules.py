@@ -92,9 +92,14 @@ def _receive(m: re.Match[str], _: Query, body: Body) -> list[Need]:
     return [_group(m["a"]), *_optional(lambda t: _topic(t, SUB), _field(body, "topic"))]
 
 
-def _half(_: re.Match[str], __: Query, body: Body) -> list[Need]:
-    return [*_optional(_pgroup, _field(body, "producer_group")),
-            *_optional(lambda t: _topic(t, PUB), _field(body, "topic"))]
+def _half(_: re.Match[str], q: Query, body: Body) -> list[Need]:
+    """The body's group and topic; a batch body (``application/x-tidemq-batch``) has them in
+    the query. Both when both are given (the route refuses that): never fewer needs."""
+    needs = []
+    for name, need in (("producer_group", _pgroup), ("topic", lambda t: _topic(t, PUB))):
+        for value in dict.fromkeys((q.get(name), _field(body, name))):
+            needs.extend(_optional(need, value))
+    return needs
 
 
 def _end(_: re.Match[str], __: Query, body: Body) -> list[Need]:

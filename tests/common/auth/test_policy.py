@@ -162,3 +162,18 @@ def test_a_many_queue_pull_needs_sub_on_every_topic_it_names() -> None:
                    Need(Resource("group", "billing"), ("sub",))]
     # not the cluster admin a path without a row needs
     assert Need(Resource("cluster"), ("admin",)) not in got
+
+
+def test_a_half_batch_needs_its_query_group_and_topic() -> None:
+    """A batch body (record format v2) has no fields: the group and topic are the query's."""
+    pub = ("pub",)
+    want = [Need(Resource("producer_group", "orders-tx"), pub),
+            Need(Resource("topic", "orders"), pub)]
+    query = {"producer_group": "orders-tx", "topic": "orders"}
+    assert needs("POST", "/v1/transactions", query, b"\x00\x00\x00\x41 not json",
+                 "application/x-tidemq-batch") == want
+    body = b'{"producer_group": "orders-tx", "topic": "orders", "message": {"body": "x"}}'
+    assert needs("POST", "/v1/transactions", {}, body, "application/json") == want
+    # both given (the route refuses it): each one's need, never fewer
+    assert needs("POST", "/v1/transactions", {"topic": "other"}, body, "application/json") == [
+        want[0], Need(Resource("topic", "other"), pub), want[1]]
