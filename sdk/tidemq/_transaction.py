@@ -55,6 +55,7 @@ from tidemq._constants import (
     ROUTE_REFRESH_INTERVAL_S,
 )
 from tidemq._exceptions import (
+    BadRequestError,
     ClientClosedError,
     ConfigurationError,
     LocalTransactionError,
@@ -63,6 +64,7 @@ from tidemq._exceptions import (
     TopicNotFoundError,
     TransportError,
     UnexpectedResponseError,
+    UnsupportedMediaTypeError,
     server_error,
 )
 from tidemq._fault import SendAttempts, Step
@@ -148,6 +150,7 @@ class TransactionProducer(Client):
         self._valid_topics: set[str] = set()
         self._started = False
         self._closed = False
+        self._msgpack_only: set[str] = set()  # brokers that do not take half batches
         self._txid_prefix = uuid.uuid4().hex[:16]  # transaction ids of half batches
         self._txid_seq = itertools.count(1)
         # half messages stored on a group after an earlier group may have stored them too
@@ -307,8 +310,15 @@ class TransactionProducer(Client):
                                                  "ends": wire_ends})
             return [], self._end_results(answer, broker)
         topic, immunity = group
-        if not any(_delayed(m) for m in messages):
-            return await self._post_batch(broker, topic, immunity, messages, wire_ends)
+        if broker not in self._msgpack_only and not any(_delayed(m) for m in messages):
+            try:
+                return await self._post_batch(broker, topic, immunity, messages, wire_ends)
+            except (UnsupportedMediaTypeError, BadRequestError) as exc:
+                # a broker from before half batches: 415, or 400 for the query parameters
+                if isinstance(exc, BadRequestError) and "unknown query parameter" not in str(exc):
+                    raise
+                log.info("broker %s does not take half batches: sending msgpack", broker)
+                self._msgpack_only.add(broker)  # the ends (if any) go again: idempotent
         body: dict[str, Any] = {"producer_group": self.group, "topic": topic,
                                 "messages": [m.to_wire(binary=True) for m in messages]}
         if immunity is not None:

@@ -141,6 +141,29 @@ async def test_concurrent_sends_and_ends_share_batch_requests() -> None:
     assert fake.left  # close() left the group at once
 
 
+class OldTxBroker(FakeTxBroker):
+    """A broker from before half batches: a batch body's query parameters are refused."""
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/transactions" and request.url.params:
+            self.refused = getattr(self, "refused", 0) + 1
+            return httpx.Response(400, json={
+                "code": "BAD_REQUEST", "message": "producer_group: unknown query parameter; "
+                "this endpoint takes no query parameters"})
+        return await super().__call__(request)
+
+
+async def test_a_broker_without_half_batches_gets_msgpack() -> None:
+    fake = OldTxBroker()
+    async with producer(fake, Listener()) as p:
+        first = await p.send("m0", "commit", topic="orders")
+        second = await p.send("m1", "commit", topic="orders")
+    assert fake.refused == 1  # asked once; then msgpack for that broker
+    assert [len(h["messages"]) for h in fake.halves] == [1, 1]
+    assert {e["transaction_id"] for body in fake.ends for e in body["ends"]} == \
+        {first.transaction_id, second.transaction_id}
+
+
 async def test_ends_nobody_waits_for_ride_with_the_next_half_messages() -> None:
     fake = FakeTxBroker()
     # A linger no test outlasts, and one half message per request: a half goes at once (the
