@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tidemq.protocol import (
+    BORN_MS,
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     KEYS,
     PGROUP,
@@ -254,18 +255,20 @@ class HalfBatches:
         except ProtocolError:
             tx.dedup.mark_incomplete(now)  # the halves may be in the log: a retry looks
             raise
-        for h, info, (offset, size) in zip(fresh, infos, places, strict=True):
+        for h, info, (offset, size, stored_ms) in zip(fresh, infos, places, strict=True):
             info.first_offset = info.latest_offset = offset
             info.latest_size = size
+            info.born_ms = stored_ms  # as a load from the log finds it (model.born_ms_of)
             tx.table.put(info)
             h.size, h.host = size, host
+            h.properties[BORN_MS] = str(stored_ms)  # for its re-put copies (model.half_copy)
             tx.cache.add(info.txid, h)
             tx.dedup.remember(topic, info.message_id, info.txid, now)
         tx.count(events)
         return [known.get(n, h.txid) for n, h in enumerate(halves)]
 
     async def _append_as_sent(self, raw: bytes, summaries: list[BatchSummary],
-                              events: list[MessageRecord], host: str) -> list[tuple[int, int]]:
+                              events: list[MessageRecord], host: str) -> list[tuple[int, int, int]]:
         """The batches as they came and the events, in one group commit; where each half
         landed (physical offset, size)."""
         born = v1.encode_host(host)
@@ -274,19 +277,20 @@ class HalfBatches:
         extra, _ = encode_records(events, min(RECORDS_BATCH_BYTES,
                                               self.tx.store.log.segment_bytes // 4))
         appended = await self._write([*batches, *extra])
-        return [(a.physical_offset + pos, size)
+        return [(a.physical_offset + pos, size, a.store_timestamp)
                 for a, s in zip(appended, summaries, strict=False)
                 for pos, size in zip(s.positions, s.sizes, strict=True)]
 
     async def _append_decoded(self, fresh: list[BatchHalf],
-                              events: list[MessageRecord], host: str) -> list[tuple[int, int]]:
+                              events: list[MessageRecord], host: str) -> list[tuple[int, int, int]]:
         """The rare path (some halves were retries): the fresh ones re-encoded with their
         events."""
         for h in fresh:
             h.host = host
         records = [h.record() for h in fresh]
         appended = await self.tx.write([*records, *events])
-        return [(a.physical_offset, a.size) for a in appended[:len(records)]]
+        return [(a.physical_offset, a.size, a.store_timestamp)
+                for a in appended[:len(records)]]
 
     async def _write(self, batches: list[Batch]) -> list[Appended]:
         tx = self.tx

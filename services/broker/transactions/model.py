@@ -170,9 +170,13 @@ def user_keys(record: StoredRecord, txid: str) -> list[str]:
 # --- re-puts of a half copy -------------------------------------------------------------------
 
 def half_copy(half: StoredRecord | MessageRecord, check_times: int) -> MessageRecord:
-    """A new half copy (a check or a deferral): the same message, ``check_times`` checks."""
+    """A new half copy (a check or a deferral): the same message, ``check_times`` checks. A
+    first copy stored without ``BORN_MS`` (a producer's batch) was born when it was stored:
+    its copies say so (their own store time is not their birth)."""
     props = dict(half.properties)
     props[TRANSACTION_CHECK_TIMES] = str(check_times)
+    if BORN_MS not in props and isinstance(half, StoredRecord):
+        props[BORN_MS] = str(half.store_timestamp)
     return MessageRecord(topic=HALF_TOPIC, queue_id=0, body=half.body, properties=props,
                          born_timestamp=half.born_timestamp, born_host=half.born_host)
 

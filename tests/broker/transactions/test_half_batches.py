@@ -23,6 +23,7 @@ from tidemq.protocol import (
 from tidemq.protocol.batch import CONTENT_BATCH, BatchBuilder, DelayKind
 
 from tests.support.transactions import BrokerHandle, Cluster, delivered, events, pending, unique
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +92,24 @@ def test_a_retried_half_batch_answers_its_first_transaction_ids(cluster: Cluster
     refused = post(b, group, topic, encode_halves(group, topic, None, [fresh], [first[0]], 1))
     assert "records[0].properties.TRANSACTION_ID" in b.error(refused, 400, "BAD_REQUEST")
     assert len(pending(b, group)) == 2
+
+
+def test_a_half_batch_is_checked_after_its_own_immunity(cluster: Cluster) -> None:
+    """Born when stored (no BORN_MS in the batch): its re-put copies keep that birth, so a
+    deferral never postpones its first check again."""
+    b = cluster.broker
+    topic, group = b.create_topic(queues=1), unique("G")
+    tx = txid()
+    assert post(b, group, topic, encode_halves(group, topic, 1, messages(1), [tx],
+                                               1_000)).status_code == 200
+
+    def checked() -> bool:
+        cluster.checker.scan()
+        return any(t["check_times"] >= 1 for t in pending(b, group))
+
+    wait_until(checked, timeout=30, every=0.3, what="the first check of a batch half")
+    [info] = pending(b, group)
+    assert info["transaction_id"] == tx
 
 
 def record(group: str, topic: str, tx: str, **change: Any) -> dict[str, Any]:
