@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind
 from tidemq.protocol.batch_read import BatchError, BatchSummary, decode_record, split, validate
+from tidemq.protocol.message import Limits
 
 from services.broker.messaging.dedup import DedupKey, Run
 from services.broker.store import record as v1
@@ -51,7 +52,6 @@ class BatchIntake:
         """Validate every batch of ``raw`` (step 1); the summaries in order."""
         limits = self.sender.limits
         summaries: list[BatchSummary] = []
-        count = payload = 0
         for k, (at, size) in enumerate(split(raw)):
             try:
                 s = validate(raw, at, strict=True, allowed=CLIENT_PROPERTIES, limits=limits,
@@ -68,16 +68,8 @@ class BatchIntake:
             if head.sys_flag:
                 raise BatchError("sys_flag", f"{head.sys_flag}: a public send writes plain "
                                  "messages (0)", batch=k)
-            count += head.count
-            payload += s.payload_bytes
             summaries.append(s)
-        if count > limits.max_batch_messages:
-            raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"batches: {count} messages "
-                                f"exceeds the batch limit of {limits.max_batch_messages}")
-        if payload > limits.max_batch_bytes:
-            raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"batches: {payload} bytes "
-                                f"(bodies and properties) exceeds the limit of "
-                                f"{limits.max_batch_bytes} bytes")
+        check_limits(summaries, limits)
         return summaries
 
     async def send(self, topic: str, raw: bytes, host: str) -> dict[str, Any]:
@@ -193,6 +185,19 @@ class BatchIntake:
         repeated: set[int] = set()
         placed = await sender.put_records(records, [True] * len(records), now, repeated)
         return sender.results(ids, placed, repeated)
+
+
+def check_limits(summaries: list[BatchSummary], limits: Limits) -> None:
+    """The API's batch limits over every batch of a request together (413)."""
+    count = sum(s.head.count for s in summaries)
+    if count > limits.max_batch_messages:
+        raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"batches: {count} messages "
+                            f"exceeds the batch limit of {limits.max_batch_messages}")
+    payload = sum(s.payload_bytes for s in summaries)
+    if payload > limits.max_batch_bytes:
+        raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"batches: {payload} bytes "
+                            f"(bodies and properties) exceeds the limit of "
+                            f"{limits.max_batch_bytes} bytes")
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -46,6 +46,7 @@ from tidemq.protocol.batch import KEY_SEPARATOR, RECORD, RECORD_FIXED, decode_pr
 from tidemq.protocol.batch_read import BatchError, BatchSummary, split, validate
 from tidemq.protocol.numbers import INT32_MAX
 
+from services.broker.messaging.intake import check_limits
 from services.broker.messaging.send import appended_or_raise
 from services.broker.store import record as v1
 from services.broker.store.batches import Batch, encode_records
@@ -124,7 +125,6 @@ class HalfBatches:
         summaries: list[BatchSummary] = []
         halves: list[BatchHalf] = []
         seen: dict[str, int] = {}
-        count = payload = 0
         for k, (at, size) in enumerate(split(raw)):
             try:
                 s = validate(raw, at, strict=True, allowed=HALF_PROPERTIES, limits=limits,
@@ -151,18 +151,10 @@ class HalfBatches:
                     halves.append(half)
             except BatchError as exc:
                 raise BatchError(exc.field, exc.why, exc.index, exc.code, batch=k) from None
-            count += head.count
-            payload += s.payload_bytes
             summaries.append(s)
         if not summaries:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "the body holds no batch")
-        if count > limits.max_batch_messages:
-            raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"batches: {count} messages "
-                                f"exceeds the batch limit of {limits.max_batch_messages}")
-        if payload > limits.max_batch_bytes:
-            raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"batches: {payload} bytes "
-                                f"(bodies and properties) exceeds the limit of "
-                                f"{limits.max_batch_bytes} bytes")
+        check_limits(summaries, limits)
         return summaries, halves
 
     def _check_record(self, raw: bytes, batch: int, i: int, p: int, group: str, topic: str,
