@@ -344,7 +344,7 @@ class TransactionProducer(Client):
         halves = self._http.call_raw("POST", target, content, CONTENT_BATCH, retry=NO_RETRY)
         if not wire_ends:
             answer = await self._half_answer(halves, topic)
-            return self._txids_of(answer, broker), []
+            return self._txids_of(answer, broker, txids), []
         ends = self._http.call("POST", url(broker, "v1", "transactions", "end"),
                                body={"producer_group": self.group, "ends": wire_ends})
         got: tuple[Any, Any] = await asyncio.gather(self._half_answer(halves, topic), ends,
@@ -354,7 +354,7 @@ class TransactionProducer(Client):
             raise answer  # the batcher sends the ends again on their own (an end is idempotent)
         states: list[str | BaseException] = [ended] * len(wire_ends) \
             if isinstance(ended, BaseException) else self._end_results(ended, broker)
-        return self._txids_of(answer, broker), states
+        return self._txids_of(answer, broker, txids), states
 
     async def _half_answer(self, request: Awaitable[Any], topic: str) -> Any:
         try:  # no retries here: _store_half decides where a failed half goes
@@ -364,8 +364,15 @@ class TransactionProducer(Client):
             raise
 
     @staticmethod
-    def _txids_of(answer: Any, broker: str) -> list[str | BaseException]:
+    def _txids_of(answer: Any, broker: str, sent: list[str] | None = None,
+                  ) -> list[str | BaseException]:
+        """The transaction ids of an answer: per message, or ``{stored: n}`` when the ids
+        ``sent`` in a batch all stand."""
         try:
+            if sent is not None and "stored" in answer:
+                if answer["stored"] != len(sent):
+                    raise TypeError(f"{answer['stored']} stored of {len(sent)} sent")
+                return list(sent)
             return [str(t["transaction_id"]) for t in answer["transactions"]]
         except (KeyError, TypeError) as exc:
             raise UnexpectedResponseError(f"malformed half answer from {broker}: {exc!r}") \

@@ -56,8 +56,7 @@ def test_half_batch_is_invisible_until_committed(cluster: Cluster) -> None:
     ids = [txid() for _ in msgs]
     resp = post(b, group, topic, encode_halves(group, topic, 5, msgs, ids, 1_000))
     assert resp.status_code == 200, resp.text
-    assert resp.json() == {"transactions": [{"transaction_id": t, "message_id": m.message_id}
-                                            for t, m in zip(ids, msgs, strict=True)]}
+    assert resp.json() == {"stored": 3}  # each under the transaction id its record carries
     assert sorted(t["transaction_id"] for t in pending(b, group)) == sorted(ids)
     assert delivered(b, topic, 2) == []  # a half is never visible before its commit
 
@@ -80,8 +79,7 @@ def test_a_retried_half_batch_answers_its_first_transaction_ids(cluster: Cluster
     first = [txid() for _ in msgs]
     content = encode_halves(group, topic, None, msgs, first, 1_000)
     assert post(b, group, topic, content).status_code == 200
-    assert post(b, group, topic, content).json()["transactions"][1]["transaction_id"] == \
-        first[1]  # the same request again
+    assert post(b, group, topic, content).json() == {"stored": 2}  # the same request again
     # a retry that made new ids (same message ids) still answers the first transactions
     again = post(b, group, topic, encode_halves(group, topic, None, msgs,
                                                 [txid() for _ in msgs], 1_000))
