@@ -184,3 +184,38 @@ async def test_half_dedup_remembers_within_the_window_and_falls_back_to_the_inde
         assert dedup.lookup("Orders", "mS", 12_500) is None  # too old to be a retry
     finally:
         await store.close()
+
+
+async def test_a_half_from_a_producer_batch_is_rebuilt_from_the_log(store_dir: Path) -> None:
+    """A half stored as the producer's batch (record format 2, no BORN_MS): a restarted
+    broker loads it through the index by its transaction id, born when it was stored, and a
+    re-put copy (a check) keeps that birth."""
+    from tidemq._batch import encode_halves
+    from tidemq.protocol import OutgoingMessage
+    from tidemq.protocol.batch_read import validate
+
+    from services.broker.store.batches import Batch
+
+    store = await MessageStore.open(StoreConfig(root=store_dir))
+    try:
+        msg = OutgoingMessage(body=b"body", message_id="mB", queue_id=1, keys=["user-key"])
+        raw = encode_halves("g", "Orders", 3, [msg], ["txB"], 7)
+        res = await store.writer.append_batches([Batch(raw, validate(raw, strict=False))])
+        stored_ms = res.appended[0].store_timestamp
+        fresh = TxTable(store, 10)  # a restarted broker: nothing in memory
+        info = fresh.ensure("txB")
+        assert info is not None and info.state is TxState.HALF
+        assert (info.group, info.topic, info.message_id, info.born_ms) == \
+            ("g", "Orders", "mB", stored_ms)
+        first = store.read(info.first_offset)
+        assert first is not None
+        await store.put([half_copy(first, 1)])  # a check, stored later
+        again = TxTable(store, 10).ensure("txB")
+        assert again is not None and again.check_times == 1
+        assert again.latest_offset > again.first_offset and again.born_ms == stored_ms
+        copy = store.read(again.latest_offset)
+        assert copy is not None and copy.properties["BORN_MS"] == str(stored_ms)
+        committed = commit_copy(copy, again, 0)
+        assert (committed.queue_id, committed.properties["KEYS"]) == (1, "user-key")
+    finally:
+        await store.close()
