@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 TOPIC = "orders"
 QUEUES = 2
-ROUNDS = 6  # failovers per run (bench.replication and bench.faults do more; the suite keeps its budget)
+ROUNDS = 6  # SIGKILLed primaries per run (bench.replication and bench.faults kill more)
 
 
 @pytest.fixture
