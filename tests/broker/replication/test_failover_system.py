@@ -115,7 +115,8 @@ class Traffic:
                 await asyncio.gather(*senders)
 
 
-async def test_sigkill_the_primary_round_after_round_under_sync_sends(group: ReplicatedGroup) -> None:
+async def test_sigkill_the_primary_again_and_again_under_sync_sends(
+        group: ReplicatedGroup) -> None:
     traffic = Traffic(group.nameserver.url)
     elections: list[float] = []
 
