@@ -67,10 +67,12 @@ def test_pull_params_plain_and_defaults() -> None:
     query = "offset=5&max=10&wait_ms=200&tags=a||b&group=g"
     got = pull_params(FakeRequest("3", query))  # type: ignore[arg-type]
     assert got == {"topic": "t", "queue_id": 3, "offset": 5, "max": 10, "wait_ms": 200,
-                   "tags": "a||b", "group": "g"}
+                   "tags": "a||b", "group": "g", "form": "messages"}
     assert pull_params(FakeRequest("0", "")) == {  # type: ignore[arg-type]
         "topic": "t", "queue_id": 0, "offset": 0, "max": DEFAULT_PULL, "wait_ms": 0,
-        "tags": "*", "group": None}
+        "tags": "*", "group": None, "form": "messages"}
+    stored = pull_params(FakeRequest("1", "form=stored"))  # type: ignore[arg-type]
+    assert stored["form"] == "stored"
 
 
 @pytest.mark.parametrize(("queue_id", "query"), [
