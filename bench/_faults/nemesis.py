@@ -130,8 +130,8 @@ def fill(path: Path) -> int:
     that were free."""
     st = os.statvfs(path.parent)
     free = st.f_bavail * st.f_frsize
-    try:
-        out = open(path, "wb")
+    try:  # unbuffered: a write the full disk refuses leaves nothing for close() to flush
+        out = open(path, "wb", buffering=0)
     except OSError:  # already full: not even a new file fits
         return 0
     with out:  # every free block, then whatever is left
@@ -139,10 +139,11 @@ def fill(path: Path) -> int:
             os.posix_fallocate(out.fileno(), 0, free)
         except OSError:
             pass
+        out.seek(0, os.SEEK_END)
+        block = b"\0" * 65536
         try:
-            while True:
-                out.write(b"\0" * 65536)
-                out.flush()
+            while out.write(block):
+                pass
         except OSError:
             pass
     return free

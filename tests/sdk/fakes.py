@@ -134,7 +134,7 @@ class FakeBroker:
         if parts[:2] == ["v1", "groups"]:
             return self._group(method, parts[2], parts[3:], params, body)
         if parts[:2] == ["v1", "transactions"]:
-            return self._transactions(parts[2:], body)
+            return self._transactions(parts[2:], body, params)
         if parts[:2] == ["v1", "producers"]:
             if parts[-1] == "checks":
                 await asyncio.sleep(self.long_poll_cap_s)
@@ -254,20 +254,21 @@ class FakeBroker:
             return {"receipt_handle": new}
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"fake broker: no group route {rest}")
 
-    def _transactions(self, rest: list[str], body: Any) -> Any:
+    def _transactions(self, rest: list[str], body: Any, params: dict[str, str]) -> Any:
         if rest == ["end"]:
             self.ends.extend(body["ends"])
             return {"results": [{"transaction_id": e["transaction_id"], "state": "committed"}
                                 for e in body["ends"]]}
-        if body["topic"] not in self.queues:
-            raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND, f"no topic {body['topic']}")
+        topic = body.get("topic") or params.get("topic")  # a batch of halves names it in the query
+        if topic not in self.queues:
+            raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND, f"no topic {topic}")
         out = []
         for m in body["messages"]:
             txid = next((t for t, h in self.halves.items()
                          if h["message_id"] == m["message_id"]), None)  # dedup by message id
             if txid is None:
                 txid = f"{self.name}-tx{len(self.halves)}"
-                self.halves[txid] = {"message_id": m["message_id"], "topic": body["topic"]}
+                self.halves[txid] = {"message_id": m["message_id"], "topic": topic}
             out.append({"transaction_id": txid, "message_id": m["message_id"]})
         self.ends.extend(body.get("ends") or [])
         answer: dict[str, Any] = {"transactions": out}
