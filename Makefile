@@ -21,11 +21,12 @@ system-deps:
 up: $(STAMP) system-deps
 	$(BIN)/tidemq up $(UP_ARGS)
 
-# The suite runs in parallel (pytest-xdist): one worker per CPU, at most 4 (the integration tests
-# start several processes each), every test file on one worker so that a module's fixtures
-# start once. PYTEST_WORKERS=0 runs it in this one process, e.g.
-# make test PYTEST_WORKERS=0 PYTEST_ARGS='tests/cli/test_cli.py -x'
-PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
+# The suite runs in parallel (pytest-xdist): one worker per CPU plus one, at most 4 (the
+# integration tests start several processes each and spend much of their time waiting on them:
+# on 2 cores, 3 workers ran the suite in 17:41 where 2 took 20:30), every test file on one
+# worker so that a module's fixtures start once. PYTEST_WORKERS=0 runs it in this one process,
+# e.g. make test PYTEST_WORKERS=0 PYTEST_ARGS='tests/cli/test_cli.py -x'
+PYTEST_WORKERS ?= $(shell n=$$(( $$(nproc 2>/dev/null || echo 2) + 1 )); [ "$$n" -gt 4 ] && n=4; echo $$n)
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 test: $(STAMP) system-deps
