@@ -51,6 +51,7 @@ from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._tasks import finish_tasks
 from tidemq._typed import JsonModel, model_body
+from tidemq._validate import Duration, Instant
 from tidemq.protocol import ErrorCode, OutgoingMessage
 from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.message import DEFAULT_LIMITS
@@ -71,8 +72,8 @@ class SendOptions(TypedDict, total=False):
     sharding_key: str | None
     queue_id: int | None
     delay_level: int | None
-    delay_ms: int | None
-    deliver_at_ms: int | None
+    delay_ms: Duration | None  # ms (int or whole float) or a timedelta
+    deliver_at_ms: Instant | None  # epoch ms (int or whole float) or a datetime
     message_id: str | None
 
 
@@ -104,7 +105,7 @@ class Producer(Client):
     def __init__(
         self,
         *,
-        nameservers: Sequence[str] | None = None,
+        nameservers: str | Sequence[str] | None = None,
         broker_url: str | None = None,
         linger_ms: float = SEND_LINGER_MS,
         max_batch: int = 256,
@@ -208,11 +209,14 @@ class Producer(Client):
         The batch goes to one broker: the broker of its keyed (``sharding_key``/``queue_id``)
         messages, else the next one in round robin; other messages are spread over that
         broker's queues. Keys that map to queues of different brokers are refused — send
-        those with ``send``, which coalesces per broker anyway.
+        those with ``send``, which coalesces per broker anyway. A ``Message`` whose own
+        ``topic`` is another one is refused (``ConfigurationError``), as is any message with an
+        argument of the wrong type, before anything is sent.
         """
         self._require_open()
         validate_topic(topic, self._valid_topics)
-        outs = [to_outgoing(self._as_message(m, {"topic": topic})) for m in messages]
+        outs = [to_outgoing(self._as_message(_of_batch(topic, i, m), {"topic": topic}))
+                for i, m in enumerate(messages)]
         if not outs:
             return []
         limits = DEFAULT_LIMITS
@@ -440,6 +444,14 @@ class Producer(Client):
             return [send_result(r, topic) for r in answer["results"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
+
+
+def _of_batch(topic: str, index: int, message: Message | Body) -> Message | Body:
+    """``message`` of a batch to ``topic``, refused when it names another topic itself."""
+    if isinstance(message, Message) and message.topic and message.topic != topic:
+        raise ConfigurationError(f"send_batch: messages[{index}] has topic={message.topic!r} "
+                                 f"but the batch goes to topic {topic!r}")
+    return message
 
 
 def _log_oneway_failure(future: asyncio.Future[SendResult]) -> None:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Self
 
 from tidemq import _constants as C
+from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._broker_api import BrokerApi
 from tidemq._client import Client
@@ -54,7 +55,7 @@ class SimpleConsumer(Client):
         group: str,
         *,
         topic: str,
-        nameservers: Sequence[str] | None = None,
+        nameservers: str | Sequence[str] | None = None,
         broker_url: str | None = None,
         tag_expression: str = "*",
         invisible_ms: int = C.INVISIBLE_MS,
@@ -64,11 +65,13 @@ class SimpleConsumer(Client):
         transport: Transport | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        if invisible_ms <= 0:
+        V.group_name(group)
+        V.topic_name(topic)
+        if V.integer(invisible_ms, "invisible_ms") <= 0:
             raise ConfigurationError(f"invisible_ms must be positive, got {invisible_ms}")
         self.group = group
         self.topic = topic
-        self.tag_expression = TagExpression.parse(tag_expression)
+        self.tag_expression = TagExpression.parse(V.tag_expression(tag_expression))
         self.invisible_ms = invisible_ms
         self._connect(nameservers=nameservers, broker_url=broker_url,
                       request_timeout_s=request_timeout_s, retry=retry,
