@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
+from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._batch import encode_request, results_of, send_result
 from tidemq._batcher import Coalescer
@@ -51,7 +52,6 @@ from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._tasks import finish_tasks
 from tidemq._typed import JsonModel, model_body
-from tidemq._validate import Duration, Instant
 from tidemq.protocol import ErrorCode, OutgoingMessage
 from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.message import DEFAULT_LIMITS
@@ -72,8 +72,8 @@ class SendOptions(TypedDict, total=False):
     sharding_key: str | None
     queue_id: int | None
     delay_level: int | None
-    delay_ms: Duration | None  # ms (int or whole float) or a timedelta
-    deliver_at_ms: Instant | None  # epoch ms (int or whole float) or a datetime
+    delay_ms: V.Duration | None  # ms (int or whole float) or a timedelta
+    deliver_at_ms: V.Instant | None  # epoch ms (int or whole float) or a datetime
     message_id: str | None
 
 
@@ -100,6 +100,11 @@ class Producer(Client):
     order — unless ``ordered_failover=True``, which lets it move to a live group (that key's
     order may then break across the move). An explicit ``queue_id`` never moves. ``retry``
     bounds every send: attempts in all and the deadline.
+
+    ``nameservers`` is a list of URLs, one URL or comma-separated URLs; ``broker_url`` names a
+    single broker instead; given neither, ``TIDEMQ_NAMESERVER_URL`` names the nameservers. Bad
+    arguments, here or to ``send``, raise ``ConfigurationError`` naming them, before anything
+    is sent (``tidemq._validate``).
     """
 
     def __init__(
@@ -120,6 +125,9 @@ class Producer(Client):
         credentials: Credentials | None = None,
     ) -> None:
         limits = DEFAULT_LIMITS
+        for name, value in (("max_batch", max_batch), ("max_batch_bytes", max_batch_bytes),
+                            ("max_in_flight", max_in_flight)):
+            V.integer(value, name)
         if not 1 <= max_batch <= limits.max_batch_messages:
             raise ConfigurationError(
                 f"max_batch must be 1-{limits.max_batch_messages}, got {max_batch}")

@@ -106,6 +106,10 @@ class PushConsumer(Client):
         credentials: Credentials | None = None,
     ) -> None:
         V.group_name(group)
+        for name, value in (("max_concurrency", max_concurrency), ("pull_batch", pull_batch),
+                            ("pull_wait_ms", pull_wait_ms),
+                            ("max_reconsume_times", max_reconsume_times)):
+            V.integer(value, name)
         if mode not in ("clustering", "broadcasting"):
             raise ConfigurationError(f"mode must be 'clustering' or 'broadcasting', got {mode!r}")
         if consume_from not in ("first", "last"):

@@ -102,9 +102,11 @@ class SimpleConsumer(Client):
         Waits up to ``wait_ms`` (long poll) when none is available; may return fewer than
         available, or none.
         """
-        if not 1 <= max <= 1024:
+        if not 1 <= V.integer(max, "max") <= 1024:
             raise ConfigurationError(f"max must be 1-1024, got {max}")
-        invisible = invisible_ms if invisible_ms is not None else self.invisible_ms
+        invisible = V.integer(invisible_ms, "invisible_ms") if invisible_ms is not None \
+            else self.invisible_ms
+        V.integer(wait_ms, "wait_ms")
         self._collect()
         if self._ready:
             return self._hand_out(max)

@@ -45,6 +45,7 @@ from typing import Any, Protocol, Self
 from urllib.parse import urlencode
 
 from tidemq import _hooks
+from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._batch import encode_halves
 from tidemq._client import Client
@@ -76,7 +77,6 @@ from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
 from tidemq._transaction_types import TransactionSendResult, TransactionState
 from tidemq._typed import JsonModel, model_body
-from tidemq._validate import group_name
 from tidemq.protocol import OutgoingMessage, ReceivedMessage
 from tidemq.protocol.batch import CONTENT_BATCH
 
@@ -123,7 +123,11 @@ class TransactionProducer(Client):
         transport: Transport | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        group_name(group, "producer group")
+        V.group_name(group, "producer group")
+        for name, value in (("max_batch", max_batch), ("max_in_flight", max_in_flight),
+                            ("check_wait_ms", check_wait_ms), ("check_max", check_max),
+                            ("check_concurrency", check_concurrency)):
+            V.integer(value, name)
         if not 1 <= max_batch <= 1024 or max_in_flight < 1 or linger_ms < 0:
             raise ConfigurationError("max_batch must be 1-1024, max_in_flight >= 1, "
                                      "linger_ms >= 0")

@@ -252,3 +252,24 @@ def test_router_refuses_bad_topic_and_tag_names() -> None:
     with pytest.raises(ConfigurationError, match="tag: must be a string"):
         router.handler("orders", tag=5)
     assert router.subscriptions == {}
+
+
+async def test_bools_and_strings_are_not_integers_anywhere(cluster: FakeCluster) -> None:
+    """``True`` passes for 1 in Python; no integer argument of the SDK takes it."""
+    t, url = cluster.transport, cluster.broker_url
+    for name in ("max_batch", "max_in_flight"):
+        with pytest.raises(ConfigurationError, match=name):
+            Producer(broker_url=url, transport=t, **{name: True})
+    for name in ("max_concurrency", "pull_batch", "pull_wait_ms"):
+        with pytest.raises(ConfigurationError, match=name):
+            PushConsumer("g1", handler=_handler, broker_url=url, transport=t, **{name: True})
+    with pytest.raises(ConfigurationError, match="check_max"):
+        TransactionProducer("tx-group", _Listener(), broker_url=url, transport=t,
+                            check_max=True)
+    with pytest.raises(ConfigurationError, match="invisible_ms"):
+        SimpleConsumer("g1", topic="orders", broker_url=url, transport=t, invisible_ms="30000")
+    async with SimpleConsumer("g1", topic="orders", broker_url=url, transport=t) as simple:
+        for kwargs in ({"max": True}, {"invisible_ms": "1000"}, {"wait_ms": 1.5}):
+            with pytest.raises(ConfigurationError, match=next(iter(kwargs))):
+                await simple.receive(**kwargs)
+    assert cluster.requests == []
