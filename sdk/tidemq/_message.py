@@ -79,15 +79,19 @@ class Message:
         self.topic = topic if topic is None or type(topic) is str else V.text(topic, "topic")
         self.tag = tag if tag is None or type(tag) is str else V.text(tag, "tag")
         self.keys = keys if type(keys) is str or keys == () else V.keys(keys)
-        self.properties = {} if properties is None else V.properties(properties)
+        self.properties = {} if properties is None \
+            else properties if type(properties) is dict and not properties \
+            else V.properties(properties)
         self.sharding_key = sharding_key if sharding_key is None or type(sharding_key) is str \
             else V.text(sharding_key, "sharding_key")
         self.queue_id = queue_id if queue_id is None or type(queue_id) is int \
             else V.integer(queue_id, "queue_id")
         self.delay_level = delay_level if type(delay_level) is int \
             else 0 if delay_level is None else V.integer(delay_level, "delay_level")
-        self.delay_ms = V.duration_ms(delay_ms)
-        self.deliver_at_ms = V.epoch_ms(deliver_at_ms)
+        self.delay_ms = delay_ms if delay_ms is None or type(delay_ms) is int \
+            else V.duration_ms(delay_ms)
+        self.deliver_at_ms = deliver_at_ms if deliver_at_ms is None or type(deliver_at_ms) is int \
+            else V.epoch_ms(deliver_at_ms)
         self.message_id = message_id if message_id is None or type(message_id) is str \
             else V.text(message_id, "message_id")
 

@@ -117,7 +117,13 @@ def keys(value: object) -> Sequence[str] | str:
     """``keys``: one string, or an iterable of strings (a list or tuple is kept as it is)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, bytes | bytearray | Mapping) or not isinstance(value, Iterable):
+    if type(value) is list or type(value) is tuple:  # the common case, without ABC checks
+        for item in value:
+            if type(item) is not str:
+                break
+        else:
+            return value
+    elif isinstance(value, bytes | bytearray | Mapping) or not isinstance(value, Iterable):
         raise ConfigurationError(f"keys: must be a string or a list of strings, got "
                                  f"{_got(value)}")
     items = value if isinstance(value, list | tuple) else list(value)
@@ -129,6 +135,12 @@ def keys(value: object) -> Sequence[str] | str:
 
 def properties(value: object) -> Mapping[str, str]:
     """``properties``: a mapping of strings to strings."""
+    if type(value) is dict:  # the common case, without ABC checks
+        for k, v in value.items():
+            if type(k) is not str or type(v) is not str:
+                break
+        else:
+            return value
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"properties: must be a mapping of str to str, got "
                                  f"{_got(value)}")
