@@ -223,6 +223,9 @@ class Producer(Client):
         """
         self._require_open()
         validate_topic(topic, self._valid_topics)
+        if isinstance(messages, bytes | str | Message) or not isinstance(messages, Iterable):
+            raise ConfigurationError(f"send_batch: messages must be a list of messages or "
+                                     f"bodies, got {type(messages).__name__}")
         outs = [to_outgoing(self._as_message(_of_batch(topic, i, m), {"topic": topic}))
                 for i, m in enumerate(messages)]
         if not outs:

@@ -59,6 +59,11 @@ async def _handler(message: ReceivedMessage) -> None:
     return None
 
 
+def _any(value: Any) -> Any:
+    """``value`` with its type hidden from mypy: these tests pass wrong types on purpose."""
+    return value
+
+
 def _producer(cluster: FakeCluster, **kw: Any) -> Producer:
     kw.setdefault("broker_url", cluster.broker_url)
     return Producer(transport=cluster.transport, **kw)
@@ -129,6 +134,9 @@ async def test_send_batch_refuses_a_message_of_another_topic(cluster: FakeCluste
     async with _producer(cluster) as producer:
         with pytest.raises(ConfigurationError, match=r"messages\[1\] has topic='Orders'.*'Bad'"):
             await producer.send_batch("Bad", [b"a", Message(b"b", topic="Orders")])
+        for not_a_list in (b"ab", Message(b"a"), 5):
+            with pytest.raises(ConfigurationError, match="send_batch: messages must be a list"):
+                await producer.send_batch("Bad", _any(not_a_list))
         results = await producer.send_batch("Bad", [Message(b"c", topic="Bad")])  # its own
     assert [r.topic for r in results] == ["Bad"]
     assert len(cluster.requests_to("/v1/topics/Bad/messages")) == 1
@@ -142,9 +150,9 @@ async def test_transactional_send_refuses_a_wrong_type_before_sending(
         for name, value in [("keys", 123), ("properties", {"a": 1}), ("tag", 5),
                             ("message_id", 123), ("sharding_key", 7)]:
             with pytest.raises(ConfigurationError, match=name):
-                await producer.send(b"x", topic="orders", **{name: value})
+                await producer.send(b"x", topic="orders", **_any({name: value}))
         with pytest.raises(ConfigurationError, match="delay_ms"):
-            await producer.send(Message(b"x", topic="orders", delay_ms="1000"))
+            await producer.send(Message(b"x", topic="orders", delay_ms=_any("1000")))
     assert cluster.requests_to("/v1/transactions") == []
 
 
@@ -225,7 +233,7 @@ def test_consumers_refuse_bad_group_topic_and_tag_names(cluster: FakeCluster) ->
     with pytest.raises(ConfigurationError, match="topic: topic name 'bad t'"):
         consumer.subscribe("bad t")
     with pytest.raises(ConfigurationError, match="tag_expression: must be a string"):
-        consumer.subscribe("orders", 5)
+        consumer.subscribe("orders", _any(5))
     with pytest.raises(ConfigurationError, match=re.escape("tag expression 'a || '")):
         consumer.subscribe("orders", "a || ")
     assert consumer.subscriptions == {}
@@ -250,7 +258,7 @@ def test_router_refuses_bad_topic_and_tag_names() -> None:
     with pytest.raises(ConfigurationError, match="tag: one tag"):
         router.handler("orders", tag=" a")
     with pytest.raises(ConfigurationError, match="tag: must be a string"):
-        router.handler("orders", tag=5)
+        router.handler("orders", tag=_any(5))
     assert router.subscriptions == {}
 
 
@@ -259,15 +267,17 @@ async def test_bools_and_strings_are_not_integers_anywhere(cluster: FakeCluster)
     t, url = cluster.transport, cluster.broker_url
     for name in ("max_batch", "max_in_flight"):
         with pytest.raises(ConfigurationError, match=name):
-            Producer(broker_url=url, transport=t, **{name: True})
+            Producer(broker_url=url, transport=t, **_any({name: True}))
     for name in ("max_concurrency", "pull_batch", "pull_wait_ms"):
         with pytest.raises(ConfigurationError, match=name):
-            PushConsumer("g1", handler=_handler, broker_url=url, transport=t, **{name: True})
+            PushConsumer("g1", handler=_handler, broker_url=url, transport=t,
+                         **_any({name: True}))
     with pytest.raises(ConfigurationError, match="check_max"):
         TransactionProducer("tx-group", _Listener(), broker_url=url, transport=t,
                             check_max=True)
     with pytest.raises(ConfigurationError, match="invisible_ms"):
-        SimpleConsumer("g1", topic="orders", broker_url=url, transport=t, invisible_ms="30000")
+        SimpleConsumer("g1", topic="orders", broker_url=url, transport=t,
+                       invisible_ms=_any("30000"))
     async with SimpleConsumer("g1", topic="orders", broker_url=url, transport=t) as simple:
         for kwargs in ({"max": True}, {"invisible_ms": "1000"}, {"wait_ms": 1.5}):
             with pytest.raises(ConfigurationError, match=next(iter(kwargs))):
