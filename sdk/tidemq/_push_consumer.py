@@ -75,7 +75,11 @@ def new_client_id() -> str:
 
 
 class PushConsumer(Client):
-    """Pulls the queues allocated to this instance and calls ``handler`` for each message."""
+    """Pulls the queues allocated to this instance and calls ``handler`` for each message.
+
+    ``nameservers`` / ``broker_url`` are given as to ``Producer`` (neither:
+    ``TIDEMQ_NAMESERVER_URL``). The group, the topics and the tag expressions are checked by the
+    broker's rules when given (``ConfigurationError``), not by a failing heartbeat later."""
 
     def __init__(
         self,

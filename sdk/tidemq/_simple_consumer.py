@@ -48,7 +48,11 @@ _MAX_REMEMBERED_HANDLES = 100_000  # receipt handle → broker, for multi-broker
 
 
 class SimpleConsumer(Client):
-    """Receive / ack / change invisibility for one group on one topic."""
+    """Receive / ack / change invisibility for one group on one topic.
+
+    ``nameservers`` / ``broker_url`` are given as to ``Producer`` (neither:
+    ``TIDEMQ_NAMESERVER_URL``); the group, topic and tag expression are checked by the broker's
+    rules here (``ConfigurationError``)."""
 
     def __init__(
         self,

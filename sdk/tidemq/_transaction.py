@@ -97,7 +97,10 @@ class TransactionListener(Protocol):
 
 
 class TransactionProducer(Client):
-    """Transactional sends for one producer group; an async context manager."""
+    """Transactional sends for one producer group; an async context manager.
+
+    ``nameservers`` / ``broker_url`` are given as to ``Producer`` (neither:
+    ``TIDEMQ_NAMESERVER_URL``); ``send`` checks its arguments as ``Producer.send`` does."""
 
     def __init__(
         self,
