@@ -210,9 +210,7 @@ def endpoints(nameservers: str | Sequence[str] | None, broker_url: str | None,
     process environment)."""
     if broker_url is not None and not isinstance(broker_url, str):
         raise ConfigurationError(f"broker_url: must be a URL string, got {_got(broker_url)}")
-    broker = broker_url.strip().rstrip("/") if broker_url else ""
-    if broker_url is not None and not broker:
-        raise ConfigurationError("broker_url: is empty; give a URL like http://127.0.0.1:10911")
+    broker = broker_url.strip().rstrip("/") if broker_url else ""  # "": not given
     if nameservers is None:
         if broker:
             return Endpoints((), broker)
@@ -224,8 +222,13 @@ def endpoints(nameservers: str | Sequence[str] | None, broker_url: str | None,
                 f"{NAMESERVER_URL_ENV} (comma-separated URLs)")
         return Endpoints(found, None)
     urls = _nameserver_urls(nameservers)
-    if broker:
+    if broker and urls:
         raise ConfigurationError("give either nameservers=[...] or broker_url=..., not both")
+    if broker:
+        return Endpoints((), broker)  # nameservers=[] beside a broker_url: the broker
+    if not urls:
+        raise ConfigurationError(f"nameservers: is empty ({nameservers!r}); give at least one "
+                                 f"URL like http://127.0.0.1:9876, or broker_url=...")
     return Endpoints(urls, None)
 
 
@@ -242,7 +245,4 @@ def _nameserver_urls(nameservers: object) -> tuple[str, ...]:
     else:
         raise ConfigurationError(f"nameservers: must be a URL, comma-separated URLs or a list "
                                  f"of URLs, got {_got(nameservers)}")
-    if not urls:
-        raise ConfigurationError(f"nameservers: is empty ({nameservers!r}); give at least one "
-                                 f"URL like http://127.0.0.1:9876, or broker_url=...")
     return urls

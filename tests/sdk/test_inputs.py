@@ -193,6 +193,9 @@ def test_missing_endpoints_say_what_is_missing(cluster: FakeCluster, index: int,
                  cluster)[index]()
     with pytest.raises(ConfigurationError, match="nameservers: every entry"):
         _clients({"nameservers": ["http://ns0:9876", 9876]}, cluster)[index]()
+    # as before: an empty list beside a broker_url means the broker
+    beside = _clients({"nameservers": [], "broker_url": cluster.broker_url}, cluster)[index]()
+    assert beside._endpoints.broker_url == cluster.broker_url
 
 
 @pytest.mark.parametrize("index", range(4), ids=CLIENTS)
