@@ -14,9 +14,11 @@ from typing import Self
 
 from tidemq._auth import Credentials
 from tidemq._constants import BROKER_BACKOFF_INITIAL_S
+from tidemq._exceptions import ConfigurationError
 from tidemq._fault import BrokerHealth
 from tidemq._http import HttpClient, RetryPolicy, Transport
 from tidemq._routes import RouteTable
+from tidemq._validate import Endpoints, endpoints
 
 
 class Client(ABC):
@@ -25,12 +27,13 @@ class Client(ABC):
     _http: HttpClient
     _routes: RouteTable
     _health: BrokerHealth
+    _endpoints: Endpoints
     _closed = False
 
     def _connect(
         self,
         *,
-        nameservers: Sequence[str] | None,
+        nameservers: str | Sequence[str] | None,
         broker_url: str | None,
         request_timeout_s: float,
         retry: RetryPolicy,
@@ -39,11 +42,21 @@ class Client(ABC):
         backoff_max_s: float,
         credentials: Credentials | None = None,
     ) -> None:
-        """Build the connections; a failing broker backs off up to ``backoff_max_s``. Requests
-        are signed with ``credentials`` (else TIDEMQ_ACCESS_KEY / TIDEMQ_SECRET_KEY, if set)."""
+        """Build the connections; a failing broker backs off up to ``backoff_max_s``.
+
+        Routes come from ``nameservers`` (one URL, comma-separated URLs or a list) or from
+        ``broker_url``; with neither, from the nameservers TIDEMQ_NAMESERVER_URL names
+        (``tidemq._validate.endpoints``). Requests are signed with ``credentials`` (else
+        TIDEMQ_ACCESS_KEY / TIDEMQ_SECRET_KEY, if set); https:// servers are verified against
+        TIDEMQ_TLS_CA when it is set (``tidemq._http.shared_ssl_context``)."""
+        self._endpoints = endpoints(nameservers, broker_url)
+        if credentials is not None and not isinstance(credentials, Credentials):
+            raise ConfigurationError(f"credentials: must be a tidemq.Credentials, got "
+                                     f"{type(credentials).__name__}")
         self._http = HttpClient(transport=transport, timeout_s=request_timeout_s, retry=retry,
                                 credentials=credentials)
-        self._routes = RouteTable(self._http, nameservers=nameservers, broker_url=broker_url,
+        self._routes = RouteTable(self._http, nameservers=self._endpoints.nameservers or None,
+                                  broker_url=self._endpoints.broker_url,
                                   refresh_interval_s=route_refresh_s)
         self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S, max_s=backoff_max_s,
                                     probe_timeout_s=request_timeout_s)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 NAMESERVER_PORT = 9876
 BROKER_PORT = 10911
+# The nameserver URLs a client uses when given neither nameservers=... nor broker_url=...: one
+# URL or several comma-separated, as the CLI reads the same variable.
+NAMESERVER_URL_ENV = "TIDEMQ_NAMESERVER_URL"
 
 CONSUMER_HEARTBEAT_INTERVAL_S = 10.0  # push consumer → broker heartbeat (and rebalance) period
 CONSUMER_EXPIRY_S = 30.0  # the broker drops a member silent this long

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from tidemq import _validate as V
 from tidemq._exceptions import ConfigurationError, server_error
 from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError, validate_topic_name
 from tidemq.protocol.message import DEFAULT_LIMITS, Limits
@@ -30,28 +31,69 @@ def new_message_id() -> str:
     return f"{_ids.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Message:
     """A message to send. ``body`` text is sent as UTF-8.
 
-    At most one of ``delay_level`` (1-18), ``delay_ms`` and ``deliver_at_ms`` (epoch ms) may be
-    set. ``sharding_key`` pins all messages with the same key to one queue (ordered messages);
-    ``queue_id`` pins a queue explicitly. Leave ``message_id`` empty to get a fresh one per
-    ``send`` call (the SDK always sends one, so its own retries are idempotent); set it to make
-    your own retries of the same logical message idempotent too.
+    At most one of ``delay_level`` (1-18), ``delay_ms`` and ``deliver_at_ms`` may be set.
+    ``delay_ms`` is milliseconds (an int or a whole float) or a ``datetime.timedelta``;
+    ``deliver_at_ms`` is epoch milliseconds (an int or a whole float) or a ``datetime.datetime``
+    (an aware one, or a naive one read as local time); both are kept as int milliseconds,
+    rounded down. ``sharding_key`` pins all messages with the same key to one queue (ordered
+    messages); ``queue_id`` pins a queue explicitly. ``keys`` is one string or a list of
+    strings, ``properties`` a mapping of strings to strings. Leave ``message_id`` empty to get
+    a fresh one per ``send`` call (the SDK always sends one, so its own retries are
+    idempotent); set it to make your own retries of the same logical message idempotent too.
+
+    An argument of the wrong type (a ``str`` delay, a ``bool`` queue id, an int tag) raises
+    ``ConfigurationError`` naming it (``tidemq._validate``).
     """
 
     body: bytes | str
-    topic: str | None = None
-    tag: str | None = None
-    keys: Sequence[str] | str = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
-    sharding_key: str | None = None
-    queue_id: int | None = None
-    delay_level: int = 0
-    delay_ms: int | None = None
-    deliver_at_ms: int | None = None
-    message_id: str | None = None
+    topic: str | None
+    tag: str | None
+    keys: Sequence[str] | str
+    properties: Mapping[str, str]
+    sharding_key: str | None
+    queue_id: int | None
+    delay_level: int
+    delay_ms: int | None
+    deliver_at_ms: int | None
+    message_id: str | None
+
+    def __init__(  # the order of the fields: Message(body, topic, tag, ...) stays valid
+        self,
+        body: bytes | str,
+        topic: str | None = None,
+        tag: str | None = None,
+        keys: Sequence[str] | str = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        queue_id: int | None = None,
+        delay_level: int | None = 0,
+        delay_ms: V.Duration | None = None,
+        deliver_at_ms: V.Instant | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        self.body = body
+        self.topic = topic if topic is None or type(topic) is str else V.text(topic, "topic")
+        self.tag = tag if tag is None or type(tag) is str else V.text(tag, "tag")
+        self.keys = keys if type(keys) is str or keys == () else V.keys(keys)
+        self.properties = {} if properties is None \
+            else properties if type(properties) is dict and not properties \
+            else V.properties(properties)
+        self.sharding_key = sharding_key if sharding_key is None or type(sharding_key) is str \
+            else V.text(sharding_key, "sharding_key")
+        self.queue_id = queue_id if queue_id is None or type(queue_id) is int \
+            else V.integer(queue_id, "queue_id")
+        self.delay_level = delay_level if type(delay_level) is int \
+            else 0 if delay_level is None else V.integer(delay_level, "delay_level")
+        self.delay_ms = delay_ms if delay_ms is None or type(delay_ms) is int \
+            else V.duration_ms(delay_ms)
+        self.deliver_at_ms = deliver_at_ms if deliver_at_ms is None or type(deliver_at_ms) is int \
+            else V.epoch_ms(deliver_at_ms)
+        self.message_id = message_id if message_id is None or type(message_id) is str \
+            else V.text(message_id, "message_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +173,7 @@ def body_to_outgoing(body: bytes | str, limits: Limits = DEFAULT_LIMITS, *,
         raise _body_too_large(raw, limits)
     out = OutgoingMessage(raw, _valid_id(message_id, limits))
     if properties:
-        out.properties = dict(properties)
+        out.properties = dict(V.properties(properties))
         _validate_properties(out, limits)
     return out
 
@@ -140,6 +182,8 @@ def _valid_id(message_id: str | None, limits: Limits) -> str:
     """The caller's message id, checked, or a fresh one."""
     if not message_id:
         return new_message_id()
+    if type(message_id) is not str:
+        V.text(message_id, "message_id")
     if len(message_id) > limits.max_message_id_chars:
         raise server_error(ErrorCode.BAD_REQUEST, f"message_id: at most "
                            f"{limits.max_message_id_chars} characters, got {len(message_id)}")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
+from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._batch import encode_request, results_of, send_result
 from tidemq._batcher import Coalescer
@@ -71,8 +72,8 @@ class SendOptions(TypedDict, total=False):
     sharding_key: str | None
     queue_id: int | None
     delay_level: int | None
-    delay_ms: int | None
-    deliver_at_ms: int | None
+    delay_ms: V.Duration | None  # ms (int or whole float) or a timedelta
+    deliver_at_ms: V.Instant | None  # epoch ms (int or whole float) or a datetime
     message_id: str | None
 
 
@@ -99,12 +100,17 @@ class Producer(Client):
     order — unless ``ordered_failover=True``, which lets it move to a live group (that key's
     order may then break across the move). An explicit ``queue_id`` never moves. ``retry``
     bounds every send: attempts in all and the deadline.
+
+    ``nameservers`` is a list of URLs, one URL or comma-separated URLs; ``broker_url`` names a
+    single broker instead; given neither, ``TIDEMQ_NAMESERVER_URL`` names the nameservers. Bad
+    arguments, here or to ``send``, raise ``ConfigurationError`` naming them, before anything
+    is sent (``tidemq._validate``).
     """
 
     def __init__(
         self,
         *,
-        nameservers: Sequence[str] | None = None,
+        nameservers: str | Sequence[str] | None = None,
         broker_url: str | None = None,
         linger_ms: float = SEND_LINGER_MS,
         max_batch: int = 256,
@@ -119,6 +125,9 @@ class Producer(Client):
         credentials: Credentials | None = None,
     ) -> None:
         limits = DEFAULT_LIMITS
+        for name, value in (("max_batch", max_batch), ("max_batch_bytes", max_batch_bytes),
+                            ("max_in_flight", max_in_flight)):
+            V.integer(value, name)
         if not 1 <= max_batch <= limits.max_batch_messages:
             raise ConfigurationError(
                 f"max_batch must be 1-{limits.max_batch_messages}, got {max_batch}")
@@ -208,11 +217,17 @@ class Producer(Client):
         The batch goes to one broker: the broker of its keyed (``sharding_key``/``queue_id``)
         messages, else the next one in round robin; other messages are spread over that
         broker's queues. Keys that map to queues of different brokers are refused — send
-        those with ``send``, which coalesces per broker anyway.
+        those with ``send``, which coalesces per broker anyway. A ``Message`` whose own
+        ``topic`` is another one is refused (``ConfigurationError``), as is any message with an
+        argument of the wrong type, before anything is sent.
         """
         self._require_open()
         validate_topic(topic, self._valid_topics)
-        outs = [to_outgoing(self._as_message(m, {"topic": topic})) for m in messages]
+        if isinstance(messages, bytes | str | Message) or not isinstance(messages, Iterable):
+            raise ConfigurationError(f"send_batch: messages must be a list of messages or "
+                                     f"bodies, got {type(messages).__name__}")
+        outs = [to_outgoing(self._as_message(_of_batch(topic, i, m), {"topic": topic}))
+                for i, m in enumerate(messages)]
         if not outs:
             return []
         limits = DEFAULT_LIMITS
@@ -440,6 +455,14 @@ class Producer(Client):
             return [send_result(r, topic) for r in answer["results"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
+
+
+def _of_batch(topic: str, index: int, message: Message | Body) -> Message | Body:
+    """``message`` of a batch to ``topic``, refused when it names another topic itself."""
+    if isinstance(message, Message) and message.topic and message.topic != topic:
+        raise ConfigurationError(f"send_batch: messages[{index}] has topic={message.topic!r} "
+                                 f"but the batch goes to topic {topic!r}")
+    return message
 
 
 def _log_oneway_failure(future: asyncio.Future[SendResult]) -> None:

@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, Self
 
 from tidemq import _constants as C
+from tidemq import _validate as V
 from tidemq._allocate import allocate_averagely
 from tidemq._auth import Credentials
 from tidemq._broker_api import BrokerApi
@@ -74,14 +75,18 @@ def new_client_id() -> str:
 
 
 class PushConsumer(Client):
-    """Pulls the queues allocated to this instance and calls ``handler`` for each message."""
+    """Pulls the queues allocated to this instance and calls ``handler`` for each message.
+
+    ``nameservers`` / ``broker_url`` are given as to ``Producer`` (neither:
+    ``TIDEMQ_NAMESERVER_URL``). The group, the topics and the tag expressions are checked by the
+    broker's rules when given (``ConfigurationError``), not by a failing heartbeat later."""
 
     def __init__(
         self,
         group: str,
         *,
         handler: Handler,
-        nameservers: Sequence[str] | None = None,
+        nameservers: str | Sequence[str] | None = None,
         broker_url: str | None = None,
         subscriptions: Mapping[str, str] | None = None,
         mode: Mode = "clustering",
@@ -104,6 +109,11 @@ class PushConsumer(Client):
         transport: Transport | None = None,
         credentials: Credentials | None = None,
     ) -> None:
+        V.group_name(group)
+        for name, value in (("max_concurrency", max_concurrency), ("pull_batch", pull_batch),
+                            ("pull_wait_ms", pull_wait_ms),
+                            ("max_reconsume_times", max_reconsume_times)):
+            V.integer(value, name)
         if mode not in ("clustering", "broadcasting"):
             raise ConfigurationError(f"mode must be 'clustering' or 'broadcasting', got {mode!r}")
         if consume_from not in ("first", "last"):
@@ -151,8 +161,13 @@ class PushConsumer(Client):
     # -- public ------------------------------------------------------------------------------
 
     def subscribe(self, topic: str, tag_expression: str = "*") -> None:
-        """Consume ``topic`` messages matching ``tag_expression`` (``*`` or ``a || b``)."""
-        self._subscriptions[topic] = TagExpression.parse(tag_expression)
+        """Consume ``topic`` messages matching ``tag_expression`` (``*`` or ``a || b``).
+
+        A topic name or tag expression the broker would refuse raises ``ConfigurationError``
+        here, not a failing heartbeat later."""
+        V.topic_name(topic)
+        expression = TagExpression.parse(V.tag_expression(tag_expression))
+        self._subscriptions[topic] = expression
         self._wakeup.set()
 
     def unsubscribe(self, topic: str) -> None:

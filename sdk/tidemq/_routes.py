@@ -20,13 +20,13 @@ from typing import Any
 
 from tidemq._constants import NAMESERVER_TIMEOUT_S, ROUTE_REFRESH_INTERVAL_S
 from tidemq._exceptions import (
-    ConfigurationError,
     TidemqError,
     TopicNotFoundError,
     TransportError,
     UnexpectedResponseError,
 )
 from tidemq._http import NO_RETRY, HttpClient, normalize_address, url
+from tidemq._validate import endpoints
 
 log = logging.getLogger("tidemq.routes")
 
@@ -141,11 +141,10 @@ class RouteTable:
         broker_url: str | None = None,
         refresh_interval_s: float = ROUTE_REFRESH_INTERVAL_S,
     ) -> None:
-        if bool(nameservers) == bool(broker_url):
-            raise ConfigurationError("give either nameservers=[...] or broker_url=..., not both")
+        where = endpoints(nameservers, broker_url, env={})  # the clients read the environment
         self._http = http
-        self._nameservers = [normalize_address(n) for n in nameservers or ()]
-        self._broker = normalize_address(broker_url) if broker_url else None
+        self._nameservers = [normalize_address(n) for n in where.nameservers]
+        self._broker = normalize_address(where.broker_url) if where.broker_url else None
         self.refresh_interval_s = refresh_interval_s
         self._cache: dict[str, _Cached] = {}
         self._loading: dict[str, asyncio.Task[TopicRoute]] = {}

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Self
 
 from tidemq import _constants as C
+from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._broker_api import BrokerApi
 from tidemq._client import Client
@@ -47,14 +48,18 @@ _MAX_REMEMBERED_HANDLES = 100_000  # receipt handle → broker, for multi-broker
 
 
 class SimpleConsumer(Client):
-    """Receive / ack / change invisibility for one group on one topic."""
+    """Receive / ack / change invisibility for one group on one topic.
+
+    ``nameservers`` / ``broker_url`` are given as to ``Producer`` (neither:
+    ``TIDEMQ_NAMESERVER_URL``); the group, topic and tag expression are checked by the broker's
+    rules here (``ConfigurationError``)."""
 
     def __init__(
         self,
         group: str,
         *,
         topic: str,
-        nameservers: Sequence[str] | None = None,
+        nameservers: str | Sequence[str] | None = None,
         broker_url: str | None = None,
         tag_expression: str = "*",
         invisible_ms: int = C.INVISIBLE_MS,
@@ -64,11 +69,13 @@ class SimpleConsumer(Client):
         transport: Transport | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        if invisible_ms <= 0:
+        V.group_name(group)
+        V.topic_name(topic)
+        if V.integer(invisible_ms, "invisible_ms") <= 0:
             raise ConfigurationError(f"invisible_ms must be positive, got {invisible_ms}")
         self.group = group
         self.topic = topic
-        self.tag_expression = TagExpression.parse(tag_expression)
+        self.tag_expression = TagExpression.parse(V.tag_expression(tag_expression))
         self.invisible_ms = invisible_ms
         self._connect(nameservers=nameservers, broker_url=broker_url,
                       request_timeout_s=request_timeout_s, retry=retry,
@@ -99,9 +106,11 @@ class SimpleConsumer(Client):
         Waits up to ``wait_ms`` (long poll) when none is available; may return fewer than
         available, or none.
         """
-        if not 1 <= max <= 1024:
+        if not 1 <= V.integer(max, "max") <= 1024:
             raise ConfigurationError(f"max must be 1-1024, got {max}")
-        invisible = invisible_ms if invisible_ms is not None else self.invisible_ms
+        invisible = V.integer(invisible_ms, "invisible_ms") if invisible_ms is not None \
+            else self.invisible_ms
+        V.integer(wait_ms, "wait_ms")
         self._collect()
         if self._ready:
             return self._hand_out(max)

@@ -45,6 +45,7 @@ from typing import Any, Protocol, Self
 from urllib.parse import urlencode
 
 from tidemq import _hooks
+from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._batch import encode_halves
 from tidemq._client import Client
@@ -76,7 +77,7 @@ from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
 from tidemq._transaction_types import TransactionSendResult, TransactionState
 from tidemq._typed import JsonModel, model_body
-from tidemq.protocol import OutgoingMessage, ProtocolError, ReceivedMessage, validate_topic_name
+from tidemq.protocol import OutgoingMessage, ReceivedMessage
 from tidemq.protocol.batch import CONTENT_BATCH
 
 log = logging.getLogger("tidemq.transactions")
@@ -96,14 +97,17 @@ class TransactionListener(Protocol):
 
 
 class TransactionProducer(Client):
-    """Transactional sends for one producer group; an async context manager."""
+    """Transactional sends for one producer group; an async context manager.
+
+    ``nameservers`` / ``broker_url`` are given as to ``Producer`` (neither:
+    ``TIDEMQ_NAMESERVER_URL``); ``send`` checks its arguments as ``Producer.send`` does."""
 
     def __init__(
         self,
         group: str,
         listener: TransactionListener,
         *,
-        nameservers: Sequence[str] | None = None,
+        nameservers: str | Sequence[str] | None = None,
         broker_url: str | None = None,
         linger_ms: float = 1.0,
         max_batch: int = 256,
@@ -122,10 +126,11 @@ class TransactionProducer(Client):
         transport: Transport | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        try:
-            validate_topic_name(group)  # same rule as group names
-        except ProtocolError as exc:
-            raise ConfigurationError(f"producer group: {exc.message}") from None
+        V.group_name(group, "producer group")
+        for name, value in (("max_batch", max_batch), ("max_in_flight", max_in_flight),
+                            ("check_wait_ms", check_wait_ms), ("check_max", check_max),
+                            ("check_concurrency", check_concurrency)):
+            V.integer(value, name)
         if not 1 <= max_batch <= 1024 or max_in_flight < 1 or linger_ms < 0:
             raise ConfigurationError("max_batch must be 1-1024, max_in_flight >= 1, "
                                      "linger_ms >= 0")
@@ -143,8 +148,9 @@ class TransactionProducer(Client):
         self._batcher = TxBatcher(self._post, linger_s=linger_ms / 1000, max_items=max_batch,
                                   max_in_flight=max_in_flight)
         self._checks = CheckPoller(
-            self._http, group, self.client_id, self._check, nameservers=nameservers or (),
-            broker_url=broker_url, heartbeat_s=heartbeat_interval_s, wait_ms=check_wait_ms,
+            self._http, group, self.client_id, self._check,
+            nameservers=self._endpoints.nameservers, broker_url=self._endpoints.broker_url,
+            heartbeat_s=heartbeat_interval_s, wait_ms=check_wait_ms,
             max_checks=check_max, concurrency=check_concurrency)
         self._close_timeout_s = close_timeout_s
         self._valid_topics: set[str] = set()

@@ -41,6 +41,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from tidemq import _validate as V
 from tidemq._exceptions import ConfigurationError
 from tidemq._puller import ConsumeResult
 from tidemq.protocol import ReceivedMessage
@@ -138,8 +139,8 @@ class Router:
         """Register the decorated async function for ``topic`` messages with ``tag`` (None:
         every tag without a handler of its own). ``model`` overrides the first parameter's
         annotation (needed when it cannot be resolved, e.g. a class defined in a function)."""
-        if tag is not None and (not tag or tag == "*" or "||" in tag):
-            raise ConfigurationError(f"tag: one tag, or None for any, got {tag!r}")
+        V.topic_name(topic)
+        V.single_tag(tag)
 
         def register(fn: F) -> F:
             if not inspect.iscoroutinefunction(typing.cast(Any, fn)):

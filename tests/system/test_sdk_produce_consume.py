@@ -10,6 +10,7 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from tidemq import (
@@ -93,6 +94,29 @@ async def test_producer_round_trip_in_both_encodings(cluster: SdkCluster) -> Non
     assert by_id[plain.message_id]["body"] == "hello"
     looked_up = cluster.broker.http.get(f"/v1/messages/{plain.message_id}").json()
     assert looked_up["body"] == "hello" and looked_up["state"] == "stored"
+
+
+async def test_delays_given_as_float_timedelta_and_datetime(cluster: SdkCluster) -> None:
+    """Issue 34 item 3: a whole-float ``delay_ms`` (it failed with ``UnfitBatch``), a
+    ``timedelta`` and ``datetime`` due times (aware, and naive = local time) reach the broker as
+    the same milliseconds; the nameservers given as one comma-separated string."""
+    topic = cluster.create_topic(queues=2)
+    aware = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=250_000)
+    naive = (datetime.now() + timedelta(hours=3)).replace(microsecond=0)
+    async with Producer(nameservers=", ".join(cluster.nameservers)) as producer:
+        before = int(time.time() * 1000)
+        by_float = await producer.send(b"f", topic=topic, delay_ms=30 * 60 * 1000.0)
+        by_delta = await producer.send(b"d", topic=topic, delay_ms=timedelta(minutes=5))
+        after = int(time.time() * 1000)
+        at_aware = await producer.send(Message(b"a", topic=topic, deliver_at_ms=aware))
+        [at_naive] = await producer.send_batch(topic, [Message(b"n", deliver_at_ms=naive)])
+    assert all(r.scheduled for r in (by_float, by_delta, at_aware, at_naive))
+    assert by_float.deliver_at_ms is not None and by_delta.deliver_at_ms is not None
+    assert before + 1_800_000 <= by_float.deliver_at_ms <= after + 1_800_000
+    assert before + 300_000 <= by_delta.deliver_at_ms <= after + 300_000
+    assert at_aware.deliver_at_ms == int(aware.timestamp() * 1000)
+    assert at_naive.deliver_at_ms == int(naive.timestamp() * 1000)
+    assert sum(cluster.max_offsets(topic).values()) == 0  # all still waiting
 
 
 async def test_sharding_key_pins_one_queue(cluster: SdkCluster) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind
 
+from tidemq import _validate as V
 from tidemq._exceptions import LocalTransactionError
 from tidemq._message import Message, new_message_id
 from tidemq._producer import Producer
@@ -42,6 +43,14 @@ def _fields(message: Any, options: dict[str, Any]) -> dict[str, Any]:
     base = message if isinstance(message, Message) else None
     out = {f: getattr(base, f, None) for f in _FIELDS}
     out.update({k: v for k, v in options.items() if v is not None})
+    # checked as the send checks them (it would refuse them anyway), so the span's attributes
+    # never trip over a wrong type, and delays given as timedelta / datetime are milliseconds
+    out["delay_ms"] = V.duration_ms(out["delay_ms"])
+    out["deliver_at_ms"] = V.epoch_ms(out["deliver_at_ms"])
+    if out["keys"] is not None:
+        out["keys"] = V.keys(out["keys"])
+    if out["properties"] is not None:
+        V.properties(out["properties"])
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -153,6 +154,34 @@ async def test_a_message_delayed_two_days_stays_in_the_send_trace(
     assert abs(int(attrs["messaging.rocketmq.message.delivery_timestamp"])  # type: ignore[arg-type]
                - sent.deliver_at_ms) < 5000
     assert_consumed_in_the_send_trace(send, process)
+
+
+async def test_delays_as_timedelta_and_datetime_are_traced_and_delivered(
+        tidemq_system: TidemqSystem, exporter: InMemorySpanExporter) -> None:
+    """Issue 34 item 3: the send span reads a ``timedelta`` delay and a ``datetime`` due time
+    as milliseconds (the span's ``int()`` of them raised ``TypeError``), and both are
+    delivered."""
+    topic = await tidemq_system.create_topic()
+    due = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=500_000)
+    async with tidemq_system.producer() as producer:
+        by_delta = await producer.send(b"in two days", topic=topic, delay_ms=timedelta(days=2))
+        by_date = await producer.send(Message(b"tomorrow", topic=topic, deliver_at_ms=due))
+    assert by_date.deliver_at_ms == int(due.timestamp() * 1000)
+    for sent in (by_delta, by_date):
+        attrs = one(spans_of(exporter, sent.message_id), f"send {topic}").attributes or {}
+        assert sent.deliver_at_ms is not None
+        assert abs(int(attrs["messaging.rocketmq.message.delivery_timestamp"])  # type: ignore[arg-type]
+                   - sent.deliver_at_ms) < 5000
+    await tidemq_system.advance_clock(2 * DAY_MS / 1000)
+    seen: asyncio.Queue[ReceivedMessage] = asyncio.Queue()
+
+    async def handler(message: ReceivedMessage) -> ConsumeResult:
+        await seen.put(message)
+        return ConsumeResult.SUCCESS
+
+    async with tidemq_system.consumer("otel-timedelta", handler, {topic: "*"}):
+        got = {(await asyncio.wait_for(seen.get(), timeout=20)).message_id for _ in range(2)}
+    assert got == {by_delta.message_id, by_date.message_id}
 
 
 async def test_receive_and_ack_link_the_creation_context(
