@@ -14,6 +14,7 @@ from services.common.constants import (
     METRICS_MAX_EVENTS_PER_BATCH,
     METRICS_PORT,
     METRICS_SPARK_MASTER,
+    METRICS_STALE_AFTER_S,
     METRICS_TRIGGER_INTERVAL_S,
 )
 from services.common.settings import ServiceSettings
@@ -31,6 +32,9 @@ class MetricsSettings(ServiceSettings):
 
     # --- the Spark job -------------------------------------------------------------------------
     run_job: bool = True  # False: only serve the file a job started elsewhere writes
+    # a job whose last trigger (or run, for cron --once) is older than this is down (s); with
+    # run_job off and a cron --once job, set it above the cron period
+    stale_after_s: float = Field(default=METRICS_STALE_AFTER_S, gt=0)
     master: str = METRICS_SPARK_MASTER  # Spark master URL ("local[*]", "spark://host:7077")
     mode: Literal["continuous", "once"] = "continuous"  # micro-batches, or availableNow once
     trigger_interval_s: float = Field(default=METRICS_TRIGGER_INTERVAL_S, gt=0)  # (s)
