@@ -29,6 +29,7 @@ class MetricsSettings(ServiceSettings):
     nameservers: str = ""
     broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # the one broker read without nameservers
     data_dir: Path = Path("tidemq-data/metrics")  # checkpoint and exposition file live here
+    topic: str = ""  # the event topic read ("" = TIDE_SYS_TRANS_EVENTS)
 
     # --- the Spark job -------------------------------------------------------------------------
     run_job: bool = True  # False: only serve the file a job started elsewhere writes
@@ -61,6 +62,7 @@ class MetricsSettings(ServiceSettings):
     def job_config(self) -> JobConfig:
         return JobConfig(
             broker_url=self.broker_url, nameservers=self.nameservers, token=self.token,
+            topic=self.topic,
             output=self.exposition_path,
             checkpoint=self.checkpoint_path, once=self.mode == "once",
             trigger_interval_s=self.trigger_interval_s,
