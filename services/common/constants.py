@@ -143,6 +143,7 @@ def service_progress_key(cluster: str, service: str) -> str:
 METRICS_SPARK_MASTER = "local[*]"  # Spark master of the metrics job (any master URL works)
 METRICS_TRIGGER_INTERVAL_S = 5.0  # continuous mode: one micro-batch this often (s)
 METRICS_MAX_EVENTS_PER_BATCH = 200_000  # read limit of one micro-batch (events)
+METRICS_STALE_AFTER_S = 120.0  # liveness ages above this mean the metrics job stopped (s)
 METRICS_EXPOSITION_FILE = "metrics.prom"  # exposition written by each batch, under the data dir
 
 

@@ -30,7 +30,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by spark-submit: make `services` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pyspark import SparkConf
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.streaming.listener import (
@@ -83,11 +82,26 @@ class JobConfig:
 
 @dataclass(frozen=True)
 class SessionConfig:
-    master: str = METRICS_SPARK_MASTER  # "" = leave it to spark-submit
+    master: str = METRICS_SPARK_MASTER  # "" = spark-submit's under spark-submit, else local[*]
     app_name: str = "tidemq-metrics"
     shuffle_partitions: int = 2  # frozen into the checkpoint on its first run
     ui: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
+
+
+def choose_master(configured: str, env: Mapping[str, str] = os.environ) -> str | None:
+    """The master to give the session builder, or None to keep spark-submit's.
+
+    ``--master`` / ``TIDEMQ_METRICS_MASTER`` (``configured``) come first. Under spark-submit the
+    driver's JVM already exists and holds spark-submit's ``--master`` (or spark-defaults'):
+    spark-submit starts the Python driver with ``PYSPARK_GATEWAY_PORT`` set, so that is the sign
+    to leave the master alone. (A ``SparkConf()`` made before the JVM is attached knows nothing
+    of spark-submit's settings, so it cannot tell.) Otherwise: ``local[*]``."""
+    if configured:
+        return configured
+    if env.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    return METRICS_SPARK_MASTER
 
 
 def build_session(cfg: SessionConfig) -> SparkSession:
@@ -95,10 +109,9 @@ def build_session(cfg: SessionConfig) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(cfg.app_name)
-    if cfg.master:
-        builder = builder.master(cfg.master)
-    elif not SparkConf().contains("spark.master"):  # not under spark-submit
-        builder = builder.master(METRICS_SPARK_MASTER)
+    master = choose_master(cfg.master)
+    if master is not None:
+        builder = builder.master(master)
     conf = {
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
         "spark.ui.enabled": str(cfg.ui).lower(),
@@ -220,6 +233,9 @@ def start_query(spark: SparkSession, cfg: JobConfig,
         stream = stream.trigger(processingTime=f"{cfg.trigger_interval_s} seconds")
     progress_listener(spark).expect(QUERY_NAME, writer.liveness)  # each trigger → liveness
     query = stream.start()
+    context = spark.sparkContext
+    writer.liveness.started(context.master or "", context.applicationId,
+                            "once" if cfg.once else "continuous")
     log.info("query %s started (%s), checkpoint %s, output %s", QUERY_NAME,
              "available-now" if cfg.once else f"every {cfg.trigger_interval_s}s",
              cfg.checkpoint, cfg.output)
@@ -239,14 +255,17 @@ def parse_args(argv: list[str] | None) -> tuple[JobConfig, SessionConfig]:
     ap.add_argument("--once", action="store_true", help="Trigger.AvailableNow, then exit")
     ap.add_argument("--trigger-interval", type=float, default=METRICS_TRIGGER_INTERVAL_S)
     ap.add_argument("--max-events-per-batch", type=int, default=METRICS_MAX_EVENTS_PER_BATCH)
-    ap.add_argument("--master", default="", help="default: spark-submit's --master")
+    ap.add_argument("--master", default=os.environ.get("TIDEMQ_METRICS_MASTER", ""),
+                    help="Spark master URL (default: $TIDEMQ_METRICS_MASTER, else spark-submit's "
+                         "--master, else local[*])")
+    ap.add_argument("--topic", default="", help="event topic (default TIDE_SYS_TRANS_EVENTS)")
     ap.add_argument("--shuffle-partitions", type=int, default=2)
     args = ap.parse_args(argv)
     job = JobConfig(broker_url=args.broker_url, nameservers=args.nameservers,
                     token=args.token, output=args.output,
                     checkpoint=args.checkpoint, once=args.once,
                     trigger_interval_s=args.trigger_interval,
-                    max_events_per_batch=args.max_events_per_batch)
+                    max_events_per_batch=args.max_events_per_batch, topic=args.topic)
     return job, SessionConfig(master=args.master, shuffle_partitions=args.shuffle_partitions)
 
 
@@ -255,9 +274,14 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)-5s %(name)s: %(message)s")
     job, session = parse_args(argv)
     spark = build_session(session)
-    query = start_query(spark, job)
+    writer = ExpositionWriter(job.output)
+    query = start_query(spark, job, writer)
     try:
         query.awaitTermination()
+        if job.once:
+            writer.liveness.finished()
+            log.info("available-now run finished: %d batches written to %s", writer.batches,
+                     job.output)
     except KeyboardInterrupt:
         query.stop()
     finally:

@@ -14,6 +14,7 @@ from services.common.constants import (
     METRICS_MAX_EVENTS_PER_BATCH,
     METRICS_PORT,
     METRICS_SPARK_MASTER,
+    METRICS_STALE_AFTER_S,
     METRICS_TRIGGER_INTERVAL_S,
 )
 from services.common.settings import ServiceSettings
@@ -28,9 +29,13 @@ class MetricsSettings(ServiceSettings):
     nameservers: str = ""
     broker_url: str = f"http://127.0.0.1:{BROKER_PORT}"  # the one broker read without nameservers
     data_dir: Path = Path("tidemq-data/metrics")  # checkpoint and exposition file live here
+    topic: str = ""  # the event topic read ("" = TIDE_SYS_TRANS_EVENTS)
 
     # --- the Spark job -------------------------------------------------------------------------
     run_job: bool = True  # False: only serve the file a job started elsewhere writes
+    # a job whose last trigger (or run, for cron --once) is older than this is down (s); with
+    # run_job off and a cron --once job, set it above the cron period
+    stale_after_s: float = Field(default=METRICS_STALE_AFTER_S, gt=0)
     master: str = METRICS_SPARK_MASTER  # Spark master URL ("local[*]", "spark://host:7077")
     mode: Literal["continuous", "once"] = "continuous"  # micro-batches, or availableNow once
     trigger_interval_s: float = Field(default=METRICS_TRIGGER_INTERVAL_S, gt=0)  # (s)
@@ -57,6 +62,7 @@ class MetricsSettings(ServiceSettings):
     def job_config(self) -> JobConfig:
         return JobConfig(
             broker_url=self.broker_url, nameservers=self.nameservers, token=self.token,
+            topic=self.topic,
             output=self.exposition_path,
             checkpoint=self.checkpoint_path, once=self.mode == "once",
             trigger_interval_s=self.trigger_interval_s,

@@ -7,6 +7,11 @@ itself. ``/healthz`` answers as soon as the process serves (Spark takes seconds 
 ``/v1/status`` tells how the job is doing. A failed query is restarted from its checkpoint after
 ``restart_delay_s``.
 
+With ``run_job`` off the sidecar only serves what a job elsewhere writes (spark-submit on a
+cluster, a cron ``--once`` run): it then reports *that* job — its master, application id and
+mode, read from the liveness file the job writes — and counts it up while it completed a
+trigger (or started, or finished a run) within ``stale_after_s``.
+
 Staleness means "the job stopped", not "nothing happened": a micro-batch runs only when events
 arrive, so ``tidemq_metrics_last_batch_completed_age_seconds`` — which every trigger resets,
 empty polls of the broker included — is the figure to alert on, while
@@ -50,6 +55,7 @@ class JobState(StrEnum):
     RESTARTING = "restarting"  # the query failed; it restarts after a delay
     DONE = "done"  # mode=once: the available-now run finished
     STOPPED = "stopped"  # stopped on shutdown
+    EXTERNAL = "external"  # run_job is off: a job elsewhere writes the files served here
 
 
 class JobStatus(BaseModel):
@@ -57,15 +63,23 @@ class JobStatus(BaseModel):
     there is one."""
 
     state: JobState
-    mode: str = Field(description='"continuous" or "once"')
-    master: str = Field(description="the Spark master URL")
+    up: bool = Field(description="the job runs (or finished its available-now run); for an "
+                     "external job: it showed life within stale_after_s")
+    mode: str = Field(description='"continuous" or "once" ("" while an external job never said)')
+    master: str = Field(description="the Spark master URL of the job that writes the output")
+    app_id: str | None = Field(description="the job's Spark application id, once it started")
     restarts: int
     last_error: str
-    batches_written: int
+    batches_written: int | None = Field(description="null when the job runs elsewhere")
     last_batch_id: int | None
     last_batch_completed_age_s: float | None
     newest_event_age_s: float | None
     exposition_age_s: float | None
+    job_started_age_s: float | None
+    job_finished_age_s: float | None = Field(description="an available-now run: since it ended")
+    stale_after_s: float | None = Field(description="older triggers than this mean the job "
+                                        "stopped (null: a finished available-now run expects "
+                                        "none)")
 
 
 class JobRunner:
@@ -122,6 +136,7 @@ class JobRunner:
                 if self._stop.is_set():
                     break
                 if error is None and cfg.once:
+                    self._writer.liveness.finished()
                     self.state = JobState.DONE
                     log.info("available-now run finished: exposition in %s", cfg.output)
                     break
@@ -148,27 +163,69 @@ class JobRunner:
             age: float | None = max(0.0, now - exposition.stat().st_mtime)
         except OSError:
             age = None
-        completed_age, event_age = read_liveness(liveness_path(exposition)).ages(now)
+        live = read_liveness(liveness_path(exposition))
+        completed_age, event_age = live.ages(now)
+        job = live.job
+        common = {"restarts": self.restarts, "last_error": self.last_error,
+                  "app_id": job.app_id if job else None,
+                  "last_batch_completed_age_s": _rounded(completed_age),
+                  "newest_event_age_s": _rounded(event_age),
+                  "exposition_age_s": _rounded(age),
+                  "job_started_age_s": _rounded(_since(job.started_s if job else None, now)),
+                  "job_finished_age_s": _rounded(_since(job.finished_s if job else None, now))}
+        if not self.settings.run_job:
+            last_seen = max((t for t in (live.completed_s, job.started_s if job else None,
+                                         job.finished_s if job else None) if t is not None),
+                            default=None)
+            up = last_seen is not None and now - last_seen <= self.settings.stale_after_s
+            return {**common, "state": JobState.EXTERNAL.value, "up": up,
+                    "mode": job.mode if job else "", "master": job.master if job else "",
+                    "batches_written": None, "last_batch_id": _batch_id(exposition),
+                    "stale_after_s": self.settings.stale_after_s}
         writer = self._writer
-        return {"state": self.state.value, "mode": self.settings.mode,
-                "master": self.settings.master, "restarts": self.restarts,
-                "last_error": self.last_error,
+        finished = self.state is JobState.DONE
+        return {**common, "state": self.state.value,
+                "up": self.state in (JobState.RUNNING, JobState.DONE),
+                "mode": self.settings.mode, "master": job.master if job else self.settings.master,
                 "batches_written": writer.batches if writer else 0,
                 "last_batch_id": writer.last_batch_id if writer else None,
-                "last_batch_completed_age_s": _rounded(completed_age),
-                "newest_event_age_s": _rounded(event_age),
-                "exposition_age_s": _rounded(age)}
+                "stale_after_s": None if finished else self.settings.stale_after_s}
+
+
+def _since(at: float | None, now: float) -> float | None:
+    return None if at is None else max(0.0, now - at)
 
 
 def _rounded(age: float | None) -> float | None:
     return None if age is None else round(age, 3)
 
 
+def _batch_id(exposition: Path) -> int | None:
+    """The batch id the exposition file says it was written by (None: no file or no id)."""
+    try:
+        text = exposition.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("tidemq_metrics_batch_id "):
+            try:
+                return int(float(line.split(" ", 1)[1]))
+            except ValueError:
+                return None
+    return None
+
+
 def health_lines(runner: JobRunner, status: dict[str, Any]) -> str:
     """Live gauges about the job, appended after the batch's exposition."""
     up = Family("tidemq_metrics_job_up", "gauge",
-                "1 while the Spark query runs (or finished its available-now run)")
-    up.add([], 1 if runner.state in (JobState.RUNNING, JobState.DONE) else 0)
+                "1 while the Spark query runs (or finished its available-now run); for a job "
+                "run elsewhere (run_job off): 1 while it showed life within stale_after_s")
+    up.add([], 1 if status["up"] else 0)
+    stale = Family("tidemq_metrics_job_stale_after_seconds", "gauge",
+                   "Liveness ages above this mean the job stopped (absent after a finished "
+                   "available-now run, which expects no more triggers)")
+    if status["stale_after_s"] is not None:
+        stale.add([], status["stale_after_s"])
     restarts = Family("tidemq_metrics_job_restarts_total", "counter",
                       "Times the Spark query failed and was restarted")
     restarts.add([], runner.restarts)
@@ -183,7 +240,7 @@ def health_lines(runner: JobRunner, status: dict[str, Any]) -> str:
         value = status[key]
         family.add([], -1 if value is None else value)
     return "\n".join([*up.render(), *restarts.render(), *liveness.render(),
-                      *newest.render()]) + "\n"
+                      *newest.render(), *stale.render()]) + "\n"
 
 
 def create_sidecar_app(settings: MetricsSettings) -> FastAPI:

@@ -4,6 +4,7 @@ job's staleness alert follows its liveness, not the age of the newest event."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -34,11 +35,11 @@ def test_prometheus_loads_the_alerts_and_promtool_tests_them() -> None:
     assert tested == {r["alert"] for r in alert_rules()}
 
 
-def test_the_staleness_alert_uses_the_liveness_figure_the_sidecar_exports() -> None:
-    status = {"last_batch_completed_age_s": 1.0, "newest_event_age_s": 1.0}
-    exported = set(NAME_RE.findall(health_lines(JobRunner(MetricsSettings(run_job=False)),
-                                                status)))
+def test_the_staleness_alert_uses_the_liveness_figure_the_sidecar_exports(tmp_path: Path) -> None:
+    runner = JobRunner(MetricsSettings(run_job=False))
+    exported = set(NAME_RE.findall(health_lines(runner, runner.status(tmp_path / "m.prom"))))
     (stalled,) = [r for r in alert_rules() if r["alert"] == "TidemqMetricsJobStalled"]
-    assert NAME_RE.findall(stalled["expr"]) == ["tidemq_metrics_last_batch_completed_age_seconds"]
+    assert NAME_RE.findall(stalled["expr"]) == ["tidemq_metrics_last_batch_completed_age_seconds",
+                                                "tidemq_metrics_job_stale_after_seconds"]
     used = {name for r in alert_rules() for name in NAME_RE.findall(r["expr"])}
     assert used <= exported

@@ -61,5 +61,8 @@ async def test_metrics_serves_the_file_and_job_gauges(tmp_path: Path) -> None:
         assert 0 <= sample(samples, "tidemq_metrics_last_batch_completed_age_seconds") < 60
         assert 0 <= sample(samples, "tidemq_metrics_newest_event_age_seconds") < 60
         assert sample(samples, "tidemq_metrics_last_batch_completed_timestamp_seconds") > 0
+        # run_job off: the job is elsewhere; a trigger it completed just now counts it up
+        assert sample(samples, "tidemq_metrics_job_up") == 1
         status = (await client.get("/v1/status")).json()
-        assert status["state"] == "idle" and status["restarts"] == 0
+        assert status["state"] == "external" and status["restarts"] == 0
+        assert status["up"] is True and status["last_batch_id"] == 3
