@@ -12,6 +12,7 @@ from tidemq._allocate import allocate_averagely, allocation_table
 from tidemq._auth import Credentials
 from tidemq._exceptions import (
     AlreadyDeliveredError,
+    AmbiguousMessageIdError,
     BadRequestError,
     BrokerBusyError,
     BrokerNotFoundError,
@@ -66,6 +67,7 @@ from tidemq.protocol import ErrorCode, ReceivedMessage
 
 __all__ = [
     "AlreadyDeliveredError",
+    "AmbiguousMessageIdError",
     "BadRequestError",
     "BodyDecodeError",
     "BrokerBusyError",

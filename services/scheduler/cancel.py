@@ -9,7 +9,9 @@ reported as such. Exactly one of cancel and delivery wins, decided on the event 
 - a timer of a bucket not in memory gets a CANCELLED mark (loading it later skips it);
 - otherwise its marks say what happened (delivered, or cancelled before).
 
-Level messages are the level walker's (``LevelWalker.cancel``).
+Level messages are the level walker's (``LevelWalker.cancel``). A cancel names the topic: ids
+are unique per topic only, and a timer of another topic with the same id is never touched; a
+cancel without a topic that finds the id in several topics is refused (AMBIGUOUS_MESSAGE_ID).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import logging
 from enum import StrEnum
 
+from services.common.cancels import ambiguous_id
 from services.scheduler.buckets import Mark
 from services.scheduler.delivery import Deliverer, Where
 from services.scheduler.levels import LevelWalker
@@ -46,24 +49,30 @@ class Canceller:
         self.levels = levels
         self.metrics = metrics
 
-    async def cancel(self, message_id: str, *, due_ms: int | None = None,
-                     level: int | None = None, queue_offset: int | None = None,
+    async def cancel(self, message_id: str, *, topic: str | None = None,
+                     due_ms: int | None = None, level: int | None = None,
+                     queue_offset: int | None = None,
                      intake_offset: int | None = None) -> Outcome:
+        """Decide the cancel of ``message_id`` in ``topic`` (None: the only topic holding a
+        timer of that id; raises ProtocolError AMBIGUOUS_MESSAGE_ID when several do)."""
         if level and queue_offset is not None:
             return Outcome(await self.levels.cancel(level, queue_offset, due_ms or 0,
                                                     message_id))
         store = self.store
         async with store.lock:
             if intake_offset is not None and intake_offset >= store.ingested_next:
-                await asyncio.to_thread(store.precancels.add, message_id, intake_offset)
+                await asyncio.to_thread(store.precancels.add, topic, message_id,
+                                        intake_offset)
                 log.info("cancelled timer %s before it was taken in (intake offset %d)",
                          message_id, intake_offset)
                 self.metrics.cancelled.labels("timer").inc()
                 return Outcome.CANCELLED
         # a timer, once filed, stays in its bucket's index: finding it needs no lock
-        found = await locate(store, message_id, due_ms)
+        found = await locate(store, message_id, due_ms, topic)
         if not found:
             return Outcome.NOT_FOUND
+        if len({f.topic for f in found}) > 1:
+            raise ambiguous_id(message_id, (f.topic for f in found))
         outcomes = [await self._settle(f) for f in found]
         for wanted in (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED):
             if wanted in outcomes:
