@@ -1,7 +1,8 @@
 """`tidemq delay`: delayed messages pending on the broker, and cancelling one.
 
 ``list`` shows ``GET /v1/scheduled`` (pending count, next due time, per level); ``cancel``
-sends ``DELETE /v1/messages/{id}/schedule`` (``?topic=`` with ``--topic``). Both go to the broker, which asks its scheduler.
+sends ``DELETE /v1/messages/{id}/schedule`` (``?topic=`` with ``--topic``). Both go to the
+broker, which asks its scheduler.
 """
 
 from __future__ import annotations

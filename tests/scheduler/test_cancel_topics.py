@@ -10,11 +10,13 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from services.broker.grpc.proto import Code, service_grpc, service_pb
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
 from tests.scheduler.test_rebuild import lose_disk_and_restart
-from tests.support.procs import RedisServer
+from tests.support.procs import RedisServer, free_port, wait_port
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -26,8 +28,11 @@ SCHEDULER = {"bucket_ms": "60000", "preload_ms": "1000"}
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory,
             redis_server: RedisServer) -> Iterator[DelayCluster]:
+    port = free_port()
     with run_delay_cluster(tmp_path_factory.mktemp("cancel-topics"), redis_server.url,
-                           scheduler=SCHEDULER) as handle:
+                           scheduler=SCHEDULER, grpc_port=port) as handle:
+        wait_port(port)
+        handle.grpc_port = port  # type: ignore[attr-defined]
         yield handle
 
 
@@ -107,6 +112,21 @@ def test_cli_cancel_with_topic(cluster: DelayCluster) -> None:
     done = runner.invoke(app, [*base, mid, "--topic", b, "--json"])
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout) == {"message_id": mid, "state": "cancelled"}
+    assert pending(cluster, a) == 1 and pending(cluster, b) == 0
+
+
+async def test_a_grpc_recall_names_its_topic(cluster: DelayCluster) -> None:
+    a, b = cluster.broker.create_topic(queues=1), cluster.broker.create_topic(queues=1)
+    mid = unique("recall")
+    send_in(cluster, mid, [a, b])
+    port = cluster.grpc_port  # type: ignore[attr-defined]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_grpc.MessagingServiceStub(channel)
+        request = service_pb.RecallMessageRequest(recall_handle=mid)
+        request.topic.name = b
+        res = await stub.RecallMessage(request, metadata=(("x-mq-client-id", "recall-test"),),
+                                       timeout=10)
+    assert res.status.code == Code.OK, res.status
     assert pending(cluster, a) == 1 and pending(cluster, b) == 0
 
 
