@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tidemq._allocate import allocate_averagely, allocation_table
 from tidemq._auth import Credentials
+from tidemq._cancel import CancelResult, CancelState
 from tidemq._exceptions import (
     AlreadyDeliveredError,
     AmbiguousMessageIdError,
@@ -72,6 +73,8 @@ __all__ = [
     "BodyDecodeError",
     "BrokerBusyError",
     "BrokerNotFoundError",
+    "CancelResult",
+    "CancelState",
     "ClientClosedError",
     "ConfigurationError",
     "ConsumeResult",

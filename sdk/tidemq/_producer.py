@@ -18,6 +18,7 @@ from typing import Any, Self, TypedDict, Unpack
 from tidemq._auth import Credentials
 from tidemq._batch import encode_request, results_of, send_result
 from tidemq._batcher import Coalescer
+from tidemq._cancel import DelayedCancel
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
@@ -81,7 +82,7 @@ _BARE_BODIES = (bytes, str)  # exact types ``_outgoing`` takes without a Message
 _BARE_OPTIONS = frozenset({"topic", "message_id", "properties"})  # ... and the options with them
 
 
-class Producer(Client):
+class Producer(DelayedCancel, Client):
     """Sends messages to the brokers serving a topic; an async context manager.
 
     Concurrent ``send`` calls for one (broker, topic) are gathered into one request; each
@@ -99,6 +100,9 @@ class Producer(Client):
     order — unless ``ordered_failover=True``, which lets it move to a live group (that key's
     order may then break across the move). An explicit ``queue_id`` never moves. ``retry``
     bounds every send: attempts in all and the deadline.
+
+    ``cancel_delayed(topic, message_id, broker_name=...)`` cancels a delayed message before it
+    is delivered (``tidemq._cancel``); ``SendResult.broker_name`` says which group to ask first.
     """
 
     def __init__(
@@ -139,6 +143,7 @@ class Producer(Client):
                                     max_in_flight=max_in_flight)
         self._close_timeout_s = close_timeout_s
         self._msgpack_only: set[str] = set()  # brokers that answered 415 to record batches
+        self._group_of: dict[str, str] = {}  # broker address → its group (broker_name)
         self._valid_topics: set[str] = set()
         self._oneway: set[asyncio.Task[SendResult]] = set()
         self._started = False
@@ -418,6 +423,7 @@ class Producer(Client):
         bytes), or msgpack to a broker that does not take them (415); one result per
         message, in order."""
         target = url(broker, "v1", "topics", topic, "messages")
+        group = self._group_of.get(broker) or self._group_name(broker, topic)
         try:  # no retries here: _deliver / send_batch decide where a failed send goes
             if broker not in self._msgpack_only:
                 content, where = encode_request(topic, messages, int(time.time() * 1000))
@@ -428,7 +434,7 @@ class Producer(Client):
                     log.info("broker %s does not take record batches: sending msgpack", broker)
                     self._msgpack_only.add(broker)
                 else:
-                    return results_of(answer, topic, messages, where)
+                    return results_of(answer, topic, messages, where, group)
             if broker in self._msgpack_only:
                 answer = await self._http.call(
                     "POST", target, body={"messages": [m.to_wire(binary=True) for m in messages]},
@@ -437,9 +443,19 @@ class Producer(Client):
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise
         try:
-            return [send_result(r, topic) for r in answer["results"]]
+            return [send_result(r, topic, group) for r in answer["results"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
+
+
+    def _group_name(self, broker: str, topic: str) -> str | None:
+        """The group of the broker at ``broker`` in ``topic``'s cached route (remembered)."""
+        route = self._routes.cached(topic)
+        for b in route.brokers if route is not None else ():
+            if b.address == broker:
+                self._group_of[broker] = b.broker_name
+                return b.broker_name
+        return None
 
 
 def _log_oneway_failure(future: asyncio.Future[SendResult]) -> None:

@@ -47,6 +47,7 @@ from urllib.parse import urlencode
 from tidemq import _hooks
 from tidemq._auth import Credentials
 from tidemq._batch import encode_halves
+from tidemq._cancel import DelayedCancel
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
@@ -95,7 +96,7 @@ class TransactionListener(Protocol):
     async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState: ...
 
 
-class TransactionProducer(Client):
+class TransactionProducer(DelayedCancel, Client):
     """Transactional sends for one producer group; an async context manager."""
 
     def __init__(
@@ -238,7 +239,7 @@ class TransactionProducer(Client):
                             "it)", txid, state.value, exc)
         assert out.message_id is not None
         result = TransactionSendResult(out.message_id, txid, msg.topic, state, queue.address,
-                                       error, end_error)
+                                       error, end_error, queue.broker_name)
         if error is not None:
             raise LocalTransactionError(result) from error
         return result
