@@ -60,7 +60,7 @@ class Groups:
 
 def producer(g: Groups, cls: Any = Producer) -> Any:
     if cls is TransactionProducer:
-        return TransactionProducer(group="tx", listener=None,  # type: ignore[arg-type]
+        return TransactionProducer(group="tx", listener=None,
                                    nameservers=[NS], transport=g.transport, retry=FAST)
     return Producer(nameservers=[NS], transport=g.transport, retry=FAST)
 
