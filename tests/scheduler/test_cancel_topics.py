@@ -64,6 +64,10 @@ def test_a_cancel_never_takes_another_topics_timer(cluster: DelayCluster, first:
     assert pending(cluster, a) == 0 and pending(cluster, b) == 1
     assert cluster.cancel(mid, a).json()["state"] == "cancelled"  # idempotent, still only A
     assert pending(cluster, b) == 1
+    # a repeated send learns the standing of its own topic's message
+    again = {"message_id": mid, "body": "again", "delay_ms": DELAY_MS}
+    assert cluster.broker.send(a, again)[0]["state"] == "cancelled"
+    assert cluster.broker.send(b, again)[0]["state"] == "scheduled"
     # the id now waits in B alone: a cancel without a topic is B's, as before
     resp = cluster.cancel(mid)
     assert resp.status_code == 200, resp.text

@@ -127,11 +127,20 @@ class DelayLookup:
         if SCHEDULER_FLOOR_OWNER not in self.store.floors:
             self.store.set_retention_floor(SCHEDULER_FLOOR_OWNER, self.store.log.write_offset)
 
-    def standing(self, message_id: str) -> dict[str, Any] | None:
-        """For a repeated send of a delayed message (``DelayRouter.standing``): ``{state:
-        "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its delivered copy;
-        None while it waits. Read from the store: repeated sends are rare."""
+    def standing(self, message_id: str, topic: str | None = None) -> dict[str, Any] | None:
+        """For a repeated send of a delayed message to ``topic`` (``DelayRouter.standing``):
+        ``{state: "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its
+        delivered copy; None while it waits. Read from the store: repeated sends are rare.
+        The same id in another topic is another message."""
         copies = self.store.find_by_unique_key(message_id)
+        if topic is not None:
+            mine = by_topic(copies).get(topic)
+            if mine is None or mine.standing in (Standing.PENDING, Standing.PLAIN):
+                return None
+            if mine.standing is Standing.CANCELLED:
+                return {"state": MessageState.CANCELLED.value}
+            return {"state": MessageState.STORED.value, "queue_id": mine.newest.queue_id,
+                    "queue_offset": mine.newest.queue_offset}
         newest = _newest_that_matters(copies)
         if newest is None or is_waiting(newest):
             return None
