@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from pydantic import BaseModel, Field, StrictInt
-from tidemq.protocol import ErrorCode, ProtocolError
+from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 from tidemq.protocol.numbers import INT32_MAX, INT64_MAX
 
 from services.common.answers import Histogram, Scheduled
@@ -115,6 +115,8 @@ async def cancel(request: Request) -> Response:
     scheduler = scheduler_of(request)
     scheduler.require_ready()
     levels = len(scheduler.levels_ms)
+    if body.topic:
+        validate_topic_name(body.topic)  # kept in the pre-cancel file: a name of ≤ 127 chars
     if body.level is not None and body.level > levels:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"level: must be 1-{levels} (the broker's delay levels), got "

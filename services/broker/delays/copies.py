@@ -93,3 +93,21 @@ def choose(message_id: str, topics: dict[str, TopicCopies], topic: str | None
                             f"{', '.join(repr(t) for t in plain)}: sent without a delay, or "
                             "with one of 0 or in the past): no delayed message to cancel")
     return None
+
+
+def settled(message_id: str, mine: TopicCopies) -> None:
+    """Raise what a cancel answers when the store alone decides: the message was delivered or
+    never delayed; returns when it is pending or cancelled."""
+    if mine.standing is Standing.DELIVERED:
+        raise delivered(message_id, mine.topic)
+    if mine.standing is Standing.PLAIN:
+        raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
+                            f"message {message_id!r} was never delayed in {mine.topic!r} "
+                            "(stored at once: sent without a delay, or with one of 0 or in the "
+                            "past): no delayed message to cancel")
+
+
+def delivered(message_id: str, topic: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.ALREADY_DELIVERED,
+                         f"message {message_id!r} was already delivered to {topic!r}: nothing "
+                         "to cancel")

@@ -46,7 +46,7 @@ from tidemq.protocol import (
     validate_topic_name,
 )
 
-from services.broker.delays.copies import Standing, TopicCopies, by_topic, choose
+from services.broker.delays.copies import Standing, by_topic, choose, delivered, settled
 from services.broker.delays.routing import (
     CANCELS_TOPIC,
     INTAKE_TOPIC,
@@ -393,7 +393,7 @@ class DelayService:
             topic = mine.topic
             if mine.standing is Standing.CANCELLED:  # cancelled before: the same answer
                 return {"message_id": message_id, "state": "cancelled"}
-            self._settled(message_id, mine)
+            settled(message_id, mine)
         hint: dict[str, Any] = {} if topic is None else {"topic": topic}
         newest = mine.newest if mine is not None else None
         if newest is not None:
@@ -410,25 +410,13 @@ class DelayService:
             latest = by_topic(self.store.find_by_unique_key(message_id)).get(topic or "")
             if exc.code is ErrorCode.MESSAGE_NOT_FOUND and latest is not None and \
                     latest.standing is Standing.DELIVERED:
-                raise _delivered(message_id, latest.newest.topic) from None
+                raise delivered(message_id, latest.newest.topic) from None
             raise
         await self._record_cancel(message_id, topic, newest, hint)
         self.cancelled += 1
         log.info("cancelled delayed message %s of %s (due %s)", message_id, topic,
                  hint.get("due_ms"))
         return {"message_id": message_id, "state": "cancelled"}
-
-    @staticmethod
-    def _settled(message_id: str, mine: TopicCopies) -> None:
-        """Raise what a cancel answers when the store alone decides: the message was delivered
-        or never delayed; returns when it is pending (the scheduler decides)."""
-        if mine.standing is Standing.DELIVERED:
-            raise _delivered(message_id, mine.topic)
-        if mine.standing is Standing.PLAIN:
-            raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
-                                f"message {message_id!r} was never delayed in {mine.topic!r} "
-                                "(stored at once: sent without a delay, or with one of 0 or in "
-                                "the past): no delayed message to cancel")
 
     async def _record_cancel(self, message_id: str, topic: str | None,
                              waiting: StoredRecord | None, hint: dict[str, Any]) -> None:
@@ -452,12 +440,6 @@ class DelayService:
     async def histogram(self, by: str) -> dict[str, Any]:
         """Pending timers by hour or day of due time, as the scheduler counts them."""
         return await self._require_scheduler().histogram(by)
-
-
-def _delivered(message_id: str, topic: str) -> ProtocolError:
-    return ProtocolError(ErrorCode.ALREADY_DELIVERED,
-                         f"message {message_id!r} was already delivered to {topic!r}: nothing "
-                         "to cancel")
 
 
 def _newest_that_matters(copies: list[StoredRecord]) -> StoredRecord | None:
