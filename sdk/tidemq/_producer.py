@@ -90,7 +90,9 @@ class Producer(DelayedCancel, Client):
     topic) is outstanding; otherwise it waits for that request's answer, at most ``linger_ms``
     (or until ``max_batch`` messages / ``max_batch_bytes``). Every message carries a
     client-generated ``message_id`` that stays the same across retries, so a broker never
-    stores a retried message twice.
+    stores a retried message twice. ``cancel_delayed(topic, message_id, broker_name=...)``
+    cancels a delayed message before it is delivered (``tidemq._cancel``); the send's
+    ``SendResult.broker_name`` says which group to ask first.
 
     Messages are spread over every writable queue of every broker group of the topic. A send
     that fails because its group is unreachable, busy or timing out is retried on another group
@@ -100,9 +102,6 @@ class Producer(DelayedCancel, Client):
     order — unless ``ordered_failover=True``, which lets it move to a live group (that key's
     order may then break across the move). An explicit ``queue_id`` never moves. ``retry``
     bounds every send: attempts in all and the deadline.
-
-    ``cancel_delayed(topic, message_id, broker_name=...)`` cancels a delayed message before it
-    is delivered (``tidemq._cancel``); ``SendResult.broker_name`` says which group to ask first.
     """
 
     def __init__(
@@ -416,6 +415,15 @@ class Producer(DelayedCancel, Client):
         if self._closed:
             raise ClientClosedError("the producer is closed")
 
+    def _group_name(self, broker: str, topic: str) -> str | None:
+        """The group of the broker at ``broker`` in ``topic``'s cached route (remembered)."""
+        route = self._routes.cached(topic)
+        for b in route.brokers if route is not None else ():
+            if b.address == broker:
+                self._group_of[broker] = b.broker_name
+                return b.broker_name
+        return None
+
     async def _post(
         self, broker: str, topic: str, messages: list[OutgoingMessage],
     ) -> list[SendResult]:
@@ -448,14 +456,6 @@ class Producer(DelayedCancel, Client):
             raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
 
 
-    def _group_name(self, broker: str, topic: str) -> str | None:
-        """The group of the broker at ``broker`` in ``topic``'s cached route (remembered)."""
-        route = self._routes.cached(topic)
-        for b in route.brokers if route is not None else ():
-            if b.address == broker:
-                self._group_of[broker] = b.broker_name
-                return b.broker_name
-        return None
 
 
 def _log_oneway_failure(future: asyncio.Future[SendResult]) -> None:
