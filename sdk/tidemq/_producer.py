@@ -456,8 +456,6 @@ class Producer(DelayedCancel, Client):
             raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
 
 
-
-
 def _log_oneway_failure(future: asyncio.Future[SendResult]) -> None:
     if future.cancelled():
         return
