@@ -15,10 +15,13 @@ from tidemq import (
     CancelState,
     ConfigurationError,
     InvalidTopicNameError,
+    Message,
     MessageNotFoundError,
     Producer,
+    ReceivedMessage,
     RetryPolicy,
     TransactionProducer,
+    TransactionState,
     UnavailableError,
 )
 
@@ -58,9 +61,19 @@ class Groups:
         return httpx.Response(status, json={"code": what, "message": f"fake {what}"})
 
 
+class NoTransactions:
+    """A listener never called here (no transactional send)."""
+
+    async def execute_local_transaction(self, message: Message, arg: Any) -> TransactionState:
+        raise AssertionError("not called")
+
+    async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState:
+        raise AssertionError("not called")
+
+
 def producer(g: Groups, cls: Any = Producer) -> Any:
     if cls is TransactionProducer:
-        return TransactionProducer(group="tx", listener=None,
+        return TransactionProducer(group="tx", listener=NoTransactions(),
                                    nameservers=[NS], transport=g.transport, retry=FAST)
     return Producer(nameservers=[NS], transport=g.transport, retry=FAST)
 

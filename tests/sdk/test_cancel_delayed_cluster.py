@@ -71,11 +71,12 @@ def two(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
         yield TwoGroups(ns, groups)
 
 
-async def send_until_both(p: Producer, topic: str, **delay: int) -> dict[str, SendResult]:
+async def send_until_both(p: Producer, topic: str, delay_ms: int = DELAY_MS
+                          ) -> dict[str, SendResult]:
     """One delayed message stored on each group (the producer spreads sends over both)."""
     by_group: dict[str, SendResult] = {}
     for i in range(64):
-        r = await p.send(f"later {i}", topic=topic, **(delay or {"delay_ms": DELAY_MS}))
+        r = await p.send(f"later {i}", topic=topic, delay_ms=delay_ms)
         assert r.scheduled and r.broker_name in GROUPS
         by_group.setdefault(r.broker_name, r)
         if len(by_group) == 2:
