@@ -57,6 +57,7 @@ class ClockBody(StrictBody):
 class CancelAnswer(BaseModel):
     message_id: str
     state: str = Field(description='"cancelled" (also when it was cancelled before)')
+    topic: str | None = Field(None, description="the topic of the message cancelled, when known")
 
 
 class StatusAnswer(BaseModel):
@@ -121,11 +122,12 @@ async def cancel(request: Request) -> Response:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"level: must be 1-{levels} (the broker's delay levels), got "
                             f"{body.level}")
-    outcome = await scheduler.canceller.cancel(
+    outcome, topic = await scheduler.canceller.cancel(
         body.message_id, topic=body.topic or None, due_ms=body.due_ms, level=body.level,
         queue_offset=body.queue_offset, intake_offset=body.intake_offset)
     if outcome in (Outcome.CANCELLED, Outcome.ALREADY_CANCELLED):
-        return reply(request, {"message_id": body.message_id, "state": "cancelled"})
+        return reply(request, {"message_id": body.message_id, "state": "cancelled",
+                               "topic": topic})
     if outcome is Outcome.DELIVERED:
         raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
                             f"message {body.message_id!r} was already delivered: too late to "

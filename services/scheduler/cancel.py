@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from enum import StrEnum
+from typing import NamedTuple
 
 from services.common.cancels import ambiguous_id
 from services.scheduler.buckets import Mark
@@ -41,6 +42,11 @@ class Outcome(StrEnum):
     BUSY = "busy"  # a delivery of it is stuck in flight; ask again
 
 
+class Decision(NamedTuple):
+    outcome: Outcome
+    topic: str | None  # the topic of the timer decided (None: not known, e.g. not found)
+
+
 class Canceller:
     def __init__(self, store: TimerStore, deliverer: Deliverer, levels: LevelWalker,
                  metrics: SchedulerMetrics) -> None:
@@ -52,12 +58,12 @@ class Canceller:
     async def cancel(self, message_id: str, *, topic: str | None = None,
                      due_ms: int | None = None, level: int | None = None,
                      queue_offset: int | None = None,
-                     intake_offset: int | None = None) -> Outcome:
+                     intake_offset: int | None = None) -> Decision:
         """Decide the cancel of ``message_id`` in ``topic`` (None: the only topic holding a
         timer of that id; raises ProtocolError AMBIGUOUS_MESSAGE_ID when several do)."""
         if level and queue_offset is not None:
-            return Outcome(await self.levels.cancel(level, queue_offset, due_ms or 0,
-                                                    message_id))
+            return Decision(Outcome(await self.levels.cancel(level, queue_offset, due_ms or 0,
+                                                             message_id)), topic)
         store = self.store
         async with store.lock:
             if intake_offset is not None and intake_offset >= store.ingested_next:
@@ -66,18 +72,18 @@ class Canceller:
                 log.info("cancelled timer %s before it was taken in (intake offset %d)",
                          message_id, intake_offset)
                 self.metrics.cancelled.labels("timer").inc()
-                return Outcome.CANCELLED
+                return Decision(Outcome.CANCELLED, topic)
         # a timer, once filed, stays in its bucket's index: finding it needs no lock
         found = await locate(store, message_id, due_ms, topic)
         if not found:
-            return Outcome.NOT_FOUND
+            return Decision(Outcome.NOT_FOUND, topic)
         if len({f.topic for f in found}) > 1:
             raise ambiguous_id(message_id, (f.topic for f in found))
         outcomes = [await self._settle(f) for f in found]
         for wanted in (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED):
             if wanted in outcomes:
-                return wanted
-        return outcomes[-1]
+                return Decision(wanted, found[0].topic)
+        return Decision(outcomes[-1], found[0].topic)
 
     async def _settle(self, f: Found) -> Outcome:
         """Decide one timer. The decision is taken with no await between the check and the

@@ -404,7 +404,7 @@ class DelayService:
             else:
                 hint["intake_offset"] = newest.queue_offset
         try:
-            await self._require_scheduler().cancel(message_id, hint)
+            decided = await self._require_scheduler().cancel(message_id, hint)
         except ProtocolError as exc:
             # delivered (and forgotten by the scheduler) since the copies were read above?
             latest = by_topic(self.store.find_by_unique_key(message_id)).get(topic or "")
@@ -412,6 +412,7 @@ class DelayService:
                     latest.standing is Standing.DELIVERED:
                 raise delivered(message_id, latest.newest.topic) from None
             raise
+        topic = topic or decided.get("topic") or None  # found by the scheduler alone
         await self._record_cancel(message_id, topic, newest, hint)
         self.cancelled += 1
         log.info("cancelled delayed message %s of %s (due %s)", message_id, topic,
