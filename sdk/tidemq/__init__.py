@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from tidemq._allocate import allocate_averagely, allocation_table
 from tidemq._auth import Credentials
+from tidemq._cancel import CancelResult, CancelState
 from tidemq._exceptions import (
     AlreadyDeliveredError,
+    AmbiguousMessageIdError,
     BadRequestError,
     BrokerBusyError,
     BrokerNotFoundError,
@@ -66,10 +68,13 @@ from tidemq.protocol import ErrorCode, ReceivedMessage
 
 __all__ = [
     "AlreadyDeliveredError",
+    "AmbiguousMessageIdError",
     "BadRequestError",
     "BodyDecodeError",
     "BrokerBusyError",
     "BrokerNotFoundError",
+    "CancelResult",
+    "CancelState",
     "ClientClosedError",
     "ConfigurationError",
     "ConsumeResult",

@@ -112,14 +112,15 @@ def encode_request(topic: str, messages: list[OutgoingMessage], born_ms: int
 
 
 def results_of(answer: Any, topic: str, messages: list[OutgoingMessage],
-               where: list[tuple[int, int]]) -> list[SendResult]:
+               where: list[tuple[int, int]], broker_name: str | None = None
+               ) -> list[SendResult]:
     """The results of a batch send in message order, from either answer: per batch, or per
-    message in the request's record order (batch by batch)."""
+    message in the request's record order (batch by batch); stored by group ``broker_name``."""
     try:
         placed = answer.get("batches")
         if placed is not None:
             return [SendResult(str(msg.message_id), topic, int(placed[b][0]),
-                               int(placed[b][1]) + k)
+                               int(placed[b][1]) + k, broker_name=broker_name)
                     for msg, (b, k) in zip(messages, where, strict=True)]
         results = answer["results"]
         starts = [0] * (max(b for b, _ in where) + 1)  # where each batch's results begin
@@ -128,18 +129,18 @@ def results_of(answer: Any, topic: str, messages: list[OutgoingMessage],
                 starts[b + 1] = max(starts[b + 1], k + 1)
         for b in range(1, len(starts)):
             starts[b] += starts[b - 1]
-        return [send_result(results[starts[b] + k], topic) for b, k in where]
+        return [send_result(results[starts[b] + k], topic, broker_name) for b, k in where]
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
         raise UnexpectedResponseError(f"malformed send answer: {exc!r}") from exc
 
 
-def send_result(r: dict[str, Any], topic: str) -> SendResult:
+def send_result(r: dict[str, Any], topic: str, broker_name: str | None = None) -> SendResult:
     """One result of a send answer (docs/api.md); a delayed message's has no queue offset."""
     offset = r["queue_offset"]
     due = r.get("deliver_at_ms")
     return SendResult(str(r["message_id"]), topic, int(r["queue_id"]),
                       None if offset is None else int(offset), str(r.get("state") or "stored"),
-                      None if due is None else int(due))
+                      None if due is None else int(due), broker_name)
 
 
 HALF_TOPIC = SystemTopic.TRANS_HALF.value

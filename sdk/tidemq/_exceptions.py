@@ -24,6 +24,7 @@
         ├── BrokerNotFoundError           404 BROKER_NOT_FOUND
         ├── TransactionAlreadyEndedError  409 TRANSACTION_ALREADY_ENDED
         ├── AlreadyDeliveredError         409 ALREADY_DELIVERED
+        ├── AmbiguousMessageIdError       409 AMBIGUOUS_MESSAGE_ID
         ├── QueuesNotEmptyError           409 QUEUES_NOT_EMPTY
         ├── MessageTooLargeError          413 MESSAGE_TOO_LARGE
         ├── UriTooLongError               414 URI_TOO_LONG
@@ -219,6 +220,13 @@ class TransactionAlreadyEndedError(ServerError):
 
 class AlreadyDeliveredError(ServerError):
     error_code = ErrorCode.ALREADY_DELIVERED
+
+
+class AmbiguousMessageIdError(ServerError):
+    """A cancel without a topic named an id that is delayed in several topics (listed in the
+    message): nothing was cancelled; name the topic."""
+
+    error_code = ErrorCode.AMBIGUOUS_MESSAGE_ID
 
 
 class QueuesNotEmptyError(ServerError):

@@ -105,6 +105,9 @@ class SendResult:
     ``deliver_at_ms`` its due time (epoch ms). Sending a delayed message id again answers its
     first result, with ``state`` ``"cancelled"`` once it was cancelled (nothing is scheduled
     again) or ``"stored"`` with its position once it was delivered.
+
+    ``broker_name`` is the broker group that stored it (from the route used): what
+    ``cancel_delayed`` asks first. None when the client could not tell.
     """
 
     message_id: str
@@ -113,6 +116,7 @@ class SendResult:
     queue_offset: int | None
     state: str = "stored"
     deliver_at_ms: int | None = None
+    broker_name: str | None = None
 
     @property
     def scheduled(self) -> bool:

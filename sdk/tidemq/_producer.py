@@ -19,6 +19,7 @@ from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._batch import encode_request, results_of, send_result
 from tidemq._batcher import Coalescer
+from tidemq._cancel import DelayedCancel
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
@@ -82,7 +83,7 @@ _BARE_BODIES = (bytes, str)  # exact types ``_outgoing`` takes without a Message
 _BARE_OPTIONS = frozenset({"topic", "message_id", "properties"})  # ... and the options with them
 
 
-class Producer(Client):
+class Producer(DelayedCancel, Client):
     """Sends messages to the brokers serving a topic; an async context manager.
 
     Concurrent ``send`` calls for one (broker, topic) are gathered into one request; each
@@ -90,7 +91,9 @@ class Producer(Client):
     topic) is outstanding; otherwise it waits for that request's answer, at most ``linger_ms``
     (or until ``max_batch`` messages / ``max_batch_bytes``). Every message carries a
     client-generated ``message_id`` that stays the same across retries, so a broker never
-    stores a retried message twice.
+    stores a retried message twice. ``cancel_delayed(topic, message_id, broker_name=...)``
+    cancels a delayed message before it is delivered (``tidemq._cancel``); the send's
+    ``SendResult.broker_name`` says which group to ask first.
 
     Messages are spread over every writable queue of every broker group of the topic. A send
     that fails because its group is unreachable, busy or timing out is retried on another group
@@ -148,6 +151,7 @@ class Producer(Client):
                                     max_in_flight=max_in_flight)
         self._close_timeout_s = close_timeout_s
         self._msgpack_only: set[str] = set()  # brokers that answered 415 to record batches
+        self._group_of: dict[str, str] = {}  # broker address → its group (broker_name)
         self._valid_topics: set[str] = set()
         self._oneway: set[asyncio.Task[SendResult]] = set()
         self._started = False
@@ -426,6 +430,15 @@ class Producer(Client):
         if self._closed:
             raise ClientClosedError("the producer is closed")
 
+    def _group_name(self, broker: str, topic: str) -> str | None:
+        """The group of the broker at ``broker`` in ``topic``'s cached route (remembered)."""
+        route = self._routes.cached(topic)
+        for b in route.brokers if route is not None else ():
+            if b.address == broker:
+                self._group_of[broker] = b.broker_name
+                return b.broker_name
+        return None
+
     async def _post(
         self, broker: str, topic: str, messages: list[OutgoingMessage],
     ) -> list[SendResult]:
@@ -433,6 +446,7 @@ class Producer(Client):
         bytes), or msgpack to a broker that does not take them (415); one result per
         message, in order."""
         target = url(broker, "v1", "topics", topic, "messages")
+        group = self._group_of.get(broker) or self._group_name(broker, topic)
         try:  # no retries here: _deliver / send_batch decide where a failed send goes
             if broker not in self._msgpack_only:
                 content, where = encode_request(topic, messages, int(time.time() * 1000))
@@ -443,7 +457,7 @@ class Producer(Client):
                     log.info("broker %s does not take record batches: sending msgpack", broker)
                     self._msgpack_only.add(broker)
                 else:
-                    return results_of(answer, topic, messages, where)
+                    return results_of(answer, topic, messages, where, group)
             if broker in self._msgpack_only:
                 answer = await self._http.call(
                     "POST", target, body={"messages": [m.to_wire(binary=True) for m in messages]},
@@ -452,7 +466,7 @@ class Producer(Client):
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise
         try:
-            return [send_result(r, topic) for r in answer["results"]]
+            return [send_result(r, topic, group) for r in answer["results"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
 

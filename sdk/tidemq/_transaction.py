@@ -48,6 +48,7 @@ from tidemq import _hooks
 from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._batch import encode_halves
+from tidemq._cancel import DelayedCancel
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
@@ -96,7 +97,7 @@ class TransactionListener(Protocol):
     async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState: ...
 
 
-class TransactionProducer(Client):
+class TransactionProducer(DelayedCancel, Client):
     """Transactional sends for one producer group; an async context manager.
 
     ``nameservers`` / ``broker_url`` are given as to ``Producer`` (neither:
@@ -244,7 +245,7 @@ class TransactionProducer(Client):
                             "it)", txid, state.value, exc)
         assert out.message_id is not None
         result = TransactionSendResult(out.message_id, txid, msg.topic, state, queue.address,
-                                       error, end_error)
+                                       error, end_error, queue.broker_name)
         if error is not None:
             raise LocalTransactionError(result) from error
         return result

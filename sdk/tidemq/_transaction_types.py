@@ -34,3 +34,4 @@ class TransactionSendResult:
     # carries (a returned result never has one)
     error: BaseException | None = None
     end_error: TidemqError | None = None  # the end did not reach the broker (a check will)
+    broker_name: str | None = None  # the group holding it: what cancel_delayed asks first

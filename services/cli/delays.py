@@ -1,7 +1,8 @@
 """`tidemq delay`: delayed messages pending on the broker, and cancelling one.
 
 ``list`` shows ``GET /v1/scheduled`` (pending count, next due time, per level); ``cancel``
-sends ``DELETE /v1/messages/{id}/schedule``. Both go to the broker, which asks its scheduler.
+sends ``DELETE /v1/messages/{id}/schedule`` (``?topic=`` with ``--topic``). Both go to the
+broker, which asks its scheduler.
 """
 
 from __future__ import annotations
@@ -74,11 +75,15 @@ def delay_list(
 def delay_cancel(
     ctx: typer.Context,
     message_id: Annotated[str, typer.Argument(help="Id of the delayed message.")],
+    topic: Annotated[str | None, typer.Option(
+        help="The topic it was sent to: ids are unique per topic only (without it, an id "
+             "delayed in several topics is refused: AMBIGUOUS_MESSAGE_ID).")] = None,
     json_out: JsonOption = False,
 ) -> None:
     """Cancel a delayed message that was not delivered yet (ALREADY_DELIVERED if too late)."""
     ep = endpoints(ctx)
-    answer = request(ep, "DELETE", f"{ep.broker}/v1/messages/{segment(message_id)}/schedule")
+    answer = request(ep, "DELETE", f"{ep.broker}/v1/messages/{segment(message_id)}/schedule",
+                     params={"topic": topic} if topic else {})
     if printed_json(answer, json_out):
         return
     console.print(f"message [bold]{message_id}[/]: {answer.get('state', 'cancelled')}")

@@ -317,8 +317,10 @@ def create_console_app(settings: ConsoleSettings,
         return await render(request, "timers", gather)
 
     @app.post("/timers/cancel", response_class=HTMLResponse, include_in_schema=False)
-    async def timer_cancel(_: Guarded, message_id: str = Form(...)) -> Response:
-        return await act("/timers", views.cancel_timer(c, message_id.strip()), id=message_id)
+    async def timer_cancel(_: Guarded, message_id: str = Form(...),
+                           topic: str = Form("")) -> Response:
+        return await act("/timers", views.cancel_timer(c, message_id.strip(), topic.strip()),
+                         id=message_id)
 
     @app.get("/dlq", response_class=HTMLResponse, include_in_schema=False)
     async def dlq(request: Request, group: str = "") -> Response:

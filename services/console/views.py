@@ -276,7 +276,26 @@ async def timers_view(c: ConsoleClient) -> dict[str, Any]:
             "hist_total": sum(hists["day"].values())}
 
 
-async def cancel_timer(c: ConsoleClient, message_id: str) -> str:
-    broker, _ = await find_message(c, message_id)
-    answer = await c.call("DELETE", f"{broker.address}/v1/messages/{segment(message_id)}/schedule")
-    return f"timer {answer.get('message_id')} {answer.get('state')}"
+async def cancel_timer(c: ConsoleClient, message_id: str, topic: str = "") -> str:
+    """Cancel the delayed message ``message_id`` of ``topic`` (ids are unique per topic only)
+    on the broker serving that topic which holds it; without a topic, on the first broker
+    that has the id (which refuses an id delayed in several of its topics)."""
+    if not topic:
+        broker, _ = await find_message(c, message_id)
+        answer = await c.call(
+            "DELETE", f"{broker.address}/v1/messages/{segment(message_id)}/schedule")
+        return f"timer {answer.get('message_id')} {answer.get('state')}"
+    for b in await c.brokers():
+        if topic not in b.topics:
+            continue
+        try:
+            answer = await c.call(
+                "DELETE", f"{b.address}/v1/messages/{segment(message_id)}/schedule",
+                params={"topic": topic})
+        except ApiError as exc:
+            if exc.code != "MESSAGE_NOT_FOUND":
+                raise
+            continue
+        return f"timer {answer.get('message_id')} of {topic} {answer.get('state')}"
+    raise ApiError("MESSAGE_NOT_FOUND",
+                   f"no broker serving {topic!r} has a delayed message {message_id!r}")

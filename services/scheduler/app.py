@@ -1,8 +1,9 @@
 """The scheduler's FastAPI app: /healthz, /metrics and the internal API the broker asks.
 
 Every ``/internal/`` endpoint needs the cluster token. Cancel answers
-``{state: "cancelled"}`` (also when it was cancelled before), 409 ALREADY_DELIVERED, 404
-MESSAGE_NOT_FOUND, or 503 UNAVAILABLE while a delivery of it is in flight and undecided.
+``{state: "cancelled"}`` (also when it was cancelled before), 409 ALREADY_DELIVERED, 409
+AMBIGUOUS_MESSAGE_ID (no topic, and the id waits in several), 404 MESSAGE_NOT_FOUND, or 503
+UNAVAILABLE while a delivery of it is in flight and undecided.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from pydantic import BaseModel, Field, StrictInt
-from tidemq.protocol import ErrorCode, ProtocolError
+from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 from tidemq.protocol.numbers import INT32_MAX, INT64_MAX
 
 from services.common.answers import Histogram, Scheduled
@@ -38,7 +39,9 @@ class CancelBody(StrictBody):
     message_id: str = Field(min_length=1, max_length=255)
     due_ms: StrictInt | None = Field(None, ge=0, le=INT64_MAX,
                                      description="due time, when the broker knows it")
-    topic: str | None = None
+    topic: str | None = Field(None, description="the real topic: a cancel never touches a "
+                              "timer of another topic with the same id; without it, an id "
+                              "waiting in several topics is refused (409 AMBIGUOUS_MESSAGE_ID)")
     level: StrictInt | None = Field(None, ge=1, le=INT32_MAX,
                                     description="a delay-level message: its level")
     queue_offset: StrictInt | None = Field(None, ge=0, le=INT64_MAX,
@@ -54,6 +57,7 @@ class ClockBody(StrictBody):
 class CancelAnswer(BaseModel):
     message_id: str
     state: str = Field(description='"cancelled" (also when it was cancelled before)')
+    topic: str | None = Field(None, description="the topic of the message cancelled, when known")
 
 
 class StatusAnswer(BaseModel):
@@ -106,21 +110,24 @@ router = APIRouter(prefix="/internal/v1", tags=["internal"],
 @router.post("/timers/cancel", summary="Cancel a delayed message not delivered yet",
              openapi_extra=body_doc(CancelBody), response_model=CancelAnswer,
              responses=errors(ErrorCode.MESSAGE_NOT_FOUND, ErrorCode.ALREADY_DELIVERED,
-                              ErrorCode.UNAVAILABLE))
+                              ErrorCode.AMBIGUOUS_MESSAGE_ID, ErrorCode.UNAVAILABLE))
 async def cancel(request: Request) -> Response:
     body = await read_model(request, CancelBody)
     scheduler = scheduler_of(request)
     scheduler.require_ready()
     levels = len(scheduler.levels_ms)
+    if body.topic:
+        validate_topic_name(body.topic)  # kept in the pre-cancel file: a name of ≤ 127 chars
     if body.level is not None and body.level > levels:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"level: must be 1-{levels} (the broker's delay levels), got "
                             f"{body.level}")
-    outcome = await scheduler.canceller.cancel(
-        body.message_id, due_ms=body.due_ms, level=body.level, queue_offset=body.queue_offset,
-        intake_offset=body.intake_offset)
+    outcome, topic = await scheduler.canceller.cancel(
+        body.message_id, topic=body.topic or None, due_ms=body.due_ms, level=body.level,
+        queue_offset=body.queue_offset, intake_offset=body.intake_offset)
     if outcome in (Outcome.CANCELLED, Outcome.ALREADY_CANCELLED):
-        return reply(request, {"message_id": body.message_id, "state": "cancelled"})
+        return reply(request, {"message_id": body.message_id, "state": "cancelled",
+                               "topic": topic})
     if outcome is Outcome.DELIVERED:
         raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
                             f"message {body.message_id!r} was already delivered: too late to "

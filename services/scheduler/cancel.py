@@ -9,7 +9,9 @@ reported as such. Exactly one of cancel and delivery wins, decided on the event 
 - a timer of a bucket not in memory gets a CANCELLED mark (loading it later skips it);
 - otherwise its marks say what happened (delivered, or cancelled before).
 
-Level messages are the level walker's (``LevelWalker.cancel``).
+Level messages are the level walker's (``LevelWalker.cancel``). A cancel names the topic: ids
+are unique per topic only, and a timer of another topic with the same id is never touched; a
+cancel without a topic that finds the id in several topics is refused (AMBIGUOUS_MESSAGE_ID).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from enum import StrEnum
+from typing import NamedTuple
 
+from services.common.cancels import ambiguous_id
 from services.scheduler.buckets import Mark
 from services.scheduler.delivery import Deliverer, Where
 from services.scheduler.levels import LevelWalker
@@ -38,6 +42,11 @@ class Outcome(StrEnum):
     BUSY = "busy"  # a delivery of it is stuck in flight; ask again
 
 
+class Decision(NamedTuple):
+    outcome: Outcome
+    topic: str | None  # the topic of the timer decided (None: not known, e.g. not found)
+
+
 class Canceller:
     def __init__(self, store: TimerStore, deliverer: Deliverer, levels: LevelWalker,
                  metrics: SchedulerMetrics) -> None:
@@ -46,29 +55,35 @@ class Canceller:
         self.levels = levels
         self.metrics = metrics
 
-    async def cancel(self, message_id: str, *, due_ms: int | None = None,
-                     level: int | None = None, queue_offset: int | None = None,
-                     intake_offset: int | None = None) -> Outcome:
+    async def cancel(self, message_id: str, *, topic: str | None = None,
+                     due_ms: int | None = None, level: int | None = None,
+                     queue_offset: int | None = None,
+                     intake_offset: int | None = None) -> Decision:
+        """Decide the cancel of ``message_id`` in ``topic`` (None: the only topic holding a
+        timer of that id; raises ProtocolError AMBIGUOUS_MESSAGE_ID when several do)."""
         if level and queue_offset is not None:
-            return Outcome(await self.levels.cancel(level, queue_offset, due_ms or 0,
-                                                    message_id))
+            return Decision(Outcome(await self.levels.cancel(level, queue_offset, due_ms or 0,
+                                                             message_id)), topic)
         store = self.store
         async with store.lock:
             if intake_offset is not None and intake_offset >= store.ingested_next:
-                await asyncio.to_thread(store.precancels.add, message_id, intake_offset)
+                await asyncio.to_thread(store.precancels.add, topic, message_id,
+                                        intake_offset)
                 log.info("cancelled timer %s before it was taken in (intake offset %d)",
                          message_id, intake_offset)
                 self.metrics.cancelled.labels("timer").inc()
-                return Outcome.CANCELLED
+                return Decision(Outcome.CANCELLED, topic)
         # a timer, once filed, stays in its bucket's index: finding it needs no lock
-        found = await locate(store, message_id, due_ms)
+        found = await locate(store, message_id, due_ms, topic)
         if not found:
-            return Outcome.NOT_FOUND
+            return Decision(Outcome.NOT_FOUND, topic)
+        if len({f.topic for f in found}) > 1:
+            raise ambiguous_id(message_id, (f.topic for f in found))
         outcomes = [await self._settle(f) for f in found]
         for wanted in (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED):
             if wanted in outcomes:
-                return wanted
-        return outcomes[-1]
+                return Decision(wanted, found[0].topic)
+        return Decision(outcomes[-1], found[0].topic)
 
     async def _settle(self, f: Found) -> Outcome:
         """Decide one timer. The decision is taken with no await between the check and the

@@ -1,8 +1,10 @@
-"""Finding timers on disk: by message id (cancel) and by topic (pending counts).
+"""Finding timers on disk: by topic and message id (cancel) and by topic (pending counts).
 
 Nothing here is in memory: a lookup reads bucket index files (28 bytes per timer) and verifies
 a hit against the timer log. With the due time as a hint (the broker knows it while it still
-holds the intake record) one bucket is read; without, every bucket is.
+holds the intake record) one bucket is read; without, every bucket is. Ids are unique per
+topic only: a lookup by id without a topic reads every bucket, so that an id waiting in several
+topics is seen as such (the canceller refuses to choose).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Found:
     pos: int
     size: int
     due_ms: int
+    topic: str  # the real topic it will be delivered to
 
 
 def _hits(data: bytes, value: int, at: int) -> list[int]:
@@ -46,24 +49,34 @@ def _candidates(store: TimerStore, due_hint: int | None) -> list[int]:
     return [b for b in buckets if b >= first] + [b for b in buckets if b < first]
 
 
-def _find(store: TimerStore, message_id: str, buckets: list[int]) -> list[Found]:
+def _find(store: TimerStore, message_id: str, topic: str | None,
+          buckets: list[int]) -> list[Found]:
     h = text_hash(message_id)
+    topic_h = None if topic is None else text_hash(topic)
     found: list[Found] = []
     for bucket in buckets:
         data = store.buckets.read_index(bucket)
         for at in _hits(data, h, HASH_AT):
-            due, pos, size, _, _ = ENTRY.unpack_from(data, at)
+            due, pos, size, _, th = ENTRY.unpack_from(data, at)
+            if topic_h is not None and th != topic_h:
+                continue
             entry = store.log.read_many([(pos, size)])[0]
-            if isinstance(entry, Entry) and payload_id(entry.payload)[0] == message_id:
-                found.append(Found(bucket, pos, size, due))
-        if found:
+            if not isinstance(entry, Entry):
+                continue
+            mid, real = payload_id(entry.payload)
+            if mid == message_id and (topic is None or real == topic):
+                found.append(Found(bucket, pos, size, due, real))
+        if found and topic is not None:
             break
     return found
 
 
-async def locate(store: TimerStore, message_id: str, due_hint: int | None) -> list[Found]:
-    """Every timer of ``message_id`` in the first bucket that has one (usually one)."""
-    return await asyncio.to_thread(_find, store, message_id, _candidates(store, due_hint))
+async def locate(store: TimerStore, message_id: str, due_hint: int | None,
+                 topic: str | None = None) -> list[Found]:
+    """Every timer of ``message_id`` in ``topic``, in the first bucket that has one (usually
+    one); without ``topic``, every timer of that id in any topic, over every bucket."""
+    return await asyncio.to_thread(_find, store, message_id, topic,
+                                   _candidates(store, due_hint))
 
 
 def _scan_topic(store: TimerStore, topic: str) -> tuple[int, int | None]:

@@ -5,8 +5,9 @@ directory) takes its pending timers back from the broker's replicated commit log
    broker's retention floor with it): every pending timer has an intake record at or past it;
 2. note where intake ends now (``end``): a timer taken in below it may have been delivered by
    the lost store; one past it was never taken in;
-3. read every id of ``TIDE_SYS_TIMER_CANCELS`` and keep them as cancels of any copy below
-   ``end`` (fsynced in the store's pre-cancel file, so a crash mid-rebuild keeps them);
+3. read every (topic, id) of ``TIDE_SYS_TIMER_CANCELS`` and keep them as cancels of any copy
+   of that id in that topic below ``end`` (fsynced in the store's pre-cancel file, so a crash
+   mid-rebuild keeps them); the same id waiting in another topic stays pending;
 4. record ``end`` in the store's checkpoint, then take intake in from the floor as usual.
 
 What the rebuild files is delivered ``strict``: the broker stores it only if that delivery is
@@ -29,13 +30,16 @@ log = logging.getLogger(__name__)
 CANCELS_PAGE = 4096  # cancel ids per read
 
 
-async def read_cancels(broker: BrokerClient) -> list[str]:
-    """Every message id in the broker's cancel topic (what retention kept)."""
-    ids: list[str] = []
+async def read_cancels(broker: BrokerClient) -> list[tuple[str | None, str]]:
+    """Every (topic, message id) in the broker's cancel topic (what retention kept); the topic
+    is None for a cancel record that names none (written by an older broker: any topic)."""
+    ids: list[tuple[str | None, str]] = []
     offset = 0
     while True:
         answer = await broker.timer_cancels(offset, CANCELS_PAGE)
-        ids += [str(m) for m in answer["message_ids"]]
+        mids = [str(m) for m in answer["message_ids"]]
+        topics = answer.get("topics") or [None] * len(mids)
+        ids += [(str(t) if t else None, m) for t, m in zip(topics, mids, strict=True)]
         nxt = int(answer["next_offset"])
         if nxt <= offset or nxt >= int(answer["max_offset"]):
             return ids

@@ -191,27 +191,28 @@ class Roller:
     # --- one pending copy per timer (called by TimerStore.ingest) ---------------------------
     async def resolve(self, timers: list[Timer]) -> list[Timer]:
         store = self.store
-        last: dict[str, int] = {}
+        last: dict[tuple[str, str], int] = {}  # (topic, id) → its last rolled copy here
         for i, t in enumerate(timers):
             if t.rolls:
-                last[t.message_id] = i
+                last[(t.topic, t.message_id)] = i
         keep = [t for i, t in enumerate(timers)
-                if t.message_id not in last or last[t.message_id] == i]
+                if last.get((t.topic, t.message_id), i) == i]
         rolled = [t for t in keep if t.rolls]
         async with store.lock:
             older = await asyncio.to_thread(self._older_copies, rolled)
-            drop: set[str] = set()
+            drop: set[tuple[str, str]] = set()  # (topic, id) of rolled copies dropped
             superseded: dict[int, list[tuple[int, Mark]]] = {}
             cancelled: dict[int, list[tuple[int, Mark]]] = {}
             for t in rolled:
-                copies = older.get(t.message_id, [])
+                key = (t.topic, t.message_id)
+                copies = older.get(key, [])
                 if any(m in FINAL and m is not Mark.ROLLED for _, _, m in copies):
-                    drop.add(t.message_id)
+                    drop.add(key)
                     continue
                 in_memory = [(b, p) for b, p, m in copies if b in store.loaded and m not in FINAL]
                 if in_memory:
-                    drop.add(t.message_id)
-                    if store.precancels.holds(t.message_id, t.intake):
+                    drop.add(key)
+                    if store.precancels.holds(t.topic, t.message_id, t.intake):
                         for bucket, pos in in_memory:
                             if store.wheel.remove(t.due_ms, pos, bucket):
                                 cancelled.setdefault(bucket, []).append((pos, Mark.CANCELLED))
@@ -230,16 +231,18 @@ class Roller:
                         store.finished(bucket, len(items))
         if drop:
             log.info("%d rolled timer copy(ies) dropped: an older copy decides", len(drop))
-        return [t for t in keep if not (t.rolls and t.message_id in drop)]
+        return [t for t in keep if not (t.rolls and (t.topic, t.message_id) in drop)]
 
-    def _older_copies(self, timers: list[Timer]) -> dict[str, list[tuple[int, int, Mark | None]]]:
-        """message id → (bucket, pos, mark) of each copy filed: in the bucket of its due time
-        or, filed when already due, a later one up to the current bucket."""
+    def _older_copies(self, timers: list[Timer]
+                      ) -> dict[tuple[str, str], list[tuple[int, int, Mark | None]]]:
+        """(topic, message id) → (bucket, pos, mark) of each copy filed: in the bucket of its
+        due time or, filed when already due, a later one up to the current bucket (an id
+        waiting in another topic is another timer)."""
         store = self.store
         current = store.buckets.bucket_of(store.clock.now_ms())
         indexes: dict[int, bytes] = {}
         marks: dict[int, dict[int, Mark]] = {}
-        out: dict[str, list[tuple[int, int, Mark | None]]] = {}
+        out: dict[tuple[str, str], list[tuple[int, int, Mark | None]]] = {}
         for t in timers:
             first = store.buckets.bucket_of(t.due_ms)
             buckets = [b for b in sorted(store.buckets.sizes) if first <= b <= max(first, current)]
@@ -255,8 +258,9 @@ class Roller:
                 for at in _hits(data, h, HASH_AT):
                     _, pos, size, _, _ = ENTRY.unpack_from(data, at)
                     (entry,) = store.read([(pos, size)])
-                    if isinstance(entry, Entry) and payload_id(entry.payload)[0] == t.message_id:
-                        out.setdefault(t.message_id, []).append(
+                    key = (t.topic, t.message_id)
+                    if isinstance(entry, Entry) and payload_id(entry.payload)[::-1] == key:
+                        out.setdefault(key, []).append(
                             (bucket, pos, marks[bucket].get(pos)))
         return out
 

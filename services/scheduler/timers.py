@@ -158,7 +158,7 @@ class TimerStore:
             rebuilt.setdefault(entry.bucket, bytearray()).extend(_index_entry(entry, mid, topic))
             self._note_segment(entry.pos, entry.bucket)
             self.ingested_next = max(self.ingested_next, entry.intake + 1)
-            if self.precancels.take(mid, entry.intake):
+            if self.precancels.take(topic, mid, entry.intake):
                 cancelled.setdefault(entry.bucket, []).append(entry.pos)
             self.recovered += 1
         for bucket, data in rebuilt.items():
@@ -222,7 +222,7 @@ class TimerStore:
             per_bucket.setdefault(bucket, bytearray()).extend(ENTRY.pack(
                 t.due_ms, pos, size, text_hash(t.message_id), text_hash(t.topic)))
             self._note_segment(pos, bucket)
-            if self.precancels.take(t.message_id, t.intake):
+            if self.precancels.take(t.topic, t.message_id, t.intake):
                 cancelled.setdefault(bucket, []).append(pos)
                 continue
             self.pending += 1

@@ -408,12 +408,29 @@ def test_timers_view_and_cancel(page: Any, system: System) -> None:
     hours = page.locator("svg.histogram.hour rect title").all_text_contents()
     hour = time.strftime("%Y-%m-%d %H:00", time.gmtime(system.timer_due / 1000))
     assert hours[0] == f"{hour} UTC: 1 timer(s)", hours
+    # the same id delayed in a second topic: the page cancels the timer it shows, and only it
+    twin = system.broker.create_topic(queues=1)
+    system.broker.send(twin, {"message_id": system.ids["timer"], "body": "twin",
+                              "deliver_at_ms": system.timer_due})
+    http = system.broker.http
+
+    def pending(topic: str) -> int:
+        return int(http.get("/v1/scheduled", params={"topic": topic}).json()["pending"])
+
+    wait_until(lambda: pending(twin) == 1, 10, "the twin timer counted")
+    before = pending(system.topic)
     page.fill("#find-timer input[name=id]", system.ids["timer"])
     page.click("#find-timer button")
     assert page.locator(".state").inner_text() == "scheduled"
+    assert twin in page.locator("main").inner_text()  # the newest copy is shown
     page.click("#cancel button")
     assert "cancelled" in page.locator(".done").inner_text()
-    m = system.broker.http.get(f"/v1/messages/{system.ids['timer']}").json()
+    assert pending(twin) == 0 and pending(system.topic) == before
+    resp = http.delete(f"/v1/messages/{system.ids['timer']}/schedule",
+                       params={"topic": system.topic})
+    assert resp.status_code == 200, resp.text
+    assert pending(system.topic) == before - 1
+    m = http.get(f"/v1/messages/{system.ids['timer']}").json()
     assert m["state"] == "cancelled"
 
 

@@ -64,8 +64,9 @@ class DelayCluster:
         answer: dict[str, Any] = resp.json()
         return answer
 
-    def cancel(self, message_id: str) -> httpx.Response:
-        return self.http.delete(f"/v1/messages/{message_id}/schedule")
+    def cancel(self, message_id: str, topic: str | None = None) -> httpx.Response:
+        return self.http.delete(f"/v1/messages/{message_id}/schedule",
+                                params={"topic": topic} if topic else {})
 
     def state(self, message_id: str) -> str:
         resp = self.http.get(f"/v1/messages/{message_id}")

@@ -97,7 +97,7 @@ async def test_one_pending_copy_per_timer_and_the_floor_follows(tmp_path: Path) 
     # ... and when that copy was cancelled before it was taken in, the older copy is cancelled
     await store.ingest([_timer("e", 9, near)], 10)
     assert store.wheel.count == 2
-    store.precancels.add("e", 10)
+    store.precancels.add(None, "e", 10)
     assert await store.ingest([_timer("e", 10, near, 1)], 11) == 0
     assert store.pending == 3 and store.wheel.count == 1
     clock.advance(1000)
@@ -112,15 +112,15 @@ async def _locate(store: TimerStore, mid: str, due: int) -> list[tuple[int, int]
 def test_rebuild_cancels_hold_for_every_copy_below_the_end(tmp_path: Path) -> None:
     path = tmp_path / "precancel.log"
     pre = Precancels(path)
-    pre.add("x", 4)
-    pre.add_rebuilt(["a", "b"], 10)
+    pre.add("T", "x", 4)
+    pre.add_rebuilt([("T", "a"), (None, "b")], 10)
     again = Precancels(path)
     again.load()
-    assert again.take("a", 3) and again.take("a", 7)  # the original and a rolled copy
-    assert not again.take("a", 10)  # past the end: a cancel of it goes through the scheduler
-    assert again.take("x", 4) and not again.take("x", 4)
+    assert again.take("T", "a", 3) and again.take("T", "a", 7)  # the original and a rolled copy
+    assert not again.take("T", "a", 10)  # past the end: a cancel of it goes through the scheduler
+    assert again.take("T", "x", 4) and not again.take("T", "x", 4)
     again.prune(9)
-    assert again.below == {"a": 10, "b": 10}
+    assert again.below == {("T", "a"): 10, (None, "b"): 10}
     again.prune(10)
     assert again.below == {}
     last = Precancels(path)
@@ -208,3 +208,21 @@ async def test_a_lost_bucket_index_sets_the_store_aside(tmp_path: Path) -> None:
         index.unlink()
     again, _, _ = _open(root, clock)
     assert again.fresh and again.set_aside is not None and again.pending == 0
+
+
+def test_precancels_are_keyed_by_topic_and_read_old_files(tmp_path: Path) -> None:
+    path = tmp_path / "precancel.log"
+    pre = Precancels(path)
+    pre.add("A", "x", 5)
+    pre.add("B", "x", 6)  # the same id in another topic: a cancel of its own
+    pre.add_rebuilt([("A", "y")], 10)
+    again = Precancels(path)
+    again.load()
+    assert again.holds("A", "x", 5) and again.holds("B", "x", 6)
+    assert not again.holds("B", "x", 5)
+    assert not again.take("B", "y", 3) and again.take("A", "y", 3)  # never another topic's
+    old = tmp_path / "old.log"  # written before cancels named a topic: any topic
+    old.write_bytes(b"\0" * 7 + b"\x04\0\x01z")
+    legacy = Precancels(old)
+    legacy.load()
+    assert legacy.by_id == {(None, "z"): 4} and legacy.take("Q", "z", 4)

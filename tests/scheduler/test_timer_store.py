@@ -80,9 +80,28 @@ async def test_a_cancel_before_intake_wins(tmp_path: Path) -> None:
     clock = Clock()
     now = clock.now_ms()
     store = _open(tmp_path, clock)
-    store.precancels.add("m1", 1)
+    store.precancels.add(None, "m1", 1)
     store2 = _open(tmp_path, clock)  # the early cancel is durable
-    assert store2.precancels.by_id == {"m1": 1}
+    assert store2.precancels.by_id == {(None, "m1"): 1}
     await store2.ingest([_timer(0, now - 10), _timer(1, now - 10)], 2)
     assert store2.pending == 1
     assert await _deliver_due(store2, now) == [0]
+
+
+def _in_topic(topic: str, intake: int, due: int) -> Timer:
+    row = [topic, 0, b"x", {"UNIQ_KEY": "same"}, 0, 0, due - 1000, "127.0.0.1:1", 0, 0]
+    return Timer(due, intake, "same", topic, msgpack.packb(row))
+
+
+async def test_one_id_in_two_topics_is_two_timers(tmp_path: Path) -> None:
+    """Ids are unique per topic only: a lookup by (topic, id) finds that topic's timer alone,
+    and an early cancel of one topic's timer never cancels the other's."""
+    clock = Clock()
+    far = clock.now_ms() + 86_400_000
+    store = _open(tmp_path, clock)
+    store.precancels.add("B", "same", 1)  # cancelled before it was taken in
+    await store.ingest([_in_topic("A", 0, far), _in_topic("B", 1, far)], 2)
+    assert store.pending == 1
+    assert [f.topic for f in await locate(store, "same", far, "A")] == ["A"]
+    assert [f.topic for f in await locate(store, "same", None)] == ["A", "B"]
+    assert await locate(store, "same", far, "C") == []

@@ -27,6 +27,7 @@ class ErrorCode(StrEnum):
     BROKER_NOT_FOUND = "BROKER_NOT_FOUND"  # nameserver: no such broker registered
     TRANSACTION_ALREADY_ENDED = "TRANSACTION_ALREADY_ENDED"  # conflicting end action
     ALREADY_DELIVERED = "ALREADY_DELIVERED"  # cancel after delivery
+    AMBIGUOUS_MESSAGE_ID = "AMBIGUOUS_MESSAGE_ID"  # an id delayed in several topics: name one
     QUEUES_NOT_EMPTY = "QUEUES_NOT_EMPTY"  # shrinking a topic would hide stored messages
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"  # body, properties or batch over its limit
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"  # body neither JSON nor msgpack
@@ -64,6 +65,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.BROKER_NOT_FOUND: 404,
     ErrorCode.TRANSACTION_ALREADY_ENDED: 409,
     ErrorCode.ALREADY_DELIVERED: 409,
+    ErrorCode.AMBIGUOUS_MESSAGE_ID: 409,
     ErrorCode.QUEUES_NOT_EMPTY: 409,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,

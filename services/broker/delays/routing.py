@@ -53,7 +53,8 @@ class DelayRouter:
 
     def __init__(self, levels_ms: tuple[int, ...], max_delay_ms: int,
                  on_first_delay: Callable[[], None] | None = None,
-                 lookup: Callable[[str], dict[str, Any] | None] | None = None) -> None:
+                 lookup: Callable[[str, str | None], dict[str, Any] | None] | None = None
+                 ) -> None:
         self.levels_ms = levels_ms
         self.max_delay_ms = max_delay_ms
         self.on_first_delay = on_first_delay  # e.g. hold retention for the scheduler
@@ -110,11 +111,11 @@ class DelayRouter:
         qid, due = _int(props.get(REAL_QID)), _int(props.get(TIMER_DELIVER_MS))
         return None if qid is None or due is None else (qid, due)
 
-    def standing(self, message_id: str) -> dict[str, Any] | None:
+    def standing(self, message_id: str, topic: str | None = None) -> dict[str, Any] | None:
         """What a repeated send of a delayed message learns beyond its first result: fields
         saying it was cancelled (``state``) or where it was delivered (``state``, ``queue_id``,
         ``queue_offset``); None while it still waits."""
-        return self.lookup(message_id) if self.lookup is not None else None
+        return self.lookup(message_id, topic) if self.lookup is not None else None
 
     def route_record(self, record: MessageRecord, now_ms: int, *, delay_level: int = 0,
                      delay_ms: int | None = None, deliver_at_ms: int | None = None

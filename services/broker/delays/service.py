@@ -46,6 +46,7 @@ from tidemq.protocol import (
     validate_topic_name,
 )
 
+from services.broker.delays.copies import Standing, by_topic, choose, delivered, settled
 from services.broker.delays.routing import (
     CANCELS_TOPIC,
     INTAKE_TOPIC,
@@ -126,11 +127,20 @@ class DelayLookup:
         if SCHEDULER_FLOOR_OWNER not in self.store.floors:
             self.store.set_retention_floor(SCHEDULER_FLOOR_OWNER, self.store.log.write_offset)
 
-    def standing(self, message_id: str) -> dict[str, Any] | None:
-        """For a repeated send of a delayed message (``DelayRouter.standing``): ``{state:
-        "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its delivered copy;
-        None while it waits. Read from the store: repeated sends are rare."""
+    def standing(self, message_id: str, topic: str | None = None) -> dict[str, Any] | None:
+        """For a repeated send of a delayed message to ``topic`` (``DelayRouter.standing``):
+        ``{state: "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its
+        delivered copy; None while it waits. Read from the store: repeated sends are rare.
+        The same id in another topic is another message."""
         copies = self.store.find_by_unique_key(message_id)
+        if topic is not None:
+            mine = by_topic(copies).get(topic)
+            if mine is None or mine.standing in (Standing.PENDING, Standing.PLAIN):
+                return None
+            if mine.standing is Standing.CANCELLED:
+                return {"state": MessageState.CANCELLED.value}
+            return {"state": MessageState.STORED.value, "queue_id": mine.newest.queue_id,
+                    "queue_offset": mine.newest.queue_offset}
         newest = _newest_that_matters(copies)
         if newest is None or is_waiting(newest):
             return None
@@ -227,9 +237,11 @@ class DelayService:
         return {"timers": timers, "next_offset": nxt, "min_offset": lo, "max_offset": hi}
 
     def cancels(self, offset: int, max_count: int) -> dict[str, Any]:
-        """Ids of the cancel records from ``offset`` (a scheduler rebuild reads them all)."""
+        """Ids of the cancel records from ``offset`` and, beside them, their topics (null for
+        a record that names none): a scheduler rebuild reads them all."""
         res = self.store.get(CANCELS_TOPIC, 0, offset, max(1, min(max_count, MAX_INTAKE)))
         return {"message_ids": [r.message_id for r in res.records],
+                "topics": [r.properties.get(REAL_TOPIC) or None for r in res.records],
                 "next_offset": res.next_offset, "min_offset": res.min_offset,
                 "max_offset": res.max_offset}
 
@@ -368,53 +380,52 @@ class DelayService:
                                 "TIDEMQ_BROKER_SCHEDULER_URL, or start it with `tidemq up`)")
         return self.scheduler
 
-    async def cancel(self, message_id: str) -> dict[str, Any]:
-        """Cancel a delayed message not yet delivered; 409 ALREADY_DELIVERED once it was, 404
-        MESSAGE_NOT_FOUND for an id never stored as a delayed message."""
+    async def cancel(self, message_id: str, topic: str | None = None) -> dict[str, Any]:
+        """Cancel a delayed message of ``topic`` not yet delivered; 409 ALREADY_DELIVERED once
+        it was, 404 MESSAGE_NOT_FOUND for an id never stored there as a delayed message.
+        Without ``topic``: the only topic where the id waits (services/broker/delays/copies.py;
+        409 AMBIGUOUS_MESSAGE_ID when it waits in several). Never touches another topic."""
+        if topic is not None:
+            validate_topic_name(topic)
         copies = self.store.find_by_unique_key(message_id) if message_id else []
-        newest = _newest_that_matters(copies)
-        if newest is not None and newest.topic == CANCELS_TOPIC:
-            return {"message_id": message_id, "state": "cancelled"}
-        if newest is not None and not is_waiting(newest):
-            if not any(is_waiting(c) for c in copies):
-                raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
-                                    f"message {message_id!r} was never delayed (stored at once "
-                                    f"in {newest.topic!r}: sent without a delay, or with one of "
-                                    "0 or in the past): no delayed message to cancel")
-            raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
-                                f"message {message_id!r} was already delivered to "
-                                f"{newest.topic!r}: nothing to cancel")
-        hint: dict[str, Any] = {}
+        mine = choose(message_id, by_topic(copies), topic)
+        if mine is not None:
+            topic = mine.topic
+            if mine.standing is Standing.CANCELLED:  # cancelled before: the same answer
+                return {"message_id": message_id, "state": "cancelled"}
+            settled(message_id, mine)
+        hint: dict[str, Any] = {} if topic is None else {"topic": topic}
+        newest = mine.newest if mine is not None else None
         if newest is not None:
-            hint = {"due_ms": due_of(newest), "topic": newest.properties.get(REAL_TOPIC)}
+            hint["due_ms"] = due_of(newest)
             if newest.topic == SCHEDULE_TOPIC:
                 hint["level"] = int(newest.properties.get(DELAY, newest.queue_id + 1))
                 hint["queue_offset"] = newest.queue_offset
             else:
                 hint["intake_offset"] = newest.queue_offset
         try:
-            await self._require_scheduler().cancel(message_id, hint)
+            decided = await self._require_scheduler().cancel(message_id, hint)
         except ProtocolError as exc:
             # delivered (and forgotten by the scheduler) since the copies were read above?
-            latest = _newest_that_matters(self.store.find_by_unique_key(message_id))
+            latest = by_topic(self.store.find_by_unique_key(message_id)).get(topic or "")
             if exc.code is ErrorCode.MESSAGE_NOT_FOUND and latest is not None and \
-                    is_consumable(latest.topic):
-                raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
-                                    f"message {message_id!r} was already delivered to "
-                                    f"{latest.topic!r}: nothing to cancel") from None
+                    latest.standing is Standing.DELIVERED:
+                raise delivered(message_id, latest.newest.topic) from None
             raise
-        await self._record_cancel(message_id, newest, hint)
+        topic = topic or decided.get("topic") or None  # found by the scheduler alone
+        await self._record_cancel(message_id, topic, newest, hint)
         self.cancelled += 1
-        log.info("cancelled delayed message %s (due %s)", message_id, hint.get("due_ms"))
+        log.info("cancelled delayed message %s of %s (due %s)", message_id, topic,
+                 hint.get("due_ms"))
         return {"message_id": message_id, "state": "cancelled"}
 
-    async def _record_cancel(self, message_id: str, waiting: StoredRecord | None,
-                             hint: dict[str, Any]) -> None:
-        props = {UNIQ_KEY: message_id}
-        if waiting is not None:
-            props[REAL_TOPIC] = waiting.properties.get(REAL_TOPIC, "")
-            if REAL_QID in waiting.properties:
-                props[REAL_QID] = waiting.properties[REAL_QID]
+    async def _record_cancel(self, message_id: str, topic: str | None,
+                             waiting: StoredRecord | None, hint: dict[str, Any]) -> None:
+        """The cancel record, keyed by (topic, id): read back by the message's state, a
+        repeated cancel and a scheduler rebuild."""
+        props = {UNIQ_KEY: message_id, REAL_TOPIC: topic or ""}
+        if waiting is not None and REAL_QID in waiting.properties:
+            props[REAL_QID] = waiting.properties[REAL_QID]
         if hint.get("due_ms") is not None:
             props[TIMER_DELIVER_MS] = str(hint["due_ms"])
         record = MessageRecord(topic=CANCELS_TOPIC, queue_id=0, body=b"",

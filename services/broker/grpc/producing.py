@@ -142,23 +142,25 @@ def _recall_handle(item: Inbound, result: dict[str, Any]) -> str:
 
 async def recall_message(door: Door, request: Any) -> Any:
     """RecallMessage: cancel a delayed message not yet delivered, as ``DELETE
-    /v1/messages/{message_id}/schedule`` does (the recall handle is the message id)."""
+    /v1/messages/{message_id}/schedule?topic=`` does (the recall handle is the message id; the
+    request's topic says which topic's message, as ids are unique per topic only)."""
     try:
         if not request.recall_handle:
             raise RpcRefused(Code.BAD_REQUEST, "recall_handle is empty")
+        topic = request.topic.name or None
         try:
-            answer = await door.broker.delays.cancel(request.recall_handle)
+            answer = await door.broker.delays.cancel(request.recall_handle, topic)
         except ProtocolError as exc:
             if exc.code is not ErrorCode.MESSAGE_NOT_FOUND:
                 raise
-            answer = await _recall_elsewhere(door, request.recall_handle, exc)
+            answer = await _recall_elsewhere(door, request.recall_handle, topic, exc)
     except Exception as exc:
         return service_pb.RecallMessageResponse(status=error_status(exc, "RecallMessage"))
     return service_pb.RecallMessageResponse(status=ok(), message_id=answer["message_id"])
 
 
-async def _recall_elsewhere(door: Door, message_id: str, not_here: ProtocolError
-                            ) -> dict[str, Any]:
+async def _recall_elsewhere(door: Door, message_id: str, topic: str | None,
+                            not_here: ProtocolError) -> dict[str, Any]:
     """Cancel ``message_id`` on the group that holds it; ``not_here`` when no group does.
     A group that cannot be asked makes the answer UNAVAILABLE (it may hold the message)."""
     unreachable: list[str] = []
@@ -167,7 +169,8 @@ async def _recall_elsewhere(door: Door, message_id: str, not_here: ProtocolError
         for group in await other_groups(door):
             url = f"{group.address}/v1/messages/{quote(message_id, safe='')}/schedule"
             try:
-                resp = await http.delete(url, headers={"accept": "application/json"})
+                resp = await http.delete(url, headers={"accept": "application/json"},
+                                         params={"topic": topic} if topic else {})
                 answer = resp.json() if resp.content else {}
             except (httpx.HTTPError, ValueError) as exc:
                 unreachable.append(f"{group.broker_name} ({type(exc).__name__})")

@@ -184,7 +184,7 @@ class BatchIntake:
             start += s.head.size
         repeated: set[int] = set()
         placed = await sender.put_records(records, [True] * len(records), now, repeated)
-        return sender.results(ids, placed, repeated)
+        return sender.results(ids, placed, repeated, topic)
 
 
 def check_limits(summaries: list[BatchSummary], limits: Limits) -> None:

@@ -154,21 +154,21 @@ class SendService:
             given.append(msg.message_id is not None)
         repeated: set[int] = set()
         placed = await self.put_records(records, given, now, repeated)
-        return self.results(ids, placed, repeated)
+        return self.results(ids, placed, repeated, topic)
 
     async def send_batches(self, topic: str, raw: bytes, host: str) -> dict[str, Any]:
         """Store a request of producer-made v2 batches (``messaging/intake.py``)."""
         return await self.intake.send(topic, raw, host)
 
-    def results(self, ids: list[str], placed: list[Placed], repeated: set[int]
-                ) -> list[dict[str, Any]]:
-        """A send's answer per message, in request order."""
+    def results(self, ids: list[str], placed: list[Placed], repeated: set[int],
+                topic: str | None = None) -> list[dict[str, Any]]:
+        """A send's answer per message (to ``topic``), in request order."""
         return [{"message_id": mid, "queue_id": p.queue_id, "queue_offset": p.queue_offset}
-                if p.waiting is None else self._waiting_result(mid, p, i in repeated)
+                if p.waiting is None else self._waiting_result(mid, p, i in repeated, topic)
                 for i, (mid, p) in enumerate(zip(ids, placed, strict=True))]
 
-    def _waiting_result(self, message_id: str, placed: Placed, repeated: bool
-                        ) -> dict[str, Any]:
+    def _waiting_result(self, message_id: str, placed: Placed, repeated: bool,
+                        topic: str | None) -> dict[str, Any]:
         """A delayed message has no position in its queue until it is delivered: the result
         names the queue it will be delivered to, no offset, and its due time. A repeated send
         also says whether it was cancelled or delivered since."""
@@ -178,7 +178,7 @@ class SendService:
                                   "queue_offset": None, "state": MessageState.SCHEDULED.value,
                                   "deliver_at_ms": due}
         if repeated:
-            result.update(self.delay_router.standing(message_id) or {})
+            result.update(self.delay_router.standing(message_id, topic) or {})
         return result
 
     async def put_records(self, records: list[MessageRecord], dedup: list[bool],

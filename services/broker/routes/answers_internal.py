@@ -67,6 +67,8 @@ class Intake(QueueBounds):
 
 class TimerCancels(QueueBounds):
     message_ids: list[str] = Field(description="ids of delayed messages cancelled, in order")
+    topics: list[str | None] = Field(default_factory=list, description="the topic of each "
+                                     "id (null: a record naming none, any topic)")
 
 
 class DueRecordOut(BaseModel):

@@ -40,10 +40,18 @@ router = APIRouter(tags=["delayed messages"])
 @router.delete("/v1/messages/{message_id}/schedule",
                summary="Cancel a delayed message that was not delivered yet",
                response_model=Cancelled, responses=errors(
-                   ErrorCode.MESSAGE_NOT_FOUND, ErrorCode.ALREADY_DELIVERED,
+                   ErrorCode.INVALID_TOPIC_NAME, ErrorCode.MESSAGE_NOT_FOUND,
+                   ErrorCode.ALREADY_DELIVERED, ErrorCode.AMBIGUOUS_MESSAGE_ID,
                    ErrorCode.UNAVAILABLE))
-async def cancel(message_id: str, request: Request) -> Response:
-    return reply(request, await broker_of(request).delays.cancel(path_id(message_id)))
+async def cancel(
+    message_id: str, request: Request,
+    topic: Annotated[str | None, Query(
+        description="the topic it was sent to (ids are unique per topic only); without it, "
+                    "an id delayed in several topics is refused with 409 "
+                    "AMBIGUOUS_MESSAGE_ID")] = None,
+) -> Response:
+    answer = await broker_of(request).delays.cancel(path_id(message_id), topic)
+    return reply(request, answer)
 
 
 @router.get("/v1/scheduled", summary="Pending delayed messages: count, next due time, by level",
