@@ -7,38 +7,71 @@ statistics are read only at scrape time through ``StatsCollector``.
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from services.broker.store.types import MessageRecord, PutStatus
+from services.common.stats import Stat, StatsCollector, counter
 
 log = logging.getLogger(__name__)
 
-_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class StatsCollector(Collector):
-    """Exposes a ``dict[str, float]`` (e.g. ``store.stats()``) as gauges, read at scrape time."""
+#: ``Store.stats()`` (``tidemq_broker_store_*``)
+STORE_STATS: dict[str, Stat] = {
+    "put_requests": counter("Requests the group-commit writer stored (a request holds one or "
+                            "more records)"),
+    "put_records": counter("Records the group-commit writer stored"),
+    "put_bytes": counter("Bytes of records the group-commit writer stored"),
+    "writes": counter("Group-commit writes to the commit log (each covers many requests)"),
+    "fsyncs": counter("fsync calls on the commit log"),
+    "busy": counter("Requests the writer refused with BROKER_BUSY (queue too deep or too old)",
+                    "busy_rejections"),
+    "writer_failed": Stat("1 when the writer stopped on an error and refuses every write until a "
+                          "restart"),
+    "commitlog_min_offset": Stat("First physical offset still stored in the commit log (bytes)"),
+    "commitlog_max_offset": Stat("Physical offset the next record will get (bytes)"),
+    "commitlog_synced_offset": Stat("Physical offset up to which the commit log is fsynced "
+                                    "(bytes)"),
+    "commitlog_segments": Stat("Commit log segment files"),
+    "consume_queues": Stat("Consume queues (topic, queue id) built from the commit log"),
+    "index_files": Stat("Index files (message id and key to physical offset)"),
+    "disk_used_ratio": Stat("Used share of the store's file system (0..1)"),
+    "recovery_seconds": Stat("How long the last start's recovery of the store took (seconds)"),
+}
 
-    def __init__(self, prefix: str, source: Callable[[], dict[str, float]], what: str) -> None:
-        self.prefix = prefix
-        self.source = source
-        self.what = what
+#: ``Broker.stats()`` (``tidemq_broker_*``)
+BROKER_STATS: dict[str, Stat] = {
+    "topics": Stat("Topics this broker serves"),
+    "dedup_entries": Stat("Message ids held for idempotent sends (the dedup window)"),
+    "held_pulls": Stat("Long-poll pulls waiting for a message"),
+    "held_pulls_woken": counter("Held pulls woken by a new message"),
+    "offset_commit_round_trips": counter("Redis round trips that committed consumer offsets "
+                                         "(concurrent commits share one)"),
+    "simple_delivered": counter("Messages handed out by simple-consumer receives"),
+    "simple_acked": counter("Messages acknowledged by simple consumers"),
+}
 
-    def collect(self) -> Iterator[Metric]:
-        try:
-            stats = self.source()
-        except Exception:  # a scrape must not fail because one source did
-            log.exception("%s statistics unavailable", self.what)
-            return
-        for key, value in sorted(stats.items()):
-            name = self.prefix + _NAME_RE.sub("_", key)
-            yield GaugeMetricFamily(name, f"{self.what}: {key}", value=float(value))
+#: ``TransactionService.stats()`` (``tidemq_broker_transactions_*``)
+TRANSACTION_STATS: dict[str, Stat] = {
+    "pending": Stat("Half messages not yet committed, rolled back or discarded"),
+    "loads": counter("Times the transaction table was rebuilt from the log (start, promotion)"),
+    "checks_held": Stat("Check-back requests waiting for a producer of their group"),
+    "checks_offered": counter("Check-back requests the checker offered"),
+    "checks_handed_out": counter("Check-back requests handed to a polling producer"),
+    "checks_expired": counter("Check-back requests no producer took in time"),
+    "check_pollers": Stat("Producers long-polling for check-back requests"),
+    "check_polls_woken": counter("Producer check polls woken by a new check-back request"),
+}
+
+#: ``GrpcDoor.stats()`` (``tidemq_broker_grpc_*``)
+GRPC_STATS: dict[str, Stat] = {
+    "sessions": Stat("RocketMQ 5 client sessions on the gRPC door"),
+    "telemetry_streams": Stat("Open Telemetry streams of RocketMQ 5 clients"),
+    "check_pumps": Stat("Transaction check pumps feeding RocketMQ 5 producers"),
+}
 
 
 class BrokerMetrics:
@@ -76,8 +109,9 @@ class BrokerMetrics:
             self.pulls.labels(result)
         self._topic_children: dict[str, tuple[Counter, Counter]] = {}
 
-    def add_stats(self, prefix: str, source: Callable[[], dict[str, float]], what: str) -> None:
-        self.registry.register(StatsCollector(prefix, source, what))
+    def add_stats(self, prefix: str, source: Callable[[], Mapping[str, float]],
+                  specs: Mapping[str, Stat], what: str) -> None:
+        self.registry.register(StatsCollector(prefix, source, specs, what))
 
     def observe_put(self, topic: str, records: Sequence[MessageRecord], status: PutStatus,
                     seconds: float) -> None:

@@ -32,7 +32,12 @@ from services.broker.messaging.pull import PullService
 from services.broker.messaging.query import QueryService
 from services.broker.messaging.send import SendService
 from services.broker.messaging.topics import TopicConfig, TopicManager
-from services.broker.observability import BrokerMetrics
+from services.broker.observability import (
+    BROKER_STATS,
+    STORE_STATS,
+    TRANSACTION_STATS,
+    BrokerMetrics,
+)
 from services.broker.registrar import NameserverRegistrar
 from services.broker.replication.election import Elector, LeaseFence, elected, elector_for
 from services.broker.replication.epochs import EpochFile
@@ -162,10 +167,10 @@ class Broker:
         self.elector = elector_for(s, role, lease) if lease is not None else None
         if self.elector is not None:
             self.elector.start()
-        self.metrics.add_stats("tidemq_broker_store_", store.stats, "store")
-        self.metrics.add_stats("tidemq_broker_", self.stats, "broker")
+        self.metrics.add_stats("tidemq_broker_store_", store.stats, STORE_STATS, "store")
+        self.metrics.add_stats("tidemq_broker_", self.stats, BROKER_STATS, "broker")
         self.metrics.add_stats("tidemq_broker_transactions_", self.transactions.stats,
-                               "transactions")
+                               TRANSACTION_STATS, "transactions")
         self.started = True
         log.info("broker %s of cluster %s serving %s: %d topic(s), data in %s, flush=%s",
                  s.broker_name, s.cluster, s.address, len(topics), s.data_dir, s.flush)

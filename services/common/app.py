@@ -20,7 +20,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse as FastAPIJSONResponse
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import APIKeyHeader
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+        CollectorRegistry,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.codec import encode_payload, is_msgpack
@@ -198,11 +206,16 @@ START_TIME_METRIC = "tidemq_service_start_time_seconds"
 
 
 def _record_start(registry: CollectorRegistry) -> None:
+    """The start time, and the standard ``process_*`` / ``python_*`` collectors (CPU, memory,
+    file descriptors, garbage collection) every Prometheus client library exports."""
     try:
-        started = Gauge(START_TIME_METRIC, "when this service process started (Unix seconds)",
+        started = Gauge(START_TIME_METRIC, "When this service process started (Unix seconds)",
                         registry=registry)
     except ValueError:  # a second app on the same registry (tests): the first start stands
         return
     started.set(time.time())
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
 
 

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 SENT = "tidemq_broker_messages_put_total"  # by topic: messages stored by public sends
 PULLED = "tidemq_broker_pulled_messages_total"  # by topic: messages handed out by pulls
-RECEIVED = "tidemq_broker_simple_delivered"  # messages handed out by simple-consumer receives
+RECEIVED = "tidemq_broker_simple_delivered_total"  # messages handed out by simple-consumer receives
 LOG_MIN = "tidemq_broker_store_commitlog_min_offset"
 LOG_MAX = "tidemq_broker_store_commitlog_max_offset"
 DISK_RATIO = "tidemq_broker_store_disk_used_ratio"

@@ -281,7 +281,7 @@ def create_sidecar_app(settings: MetricsSettings) -> FastAPI:
     async def metrics() -> Response:
         text = await asyncio.to_thread(read_exposition)
         status = runner.status(path)
-        own = generate_latest(registry).decode() if gate is not None else ""  # ACL counters
+        own = generate_latest(registry).decode()  # start time, process_*, python_*, ACL
         return Response(text + health_lines(runner, status) + own, media_type=CONTENT_TYPE)
 
     @app.get("/v1/status", tags=["ops"], summary="State of the Spark job",

@@ -9,30 +9,40 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from services.common.stats import Stat, StatsCollector
 
 log = logging.getLogger(__name__)
 
 LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
-class _Gauges(Collector):
-    def __init__(self, source: Callable[[], dict[str, float]]) -> None:
-        self.source = source
-
-    def collect(self) -> Iterator[Metric]:
-        try:
-            stats = self.source()
-        except Exception:  # a scrape must not fail because one source did
-            log.exception("scheduler statistics unavailable")
-            return
-        for key, value in sorted(stats.items()):
-            yield GaugeMetricFamily(f"tidemq_scheduler_{key}", f"scheduler: {key}",
-                                    value=float(value))
+#: ``DelayService.gauges()`` (``tidemq_scheduler_*``)
+SCHEDULER_STATS: dict[str, Stat] = {
+    "pending_timers": Stat("Arbitrary-delay timers waiting in the timer store"),
+    "pending_level_messages": Stat("Delay-level messages waiting in the level queues"),
+    "near_timers": Stat("Timers in the in-memory near window"),
+    "queued_timers": Stat("Due timers queued for delivery"),
+    "in_flight_timers": Stat("Timers being delivered to the broker"),
+    "loaded_buckets": Stat("Timer-log buckets loaded in memory"),
+    "buckets": Stat("Timer-log buckets on disk"),
+    "disk_bytes": Stat("Bytes of the timer store on disk"),
+    "ingested_offset": Stat("Next offset of the broker's timer intake topic to take in"),
+    "rebuild_floor": Stat("Intake offset below which a rebuild needs nothing (the retention "
+                          "floor the scheduler reports)"),
+    "rebuilding": Stat("1 while the timer store is being rebuilt from the intake topic"),
+    "intake_lag": Stat("Timers in the intake topic not yet taken in"),
+    "max_lateness_ms": Stat("Largest delivery lateness seen since the start (seconds)",
+                            name="max_lateness_seconds", scale=0.001),
+    "clock_offset_ms": Stat("Offset of the scheduler's clock from the host clock, e.g. under a "
+                            "test clock (seconds)", name="clock_offset_seconds", scale=0.001),
+    "resident_bytes": Stat("Resident memory of the scheduler process (bytes)"),
+}
 
 
 class Lateness(Collector):
@@ -100,8 +110,9 @@ class SchedulerMetrics:
     def max_lateness_ms(self) -> int:
         return self.lateness.max_ms
 
-    def add_gauges(self, source: Callable[[], dict[str, float]]) -> None:
-        self.registry.register(_Gauges(source))
+    def add_gauges(self, source: Callable[[], Mapping[str, float]]) -> None:
+        self.registry.register(StatsCollector("tidemq_scheduler_", source, SCHEDULER_STATS,
+                                              "scheduler"))
 
     def delivered(self, count: int, lateness_ms: list[int], kind: str) -> None:
         self.delivered_total.labels(kind).inc(count)

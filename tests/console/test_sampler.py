@@ -25,7 +25,7 @@ def exposition(sent: dict[str, int], pulled: dict[str, int], received: int, log:
         put.labels(t).inc(n)
     for t, n in pulled.items():
         got.labels(t).inc(n)
-    Gauge("tidemq_broker_simple_delivered", "x", registry=r).set(received)
+    Counter("tidemq_broker_simple_delivered", "x", registry=r).inc(received)
     Gauge("tidemq_broker_store_commitlog_min_offset", "x", registry=r).set(log[0])
     Gauge("tidemq_broker_store_commitlog_max_offset", "x", registry=r).set(log[1])
     Gauge("tidemq_broker_store_disk_used_ratio", "x", registry=r).set(disk)

@@ -6,19 +6,25 @@ import importlib.util
 import json
 import re
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from services.broker.observability import BrokerMetrics
+from services.broker.observability import (
+    BROKER_STATS,
+    STORE_STATS,
+    TRANSACTION_STATS,
+    BrokerMetrics,
+)
 from services.metrics.events import parse_event
 from services.metrics.exposition import BatchInfo, render
 from services.metrics.rollup import python_rollup
 from services.metrics.settings import MetricsSettings
 from services.metrics.sidecar import JobRunner, health_lines
-from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.metrics import SCHEDULER_STATS, SchedulerMetrics
 from tests.deploy.topology import load_compose
 from tests.support.metrics import encode, promtool, scenario
 from tests.support.procs import REPO
@@ -78,10 +84,10 @@ def test_every_panel_query_is_a_tested_rule() -> None:
     assert "SUCCESS" in out
 
 
-def test_panels_use_names_the_services_export() -> None:
+def test_panels_use_names_the_services_export(tmp_path: Path) -> None:
     rollups = python_rollup(parse_event(encode(b)) for b in scenario())
     runner = JobRunner(MetricsSettings(run_job=False))
-    status = {"last_batch_completed_age_s": 1.0, "newest_event_age_s": 9.0}
+    status = runner.status(tmp_path / "metrics.prom")
     sidecar = render(rollups, BatchInfo(1, 1.0)) + health_lines(runner, status)
     exported = set(NAME_RE.findall(sidecar))
     broker = BrokerMetrics()
@@ -89,9 +95,12 @@ def test_panels_use_names_the_services_export() -> None:
     broker.consumer_lag.labels("g", "T", "0").set(1)
     exported |= set(NAME_RE.findall(generate_latest(broker.registry).decode()))
     exported |= set(NAME_RE.findall(generate_latest(SchedulerMetrics().registry).decode()))
-    # the scheduler's scrape-time gauges are tidemq_scheduler_<key of Scheduler.gauges()>
-    gauges = (REPO / "services" / "scheduler" / "service.py").read_text()
-    exported |= {f"tidemq_scheduler_{key}" for key in re.findall(r'"([a-z_]+)": float\(', gauges)}
+    # the scrape-time statistics, as their tables name them
+    for prefix, specs in (("tidemq_scheduler_", SCHEDULER_STATS), ("tidemq_broker_store_",
+                          STORE_STATS), ("tidemq_broker_", BROKER_STATS),
+                          ("tidemq_broker_transactions_", TRANSACTION_STATS)):
+        exported |= {prefix + (spec.name or key) + ("_total" if spec.kind == "counter" else "")
+                     for key, spec in specs.items()}
     used = {name for p in panels() for t in p["targets"] for name in NAME_RE.findall(t["expr"])}
     assert used - exported == set()
 

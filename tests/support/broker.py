@@ -82,7 +82,7 @@ class BrokerHandle:
 
     def pulls_woken(self) -> float:
         """Held pulls woken by a message so far (not by their timeout or a re-read)."""
-        return self.gauge("tidemq_broker_held_pulls_woken")
+        return self.gauge("tidemq_broker_held_pulls_woken_total")
 
     def error(self, resp: httpx.Response, status: int, code: str) -> str:
         assert resp.status_code == status, (resp.status_code, resp.text)

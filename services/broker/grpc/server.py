@@ -24,6 +24,7 @@ from services.broker.grpc.proto import SERVICE_NAME, service_grpc
 from services.broker.grpc.servicer import MessagingServicer
 from services.broker.grpc.sessions import ServerSide, Sessions
 from services.broker.grpc.telemetry import CLOSE
+from services.broker.observability import GRPC_STATS
 from services.broker.service import Broker
 from services.broker.settings import BrokerSettings
 from services.common.auth import Gate
@@ -118,7 +119,8 @@ class GrpcFrontDoor:
         if tls is None:  # clients export their metrics here (plaintext only: grpc/otlp.py)
             self.door.side = dataclasses.replace(self.door.side,
                                                  metric_endpoints=self.door.endpoints())
-        self.broker.metrics.add_stats("tidemq_broker_grpc_", self.stats, "gRPC front door")
+        self.broker.metrics.add_stats("tidemq_broker_grpc_", self.stats, GRPC_STATS,
+                                      "gRPC front door")
         log.info("gRPC front door (%s) listening on %s%s, advertised as %s:%d", SERVICE_NAME,
                  bind, " (TLS)" if tls is not None else "", self.door.host, self.door.port)
 

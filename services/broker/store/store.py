@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -399,5 +398,4 @@ class MessageStore:
             "index_files": float(len(self.index.files)),
             "disk_used_ratio": self.disk.used_ratio(),
             "recovery_seconds": self.recovery_seconds,
-            "pid": float(os.getpid()),
         }

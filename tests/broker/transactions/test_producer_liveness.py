@@ -63,7 +63,7 @@ def test_heartbeat_wakes_the_waiting_check_poll(broker: BrokerHandle) -> None:
     heartbeat wakes it: the broker counts the poll as woken, not as having looked again."""
     group, topic = unique("PG"), broker.create_topic(queues=1)
     txid = offer_check(broker, group, topic)
-    woken = broker.gauge("tidemq_broker_transactions_check_polls_woken")
+    woken = broker.gauge("tidemq_broker_transactions_check_polls_woken_total")
     with ThreadPoolExecutor(1) as pool:
         # the producer has never heartbeated: it is not live, its poll waits
         waiting: Future[list[dict[str, Any]]] = pool.submit(poll, broker, group, "p1", 30_000)
@@ -74,7 +74,7 @@ def test_heartbeat_wakes_the_waiting_check_poll(broker: BrokerHandle) -> None:
         checks = waiting.result()
     assert [c["transaction_id"] for c in checks] == [txid]
     assert checks[0]["check_times"] == 1
-    assert broker.gauge("tidemq_broker_transactions_check_polls_woken") == woken + 1
+    assert broker.gauge("tidemq_broker_transactions_check_polls_woken_total") == woken + 1
 
 
 def test_a_producer_that_left_gets_no_checks_until_it_heartbeats(broker: BrokerHandle) -> None:
