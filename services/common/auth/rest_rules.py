@@ -148,6 +148,9 @@ RULES: list[tuple[str, re.Pattern[str], Builder]] = [
          lambda m, q, b: _optional(lambda t: _topic(t, SUB), q.get("topic")) or CLUSTER_ADMIN),
     _row("GET", "/v1/scheduled",
          lambda m, q, b: _optional(lambda t: _topic(t, SUB), q.get("topic")) or CLUSTER_ADMIN),
+    # a cancel that names its topic touches only that topic's message: its producers may
+    _row("DELETE", f"/v1/messages/{_SEG}/schedule",
+         lambda m, q, b: _optional(lambda t: _topic(t, PUB), q.get("topic")) or CLUSTER_ADMIN),
     # the nameserver: registering a broker is a cluster admin action
     _row("POST", "/v1/brokers/heartbeat", lambda m, q, b: CLUSTER_ADMIN),
 ]

@@ -177,3 +177,12 @@ def test_a_half_batch_needs_its_query_group_and_topic() -> None:
     # both given (the route refuses it): each one's need, never fewer
     assert needs("POST", "/v1/transactions", {"topic": "other"}, body, "application/json") == [
         want[0], Need(Resource("topic", "other"), pub), want[1]]
+
+
+def test_a_cancel_naming_its_topic_needs_pub_on_it_else_cluster_admin() -> None:
+    """``?topic=`` confines a cancel to that topic's message (issue 34): its producers may
+    cancel; without a topic the cancel may reach any topic, so only a cluster admin may."""
+    path = "/v1/messages/order-42/schedule"
+    assert needs("DELETE", path, {"topic": "orders"}, b"", None) == [
+        Need(Resource("topic", "orders"), ("pub",))]
+    assert needs("DELETE", path, {}, b"", None) == [Need(Resource("cluster"), ("admin",))]
