@@ -41,8 +41,16 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+try:
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+        BaseInstrumentor,
+    )
+except ModuleNotFoundError as exc:  # the extra is not installed: say which one
+    raise ModuleNotFoundError(
+        f"tidemq.otel needs OpenTelemetry ({exc.name} is missing): "
+        "pip install 'tidemq[otel]' (opentelemetry-api and opentelemetry-instrumentation; "
+        "the application brings its opentelemetry-sdk and exporter)", name=exc.name) from exc
 
 from tidemq import __version__, _hooks
 from tidemq.otel._attributes import SCHEMA_URL, Shapes

@@ -32,3 +32,19 @@ def test_opentelemetry_instrument_finds_the_instrumentor() -> None:
     found = {e.name: e.value for e in importlib.metadata.entry_points(
         group="opentelemetry_instrumentor")}
     assert found.get("tidemq") == "tidemq.otel:TidemqInstrumentor"
+
+
+def test_without_the_extra_the_import_names_it() -> None:
+    """``import tidemq.otel`` with OpenTelemetry missing says which extra to install."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "sys.modules['opentelemetry'] = None  # as if not installed\n"
+            "try:\n"
+            "    import tidemq.otel\n"
+            "except ModuleNotFoundError as exc:\n"
+            "    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert "pip install 'tidemq[otel]'" in out and "opentelemetry" in out
