@@ -18,6 +18,23 @@ function that raises rolls the local transaction back, and the message is rolled
 Either way ``TransactionProducer.send`` then raises ``tidemq.LocalTransactionError`` whose
 ``__cause__`` is the original exception.
 
+The message is fixed before the business function runs: ``send`` stores it as a half message
+first, then runs the local transaction. So nothing the local transaction makes can go into the
+body, keys or properties — not an id the database assigns on insert (autoincrement, ``SERIAL``,
+``IDENTITY``). Allocate such a value before ``send`` and use it in both the message and the
+insert: on PostgreSQL ``SELECT nextval('orders_id_seq')`` on a connection of its own (a
+sequence value is never handed out twice, even if the order then rolls back), or a UUID made
+in Python::
+
+    async with outbox.engine.connect() as conn:
+        order_id = await conn.scalar(text("SELECT nextval('orders_id_seq')"))
+
+    async def create_order(conn: AsyncConnection, message: Message) -> None:
+        await conn.execute(orders.insert().values(id=order_id, status="created"))
+
+    await producer.send(Message(f"order {order_id} created".encode(), topic="orders"),
+                        arg=create_order)
+
 ``check_local_transaction`` answers from the table: a row → COMMIT; no row while this process is
 still running the local transaction → UNKNOWN; no row for a message born more than
 ``assume_rolled_back_after_s`` ago → ROLLBACK (no local transaction runs that long); else UNKNOWN.

@@ -220,6 +220,7 @@ def module_available(module: str) -> bool:
 
 
 TOKEN_FILE = "token"  # under the data dir: the cluster token kept across runs (mode 0600)
+LOCK_FILE = "up.lock"  # under the data dir: locked (flock) by the running `tidemq up`, its pid
 TLS_DIR = "tls"  # under the data dir: `tidemq up --tls`'s CA and certificate (services.cli.certs)
 
 
@@ -250,18 +251,7 @@ def validate_topology(opts: UpOptions) -> None:
     if not 1 <= opts.nameservers <= MAX_NAMESERVERS:
         raise ValueError(f"--nameservers must be 1 to {MAX_NAMESERVERS}, got {opts.nameservers}")
     owners: dict[int, str] = {}
-    ports = [(opts.label("nameserver", j), p) for j, p in enumerate(opts.nameserver_ports())]
-    for i in range(opts.groups):
-        ports += [(opts.label(kind, i), opts.group_port(kind, i)) for kind in GROUP_SERVICES]
-        ports += [(opts.replica_label(i, j), opts.replica_port(i, j))
-                  for j in range(1, opts.replicas)]
-        if opts.grpc_port(i):
-            ports.append((f"{opts.label('broker', i)} gRPC", opts.grpc_port(i)))
-            ports += [(f"{opts.replica_label(i, j)} gRPC", opts.replica_grpc_port(i, j))
-                      for j in range(1, opts.replicas)]
-    ports.append(("metrics", opts.metrics_port))
-    ports.append(("console", opts.console_port))
-    for name, port in ports:
+    for _, name, port in planned_ports(opts):
         if not 1 <= port <= 65535:
             raise ValueError(f"{name} would listen on port {port}: choose lower base ports "
                              "(--broker-port, --checker-port, --scheduler-port, --grpc-port, "
@@ -271,6 +261,25 @@ def validate_topology(opts: UpOptions) -> None:
                              f"group i adds {GROUP_PORT_STEP}*i to the REST ports and "
                              f"{GRPC_PORT_STEP}*i to the gRPC port; choose other base ports")
         owners[port] = name
+
+
+def planned_ports(opts: UpOptions) -> list[tuple[str, str, int]]:
+    """``(kind, name, port)`` of every port the services of ``opts`` listen on, skipped ones
+    included; ``kind`` is the service, or ``grpc`` for a broker's gRPC door."""
+    ports = [("nameserver", opts.label("nameserver", j), p)
+             for j, p in enumerate(opts.nameserver_ports())]
+    for i in range(opts.groups):
+        ports += [(kind, opts.label(kind, i), opts.group_port(kind, i))
+                  for kind in GROUP_SERVICES]
+        ports += [("broker", opts.replica_label(i, j), opts.replica_port(i, j))
+                  for j in range(1, opts.replicas)]
+        if opts.grpc_port(i):
+            ports.append(("grpc", f"{opts.label('broker', i)} gRPC", opts.grpc_port(i)))
+            ports += [("grpc", f"{opts.replica_label(i, j)} gRPC", opts.replica_grpc_port(i, j))
+                      for j in range(1, opts.replicas)]
+    ports.append(("metrics", "metrics", opts.metrics_port))
+    ports.append(("console", "console", opts.console_port))
+    return ports
 
 
 def plan_services(opts: UpOptions, *, redis_url: str, token: str,

@@ -9,6 +9,11 @@ that dies is restarted (``services.cli.supervisor``); a crash loop, Ctrl-C or SI
 children in reverse order (SIGTERM, then SIGKILL after a timeout). Each child's output goes to
 ``<data-dir>/logs/<name>.log``.
 
+Before anything starts, `tidemq up` locks its data dir and checks every port it will use
+(``services.cli.preflight``): a second `tidemq up` on the same data dir, or one whose ports are
+taken, stops with one line naming the running instance (its pid) or the port, having started
+nothing.
+
 The cluster token is ``TIDEMQ_TOKEN`` when set, else the one kept in ``<data-dir>/token`` (mode
 0600, created on the first run), so clients keep working across restarts.
 """
@@ -46,6 +51,7 @@ from services.cli.plan import (
     validate_topology,
     with_etcd,
 )
+from services.cli.preflight import DataDirLock, check_ports, port_in_use
 from services.cli.rest import CliError, console, err_console, reports_errors
 from services.cli.supervisor import (
     DUPLICATE_SIGNAL_S,
@@ -68,16 +74,6 @@ _DEFAULTS = UpOptions()  # the defaults of the options below live in UpOptions
 class FlushChoice(StrEnum):
     ASYNC = "async"  # ack once written to the OS; fsync in the background
     SYNC = "sync"  # ack after the fsync that covers the message
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def free_port(host: str) -> int:
@@ -261,50 +257,54 @@ def up(
     if unknown:
         raise CliError(f"BAD_REQUEST: unknown service(s) {unknown} in --skip; "
                        f"choose from {', '.join(SERVICE_ORDER)}", 2)
-    grpc = _DEFAULTS.broker_grpc_port if grpc_port is None else grpc_port
-    grpc_off: set[int] = set()
-    if grpc_port is None and grpc and "broker" not in skipped:
-        for i in range(groups):
-            if port_in_use(host, grpc + i):
-                err_console.print(f"port {grpc + i} is in use: {group_name(i)} starts without "
-                                  "its gRPC door (choose a free port with --grpc-port)")
-                grpc_off.add(i)
-    opts = UpOptions(data_dir=data_dir, host=host, advertise_host=advertise_host,
-                     cluster=cluster,
-                     nameserver_port=nameserver_port, broker_port=broker_port,
-                     broker_grpc_port=grpc, checker_port=checker_port,
-                     scheduler_port=scheduler_port, metrics_port=metrics_port,
-                     console_port=console_port, etcd_port=etcd_port,
-                     flush=flush.value, metrics=metrics, skip=skipped, groups=groups,
-                     nameservers=nameservers, grpc_off=frozenset(grpc_off), replicas=replicas,
-                     tls=tls)
-    ca_line = ""
-    if tls:
-        pki = ensure_dev_pki(opts.tls_dir, [opts.public_host]
-                             if opts.public_host not in WILDCARD_HOSTS else [])
-        use_ca_bundle(str(pki.ca))  # our own probes verify the children like any client
-        ca_line = (f"TLS on: CA [bold]{pki.ca}[/] (clients: TIDEMQ_TLS_CA={pki.ca}; "
-                   "RocketMQ 5 clients: tls_enable=True, GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)")
-    if os.environ.get("TIDEMQ_TOKEN"):
-        token, token_origin = resolve_token(os.environ), "from TIDEMQ_TOKEN"
-    else:
-        token, token_path = stored_token(data_dir)
-        token_origin = f"kept in {token_path}; TIDEMQ_TOKEN overrides it"
-    acl_setup = None
-    if acl is not None:
-        try:
-            acl_setup = prepare_acl(acl, data_dir)
-        except PolicyError as exc:
-            raise CliError(f"BAD_REQUEST: --acl: {exc}", 2) from None
-        use_account(acl_setup.access_key, acl_setup.secret_key)  # this process's own calls
+    lock = DataDirLock(data_dir)
+    lock.acquire()  # before anything is written or started: one `tidemq up` per data dir
     sup = Supervisor(data_dir, start_timeout, stop_timeout)
     sup.install_signal_handlers()
     crash_loop: str | None = None
     try:
+        grpc = _DEFAULTS.broker_grpc_port if grpc_port is None else grpc_port
+        grpc_off: set[int] = set()
+        if grpc_port is None and grpc and "broker" not in skipped:
+            for i in range(groups):
+                if port_in_use(host, grpc + i):
+                    err_console.print(f"port {grpc + i} is in use: {group_name(i)} starts "
+                                      "without its gRPC door (choose a free port with "
+                                      "--grpc-port)")
+                    grpc_off.add(i)
+        opts = UpOptions(data_dir=data_dir, host=host, advertise_host=advertise_host,
+                         cluster=cluster,
+                         nameserver_port=nameserver_port, broker_port=broker_port,
+                         broker_grpc_port=grpc, checker_port=checker_port,
+                         scheduler_port=scheduler_port, metrics_port=metrics_port,
+                         console_port=console_port, etcd_port=etcd_port,
+                         flush=flush.value, metrics=metrics, skip=skipped, groups=groups,
+                         nameservers=nameservers, grpc_off=frozenset(grpc_off),
+                         replicas=replicas, tls=tls)
         try:
             validate_topology(opts)
         except ValueError as exc:
             raise CliError(f"BAD_REQUEST: {exc}", 2) from None
+        check_ports(opts)  # every port of the plan, before Redis starts on the data dir
+        ca_line = ""
+        if tls:
+            pki = ensure_dev_pki(opts.tls_dir, [opts.public_host]
+                                 if opts.public_host not in WILDCARD_HOSTS else [])
+            use_ca_bundle(str(pki.ca))  # our own probes verify the children like any client
+            ca_line = (f"TLS on: CA [bold]{pki.ca}[/] (clients: TIDEMQ_TLS_CA={pki.ca}; "
+                       "RocketMQ 5 clients: tls_enable=True, GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)")
+        if os.environ.get("TIDEMQ_TOKEN"):
+            token, token_origin = resolve_token(os.environ), "from TIDEMQ_TOKEN"
+        else:
+            token, token_path = stored_token(data_dir)
+            token_origin = f"kept in {token_path}; TIDEMQ_TOKEN overrides it"
+        acl_setup = None
+        if acl is not None:
+            try:
+                acl_setup = prepare_acl(acl, data_dir)
+            except PolicyError as exc:
+                raise CliError(f"BAD_REQUEST: --acl: {exc}", 2) from None
+            use_account(acl_setup.access_key, acl_setup.secret_key)  # this process's own calls
         redis_url = os.environ.get("REDIS_URL") or start_redis(sup, host, advertise_host)
         try:
             specs = plan_services(opts, redis_url=redis_url, token=token,
@@ -336,9 +336,11 @@ def up(
     except Interrupted:
         err_console.print("stop requested while starting")
     finally:
-        err_console.print(f"stopping … (a Ctrl-C {DUPLICATE_SIGNAL_S:.0f} s or more from now "
-                          "kills whatever is still running)")
+        if sup.children:
+            err_console.print(f"stopping … (a Ctrl-C {DUPLICATE_SIGNAL_S:.0f} s or more from "
+                              "now kills whatever is still running)")
         sup.stop_all()
         sup.restore_signal_handlers()
+        lock.release()
     if crash_loop is not None:
         raise CliError(f"{crash_loop}: stopped everything")

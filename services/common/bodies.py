@@ -2,7 +2,8 @@
 
 Routes read bodies themselves rather than through FastAPI so that msgpack works on every
 endpoint and the send hot path skips pydantic; ``body_doc`` still publishes each body's schema
-in /docs. A body of another media type is 415 UNSUPPORTED_MEDIA_TYPE; a field the model does
+in /docs. A body without a content type, of another media type or naming a charset other than
+UTF-8 is 415 UNSUPPORTED_MEDIA_TYPE (``request_is_msgpack``); a field the model does
 not know is 400 BAD_REQUEST naming it (models set ``extra="forbid"``; bodies parsed by hand
 call ``tidemq.protocol.message.reject_unknown``).
 """
@@ -35,7 +36,8 @@ def too_large(size: int, limit: int) -> ProtocolError:
 
 async def read_payload(request: Request, limit: int = MAX_ADMIN_BODY) -> Any:
     """The decoded body (JSON or msgpack); 413 MESSAGE_TOO_LARGE past ``limit`` bytes, checked
-    before the body is held in memory; 415 for a body of any other media type."""
+    before the body is held in memory; 415 for a body without a content type, of any other
+    media type or in a charset other than UTF-8."""
     raw = await read_raw(request, limit)
     content_type = request.headers.get("content-type")
     if raw:

@@ -2,9 +2,10 @@
 
 A message lands in ``%DLQ%{group}`` after too many failed consumes; the broker shows its
 original topic (the ``RETRY_TOPIC`` property) as ``origin_topic``. Resending stores a new message
-in that topic with the same body, tag, keys and user properties, the message id
-``dlq-<40 hex>`` derived from the DLQ copy (``resent_id``: the first 40 hex digits of SHA-256
-over ``{message_id}|{dlq topic}|{queue_id}|{queue_offset}``) and the property
+in that topic with the same body, tag, keys and user properties (not the broker's ``TIDE_*``
+ones, such as the failure reason ``TIDE_CONSUME_FAILURE``: no client may send those), the
+message id ``dlq-<40 hex>`` derived from the DLQ copy (``resent_id``: the first 40 hex digits
+of SHA-256 over ``{message_id}|{dlq topic}|{queue_id}|{queue_offset}``) and the property
 ``dlq_message_id`` naming the dead-lettered message. The DLQ copy stays where it is; since the
 resent id is known from it, the original's trace names the resent copy and a DLQ entry whose
 copy exists already is not resent again (``Outcome.earlier``).
@@ -15,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from typing import Any
+
+from tidemq.protocol.properties import is_reserved
 
 PAGE = 256  # messages per pull of a DLQ
 RESENT_FROM = "dlq_message_id"  # user property of a resent message: the DLQ message's id
@@ -67,9 +70,9 @@ def plan_resend(dlq: str, m: dict[str, Any]) -> tuple[Outcome, dict[str, Any] | 
     if not outcome.topic:
         outcome.error = NO_ORIGIN
         return outcome, None
-    message: dict[str, Any] = {
-        "message_id": copy_id(dlq, m), "body": m.get("body", ""),
-        "properties": {**(m.get("properties") or {}), RESENT_FROM: mid}}
+    kept = {k: v for k, v in (m.get("properties") or {}).items() if not is_reserved(k)}
+    message: dict[str, Any] = {"message_id": copy_id(dlq, m), "body": m.get("body", ""),
+                               "properties": {**kept, RESENT_FROM: mid}}
     if m.get("body_encoding") == "base64":
         message["body_encoding"] = "base64"
     if m.get("tag"):

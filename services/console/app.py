@@ -34,6 +34,7 @@ from services.common.auth.client import use_account
 from services.common.auth.store import AclStore
 from services.console import deadletters, views
 from services.console.client import ApiError, ConsoleClient
+from services.console.pagequery import PageQuery, read_query
 from services.console.sampler import Sampler
 from services.console.sessions import (
     BrowserSession,
@@ -50,6 +51,8 @@ from services.console.timeline import full_trace
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
+#: The REST API's names a page understands too (``/messages?message_id=…``).
+MESSAGE_ALIASES = {"message_id": "id", "begin_ms": "begin", "end_ms": "end"}
 NAV = [("/", "Cluster"), ("/topics", "Topics"), ("/groups", "Consumer groups"),
        ("/messages", "Messages"), ("/transactions", "Transactions"), ("/timers", "Timers"),
        ("/dlq", "Dead letters")]
@@ -158,10 +161,12 @@ def create_console_app(settings: ConsoleSettings,
                                  rate=fmt_rate, size=fmt_bytes)
     page_size = settings.page_messages
 
-    async def render(request: Request, name: str, gather: Callable[[], Awaitable[dict[str, Any]]]
-                     ) -> Response:
+    async def render(request: Request, name: str, gather: Callable[[], Awaitable[dict[str, Any]]],
+                     page: PageQuery | None = None) -> Response:
+        """``page``: the query a GET page read (its unknown parameters are named on it)."""
         start = time.perf_counter()
-        ctx: dict[str, Any] = {"q": request.query_params, "error": "",
+        ctx: dict[str, Any] = {"q": page or request.query_params, "error": "",
+                               "ignored": page.note if page else "",
                                "done": request.query_params.get("done", ""),
                                "failed": request.query_params.get("failed", ""),
                                "acl": acl is not None, "session": session_of(request)}
@@ -200,7 +205,8 @@ def create_console_app(settings: ConsoleSettings,
     async def login_page(request: Request, next: str = "/") -> Response:
         if acl is None:
             return back("/")
-        return await render(request, "login", lambda: _none(next=_local(next)))
+        return await render(request, "login", lambda: _none(next=_local(next)),
+                            read_query(request.query_params, ("next",)))
 
     @app.post("/login", response_class=HTMLResponse, include_in_schema=False)
     async def login(request: Request, _: Guarded, access_key: str = Form(""),
@@ -224,11 +230,13 @@ def create_console_app(settings: ConsoleSettings,
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def cluster(request: Request) -> Response:
         return await render(request, "cluster", lambda: views.cluster_view(
-            c, settings.checker_urls, settings.scheduler_urls, sampler))
+            c, settings.checker_urls, settings.scheduler_urls, sampler),
+            read_query(request.query_params, ()))
 
     @app.get("/topics", response_class=HTMLResponse, include_in_schema=False)
     async def topics(request: Request, topic: str = "") -> Response:
-        return await render(request, "topics", lambda: views.topics_view(c, topic, sampler))
+        return await render(request, "topics", lambda: views.topics_view(c, topic, sampler),
+                            read_query(request.query_params, ("topic",)))
 
     @app.post("/topics", response_class=HTMLResponse, include_in_schema=False)
     async def topic_create(_: Guarded, broker: str = Form(...), topic: str = Form(...),
@@ -238,7 +246,8 @@ def create_console_app(settings: ConsoleSettings,
 
     @app.get("/groups", response_class=HTMLResponse, include_in_schema=False)
     async def groups(request: Request, group: str = "") -> Response:
-        return await render(request, "groups", lambda: views.groups_view(c, group, sampler))
+        return await render(request, "groups", lambda: views.groups_view(c, group, sampler),
+                            read_query(request.query_params, ("group",)))
 
     @app.post("/groups/reset", response_class=HTMLResponse, include_in_schema=False)
     async def group_reset(request: Request, s: Guarded, group: str = Form(...),
@@ -262,8 +271,12 @@ def create_console_app(settings: ConsoleSettings,
                          group=group)
 
     @app.get("/messages", response_class=HTMLResponse, include_in_schema=False)
-    async def messages(request: Request, id: str = "", topic: str = "", key: str = "",
-                       begin: str = "", end: str = "") -> Response:
+    async def messages(request: Request) -> Response:
+        page = read_query(request.query_params, ("id", "topic", "key", "begin", "end"),
+                          MESSAGE_ALIASES)
+        id, topic, key = page.get("id"), page.get("topic"), page.get("key")
+        begin, end = page.get("begin"), page.get("end")
+
         async def gather() -> dict[str, Any]:
             out: dict[str, Any] = {"found": None, "results": None}
             if id:
@@ -275,12 +288,13 @@ def create_console_app(settings: ConsoleSettings,
                     c, topic.strip(), key.strip(), parse_ms(begin), parse_ms(end), page_size)
             return out
 
-        return await render(request, "messages", gather)
+        return await render(request, "messages", gather, page)
 
     @app.get("/transactions", response_class=HTMLResponse, include_in_schema=False)
     async def transactions(request: Request, producer_group: str = "") -> Response:
         return await render(request, "transactions", lambda: views.transactions_view(
-            c, producer_group.strip(), page_size))
+            c, producer_group.strip(), page_size),
+            read_query(request.query_params, ("producer_group",)))
 
     @app.post("/transactions/resolve", response_class=HTMLResponse, include_in_schema=False)
     async def transaction_resolve(request: Request, s: Guarded, broker: str = Form(...),
@@ -305,7 +319,10 @@ def create_console_app(settings: ConsoleSettings,
             c, str(p["broker"]), str(p["transaction_id"]), str(p["action"])))
 
     @app.get("/timers", response_class=HTMLResponse, include_in_schema=False)
-    async def timers(request: Request, id: str = "") -> Response:
+    async def timers(request: Request) -> Response:
+        page = read_query(request.query_params, ("id",), {"message_id": "id"})
+        id = page.get("id")
+
         async def gather() -> dict[str, Any]:
             out: dict[str, Any] = {**await views.timers_view(c), "found": None,
                                    "now_ms": views.now_ms()}
@@ -314,7 +331,7 @@ def create_console_app(settings: ConsoleSettings,
                 out["tr"] = await full_trace(c, broker, id.strip())
             return out
 
-        return await render(request, "timers", gather)
+        return await render(request, "timers", gather, page)
 
     @app.post("/timers/cancel", response_class=HTMLResponse, include_in_schema=False)
     async def timer_cancel(_: Guarded, message_id: str = Form(...),
@@ -329,7 +346,7 @@ def create_console_app(settings: ConsoleSettings,
                     else None)
             return {"group": group, "rows": rows}
 
-        return await render(request, "dlq", gather)
+        return await render(request, "dlq", gather, read_query(request.query_params, ("group",)))
 
     @app.post("/dlq/resend", response_class=HTMLResponse, include_in_schema=False)
     async def dlq_resend(_: Guarded, group: str = Form(...),

@@ -18,6 +18,7 @@ from services.console.sampler import Sampler
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 CHART_BARS = 40  # queues in a group's lag chart at most (those with the most lag)
 LOOKUPS = 8  # trace lookups in flight at once (discarded halves)
+RESET_TARGETS = ("latest", "time")  # where the reset form can move a group's offsets
 
 
 def now_ms() -> int:
@@ -125,10 +126,17 @@ async def groups_view(c: ConsoleClient, group: str, sampler: Sampler) -> dict[st
 async def reset_plan(c: ConsoleClient, group: str, topic: str, to: str, at_ms: int | None
                      ) -> list[dict[str, Any]]:
     """The offsets a reset of ``group`` on ``topic`` would commit, per broker: to the latest
-    offset, or to the first message stored at or after ``at_ms``."""
+    offset, or to the first message stored at or after ``at_ms``. BAD_REQUEST for any other
+    ``to``, or ``to="time"`` without a time: never a plan at the latest offsets instead."""
+    if to not in RESET_TARGETS:
+        raise ApiError("BAD_REQUEST", f"to: must be {' or '.join(map(repr, RESET_TARGETS))}, "
+                       f"got {to!r}")
+    if to == "time" and at_ms is None:
+        raise ApiError("BAD_REQUEST", "at: give the time to reset to (a reset 'to time' needs "
+                       "one)")
     plan: list[dict[str, Any]] = []
     for b in await c.brokers():
-        params = {"at_ms": at_ms} if to == "time" and at_ms is not None else None
+        params = {"at_ms": at_ms} if to == "time" else None
         try:
             info = await c.call("GET", f"{b.address}/v1/topics/{segment(topic)}", params=params)
         except ApiError as exc:

@@ -168,7 +168,9 @@ def test_dlq_resend(cli: Cli, broker: BrokerHandle) -> None:
                                 "properties": {"color": "red"}})[0]["message_id"]
     second = broker.send(topic, {"body": "also"})[0]["message_id"]
     for mid in (first, second):
-        resp = broker.http.post(f"/v1/groups/{group}/retry", json={"message_id": mid})
+        # with a reason: the DLQ copy carries the broker's TIDE_CONSUME_FAILURE, not resent
+        resp = broker.http.post(f"/v1/groups/{group}/retry",
+                                json={"message_id": mid, "reason": "boom"})
         assert resp.json()["destination"] == f"%DLQ%{group}"
 
     results = cli.json_lines("dlq", "resend", group, "--all")

@@ -24,7 +24,7 @@ from tidemq.protocol import (
 from tidemq.protocol import properties as prop
 
 NAMES = {name: value for name, value in vars(prop).items()
-         if name.isupper() and isinstance(value, str)}
+         if name.isupper() and isinstance(value, str) and name != "RESERVED_PREFIX"}
 
 
 def test_each_property_is_named_by_its_wire_name_and_reserved() -> None:
@@ -38,6 +38,20 @@ def test_a_reserved_name_is_refused_as_a_user_property(name: str) -> None:
     with pytest.raises(ProtocolError) as err:
         parse_message({"body": "x", "properties": {name: "v"}})
     assert err.value.code is ErrorCode.BAD_REQUEST and name in err.value.message
+
+
+@pytest.mark.parametrize("name", ["TIDE_CONSUME_FAILURE", "TIDE_SOMETHING_LATER", "TIDE_"])
+def test_every_tide_name_is_refused_as_a_user_property(name: str) -> None:
+    assert prop.RESERVED_PREFIX == "TIDE_" and prop.is_reserved(name)
+    with pytest.raises(ProtocolError) as err:
+        parse_message({"body": "x", "properties": {name: "v"}})
+    assert err.value.code is ErrorCode.BAD_REQUEST and repr(name) in err.value.message
+    assert "TIDE_" in err.value.message
+
+
+def test_a_name_merely_containing_tide_is_the_users() -> None:
+    msg = parse_message({"body": "x", "properties": {"MY_TIDE_X": "1", "tide_x": "2"}})
+    assert msg.properties == {"MY_TIDE_X": "1", "tide_x": "2"}
 
 
 def test_system_topics() -> None:

@@ -38,7 +38,7 @@ from tidemq.protocol.batch import (
 )
 from tidemq.protocol.codes import ErrorCode, ProtocolError
 from tidemq.protocol.message import DEFAULT_LIMITS, Limits, OutgoingMessage, has_forbidden
-from tidemq.protocol.properties import RESERVED_PROPERTIES, SHARDING_KEY
+from tidemq.protocol.properties import SHARDING_KEY, is_reserved, reserved_text
 from tidemq.protocol.tags import TAG_MAX, tag_problem
 
 Buffer = bytes | bytearray | memoryview
@@ -314,8 +314,8 @@ def _validate_properties(raw: memoryview, i: int, allowed: frozenset[str]) -> No
         if not name or not sep or "\x01" in value or has_forbidden(name + value):
             raise BatchError("properties", f"{item[:40]!r} is not name \\x01 value (non-empty "
                              "name, no control characters)", i)
-        if name in RESERVED_PROPERTIES and name not in allowed:
-            raise BatchError("properties", f"{name!r} is a reserved property name", i)
+        if name not in allowed and is_reserved(name):
+            raise BatchError("properties", reserved_text(name), i)
 
 
 def _validate_delay(buf: Buffer, p: int, i: int, limits: Limits) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from tidemq.protocol.codes import ErrorCode, ProtocolError
 from tidemq.protocol.numbers import INT32_MAX, INT64_MAX, integer
-from tidemq.protocol.properties import RESERVED_PROPERTIES
+from tidemq.protocol.properties import is_reserved, reserved_text
 from tidemq.protocol.tags import TAG_MAX, tag_problem
 
 KiB = 1024
@@ -170,8 +170,8 @@ def _properties(obj: dict[str, Any], limits: Limits) -> dict[str, str]:
     for k, v in props.items():
         if not isinstance(k, str) or not isinstance(v, str) or not k:
             raise _bad("properties", f"names and values must be strings, got {k!r}: {v!r}")
-        if k in RESERVED_PROPERTIES:
-            raise _bad("properties", f"{k!r} is a reserved property name")
+        if is_reserved(k):
+            raise _bad("properties", reserved_text(k))
         if _HAS_FORBIDDEN(k) or _HAS_FORBIDDEN(v):
             raise _bad("properties", f"{k!r} must not contain control characters")
         size += len(k.encode()) + len(v.encode()) + 2

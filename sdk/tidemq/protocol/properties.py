@@ -3,6 +3,11 @@
 A stored record carries a ``str → str`` property map. The names below are the system's own;
 every value is text (numbers in decimal). A client never sees them: the broker strips them from
 returned messages and the message parser refuses them as user property names.
+
+Every name starting with ``RESERVED_PREFIX`` (``TIDE_``) belongs to the broker as well, named here
+or not: no write door (JSON, msgpack, record batches, halves, gRPC) takes one from a client
+(``is_reserved``). Some are shown to clients (``TIDE_CONSUME_FAILURE`` on retry and DLQ copies),
+so returned messages lose only the names of ``RESERVED_PROPERTIES``.
 """
 
 from __future__ import annotations
@@ -43,3 +48,19 @@ RESERVED_PROPERTIES = frozenset({
     BORN_MS,
 })
 
+#: Property names starting with this belong to the broker: a client may not set one.
+RESERVED_PREFIX = "TIDE_"
+
+
+def is_reserved(name: str) -> bool:
+    """Whether a client may not set the property ``name`` (a system name or ``TIDE_*``)."""
+    return name in RESERVED_PROPERTIES or name.startswith(RESERVED_PREFIX)
+
+
+
+def reserved_text(name: str) -> str:
+    """Why the property ``name`` is refused (``is_reserved``), for the 400 naming it."""
+    if name in RESERVED_PROPERTIES:
+        return f"{name!r} is a reserved property name"
+    return (f"{name!r} is a reserved property name: names starting with {RESERVED_PREFIX!r} "
+            "belong to the broker")

@@ -18,9 +18,14 @@ Helpers (``TidemqSystem``): ``create_topic``, ``producer`` / ``transaction_produ
 checked by it), ``advance_clock`` (a delayed message days away is due now) and short delay
 levels (``TEST_DELAY_LEVELS``). Async tests need an asyncio plugin such as pytest-asyncio.
 
-The fixture needs the ``tidemq-services`` package (the services) and Debian's
-``redis-server``. ``TidemqSystem`` can also be used on its own, e.g. in a fixture of another
-scope or with other settings.
+``advance_clock`` lasts for the whole session: the system is shared by every test and the
+scheduler's clock never moves back, so a later test's 30-minute timer may already be due. A
+test that advances the clock, or asserts that a delay is not cut short, should use a
+``TidemqSystem`` of its own (a function-scoped fixture).
+
+The fixture needs the services installed, not only the SDK: the ``tidemq-services`` package
+and Debian's ``redis-server``. ``TidemqSystem`` can also be used on its own, e.g. in a fixture
+of another scope or with other settings.
 """
 
 from __future__ import annotations

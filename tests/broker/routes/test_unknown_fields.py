@@ -1,5 +1,5 @@
 """A field the API does not know is refused (400 naming it), never silently ignored; a body that
-is neither JSON nor msgpack is 415."""
+is neither JSON nor msgpack, has no content type or names a charset other than UTF-8 is 415."""
 
 from __future__ import annotations
 
@@ -126,12 +126,45 @@ def test_a_body_neither_json_nor_msgpack_is_415(broker: BrokerHandle, topic: str
         assert "application/json" in message and "application/msgpack" in message
 
 
-def test_json_with_a_charset_and_a_body_without_content_type_are_json(
+def test_json_with_a_utf8_charset_is_json(broker: BrokerHandle, topic: str) -> None:
+    body = b'{"messages": [{"body": "x"}]}'
+    for content_type in ("application/json; charset=utf-8", 'application/json;charset="UTF-8"',
+                         "application/msgpack; charset=utf-8"):
+        packed = msgpack.packb({"messages": [{"body": "x"}]}) if "msgpack" in content_type \
+            else body
+        typed = broker.http.post(f"/v1/topics/{topic}/messages", content=packed,
+                                 headers={"content-type": content_type})
+        assert typed.status_code == 200, (content_type, typed.text)
+    assert len(broker.pull(topic, 0)["messages"]) == 3
+
+
+def _body_doors(topic: str) -> list[tuple[str, str]]:
+    """A lean route (send), FastAPI routes reading a model, a transaction, an internal one."""
+    return [("POST", f"/v1/topics/{topic}/messages"), ("PUT", f"/v1/topics/{topic}"),
+            ("POST", f"/v1/groups/{unique('g')}/heartbeat"),
+            ("POST", "/v1/transactions"),
+            ("POST", "/internal/v1/retention-floor")]
+
+
+def test_a_body_without_content_type_is_415_naming_the_accepted_types(
         broker: BrokerHandle, topic: str) -> None:
     body = b'{"messages": [{"body": "x"}]}'
-    typed = broker.http.post(f"/v1/topics/{topic}/messages", content=body,
-                             headers={"content-type": "application/json; charset=utf-8"})
-    assert typed.status_code == 200, typed.text
-    bare = broker.http.post(f"/v1/topics/{topic}/messages", content=body)
-    assert bare.status_code == 200, bare.text
-    assert len(broker.pull(topic, 0)["messages"]) == 2
+    for method, path in _body_doors(topic):
+        resp = broker.http.request(method, path, content=body, headers=AUTH)
+        assert "content-type" not in resp.request.headers
+        message = broker.error(resp, 415, "UNSUPPORTED_MEDIA_TYPE")
+        assert "content-type" in message and "application/json" in message \
+            and "application/msgpack" in message, (path, message)
+    assert broker.pull(topic, 0)["messages"] == []
+
+
+@pytest.mark.parametrize("charset", ["latin-1", "iso-8859-1", "utf-16", '"windows-1252"'])
+def test_a_body_in_another_charset_is_415_not_read_as_utf8(broker: BrokerHandle, topic: str,
+                                                           charset: str) -> None:
+    body = '{"messages": [{"body": "café"}]}'.encode("latin-1")
+    for method, path in _body_doors(topic):
+        resp = broker.http.request(method, path, content=body, headers={
+            **AUTH, "content-type": f"application/json; charset={charset}"})
+        message = broker.error(resp, 415, "UNSUPPORTED_MEDIA_TYPE")
+        assert charset.strip('"') in message and "utf-8" in message, (path, message)
+    assert broker.pull(topic, 0)["messages"] == []
