@@ -14,6 +14,7 @@ from tidemq import _validate as V
 from tidemq._exceptions import ConfigurationError, server_error
 from tidemq.protocol import ErrorCode, OutgoingMessage, ProtocolError, validate_topic_name
 from tidemq.protocol.message import DEFAULT_LIMITS, Limits
+from tidemq.protocol.properties import is_reserved, reserved_text
 
 #: Random bits of message ids: a private generator (a user's ``random.seed`` cannot make two
 #: processes repeat each other's ids), seeded from ``os.urandom`` and again in a forked child.
@@ -195,7 +196,12 @@ def _valid_id(message_id: str | None, limits: Limits) -> str:
 
 
 def _validate_properties(out: OutgoingMessage, limits: Limits) -> None:
-    if out.properties and out.properties_size() > limits.max_properties_bytes:
+    if not out.properties:
+        return
+    for name in out.properties:  # refused here as the broker would (400), before sending
+        if is_reserved(name):
+            raise server_error(ErrorCode.BAD_REQUEST, f"properties: {reserved_text(name)}")
+    if out.properties_size() > limits.max_properties_bytes:
         raise server_error(ErrorCode.MESSAGE_TOO_LARGE, f"properties: {out.properties_size()} "
                            f"bytes exceeds the limit of {limits.max_properties_bytes} bytes")
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from tidemq import (
+    BadRequestError,
     ConfigurationError,
     Message,
     Producer,
@@ -285,4 +286,20 @@ async def test_bools_and_strings_are_not_integers_anywhere(cluster: FakeCluster)
         for kwargs in ({"max": True}, {"invisible_ms": "1000"}, {"wait_ms": 1.5}):
             with pytest.raises(ConfigurationError, match=next(iter(kwargs))):
                 await simple.receive(**kwargs)
+    assert cluster.requests == []
+
+
+@pytest.mark.parametrize("name", ["TIDE_CONSUME_FAILURE", "TIDE_ANYTHING", "TRAN_MSG"])
+async def test_a_reserved_property_is_refused_before_sending(cluster: FakeCluster,
+                                                             name: str) -> None:
+    """The broker refuses ``TIDE_*`` and system property names (400): the SDK says so first,
+    e.g. for a consumer forwarding a received message with its properties."""
+    async with _producer(cluster) as producer:
+        for call in (lambda: producer.send(b"x", topic="orders", properties={name: "v"}),
+                     lambda: producer.send(Message(b"x", topic="orders",
+                                                   properties={"ok": "1", name: "v"})),
+                     lambda: producer.send_batch("orders", [Message(b"x",
+                                                                    properties={name: "v"})])):
+            with pytest.raises(BadRequestError, match=name):
+                await call()
     assert cluster.requests == []

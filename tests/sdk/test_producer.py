@@ -136,7 +136,8 @@ async def test_bad_message_fails_only_its_own_caller_in_a_coalesced_batch(
     good, bad = outcomes
     assert isinstance(bad, BadRequestError)
     assert not isinstance(good, BaseException)
-    assert [len(ids) for ids in _sent_ids(cluster)] == [2, 1, 1]
+    # a reserved property name is refused by the SDK itself, before it joins a request
+    assert [len(ids) for ids in _sent_ids(cluster)] == [1]
     assert len(cluster.broker.all_messages("orders")) == 1
 
 
