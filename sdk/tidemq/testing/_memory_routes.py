@@ -192,9 +192,7 @@ class MemoryTransport:
             return s.topic(rest[0]).info()
         if rest[1:] == ["messages"] and method == "POST":
             s.writable(rest[0])  # 404 / 403 before the body's problems, as the broker does
-            messages = parse_messages(body)
-            born = int(time.time() * 1000) if batch is not None else None
-            return {"results": s.send(rest[0], messages, born_ms=born)}
+            return {"results": s.send(rest[0], parse_messages(body))}
         if len(rest) == 4 and rest[1] == "queues" and rest[3] == "messages" and method == "GET":
             topic, queue_id = rest[0], _int(rest[2], "queue_id", 0)
             offset = _int(query.get("offset", "0"), "offset", 0)

@@ -223,8 +223,7 @@ class MemoryStore:
             return (msg.deliver_at_ms, 0) if msg.deliver_at_ms > now else None
         return None
 
-    def send(self, topic_name: str, messages: list[OutgoingMessage], *,
-             born_ms: int | None = None) -> list[dict[str, Any]]:
+    def send(self, topic_name: str, messages: list[OutgoingMessage]) -> list[dict[str, Any]]:
         """Store a validated batch (all or nothing); one result per message, in order."""
         topic = self.writable(topic_name)
         now = self.clock.now_ms
@@ -238,7 +237,7 @@ class MemoryStore:
                 results.append(dict(self.dedup[key][1]))
                 continue
             copy = Stored(mid, topic.name, queue_id, 0, msg.body, msg.tag, list(msg.keys),
-                          dict(msg.properties), born_ms or now, now)
+                          dict(msg.properties), now, now)
             result = self.store(copy, due)
             if msg.message_id:
                 self.dedup[key] = (now, result)
