@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,18 +44,33 @@ TRANSACTION_TIMEOUT_S = 1.0
 WAIT_S = 20.0  # a real system on a loaded 2-core machine
 
 
-class System:
+class System(ABC):
     """What a behaviour test needs of a system."""
 
     kind: str
 
+    @abstractmethod
     async def create_topic(self) -> str: ...
-    def clients(self) -> dict[str, Any]: ...
-    async def elapse(self, seconds: float) -> None: ...
-    async def check_now(self) -> None: ...
+
+    @abstractmethod
+    def clients(self) -> dict[str, Any]:
+        """Keyword arguments that connect any SDK client to this system."""
+
+    @abstractmethod
+    async def elapse(self, seconds: float) -> None:
+        """Memory: move the clock; real: nothing (time passes while the test waits)."""
+
+    @abstractmethod
+    async def check_now(self) -> None:
+        """Let due transaction checks happen now."""
+
+    @abstractmethod
     async def wait_for_message(self, topic: str, message_id: str) -> ReceivedMessage: ...
+
+    @abstractmethod
     async def rest(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
-                   body: Any = None) -> tuple[int, Any]: ...
+                   body: Any = None) -> tuple[int, Any]:
+        """One request to the broker's REST API: (status, decoded answer)."""
 
     async def eventually(self, check: Callable[[], Awaitable[Any]], step_s: float,
                          what: str) -> Any:

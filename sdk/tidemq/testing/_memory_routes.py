@@ -35,6 +35,7 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.batch_read import as_messages
 from tidemq.protocol.codec import is_batch
+from tidemq.testing._memory_simple import MemorySimple
 from tidemq.testing._memory_store import MemoryStore
 from tidemq.testing._memory_tx import MemoryTransactions
 
@@ -79,10 +80,12 @@ class MemoryTransport:
     """An ``HttpTransport`` for every client of one ``TestBroker`` (see the module doc).
     Closing a client does not close it: the broker outlives its clients."""
 
-    def __init__(self, store: MemoryStore, transactions: MemoryTransactions, signal: Signal,
-                 *, nameserver_url: str, broker_url: str) -> None:
+    def __init__(self, store: MemoryStore, transactions: MemoryTransactions,
+                 simple: MemorySimple, signal: Signal, *, nameserver_url: str,
+                 broker_url: str) -> None:
         self.store = store
         self.tx = transactions
+        self.simple = simple
         self.signal = signal
         self.nameserver_url = nameserver_url
         self.broker_url = broker_url
@@ -253,15 +256,16 @@ class MemoryTransport:
             s.topic(topic)
             tags, limit = str(body.get("tags", "*")), _int(body.get("max", 16), "max", 1, 1024)
             invisible = _int(body.get("invisible_ms", 30_000), "invisible_ms", 1)
-            got = await self._long_poll(lambda: s.receive(group, topic, tags, limit, invisible),
-                                        body.get("wait_ms", 20_000))
+            got = await self._long_poll(
+                lambda: self.simple.receive(group, topic, tags, limit, invisible),
+                body.get("wait_ms", 20_000))
             return {"messages": got or []}
         if what == "ack" and method == "POST":
-            return {"acked": s.ack(group, _list(body, "receipt_handles"))}
+            return {"acked": self.simple.ack(group, _list(body, "receipt_handles"))}
         if what == "invisibility" and method == "POST":
             invisible = _int(body.get("invisible_ms"), "invisible_ms", 0)
-            return {"receipt_handle": s.change_invisibility(group, body.get("receipt_handle"),
-                                                            invisible)}
+            return {"receipt_handle": self.simple.change_invisibility(
+                group, body.get("receipt_handle"), invisible)}
         raise _NotFound
 
     def _transactions(self, method: str, rest: list[str], query: dict[str, str], body: Any,

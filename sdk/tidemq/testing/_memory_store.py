@@ -1,5 +1,5 @@
-"""The state of the in-memory broker (``tidemq.testing.memory``): topics, queues, delays,
-consumer groups and the simple consumer's receipts. Transactions live in ``_memory_tx``.
+"""The state of the in-memory broker (``tidemq.testing.memory``): topics, queues, delays and
+consumer groups. Transactions live in ``_memory_tx``, the simple consumer in ``_memory_simple``.
 
 Every method is plain, synchronous and answers what the REST endpoint of docs/api.md would
 answer, raising ``ProtocolError`` for the 4xx answers; ``_memory_routes`` maps requests to
@@ -14,7 +14,7 @@ import itertools
 import time
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tidemq.protocol import (
@@ -108,22 +108,6 @@ class Topic:
                             for i, q in enumerate(self.queues)]}
 
 
-@dataclass(slots=True)
-class Receipt:
-    """A message received by a simple-consumer group: invisible until ``visible_ms``."""
-
-    copy: Stored
-    handle: str
-    visible_ms: int
-    deliveries: int = 1
-
-
-@dataclass(slots=True)
-class SimpleGroup:
-    cursors: dict[tuple[str, int], int] = field(default_factory=dict)  # next offset to hand out
-    receipts: dict[tuple[str, int, int], Receipt] = field(default_factory=dict)  # not acked
-
-
 class MemoryStore:
     """Topics, messages, delays, consumer groups (see the module doc)."""
 
@@ -140,7 +124,6 @@ class MemoryStore:
         self.states: dict[str, tuple[str, Stored]] = {}  # message id → (state, newest copy)
         self.members: dict[str, dict[str, float]] = {}  # group → client id → last beat (s)
         self.offsets: dict[tuple[str, str, int], int] = {}  # (group, topic, queue) → offset
-        self.simple: dict[str, SimpleGroup] = {}
         self._round_robin = itertools.count()
         self._handles = itertools.count(1)
 
@@ -419,74 +402,6 @@ class MemoryStore:
             raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND, f"no message with message_id "
                                 f"{message_id!r} is stored on this broker")
         return max(copies, key=lambda m: (m.topic == own, m.reconsume_times, m.store_ms))
-
-    # -- simple consumer ---------------------------------------------------------------------
-
-    def receive(self, group: str, topic_name: str, tags: str, limit: int,
-                invisible_ms: int) -> list[dict[str, Any]]:
-        """Messages whose invisibility ran out first (again, with a new handle), then new
-        ones; each invisible for ``invisible_ms`` from now."""
-        topic = self.topic(topic_name)
-        state = self.simple.setdefault(group, SimpleGroup())
-        now = self.clock.now_ms
-        wanted = tag_set(tags)
-        out: list[dict[str, Any]] = []
-        limit = max(1, min(limit, MAX_PULL))
-        for receipt in sorted(state.receipts.values(), key=lambda r: r.visible_ms):
-            if len(out) >= limit or receipt.visible_ms > now or receipt.copy.topic != topic.name:
-                continue
-            receipt.deliveries += 1
-            out.append(self._hand_out(group, receipt, invisible_ms, now))
-        for queue_id, queue in enumerate(topic.queues):
-            cursor = state.cursors.get((topic.name, queue_id), 0)
-            while cursor < len(queue) and len(out) < limit:
-                copy = queue[cursor]
-                cursor += 1
-                if wanted is None or copy.tag in wanted:
-                    receipt = Receipt(copy, "", 0)
-                    state.receipts[(copy.topic, copy.queue_id, copy.queue_offset)] = receipt
-                    out.append(self._hand_out(group, receipt, invisible_ms, now))
-            state.cursors[(topic.name, queue_id)] = cursor
-        return out
-
-    def _hand_out(self, group: str, receipt: Receipt, invisible_ms: int, now: int
-                  ) -> dict[str, Any]:
-        receipt.handle = f"{group}:{next(self._handles)}"
-        receipt.visible_ms = now + invisible_ms
-        return receipt.copy.wire(receipt_handle=receipt.handle,
-                                 reconsume_times=receipt.copy.reconsume_times
-                                 + receipt.deliveries - 1)
-
-    def _receipt(self, group: str, handle: object) -> Receipt | None:
-        if not isinstance(handle, str) or handle.partition(":")[0] != group \
-                or not handle.partition(":")[2].isdigit():
-            raise ProtocolError(ErrorCode.INVALID_RECEIPT_HANDLE,
-                                f"{handle!r} is not a receipt handle of group {group!r}")
-        state = self.simple.get(group)
-        for receipt in state.receipts.values() if state else ():
-            if receipt.handle == handle:
-                return receipt
-        return None
-
-    def ack(self, group: str, handles: list[Any]) -> int:
-        receipts = [self._receipt(group, h) for h in handles]
-        acked = 0
-        for receipt in receipts:
-            if receipt is not None:
-                c = receipt.copy
-                if self.simple[group].receipts.pop((c.topic, c.queue_id, c.queue_offset), None):
-                    acked += 1
-        return acked
-
-    def change_invisibility(self, group: str, handle: Any, invisible_ms: int) -> str:
-        receipt = self._receipt(group, handle)
-        if receipt is None:
-            raise ProtocolError(ErrorCode.INVALID_RECEIPT_HANDLE,
-                                f"receipt handle {handle!r} is no longer current")
-        receipt.handle = f"{group}:{next(self._handles)}"
-        receipt.visible_ms = self.clock.now_ms + invisible_ms
-        return receipt.handle
-
 
 def tag_set(expression: str) -> set[str] | None:
     """The tags a subscription expression selects; None for every message (``*``)."""

@@ -54,8 +54,9 @@ from tidemq._puller import Handler
 from tidemq._push_consumer import PushConsumer
 from tidemq._simple_consumer import SimpleConsumer
 from tidemq._transaction import TransactionListener, TransactionProducer
-from tidemq.protocol import ReceivedMessage
+from tidemq.protocol import ReceivedMessage, retry_topic
 from tidemq.testing._memory_routes import MemoryTransport, Signal
+from tidemq.testing._memory_simple import MemorySimple
 from tidemq.testing._memory_store import (
     DEFAULT_DELAY_LEVELS_S,
     DEFAULT_MAX_RECONSUME_TIMES,
@@ -92,10 +93,11 @@ class TestBroker:
                                  max_reconsume_times=max_reconsume_times)
         self.transactions = MemoryTransactions(self.store,
                                                transaction_timeout_s=transaction_timeout_s)
+        self.simple = MemorySimple(self.store)
         self._signal = Signal()
         self.nameserver_url = NAMESERVER_URL
         self.broker_url = BROKER_URL
-        self.transport = MemoryTransport(self.store, self.transactions, self._signal,
+        self.transport = MemoryTransport(self.store, self.transactions, self.simple, self._signal,
                                          nameserver_url=NAMESERVER_URL, broker_url=BROKER_URL)
 
     @property
@@ -169,6 +171,8 @@ class TestBroker:
     def consumer(self, group: str, handler: Handler, subscriptions: Mapping[str, str],
                  **options: Any) -> PushConsumer:
         options = {"heartbeat_interval_s": CONSUMER_HEARTBEAT_S, **options}
+        if retry_topic(group) not in self.store.topics:  # routable from the consumer's start
+            self.store.create_topic(retry_topic(group), 1, system=True)
         return PushConsumer(group, handler=handler, subscriptions=subscriptions,
                             **self.client_options(), **options)
 
