@@ -31,7 +31,7 @@ from tidemq import (
     TransactionProducer,
     TransactionState,
 )
-from tidemq.protocol import CONTENT_JSON, decode_payload
+from tidemq.protocol import CONSUME_FAILURE, CONTENT_JSON, decode_payload
 from tidemq.testing import TidemqSystem
 from tidemq.testing.memory import TestBroker
 
@@ -248,6 +248,30 @@ async def test_a_batch_is_stored_in_order(system: System) -> None:
     for result, body in zip(results, (b"one", b"two", b"three"), strict=True):
         got = await system.wait_for_message(topic, result.message_id)
         assert got.body == body and got.queue_offset == result.queue_offset
+
+
+async def test_failures_are_retried_then_dead_lettered(system: System) -> None:
+    topic, group = await system.create_topic(), _name("billing")
+    seen: list[int] = []
+
+    async def fail(message: ReceivedMessage) -> None:
+        seen.append(message.reconsume_times)
+        raise RuntimeError("cannot bill this")
+
+    async def dead_letters() -> list[dict[str, Any]]:
+        status, page = await system.rest("GET", f"/v1/topics/%25DLQ%25{group}/queues/0/messages",
+                                         params={"offset": 0})
+        return page["messages"] if status == 200 else []
+
+    async with Producer(**system.clients()) as producer:
+        sent = await producer.send(b"poison", topic=topic)
+    async with PushConsumer(group, handler=fail, subscriptions={topic: "*"},
+                            heartbeat_interval_s=0.2, pull_wait_ms=1000, **system.clients()):
+        letters = await system.eventually(dead_letters, 1.0, "the dead letter")
+    assert seen == list(range(MAX_RECONSUME + 1))  # the first try and every retry
+    assert [(m["message_id"], m["reconsume_times"], m["origin_topic"]) for m in letters] \
+        == [(sent.message_id, MAX_RECONSUME + 1, topic)]
+    assert "cannot bill this" in letters[0]["properties"][CONSUME_FAILURE]
 
 
 # -- transactions ------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.batch_read import as_messages
 from tidemq.protocol.codec import is_batch
+from tidemq.protocol.topics import RETRY_PREFIX
 from tidemq.testing._memory_simple import MemorySimple
 from tidemq.testing._memory_store import MemoryStore
 from tidemq.testing._memory_tx import MemoryTransactions
@@ -138,6 +139,11 @@ class MemoryTransport:
         if path == ["healthz"]:
             return {"status": "ok"}
         if method == "GET" and path[:2] == ["v1", "routes"] and len(path) == 3:
+            if path[2].startswith(RETRY_PREFIX) and path[2] not in self.store.topics:
+                # a consumer asks for its group's retry topic at its start: it is there at
+                # once (the real broker makes it with the group's first retry, and the
+                # consumer finds it at a later rebalance)
+                self.store.create_topic(path[2], 1, system=True)
             topic = self.store.topics.get(path[2])
             if topic is None:
                 raise ProtocolError(ErrorCode.TOPIC_NOT_FOUND, f"no route for topic "

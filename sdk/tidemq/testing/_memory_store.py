@@ -332,10 +332,6 @@ class MemoryStore:
         members[client_id] = now
         for cid in [c for c, at in members.items() if now - at > MEMBER_EXPIRY_S]:
             del members[cid]
-        # the retry topic exists from the first heartbeat, so a consumer finds its route at
-        # once (the real broker creates it with the first retry)
-        if retry_topic(group) not in self.topics:
-            self.create_topic(retry_topic(group), 1, system=True)
         return sorted(members)
 
     def commit(self, group: str, offsets: list[dict[str, Any]], advance_only: bool) -> None:

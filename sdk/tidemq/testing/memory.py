@@ -37,8 +37,9 @@ or with the pytest fixture ``tidemq_test_broker`` (a fresh broker per test). Wha
 ``broker.advance(seconds)``, which delivers what came due and wakes waiting consumers and
 check polls: delays, retry back-offs, invisibility and check-backs take no real time at all.
 Long polls and heartbeats run in real time (a consumer's poll returns as soon as something
-happens). Differences from a real broker: one broker group, no ACL, no flow control, the retry
-topic exists from a group's first heartbeat, and checks count only when a producer takes them.
+happens). Differences from a real broker: one broker group, no ACL, no flow control, a group's
+retry topic is routable as soon as a consumer asks for it, and checks count only when a
+producer takes them.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from tidemq._puller import Handler
 from tidemq._push_consumer import PushConsumer
 from tidemq._simple_consumer import SimpleConsumer
 from tidemq._transaction import TransactionListener, TransactionProducer
-from tidemq.protocol import ReceivedMessage, retry_topic
+from tidemq.protocol import ReceivedMessage
 from tidemq.testing._memory_routes import MemoryTransport, Signal
 from tidemq.testing._memory_simple import MemorySimple
 from tidemq.testing._memory_store import (
@@ -171,8 +172,6 @@ class TestBroker:
     def consumer(self, group: str, handler: Handler, subscriptions: Mapping[str, str],
                  **options: Any) -> PushConsumer:
         options = {"heartbeat_interval_s": CONSUMER_HEARTBEAT_S, **options}
-        if retry_topic(group) not in self.store.topics:  # routable from the consumer's start
-            self.store.create_topic(retry_topic(group), 1, system=True)
         return PushConsumer(group, handler=handler, subscriptions=subscriptions,
                             **self.client_options(), **options)
 
