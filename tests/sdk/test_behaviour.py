@@ -219,7 +219,7 @@ async def test_round_trip_keeps_keys_tag_and_properties(system: System) -> None:
     assert status == 200 and [f["message_id"] for f in found["messages"]] == [sent.message_id]
 
 
-async def test_a_pull_skips_other_tags(system: System) -> None:
+async def test_other_tags_are_skipped(system: System) -> None:
     topic = await system.create_topic()
     async with Producer(**system.clients()) as producer:
         for tag in ("A", "B", None, "C", "A"):
@@ -229,6 +229,15 @@ async def test_a_pull_skips_other_tags(system: System) -> None:
     assert status == 200, page
     assert [m["tag"] for m in page["messages"]] == ["A", "C", "A"]
     assert page["next_offset"] == 5
+    got: list[str | None] = []
+
+    async def handle(message: ReceivedMessage) -> None:
+        got.append(message.tag)
+
+    async with PushConsumer(_name("g"), handler=handle, subscriptions={topic: "A || C"},
+                            **system.clients()):
+        await wait_until_async(lambda: len(got) >= 3, timeout=WAIT_S, what="A, C, A")
+    assert sorted(t or "" for t in got) == ["A", "A", "C"]
 
 
 async def test_a_resent_message_id_is_stored_once(system: System) -> None:
@@ -311,17 +320,21 @@ async def test_an_unknown_transaction_is_checked_then_committed(system: System) 
 
 # -- delays ------------------------------------------------------------------------------------
 
-async def test_a_delayed_message_comes_on_time_never_early(system: System) -> None:
+@pytest.mark.parametrize(("delay", "delay_s"), [({"delay_ms": 1500}, 1.5),
+                                                ({"delay_level": 10}, 1.0)],  # 1 s in both
+                         ids=["delay_ms", "delay_level"])
+async def test_a_delayed_message_comes_on_time_never_early(
+        system: System, delay: dict[str, int], delay_s: float) -> None:
     topic = await system.create_topic()
     async with Producer(**system.clients()) as producer:
-        sent = await producer.send(b"in 1.5 s", topic=topic, delay_ms=1500)
+        sent = await producer.send(b"later", topic=topic, **delay)
     assert sent.state == "scheduled" and sent.deliver_at_ms is not None
     assert await _state(system, sent.message_id) == "scheduled"
-    await system.elapse(1.0)
+    await system.elapse(delay_s - 0.5)
     assert await _stored(system, topic) == 0  # not before its time
     await system.elapse(0.6)
     got = await system.wait_for_message(topic, sent.message_id)
-    assert got.body == b"in 1.5 s"
+    assert got.body == b"later"
     assert got.store_timestamp_ms >= sent.deliver_at_ms
     assert await _state(system, sent.message_id) == "stored"
 
