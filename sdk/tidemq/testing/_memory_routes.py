@@ -106,16 +106,15 @@ class MemoryTransport:
         try:
             if origin not in (self.nameserver_url, self.broker_url):
                 raise WireConnectError(f"nothing listens on {origin}: this TestBroker "
-                                             f"serves {self.nameserver_url} and "
-                                             f"{self.broker_url}")
-            request = TransportRequest(method.upper(), url, lowered, content, query)
-            body = request.payload()
+                                       f"serves {self.nameserver_url} and {self.broker_url}")
+            batch = as_messages(content) \
+                if content and is_batch(lowered.get("content-type")) else None
+            body = {"messages": [m.to_wire(binary=True) for m in batch]} if batch is not None \
+                else TransportRequest(method.upper(), url, lowered, content, query).payload()
             self.store.deliver_due()
             if origin == self.nameserver_url:
                 answer = self._nameserver(method.upper(), path)
             else:
-                batch = as_messages(content) \
-                    if content and is_batch(lowered.get("content-type")) else None
                 answer = await self._broker(method.upper(), path, query, body, batch)
         except ProtocolError as exc:
             return TransportResponse.encoded(exc.code.http_status, exc.to_wire())

@@ -256,8 +256,9 @@ class MemoryStore:
     def cancel(self, message_id: str, topic: str | None) -> dict[str, Any]:
         """``DELETE /v1/messages/{id}/schedule``; a 409 AMBIGUOUS_MESSAGE_ID comes back as the
         answer dict itself (no ErrorCode of it in this SDK version) under ``"error"``."""
-        found = [w for (t, mid), w in self.waiting.items()
-                 if mid == message_id and (topic is None or t == topic)]
+        found = [w for (t, mid), w in self.waiting.items()  # not a retry's back-off
+                 if mid == message_id and (topic is None or t == topic)
+                 and not is_system_topic(t)]
         if not found:
             raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND, f"no delayed message "
                                 f"{message_id!r}" + (f" in topic {topic!r}" if topic else ""))
