@@ -327,7 +327,8 @@ async def test_a_delayed_message_comes_on_time_never_early(
         system: System, delay: dict[str, int], delay_s: float) -> None:
     topic = await system.create_topic()
     async with Producer(**system.clients()) as producer:
-        sent = await producer.send(b"later", topic=topic, **delay)
+        sent = await producer.send(b"later", topic=topic, delay_ms=delay.get("delay_ms"),
+                                   delay_level=delay.get("delay_level"))
     assert sent.state == "scheduled" and sent.deliver_at_ms is not None
     assert await _state(system, sent.message_id) == "scheduled"
     await system.elapse(delay_s - 0.5)
