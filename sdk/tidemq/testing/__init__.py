@@ -12,6 +12,9 @@ unit tests run in milliseconds. The fixture ``tidemq_test_broker`` gives each te
         got = await tidemq_test_broker.wait_for_message(topic, message_id=sent.message_id)
         assert got.body == b"order 42"
 
+Importing this package imports neither pytest (when it is not installed) nor the part that
+starts processes (until it is used).
+
 **Real processes** (integration tests): installed with the SDK (entry point ``pytest11``), this
 plugin gives every test session the fixture ``tidemq_system``: a redis-server, nameserver,
 broker, checker and scheduler started once per session (per pytest-xdist worker) on free ports
@@ -30,10 +33,9 @@ Helpers (``TidemqSystem``): ``create_topic``, ``producer`` / ``transaction_produ
 checked by it), ``advance_clock`` (a delayed message days away is due now) and short delay
 levels (``TEST_DELAY_LEVELS``). Async tests need an asyncio plugin such as pytest-asyncio.
 
-``tidemq_system`` needs the ``tidemq-services`` package (the services) and Debian's
-``redis-server``; ``TidemqSystem`` can also be used on its own, e.g. in a fixture of another
-scope or with other settings. Importing this package imports neither pytest (when it is not
-installed) nor the process-starting part (until it is used).
+The fixture needs the ``tidemq-services`` package (the services) and Debian's
+``redis-server``. ``TidemqSystem`` can also be used on its own, e.g. in a fixture of another
+scope or with other settings.
 """
 
 from __future__ import annotations
