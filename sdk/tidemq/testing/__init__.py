@@ -1,9 +1,24 @@
-"""``tidemq.testing``: a pytest plugin that runs a real tidemq for your tests.
+"""``tidemq.testing``: tidemq for your tests, in memory or as real processes.
 
-Installed with the SDK (entry point ``pytest11``), it gives every test session the fixture
-``tidemq_system``: a redis-server, nameserver, broker, checker and scheduler started once per
-session (per pytest-xdist worker) on free ports in a temporary directory, and stopped at the
-end. Nothing to import or configure::
+**In memory** (``tidemq.testing.memory.TestBroker``; only the SDK needed): a broker and
+nameserver answering the REST API from memory with a clock the test moves, so an application's
+unit tests run in milliseconds. The fixture ``tidemq_test_broker`` gives each test a fresh one::
+
+    async def test_order_is_published(tidemq_test_broker):
+        topic = tidemq_test_broker.create_topic("Orders")
+        async with tidemq_test_broker.producer() as producer:
+            sent = await producer.send(b"order 42", topic=topic, delay_ms=60_000)
+        tidemq_test_broker.advance(60)  # a minute passes at once
+        got = await tidemq_test_broker.wait_for_message(topic, message_id=sent.message_id)
+        assert got.body == b"order 42"
+
+Importing this package imports neither pytest (when it is not installed) nor the part that
+starts processes (until it is used).
+
+**Real processes** (integration tests): installed with the SDK (entry point ``pytest11``), this
+plugin gives every test session the fixture ``tidemq_system``: a redis-server, nameserver,
+broker, checker and scheduler started once per session (per pytest-xdist worker) on free ports
+in a temporary directory, and stopped at the end::
 
     async def test_order_is_published(tidemq_system):
         topic = await tidemq_system.create_topic()
@@ -30,25 +45,45 @@ of another scope or with other settings.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-import pytest
+from tidemq.testing.memory import TestBroker
 
-from tidemq.testing._system import (
-    CHECK_INTERVAL_MS,
-    MAX_RECONSUME_TIMES,
-    TEST_DELAY_LEVELS,
-    TRANSACTION_TIMEOUT_MS,
-    TidemqSystem,
-)
+if TYPE_CHECKING:
+    from tidemq.testing._system import TidemqSystem
 
 __all__ = ["CHECK_INTERVAL_MS", "MAX_RECONSUME_TIMES", "TEST_DELAY_LEVELS",
-           "TRANSACTION_TIMEOUT_MS", "TidemqSystem", "tidemq_system"]
+           "TRANSACTION_TIMEOUT_MS", "TestBroker", "TidemqSystem"]
+
+_FROM_SYSTEM = frozenset({"CHECK_INTERVAL_MS", "MAX_RECONSUME_TIMES", "TEST_DELAY_LEVELS",
+                          "TRANSACTION_TIMEOUT_MS", "TidemqSystem"})
 
 
-@pytest.fixture(scope="session")
-def tidemq_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TidemqSystem]:
-    """A running tidemq (nameserver, broker, checker, scheduler, redis-server) for the
-    session; each test should use its own topics and groups."""
-    with TidemqSystem(tmp_path_factory.mktemp("tidemq")) as system:
-        yield system
+def __getattr__(name: str) -> Any:
+    """The real-process helpers, imported on first use."""
+    if name in _FROM_SYSTEM:
+        return getattr(importlib.import_module("tidemq.testing._system"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if importlib.util.find_spec("pytest") is not None:
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def tidemq_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TidemqSystem]:
+        """A running tidemq (nameserver, broker, checker, scheduler, redis-server) for the
+        session; each test should use its own topics and groups."""
+        from tidemq.testing._system import TidemqSystem
+
+        with TidemqSystem(tmp_path_factory.mktemp("tidemq")) as system:
+            yield system
+
+    @pytest.fixture
+    def tidemq_test_broker() -> Iterator[TestBroker]:
+        """A fresh in-memory ``TestBroker`` for one test (no processes, a manual clock)."""
+        broker = TestBroker()
+        yield broker
+        broker.close()
