@@ -24,8 +24,7 @@ from tidemq._constants import TLS_CA_ENV
 
 from services.cli.errors import exit_code_for, print_json_error, split_code
 from services.common.auth.client import service_auth, signing_auth
-from services.common.constants import TOKEN_HEADER
-from services.common.constants import BROKER_PORT, NAMESERVER_PORT
+from services.common.constants import BROKER_PORT, NAMESERVER_PORT, TOKEN_HEADER
 from services.common.tls import client_context
 
 #: Width of the CLI's output when it is not a terminal (a pipe, a file, a supervisor's log) and

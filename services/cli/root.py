@@ -78,7 +78,7 @@ def root(
     try:
         chosen = load_profile(profile)
     except ConfigError as exc:
-        raise report(CliError(str(exc), code=exc.code), json_errors) from None
+        raise report(CliError(f"{exc.code}: {exc}"), json_errors) from None
     ctx.obj = endpoints_from(chosen, broker=broker, nameserver=nameserver, timeout_s=timeout,
                              json_errors=json_errors, env=os.environ)
 
