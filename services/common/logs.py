@@ -85,6 +85,9 @@ class JsonFormatter(logging.Formatter):
             line["message_id"] = mids[0]
         elif mids:
             line["message_ids"] = list(mids[:MAX_LOGGED_IDS])
+        fields = getattr(record, "fields", None)  # logger.info(..., extra={"fields": {...}})
+        if isinstance(fields, dict):
+            line.update((k, v) for k, v in fields.items() if k not in line)
         if record.exc_info:
             line["exc_info"] = self.formatException(record.exc_info)
         elif record.exc_text:
