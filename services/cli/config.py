@@ -37,10 +37,17 @@ from typing import Any
 
 from services.cli.errors import CONFIG, EXIT_USAGE
 
+NAMESERVER_URL_ENV = "TIDEMQ_NAMESERVER_URL"  # --nameserver
+BROKER_URL_ENV = "TIDEMQ_BROKER_URL"  # --broker
+TIMEOUT_ENV = "TIDEMQ_TIMEOUT"  # --timeout (s)
 CONFIG_ENV = "TIDEMQ_CONFIG"  # path of the settings file
 PROFILE_ENV = "TIDEMQ_PROFILE"  # the profile to use (like --profile)
 TOKEN_ENV = "TIDEMQ_TOKEN"  # cluster token (also what `tidemq up` gives its services)
 XDG_CONFIG_HOME_ENV = "XDG_CONFIG_HOME"
+#: Every variable the CLI reads (beside TIDEMQ_ACCESS_KEY / _SECRET_KEY, TIDEMQ_TLS_CA and
+#: TIDEMQ_LOG_FORMAT, which other processes read too).
+CLI_VARIABLES = (NAMESERVER_URL_ENV, BROKER_URL_ENV, TIMEOUT_ENV, CONFIG_ENV, "TIDEMQ_PROFILE",
+                 "TIDEMQ_TOKEN")
 CONFIG_RELATIVE = Path("tidemq") / "config.toml"  # under XDG_CONFIG_HOME (or ~/.config)
 DEFAULT_PROFILE = "default"  # used when the file names no default_profile
 
@@ -107,6 +114,11 @@ def _choose(path: Path, data: dict[str, Any], name: str | None) -> Profile:
     profiles = data.get("profiles", {})
     if not isinstance(profiles, dict):
         raise ConfigError(f"{path}: profiles must be tables ([profiles.NAME])")
+    checked: dict[str, Profile] = {}
+    for key, table in profiles.items():  # every profile, so a bad file is found at once
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: profiles.{key} must be a table")
+        checked[key] = _profile(path, key, table)
     default = data.get("default_profile")
     if default is not None and (not isinstance(default, str) or default not in profiles):
         raise ConfigError(f"{path}: default_profile {default!r} names no [profiles.NAME] table "
@@ -117,10 +129,7 @@ def _choose(path: Path, data: dict[str, Any], name: str | None) -> Profile:
     if chosen not in profiles:
         raise ConfigError(f"{path}: no profile {chosen!r} (profiles: "
                           f"{', '.join(profiles) or 'none'})")
-    table = profiles[chosen]
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: profiles.{chosen} must be a table")
-    return _profile(path, chosen, table)
+    return checked[chosen]
 
 
 def _profile(path: Path, name: str, table: dict[str, Any]) -> Profile:

@@ -14,8 +14,11 @@ from tidemq.protocol.signing import ACCESS_KEY_ENV, SECRET_KEY_ENV
 
 from services.cli import admin, delays, dlq, groups, messages, tx, up
 from services.cli.config import (
+    BROKER_URL_ENV,
     CONFIG_ENV,
+    NAMESERVER_URL_ENV,
     PROFILE_ENV,
+    TIMEOUT_ENV,
     TOKEN_ENV,
     ConfigError,
     Profile,
@@ -54,14 +57,14 @@ def show_version(value: bool) -> None:
 def root(
     ctx: typer.Context,
     broker: Annotated[str | None, typer.Option(
-        envvar="TIDEMQ_BROKER_URL", show_default=False,
+        envvar=BROKER_URL_ENV, show_default=False,
         help=f"Broker base URL [default: the profile's, else {DEFAULT_BROKER_URL}].")] = None,
     nameserver: Annotated[str | None, typer.Option(
-        envvar="TIDEMQ_NAMESERVER_URL", show_default=False,
+        envvar=NAMESERVER_URL_ENV, show_default=False,
         help="Nameserver base URL; several comma-separated, asked in turn [default: the "
              f"profile's, else {DEFAULT_NAMESERVER_URL}].")] = None,
     timeout: Annotated[float | None, typer.Option(
-        envvar="TIDEMQ_TIMEOUT", min=0.001, show_default=False,
+        envvar=TIMEOUT_ENV, min=0.001, show_default=False,
         help="Seconds to wait for each request [default: the profile's, else "
              f"{DEFAULT_TIMEOUT_S:g}].")] = None,
     profile: Annotated[str | None, typer.Option(
