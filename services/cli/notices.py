@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 from rich.text import Text
 
 from services.cli.rest import console, err_console
-from services.common.logs import setup_logging
+from services.common.logs import JsonFormatter, setup_logging
 
 LOGGER = "tidemq.up"
 
@@ -26,6 +27,7 @@ def use_json() -> None:
     """From now on notices are JSON log lines on stderr."""
     global _log
     setup_logging("info", "json", "up")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health probe
     _log = logging.getLogger(LOGGER)
 
 
@@ -55,3 +57,11 @@ def status(text: str) -> contextlib.AbstractContextManager[Any]:
     if _log is not None:
         return contextlib.nullcontext()
     return console.status(text, spinner="dots")
+
+
+def banner(text: str) -> str:
+    """The line opening a child's run in its log file: a JSON line in JSON mode."""
+    if _log is not None:
+        record = logging.LogRecord(LOGGER, logging.INFO, __file__, 0, text, None, None)
+        return JsonFormatter("up").format(record) + "\n"
+    return f"\n=== {text} at {time.ctime()} ===\n"

@@ -221,7 +221,7 @@ class Supervisor:
     def _spawn(self, child: Child, what: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with child.log_path.open("ab") as log:
-            log.write(f"\n=== tidemq up: {child.name} {what} at {time.ctime()} ===\n".encode())
+            log.write(notices.banner(f"tidemq up: {child.name} {what}").encode())
             log.flush()
             child.log_start = log.tell()
             child.started_at = child.checked_at = time.monotonic()
