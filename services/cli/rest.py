@@ -20,6 +20,7 @@ from urllib.parse import quote
 import httpx
 import typer
 from rich.console import Console
+from tidemq import ConfigurationError
 from tidemq._constants import TLS_CA_ENV
 
 from services.cli.errors import exit_code_for, print_json_error, split_code
@@ -98,7 +99,10 @@ def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except ConfigurationError as exc:  # e.g. a CA bundle that does not load
+                raise CliError(f"CONFIG: {exc}") from None
         except CliError as exc:
             wanted = json_errors_wanted(kwargs.get("json_out"), kwargs.get("ctx"))
             raise report(exc, wanted) from None

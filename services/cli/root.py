@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated
 
 import tidemq
@@ -79,11 +80,10 @@ def root(
         help="Print the version and exit.")] = False,
 ) -> None:
     try:
-        chosen = load_profile(profile)
+        ctx.obj = endpoints_from(load_profile(profile), broker=broker, nameserver=nameserver,
+                                 timeout_s=timeout, json_errors=json_errors, env=os.environ)
     except ConfigError as exc:
         raise report(CliError(f"{exc.code}: {exc}"), json_errors) from None
-    ctx.obj = endpoints_from(chosen, broker=broker, nameserver=nameserver, timeout_s=timeout,
-                             json_errors=json_errors, env=os.environ)
 
 
 def endpoints_from(chosen: Profile, *, broker: str | None, nameserver: str | None,
@@ -98,6 +98,9 @@ def endpoints_from(chosen: Profile, *, broker: str | None, nameserver: str | Non
     if not (access_key and secret_key):
         access_key, secret_key = chosen.access_key, chosen.secret_key
     if chosen.ca and not env.get(TLS_CA_ENV):
+        if not Path(chosen.ca).is_file():
+            raise ConfigError(f"{chosen.source}: profiles.{chosen.name}.ca: no such file "
+                              f"{chosen.ca}")
         use_ca_bundle(chosen.ca)
     return Endpoints(broker=broker_url.rstrip("/"), nameserver=nameservers[0],
                      timeout_s=timeout_s or chosen.timeout_s or DEFAULT_TIMEOUT_S,

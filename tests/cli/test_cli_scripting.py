@@ -253,6 +253,7 @@ nameserver = "http://127.0.0.1:1"
     ('[profiles.dev]\naccess_key = "ops"\n', "profiles.dev.secret_key"),
     ('[profiles.dev\n', "not valid TOML"),
     ('default_profile = "prod"\n[profiles.dev]\n', "default_profile"),
+    ('[profiles.default]\nca = "/no/such/ca.pem"\n', "profiles.default.ca"),
 ])
 def test_bad_file_is_one_line_naming_file_and_key(runner: CliRunner, no_config: Path,
                                                   text: str, names: str) -> None:

@@ -9,7 +9,7 @@ import logging
 import os
 import subprocess
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def test_nameserver_logs_json_lines_with_the_request_id(tmp_path: Path) -> None:
         assert line["service"] == "nameserver"
         assert line["time"].endswith("Z")
         stamp = datetime.fromisoformat(line["time"].replace("Z", "+00:00"))
-        assert stamp.utcoffset() is not None and stamp.utcoffset().total_seconds() == 0
+        assert stamp.utcoffset() == timedelta(0)
     [line] = registered
     assert line["level"] == "INFO"
     assert line["logger"] == "services.nameserver.registry"
