@@ -141,7 +141,7 @@ def wait_registered(sup: Supervisor, nameservers: list[str], groups: list[str]) 
     deadline = time.monotonic() + sup.start_timeout_s
     missing: dict[str, list[str]] = {}
     with (httpx.Client(timeout=1.0, verify=client_context(), auth=service_auth()) as client,
-          console.status("brokers registering …")):
+          notices.status("brokers registering …")):
         while time.monotonic() < deadline:
             if sup.stop_requested:
                 raise Interrupted
