@@ -30,7 +30,7 @@ from services.common.constants import (
 )
 from services.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from services.common.discovery import split_urls
-from services.common.settings import RedisUrl, ServiceSettings
+from services.common.settings import LogLevel, RedisUrl, ServiceSettings
 
 DAY_MS = 24 * 3600 * 1000
 _LIMITS = Limits()
@@ -154,7 +154,7 @@ class BrokerSettings(ServiceSettings):
     # a sync send waits this long for min_insync copies before NOT_ENOUGH_REPLICAS (ms)
     sync_ack_timeout_ms: int = Field(default=5000, gt=0)
 
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: LogLevel = "info"
 
     @field_validator("internal_address")
     @classmethod

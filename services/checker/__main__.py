@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from services.checker.app import create_checker_app
 from services.checker.settings import CheckerSettings
-from services.common.runner import serve
+from services.common.runner import serve, settings_or_exit
 
 
 def main() -> None:
-    settings = CheckerSettings()
+    settings = settings_or_exit(CheckerSettings, "checker")
     serve(create_checker_app(settings), settings.host, settings.port, settings.log_level,
-          settings.server_tls())
+          settings.server_tls(), settings.log_format, "checker")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -16,7 +14,7 @@ from services.common.constants import (
     TRANSACTION_MAX_AGE_S,
     TRANSACTION_TIMEOUT_MS,
 )
-from services.common.settings import GroupServiceSettings, RedisUrl
+from services.common.settings import GroupServiceSettings, LogLevel, RedisUrl
 
 
 class CheckerSettings(GroupServiceSettings):
@@ -42,4 +40,4 @@ class CheckerSettings(GroupServiceSettings):
     max_age_s: float = Field(default=TRANSACTION_MAX_AGE_S, gt=0)  # discard older halves (s)
     batch_size: int = Field(default=512, ge=1, le=4096)  # half messages per page and action call
     request_timeout_s: float = Field(default=30.0, gt=0)  # one request to the broker (s)
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: LogLevel = "info"

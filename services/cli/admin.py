@@ -18,6 +18,7 @@ from rich.text import Text
 from tidemq.protocol import Perm
 
 from services.cli import load, topic_groups
+from services.cli.errors import split_code
 from services.cli.rest import (
     CliError,
     JsonOption,
@@ -58,8 +59,11 @@ def _print_results(topic: str, results: list[topic_groups.GroupResult], json_out
                 f"[{'red' if bad else 'bold'}]{r.result}[/]{detail}", highlight=False)
     failed = topic_groups.failures(results)
     if failed:
+        # every group failing the same way exits as that code does; mixed failures exit 1
+        codes = {split_code(r.error or "")[0] for r in failed}
         raise CliError(f"{len(failed)} of {len(results)} group(s) failed: "
-                       + ", ".join(r.broker_name for r in failed))
+                       + ", ".join(r.broker_name for r in failed),
+                       code=codes.pop() if len(codes) == 1 else None)
 
 
 @topic_app.command("create")

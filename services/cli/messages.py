@@ -26,7 +26,6 @@ from services.cli.rest import (
     segment,
     unreachable,
 )
-from services.common.auth.client import service_auth
 from services.common.tls import client_context
 
 MAX_BATCH = 1024  # messages per request (API limit)
@@ -149,9 +148,9 @@ class Puller:
         self._enough = asyncio.Event()
 
     async def run(self) -> None:
-        timeout = httpx.Timeout(10.0 + self.wait_ms / 1000)
+        timeout = httpx.Timeout(self.ep.timeout_s + self.wait_ms / 1000)
         async with httpx.AsyncClient(timeout=timeout, verify=client_context(),
-                                     auth=service_auth()) as client:
+                                     auth=self.ep.auth(), headers=self.ep.headers()) as client:
             pullers: set[asyncio.Task[Any]] = {
                 asyncio.create_task(self._pull(client, q)) for q in sorted(self.offsets)}
             enough: asyncio.Task[Any] = asyncio.create_task(self._enough.wait())

@@ -1,7 +1,8 @@
 """What every CLI command shares: consoles, the endpoints chosen by global options, REST calls.
 
 The CLI talks to the services with plain httpx (not the SDK). A server error is shown as
-``CODE: message`` on stderr and the command exits with status 1.
+``CODE: message`` on stderr (with ``--json``: ``{"code": ..., "message": ...}``) and the command
+exits with the status ``services.cli.errors.EXIT_CODES`` gives that code.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from urllib.parse import quote
 import httpx
 import typer
 from rich.console import Console
+from tidemq import ConfigurationError
 from tidemq._constants import TLS_CA_ENV
 
-from services.common.auth.client import service_auth
-from services.common.constants import BROKER_PORT, NAMESERVER_PORT
+from services.cli.errors import exit_code_for, print_json_error, split_code
+from services.common.auth.client import service_auth, signing_auth
+from services.common.constants import BROKER_PORT, NAMESERVER_PORT, TOKEN_HEADER
 from services.common.tls import client_context
 
 #: Width of the CLI's output when it is not a terminal (a pipe, a file, a supervisor's log) and
@@ -41,6 +44,7 @@ err_console = _console(stderr=True)
 
 DEFAULT_BROKER_URL = f"http://127.0.0.1:{BROKER_PORT}"
 DEFAULT_NAMESERVER_URL = f"http://127.0.0.1:{NAMESERVER_PORT}"
+DEFAULT_TIMEOUT_S = 10.0  # seconds to wait for each request (--timeout, TIDEMQ_TIMEOUT)
 
 # The services' TOPIC_NOT_FOUND messages end with the REST call that creates the topic; on the
 # command line the hint names the command instead.
@@ -54,24 +58,54 @@ R = TypeVar("R")
 
 
 class CliError(Exception):
-    """A failure to report in one line and exit with ``exit_code``."""
+    """A failure to report in one line and exit with ``exit_code``.
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
+    ``message`` reads ``CODE: detail``; the code (``FAILED`` when the message has none, or the
+    ``code`` given) chooses the exit status unless ``exit_code`` is given
+    (``services.cli.errors``)."""
+
+    def __init__(self, message: str, exit_code: int | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.exit_code = exit_code
+        parsed, detail = split_code(message)
+        self.code = code or parsed
+        self.detail = detail if code is None or code == parsed else message
+        self.exit_code = exit_code if exit_code is not None else exit_code_for(self.code)
+
+
+def json_errors_wanted(json_out: object = False, ctx: object = None) -> bool:
+    """True when errors go out as JSON: the command's ``--json`` or the global one."""
+    if json_out is True:
+        return True
+    find = getattr(ctx, "find_object", None)  # the command's click context, when it has one
+    ep = find(Endpoints) if callable(find) else None
+    return ep is not None and ep.json_errors
+
+
+def report(exc: CliError, json_out: bool) -> typer.Exit:
+    """Show ``exc`` on stderr (one red line, or one JSON object) and answer its ``typer.Exit``."""
+    if json_out:
+        print_json_error(exc.code, exc.detail)
+    else:
+        err_console.print(exc.message, style="bold red", markup=False, highlight=False)
+    return typer.Exit(exc.exit_code)
 
 
 def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Decorate a command: a ``CliError`` becomes one red line on stderr and its exit code."""
+    """Decorate a command: a ``CliError`` becomes one line on stderr (red text, or JSON with
+    ``--json``) and its exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except ConfigurationError as exc:  # e.g. a CA bundle that does not load
+                raise CliError(f"CONFIG: {exc}") from None
         except CliError as exc:
-            err_console.print(exc.message, style="bold red", markup=False, highlight=False)
-            raise typer.Exit(exc.exit_code) from None
+            wanted = json_errors_wanted(kwargs.get("json_out"), kwargs.get("ctx"))
+            raise report(exc, wanted) from None
 
     return wrapper
 
@@ -85,12 +119,23 @@ class Endpoints:
 
     broker: str = DEFAULT_BROKER_URL
     nameserver: str = DEFAULT_NAMESERVER_URL
-    timeout_s: float = 10.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     nameservers: tuple[str, ...] = ()  # every URL given; () = just ``nameserver``
+    json_errors: bool = False  # global --json: errors as JSON on stderr
+    access_key: str = ""  # sign with this account (a profile's); "" = TIDEMQ_ACCESS_KEY's
+    secret_key: str = ""
+    token: str = ""  # cluster token sent in X-Tidemq-Token ("" = none)
+
+    def auth(self) -> httpx.Auth | None:
+        """The account requests are signed with: this one's keys, else the environment's."""
+        return signing_auth(self.access_key, self.secret_key) or service_auth()
+
+    def headers(self) -> dict[str, str]:
+        return {TOKEN_HEADER: self.token} if self.token else {}
 
     def client(self, timeout_s: float | None = None) -> httpx.Client:
         return httpx.Client(timeout=timeout_s or self.timeout_s, verify=client_context(),
-                            auth=service_auth())
+                            auth=self.auth(), headers=self.headers())
 
     def nameserver_urls(self) -> tuple[str, ...]:
         return self.nameservers or (self.nameserver,)
@@ -155,6 +200,9 @@ def unreachable(url: str, exc: httpx.HTTPError) -> CliError:
     hint = tls_hint(url, exc)
     if hint:
         return CliError(f"UNAVAILABLE: {url} {hint} ({detail})")
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return CliError(f"TIMEOUT: no answer from {url} in time ({detail}); a longer "
+                        "--timeout (TIDEMQ_TIMEOUT) may help")
     return CliError(f"UNAVAILABLE: cannot reach {url} ({detail}); is tidemq running? "
                     "Start it with `tidemq up` or point --broker/--nameserver at it")
 

@@ -23,6 +23,7 @@ at once. Only a Ctrl-C pressed again ``DUPLICATE_SIGNAL_S`` or more after the fi
 from __future__ import annotations
 
 import ctypes
+import logging
 import signal
 import subprocess
 import sys
@@ -38,7 +39,8 @@ import httpx
 import redis
 from rich.table import Table
 
-from services.cli.rest import CliError, console, err_console
+from services.cli import notices
+from services.cli.rest import CliError, err_console
 from services.common.tls import client_context
 
 POLL_S = 0.1  # how often a starting child's health is polled (s)
@@ -219,7 +221,7 @@ class Supervisor:
     def _spawn(self, child: Child, what: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with child.log_path.open("ab") as log:
-            log.write(f"\n=== tidemq up: {child.name} {what} at {time.ctime()} ===\n".encode())
+            log.write(notices.banner(f"tidemq up: {child.name} {what}").encode())
             log.flush()
             child.log_start = log.tell()
             child.started_at = child.checked_at = time.monotonic()
@@ -239,7 +241,7 @@ class Supervisor:
 
     def _wait(self, child: Child) -> None:
         started = time.monotonic()
-        with console.status(f"starting {child.name} …", spinner="dots"):
+        with notices.status(f"starting {child.name} …"):
             while True:
                 if self.stop_requested:
                     raise Interrupted
@@ -256,8 +258,8 @@ class Supervisor:
                     raise CliError(f"{child.name} not healthy after {self.start_timeout_s:.0f} s "
                                    f"(log: {child.log_path})")
                 time.sleep(POLL_S)
-        console.print(f"[green]✓[/] {child.name} ready at {child.url} "
-                      f"({time.monotonic() - started:.1f} s)")
+        notices.say(f"[green]✓[/] {child.name} ready at {child.url} "
+                    f"({time.monotonic() - started:.1f} s)")
 
     # --- running: restart what dies -----------------------------------------------------------
 
@@ -275,8 +277,8 @@ class Supervisor:
                         return crash_loop
                 elif child.recovering_since is not None:
                     if probe_ok(child.probe):
-                        console.print(f"[green]✓[/] {child.name} ready again at {child.url} "
-                                      f"({now - child.recovering_since:.1f} s)")
+                        notices.say(f"[green]✓[/] {child.name} ready again at {child.url} "
+                                    f"({now - child.recovering_since:.1f} s)")
                         child.recovering_since = None
                         child.healthy_at = now
                 else:
@@ -293,8 +295,8 @@ class Supervisor:
         assert child.proc is not None
         if child.terminated_at is not None:
             if now - child.terminated_at >= self.stop_timeout_s:
-                err_console.print(f"{child.name} did not stop in time: killing it",
-                                  style="yellow", highlight=False)
+                notices.say(f"{child.name} did not stop in time: killing it", err=True,
+                            level=logging.WARNING, style="yellow", highlight=False)
                 child.proc.kill()
                 child.terminated_at = now  # do not kill again while it goes
             return
@@ -308,9 +310,10 @@ class Supervisor:
             if child.unhealthy_since is None:
                 child.unhealthy_since = now
             elif now - child.unhealthy_since >= UNHEALTHY_RESTART_S:
-                err_console.print(f"{child.name} unhealthy for {now - child.unhealthy_since:.0f}"
-                                  f" s ({why}): stopping it to restart it", style="yellow",
-                                  highlight=False, soft_wrap=True)
+                notices.say(f"{child.name} unhealthy for {now - child.unhealthy_since:.0f}"
+                            f" s ({why}): stopping it to restart it", err=True, markup=False,
+                            level=logging.WARNING, style="yellow", highlight=False,
+                            soft_wrap=True)
                 child.proc.send_signal(signal.SIGTERM)
                 child.terminated_at = now
 
@@ -328,8 +331,9 @@ class Supervisor:
         delay = min(MAX_BACKOFF_S, RESTART_BACKOFF_S * 2 ** max(0, len(child.deaths) - 1))
         child.restart_at = now + delay
         if delay >= 1:
-            err_console.print(f"{child.name} exited {child.how}; restarting in {delay:.0f} s "
-                              f"(log: {child.log_path})", style="yellow", highlight=False)
+            notices.say(f"{child.name} exited {child.how}; restarting in {delay:.0f} s "
+                        f"(log: {child.log_path})", err=True, level=logging.WARNING,
+                        style="yellow", highlight=False)
         return None
 
     def _restart(self, child: Child) -> None:
@@ -337,12 +341,17 @@ class Supervisor:
         child.restarts += 1
         self._spawn(child, f"restarting ({ordinal(child.restarts)} time)")
         child.recovering_since = time.monotonic()
-        err_console.print(f"{child.name} exited {child.how}; restarted "
-                          f"({ordinal(child.restarts)} time)", style="yellow", highlight=False)
+        notices.say(f"{child.name} exited {child.how}; restarted "
+                    f"({ordinal(child.restarts)} time)", err=True, level=logging.WARNING,
+                    style="yellow", highlight=False)
 
     def report_death(self, child: Child, what: str | None = None) -> None:
         code = child.proc.returncode if child.proc is not None else None
         status = what or f"exited {describe_status(code)}"
+        if notices.json_on():  # one line, the log's tail in a field
+            notices.say(f"{child.name} {status}", level=logging.ERROR, markup=False,
+                        fields={"log": str(child.log_path), "log_tail": child.tail()})
+            return
         err_console.print(f"[bold red]{child.name} {status}[/]; last lines of {child.log_path}:")
         for line in child.tail():
             err_console.print("  " + line, markup=False, highlight=False, style="dim",
@@ -362,10 +371,11 @@ class Supervisor:
             while proc.poll() is None and time.monotonic() < deadline and not self.force:
                 time.sleep(POLL_S / 2)
             if proc.poll() is None:
-                err_console.print(f"{child.name} did not stop in time: killing it")
+                notices.say(f"{child.name} did not stop in time: killing it", err=True,
+                            level=logging.WARNING)
                 proc.kill()
             proc.wait()
-            console.print(f"stopped {child.name} {describe_status(proc.returncode)}")
+            notices.say(f"stopped {child.name} {describe_status(proc.returncode)}")
         self.children.clear()
 
     def endpoints_table(self) -> Table:

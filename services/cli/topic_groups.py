@@ -86,7 +86,7 @@ def read_topic(client: httpx.Client, group: Group, topic: str) -> dict[str, Any]
     try:
         found: dict[str, Any] = answer(resp)
     except CliError as exc:
-        raise CliError(f"{group.name}: {exc.message}") from None
+        raise CliError(f"{group.name}: {exc.message}", code=exc.code) from None
     return found
 
 

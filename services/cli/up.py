@@ -20,6 +20,7 @@ The cluster token is ``TIDEMQ_TOKEN`` when set, else the one kept in ``<data-dir
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -32,6 +33,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from services.cli import notices
 from services.cli.acl import prepare_acl
 from services.cli.certs import ensure_dev_pki
 from services.cli.plan import (
@@ -52,7 +54,7 @@ from services.cli.plan import (
     with_etcd,
 )
 from services.cli.preflight import DataDirLock, check_ports, port_in_use
-from services.cli.rest import CliError, console, err_console, reports_errors
+from services.cli.rest import CliError, console, reports_errors
 from services.cli.supervisor import (
     DUPLICATE_SIGNAL_S,
     POLL_S,
@@ -64,6 +66,7 @@ from services.cli.supervisor import (
 from services.common.auth.client import service_auth, use_account
 from services.common.auth.policy import PolicyError
 from services.common.constants import WILDCARD_HOSTS
+from services.common.logs import format_from_env
 from services.common.tls import client_context, use_ca_bundle
 
 __all__ = ["DUPLICATE_SIGNAL_S", "Supervisor", "up"]
@@ -138,7 +141,7 @@ def wait_registered(sup: Supervisor, nameservers: list[str], groups: list[str]) 
     deadline = time.monotonic() + sup.start_timeout_s
     missing: dict[str, list[str]] = {}
     with (httpx.Client(timeout=1.0, verify=client_context(), auth=service_auth()) as client,
-          console.status("brokers registering …")):
+          notices.status("brokers registering …")):
         while time.monotonic() < deadline:
             if sup.stop_requested:
                 raise Interrupted
@@ -155,8 +158,9 @@ def wait_registered(sup: Supervisor, nameservers: list[str], groups: list[str]) 
                 return
             time.sleep(POLL_S)
     for url, names in missing.items():
-        err_console.print(f"{', '.join(names)} not registered with {url} after "
-                          f"{sup.start_timeout_s:.0f} s: see the broker logs", style="yellow")
+        notices.say(f"{', '.join(names)} not registered with {url} after "
+                    f"{sup.start_timeout_s:.0f} s: see the broker logs", err=True,
+                    level=logging.WARNING, style="yellow")
 
 
 def _port_option(what: str) -> Any:
@@ -252,6 +256,11 @@ def up(
 ) -> None:
     """Start Redis and every service locally, print the endpoints, and keep them running
     (a service that dies is restarted) until Ctrl-C."""
+    try:
+        if format_from_env(os.environ) == "json":
+            notices.use_json()  # our notices and (inherited) the children's logs
+    except ValueError as exc:
+        raise CliError(f"CONFIG: {exc}") from None
     skipped = frozenset(skip or [])
     unknown = sorted(skipped - set(SERVICE_ORDER))
     if unknown:
@@ -268,9 +277,9 @@ def up(
         if grpc_port is None and grpc and "broker" not in skipped:
             for i in range(groups):
                 if port_in_use(host, grpc + i):
-                    err_console.print(f"port {grpc + i} is in use: {group_name(i)} starts "
-                                      "without its gRPC door (choose a free port with "
-                                      "--grpc-port)")
+                    notices.say(f"port {grpc + i} is in use: {group_name(i)} starts "
+                                "without its gRPC door (choose a free port with "
+                                "--grpc-port)", err=True, level=logging.WARNING)
                     grpc_off.add(i)
         opts = UpOptions(data_dir=data_dir, host=host, advertise_host=advertise_host,
                          cluster=cluster,
@@ -321,24 +330,28 @@ def up(
         if {"nameserver", "broker"} <= kinds:
             wait_registered(sup, opts.nameserver_urls(),
                             [group_name(i) for i in range(groups)])
-        console.print(sup.endpoints_table())
+        if notices.json_on():
+            notices.say(f"tidemq is up (logs in {sup.log_dir})", fields={"endpoints": {
+                child.name: child.url for child in sup.children}})
+        else:
+            console.print(sup.endpoints_table())
         if "nameserver" in kinds:
-            console.print(f"nameservers {','.join(opts.nameserver_urls())} (clients: "
-                          "--nameserver or TIDEMQ_NAMESERVER_URL)", highlight=False)
+            notices.say(f"nameservers {','.join(opts.nameserver_urls())} (clients: "
+                        "--nameserver or TIDEMQ_NAMESERVER_URL)", highlight=False)
         if ca_line:
-            console.print(ca_line, highlight=False)
+            notices.say(ca_line, highlight=False)
         if acl_setup is not None:
-            console.print(f"ACL on: accounts from {acl_setup.files} (clients sign with "
-                          "TIDEMQ_ACCESS_KEY / TIDEMQ_SECRET_KEY)", highlight=False)
-        console.print(f"cluster token [bold]{token}[/] ({token_origin}) · "
-                      "Ctrl-C stops everything")
+            notices.say(f"ACL on: accounts from {acl_setup.files} (clients sign with "
+                        "TIDEMQ_ACCESS_KEY / TIDEMQ_SECRET_KEY)", highlight=False)
+        notices.say(f"cluster token [bold]{token}[/] ({token_origin}) · "
+                    "Ctrl-C stops everything")
         crash_loop = sup.supervise()
     except Interrupted:
-        err_console.print("stop requested while starting")
+        notices.say("stop requested while starting", err=True)
     finally:
         if sup.children:
-            err_console.print(f"stopping … (a Ctrl-C {DUPLICATE_SIGNAL_S:.0f} s or more from "
-                              "now kills whatever is still running)")
+            notices.say(f"stopping … (a Ctrl-C {DUPLICATE_SIGNAL_S:.0f} s or more from "
+                        "now kills whatever is still running)", err=True)
         sup.stop_all()
         sup.restore_signal_handlers()
         lock.release()

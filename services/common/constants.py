@@ -199,3 +199,10 @@ def checker_progress_key(cluster: str, broker_name: str) -> str:
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 # names of this host only: the web console without ACL binds and answers on nothing else
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+# --- logs (services/common/logs.py) ------------------------------------------------------------
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")  # a service's ..._LOG_LEVEL
+LOG_FORMAT_ENV = "TIDEMQ_LOG_FORMAT"  # every service's and `tidemq up`'s log format
+LOG_FORMATS = ("text", "json")  # text (the default): one readable line; json: one object a line
+# A request's id in JSON logs: this header's value when the client sends one, else a new one.
+REQUEST_ID_HEADER = "X-Request-Id"

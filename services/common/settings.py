@@ -5,17 +5,22 @@ from __future__ import annotations
 from typing import Annotated, Self
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.common.constants import BROKER_PORT, WILDCARD_HOSTS
+from services.common.constants import BROKER_PORT, LOG_FORMAT_ENV, WILDCARD_HOSTS
 from services.common.discovery import BrokerResolver, split_urls
+from services.common.logs import check_format, check_level
 from services.common.redis import validate_redis_url
 from services.common.tls import ServerTls, scheme, server_tls
 
 # redis://host:port/db, or redis+sentinel://host1:26379,host2:26379/master-name/db (see
 # services/common/redis.py and docs/operations.md)
 RedisUrl = Annotated[str, AfterValidator(validate_redis_url)]
+# critical, error, warning, info or debug (any case); anything else stops the service at start
+LogLevel = Annotated[str, BeforeValidator(check_level)]
+# text or json (services/common/logs.py)
+LogFormat = Annotated[str, BeforeValidator(check_format)]
 
 
 class ServiceSettings(BaseSettings):
@@ -35,7 +40,9 @@ class ServiceSettings(BaseSettings):
     acl_file: str = ""
     access_key: str = ""  # this service's account, signing its calls to the others ("" = none)
     secret_key: str = ""  # that account's secret key
-    log_level: str = "info"
+    log_level: LogLevel = "info"
+    # log line format, text or json: one variable for every service, TIDEMQ_LOG_FORMAT
+    log_format: LogFormat = Field(default="text", validation_alias=LOG_FORMAT_ENV)
     # HTTPS (and TLS on a broker's gRPC door) with this certificate chain and private key (PEM
     # files; both or neither; "" = plain HTTP). Clients verify it against TIDEMQ_TLS_CA.
     tls_cert: str = ""

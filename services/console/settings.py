@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Self
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -14,7 +14,7 @@ from services.common.constants import (
     NAMESERVER_PORT,
 )
 from services.common.discovery import split_urls
-from services.common.settings import ServiceSettings
+from services.common.settings import LogLevel, ServiceSettings
 
 
 class ConsoleSettings(ServiceSettings):
@@ -33,7 +33,7 @@ class ConsoleSettings(ServiceSettings):
     # how often the brokers' /metrics and every group's lag are sampled (s): rates, lag history
     sample_interval_s: float = Field(default=10.0, gt=0)
     history_samples: int = Field(default=360, ge=2, le=100_000)  # lag samples kept per group
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: LogLevel = "info"
     # a browser session (and its sign-in, ACL on) lasts this long (s)
     session_ttl_s: float = Field(default=CONSOLE_SESSION_TTL_S, gt=0)
 

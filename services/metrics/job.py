@@ -45,6 +45,7 @@ from services.common.constants import (
     METRICS_TRIGGER_INTERVAL_S,
 )
 from services.common.files import write_atomic
+from services.common.logs import format_from_env, setup_logging
 from services.metrics.aggregate import aggregate, to_rollup
 from services.metrics.exposition import BatchInfo, render
 from services.metrics.liveness import Liveness, liveness_path
@@ -270,8 +271,12 @@ def parse_args(argv: list[str] | None) -> tuple[JobConfig, SessionConfig]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)-5s %(name)s: %(message)s")
+    try:
+        log_format = format_from_env(os.environ)
+    except ValueError as exc:
+        print(f"metrics job: bad setting: {exc}", file=sys.stderr, flush=True)
+        return 2
+    setup_logging("info", log_format, "metrics-job")
     job, session = parse_args(argv)
     spark = build_session(session)
     writer = ExpositionWriter(job.output)

@@ -17,7 +17,7 @@ from services.common.constants import (
     METRICS_STALE_AFTER_S,
     METRICS_TRIGGER_INTERVAL_S,
 )
-from services.common.settings import ServiceSettings
+from services.common.settings import LogLevel, ServiceSettings
 from services.metrics.job import JobConfig, SessionConfig
 
 
@@ -49,7 +49,7 @@ class MetricsSettings(ServiceSettings):
     restart_delay_s: float = Field(default=10.0, gt=0)  # wait before restarting a failed query
     exposition_file: str = METRICS_EXPOSITION_FILE  # under data_dir
 
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: LogLevel = "info"
 
     @property
     def exposition_path(self) -> Path:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from services.common.runner import serve
+from services.common.runner import serve, settings_or_exit
 from services.nameserver.app import build_app
 from services.nameserver.settings import NameserverSettings
 
 
 def main() -> None:
-    settings = NameserverSettings()
+    settings = settings_or_exit(NameserverSettings, "nameserver")
     serve(build_app(settings), settings.host, settings.port, settings.log_level,
-          settings.server_tls())
+          settings.server_tls(), settings.log_format, "nameserver")
 
 
 if __name__ == "__main__":

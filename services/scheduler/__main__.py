@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.runner import serve
+from services.common.runner import serve, settings_or_exit
 from services.scheduler.app import create_scheduler_app
 from services.scheduler.memory import pin_mmap_threshold
 from services.scheduler.settings import SchedulerSettings
@@ -10,9 +10,9 @@ from services.scheduler.settings import SchedulerSettings
 
 def main() -> None:
     pin_mmap_threshold()  # before any large buffer exists
-    settings = SchedulerSettings()
+    settings = settings_or_exit(SchedulerSettings, "scheduler")
     serve(create_scheduler_app(settings), settings.host, settings.port, settings.log_level,
-          settings.server_tls())
+          settings.server_tls(), settings.log_format, "scheduler")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,12 @@ broker's (``TIDEMQ_BROKER_DELAY_LEVELS``): the scheduler reads it from the broke
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.constants import SCHEDULER_PORT
-from services.common.settings import GroupServiceSettings, RedisUrl
+from services.common.settings import GroupServiceSettings, LogLevel, RedisUrl
 
 MiB = 1024 * 1024
 
@@ -56,7 +55,7 @@ class SchedulerSettings(GroupServiceSettings):
     clock_offset_ms: int = Field(default=0, ge=0)  # the scheduler's clock runs this far ahead
     test_clock: bool = False  # allow POST /internal/v1/clock to move the clock forward
 
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: LogLevel = "info"
 
     @model_validator(mode="after")
     def _validate_tick(self) -> SchedulerSettings:

@@ -100,18 +100,18 @@ def test_nameserver_url_from_environment(runner: CliRunner, nameserver: ServiceP
 
 
 @pytest.mark.integration
-def test_server_error_is_code_and_message_with_exit_1(runner: CliRunner,
-                                                      nameserver: ServiceProcess) -> None:
+def test_server_error_is_code_and_message_with_its_exit_status(
+        runner: CliRunner, nameserver: ServiceProcess) -> None:
     # The nameserver has no /v1/messages/...: it answers {code, message} like any service.
     result = runner.invoke(app, ["--broker", nameserver.url, "query", "--id", "x"], env=WIDE)
-    assert result.exit_code == 1
+    assert result.exit_code == 3  # not found
     assert "NOT_FOUND: no such endpoint" in result.stderr
 
 
-def test_unreachable_service_is_unavailable_with_exit_1(runner: CliRunner) -> None:
+def test_unreachable_service_is_unavailable_with_exit_5(runner: CliRunner) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     result = runner.invoke(app, ["--nameserver", dead, "cluster"], env=WIDE)
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert result.stderr.startswith("UNAVAILABLE: cannot reach")
 
 

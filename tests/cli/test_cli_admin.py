@@ -78,7 +78,7 @@ def test_help_lists_the_new_commands(cli: Cli) -> None:
 
 def test_unknown_topic_hint_names_the_command(cli: Cli) -> None:
     missing = unique("missing")
-    err = cli.run("send", missing, "hello", code=1).stderr
+    err = cli.run("send", missing, "hello", code=3).stderr
     assert "TOPIC_NOT_FOUND" in err and f"tidemq topic create {missing}" in err
     assert "PUT /v1/topics" not in err
 
@@ -94,9 +94,9 @@ def test_topic_delete(cli: Cli, broker: BrokerHandle, nameserver: ServiceProcess
         {"broker_name": "broker-a", "address": broker.url, "result": "deleted", "queues": 2}]}
     assert topic not in cli.run("topic", "list").stdout
     assert topic not in cli.run("cluster").stdout  # left the nameserver's routes at once
-    err = cli.run("topic", "delete", topic, "--yes", code=1).stderr
+    err = cli.run("topic", "delete", topic, "--yes", code=3).stderr
     assert "TOPIC_NOT_FOUND" in err
-    err = cli.run("topic", "delete", "%DLQ%g", "--yes", code=1).stderr
+    err = cli.run("topic", "delete", "%DLQ%g", "--yes", code=4).stderr
     assert "FORBIDDEN_SYSTEM_TOPIC" in err
 
 
@@ -158,7 +158,7 @@ def test_tx_end_commits_or_rolls_back(cli: Cli, broker: BrokerHandle) -> None:
     assert states == {to_commit["message_id"]: "committed", to_drop["message_id"]: "rolled_back"}
     assert [m["body"] for m in broker.pull(topic, 0)["messages"]] == ["yes"]
     err = cli.run("tx", "end", to_drop["transaction_id"], "--action", "commit", "-g", group,
-                  code=1).stderr
+                  code=4).stderr
     assert "TRANSACTION_ALREADY_ENDED" in err
 
 
@@ -189,10 +189,10 @@ def test_dlq_resend(cli: Cli, broker: BrokerHandle) -> None:
 
     table = cli.run("dlq", "resend", group, "--message-id", second).stdout
     assert f"%DLQ%{group}: 0 resent, 0 failed, 1 resent before (not again)" in table
-    err = cli.run("dlq", "resend", group, "--message-id", "nope", code=1).stderr
+    err = cli.run("dlq", "resend", group, "--message-id", "nope", code=3).stderr
     assert "MESSAGE_NOT_FOUND" in err
     assert "--message-id ID or --all" in cli.run("dlq", "resend", group, code=2).stderr
-    assert "TOPIC_NOT_FOUND" in cli.run("dlq", "resend", unique("G"), "--all", code=1).stderr
+    assert "TOPIC_NOT_FOUND" in cli.run("dlq", "resend", unique("G"), "--all", code=3).stderr
 
 
 def test_dlq_resend_reports_a_failure_and_keeps_the_offset(cli: Cli,

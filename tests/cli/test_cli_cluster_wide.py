@@ -66,7 +66,7 @@ def test_topic_list_and_show_cover_every_group(two: Two) -> None:
     assert shown["groups"][0]["offsets"][1]["max"] == 1
     table = two.cli("topic", "show", both)
     assert table.count("broker-a (2q rw)") == 2 and table.count("broker-b (2q rw)") == 2
-    two.cli("topic", "show", unique("None"), code=1)
+    two.cli("topic", "show", unique("None"), code=3)
 
 
 def test_bench_topic_loads_every_group_of_the_route(two: Two) -> None:

@@ -101,7 +101,7 @@ def test_topic_create_update_delete_across_groups(cluster: TwoByTwo) -> None:
     assert again.count("unchanged") == 2
 
     refused = " ".join(cli(cluster, "topic", "create", topic, "--queues", "2",
-                           code=1).stderr.split())  # one line, however the console wraps
+                           code=4).stderr.split())  # one line, however the console wraps
     assert "TOPIC_EXISTS" in refused and f"tidemq topic update {topic} --queues 2" in refused
     assert route(cluster.nameservers[0], topic) == {"broker-a": 4, "broker-b": 4}
 
@@ -121,7 +121,7 @@ def test_topic_create_update_delete_across_groups(cluster: TwoByTwo) -> None:
     for url in cluster.nameservers:
         assert route(url, topic) == {}
     assert "TOPIC_NOT_FOUND" in cli(cluster, "topic", "delete", topic, "--yes",
-                                    code=1).stderr
+                                    code=3).stderr
 
 
 def test_group_option_and_a_dead_first_nameserver(cluster: TwoByTwo) -> None:

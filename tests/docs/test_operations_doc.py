@@ -9,9 +9,11 @@ import re
 
 from pydantic_settings import BaseSettings
 from tidemq._constants import TLS_CA_ENV
+from tidemq.protocol.signing import ACCESS_KEY_ENV, SECRET_KEY_ENV
 
 from services.broker.settings import BrokerSettings
 from services.checker.settings import CheckerSettings
+from services.cli.config import CLI_VARIABLES
 from services.common import constants
 from services.common.settings import ServiceSettings
 from services.console.settings import ConsoleSettings
@@ -23,7 +25,10 @@ from tests.support.procs import REPO
 DOC = (REPO / "docs" / "operations.md").read_text()
 SERVICES: list[type[BaseSettings]] = [NameserverSettings, BrokerSettings, CheckerSettings,
                                       SchedulerSettings, MetricsSettings, ConsoleSettings]
-COMMON = set(ServiceSettings.model_fields)  # documented once, as `…HOST` etc.
+# a common setting read under one variable for every service (TIDEMQ_LOG_FORMAT): as is
+ALIASED = {name: str(f.validation_alias) for name, f in ServiceSettings.model_fields.items()
+           if isinstance(f.validation_alias, str)}
+COMMON = set(ServiceSettings.model_fields) - set(ALIASED)  # documented once, as `…HOST` etc.
 VARIABLE = re.compile(r"`(TIDEMQ_[A-Z]+_[A-Z0-9_]+)`")
 
 
@@ -31,7 +36,7 @@ def env_vars() -> set[str]:
     out = set()
     for cls in SERVICES:
         prefix = str(cls.model_config["env_prefix"])
-        out |= {prefix + name.upper() for name in cls.model_fields}
+        out |= {ALIASED.get(name, prefix + name.upper()) for name in cls.model_fields}
     return out
 
 
@@ -41,10 +46,13 @@ def test_every_setting_is_documented() -> None:
     assert not missing, "settings missing from docs/operations.md: " + ", ".join(missing)
     for field in COMMON:
         assert f"`…{field.upper()}`" in DOC, f"common setting {field} is not documented"
+    for variable in ALIASED.values():
+        assert f"`{variable}`" in DOC, f"common setting {variable} is not documented"
 
 
 def test_every_documented_variable_is_read_by_a_service() -> None:
     known = env_vars() | {TLS_CA_ENV}  # read by every client in a process (the SDK)
+    known |= {*CLI_VARIABLES, ACCESS_KEY_ENV, SECRET_KEY_ENV}  # the CLI's
     stale = sorted(v for v in set(VARIABLE.findall(DOC)) if v not in known)
     assert not stale, "docs/operations.md names variables no service reads: " + ", ".join(stale)
 

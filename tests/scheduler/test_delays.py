@@ -215,4 +215,4 @@ def test_cli_delay_list_and_cancel(cluster: DelayCluster) -> None:
     cancelled = runner.invoke(app, [*base, "delay", "cancel", mid])
     assert cancelled.exit_code == 0 and "cancelled" in cancelled.stdout
     missing = runner.invoke(app, [*base, "delay", "cancel", unique("nope")])
-    assert missing.exit_code == 1 and "MESSAGE_NOT_FOUND" in missing.output
+    assert missing.exit_code == 3 and "MESSAGE_NOT_FOUND" in missing.output

@@ -37,6 +37,7 @@ from services.broker.store.batches import Batch
 from services.broker.store.entry import store_properties
 from services.broker.store.types import MessageRecord, PutStatus
 from services.common.clock import now_ms
+from services.common.logs import ids_wanted, note_message_ids
 
 if TYPE_CHECKING:
     from services.broker.messaging.send import SendService
@@ -76,6 +77,8 @@ class BatchIntake:
         sender = self.sender
         cfg = await sender.writable_topic(topic)
         summaries = self.parse(topic, raw, cfg.queues)
+        if ids_wanted():  # JSON log lines name the messages sent
+            note_message_ids([mid for s in summaries for mid in s.message_ids])
         now = now_ms()
         keys = self._fresh_keys(topic, summaries, now)
         if keys is None:

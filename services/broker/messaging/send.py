@@ -45,6 +45,7 @@ from services.broker.store.types import (
     StoredRecord,
 )
 from services.common.clock import now_ms
+from services.common.logs import note_message_ids
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,7 @@ class SendService:
             records.append(record)
             ids.append(mid)
             given.append(msg.message_id is not None)
+        note_message_ids(ids)  # for JSON log lines; nothing with text logs
         repeated: set[int] = set()
         placed = await self.put_records(records, given, now, repeated)
         return self.results(ids, placed, repeated, topic)
