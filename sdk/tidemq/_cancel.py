@@ -35,6 +35,7 @@ from tidemq._exceptions import (
 )
 from tidemq._http import NO_RETRY, HttpClient, url
 from tidemq._message import validate_topic
+from tidemq._retry import gave_up
 from tidemq._routes import BrokerRoute, RouteTable
 from tidemq.protocol import ErrorCode
 
@@ -84,7 +85,10 @@ class DelayedCancel:
         attempt = 0
         while True:
             attempt += 1
-            route = await self._routes.get(topic)
+            # a topic whose only broker restarts is waited for, within the deadline
+            give_up_at = started + (policy.deadline_s if policy.deadline_s is not None
+                                    else float("inf"))
+            route = await self._routes.known_route(topic, give_up_at)
             failed: list[TidemqError] = []
             for group in _ordered(route.brokers, broker_name):
                 if group.broker_name in absent:
@@ -110,9 +114,9 @@ class DelayedCancel:
             last = failed[-1]
             pause = policy.backoff_s(attempt, getattr(last, "retry_after", None))
             elapsed = time.monotonic() - started
-            if attempt >= policy.max_attempts or (
-                    policy.deadline_s is not None and elapsed + pause > policy.deadline_s):
-                raise last
+            why = policy.exhausted(attempt, elapsed, pause)
+            if why is not None:
+                raise gave_up(last, attempt, elapsed, why)
             self._routes.invalidate(topic)  # a failover names the group's new primary
             await asyncio.sleep(pause)
 

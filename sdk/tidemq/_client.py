@@ -3,22 +3,47 @@
 A client builds its HTTP client, route table and broker health with ``_connect``. ``close``
 runs once: the client's own ``_shutdown`` (finishing its work, bounded), then the connections
 are released even when that failed. ``async with client`` starts it and closes it on the way out.
+
+The senders (``Producer``, ``TransactionProducer``) share the retry step of a failed send here
+(``_send_failed``, ``_retarget``, ``_give_up_at``): ``tidemq._fault`` decides, this wires it to
+the route table (route refresh, following a named primary). Any other idempotent call to the
+brokers of a topic (e.g. cancelling a delayed message) goes through ``_retry_call``: one attempt
+per route, retried with back-off until the policy's one deadline, the route asked for again
+after a failure that may mean it changed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from tidemq._auth import Credentials
 from tidemq._constants import BROKER_BACKOFF_INITIAL_S
-from tidemq._exceptions import ConfigurationError
-from tidemq._fault import BrokerHealth
-from tidemq._http import HttpClient, RetryPolicy, Transport
-from tidemq._routes import RouteTable
+from tidemq._exceptions import (
+    ConfigurationError,
+    NotEnoughReplicasError,
+    NotPrimaryError,
+    TidemqError,
+    TransportError,
+)
+from tidemq._fault import BrokerHealth, SendAttempts, Step, electing, primary_hint
+from tidemq._http import HttpClient, Transport
+from tidemq._retry import RetryPolicy, gave_up
+from tidemq._routes import MessageQueue, RouteTable, TopicRoute
 from tidemq._validate import Endpoints, endpoints
+
+log = logging.getLogger("tidemq.client")
+
+
+T = TypeVar("T")
+
+#: failures after which a call asks for its topic's route again: the broker may be gone or moved
+_ROUTE_MAY_HAVE_CHANGED = (TransportError, NotPrimaryError, NotEnoughReplicasError)
 
 
 class Client(ABC):
@@ -60,6 +85,67 @@ class Client(ABC):
                                   refresh_interval_s=route_refresh_s)
         self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S, max_s=backoff_max_s,
                                     probe_timeout_s=request_timeout_s)
+
+    def _give_up_at(self, started: float) -> float:
+        """When a call that began at ``started`` (``time.monotonic()``) stops retrying."""
+        deadline = self._http.retry.deadline_s
+        return started + deadline if deadline is not None else float("inf")
+
+    async def _send_failed(self, topic: str, route: TopicRoute, broker_name: str,
+                           attempts: SendAttempts, exc: TidemqError) -> Step:
+        """A send to group ``broker_name`` failed: what to do next (``tidemq._fault``). An
+        electing group's route is asked for again (the nameservers name the new primary), and a
+        NOT_PRIMARY answer naming a primary the route knows is followed at once."""
+        replicated = route.replicated(broker_name)
+        if electing(exc, replicated):
+            self._routes.invalidate(topic)
+        hint = primary_hint(exc)
+        moved = hint is not None and self._routes.follow_primary(topic, broker_name, hint)
+        return await attempts.after_failure(exc, broker_name, route.write_groups(),
+                                            replicated=replicated, moved=moved)
+
+    async def _retry_call(self, topic: str, request: Callable[[TopicRoute], Awaitable[T]], *,
+                          what: str, group: str | None = None) -> T:
+        """An idempotent call to the brokers of ``topic`` that is not a send (e.g. a cancel):
+        ``request(route)`` makes ONE attempt (``retry=NO_RETRY``) against the broker it picks
+        from the topic's current route; a retriable failure is retried with the policy's
+        back-off (capped at about a second, jittered) until its one deadline, the route asked
+        for again after a failure that may mean the broker is gone or moved. With ``group``
+        (the broker group the call is for), a NOT_PRIMARY answer naming a primary the route
+        knows is followed at once (``_retarget`` gives the group's current address). The error
+        that ends it says how many attempts over how long (``gave_up``); ``what`` names the call
+        in the debug log."""
+        policy = self._http.retry
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            route = await self._routes.known_route(topic, self._give_up_at(started))
+            try:
+                return await request(route)
+            except TidemqError as exc:
+                elapsed = time.monotonic() - started
+                if not exc.retriable:
+                    gave_up(exc, attempt, elapsed)
+                    raise
+                pause = policy.backoff_s(attempt, getattr(exc, "retry_after", None))
+                why = policy.exhausted(attempt, elapsed, pause)
+                if why is not None:
+                    gave_up(exc, attempt, elapsed, why)
+                    raise
+                hint = primary_hint(exc) if group is not None else None
+                if hint is not None and group is not None \
+                        and self._routes.follow_primary(topic, group, hint):
+                    pause = 0.0  # the new primary is known: no need to wait
+                elif isinstance(exc, _ROUTE_MAY_HAVE_CHANGED):
+                    self._routes.invalidate(topic)
+                log.debug("%s failed (attempt %d): %s; again in %.3fs", what, attempt, exc, pause)
+                await asyncio.sleep(pause)
+
+    @staticmethod
+    def _retarget(route: TopicRoute, queue: MessageQueue) -> MessageQueue:
+        """``queue`` again (``Step.SAME``), at its group's current writable address."""
+        return route.writable_queue(queue.broker_name, queue.queue_id) or queue
 
     @abstractmethod
     async def start(self) -> Self:

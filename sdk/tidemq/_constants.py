@@ -24,6 +24,20 @@ ROUTE_REFRESH_INTERVAL_S = 30.0  # cached topic routes are refreshed this often
 TLS_CA_ENV = "TIDEMQ_TLS_CA"
 
 REQUEST_TIMEOUT_S = 10.0  # one plain HTTP request, connect to last byte
+
+# The retry policy's defaults (``RetryPolicy``): a retriable failure (no connection, a lost
+# answer, 503 BUSY / UNAVAILABLE / NOT_PRIMARY / NOT_ENOUGH_REPLICAS / DISK_FULL, 500) is retried
+# until one deadline, not a count of attempts: a broker restart or a primary election (a few
+# seconds) never reaches the application.
+RETRY_DEADLINE_S = 30.0  # no attempt starts later than this after the call began (s)
+RETRY_INITIAL_BACKOFF_S = 0.05  # pause after the first failure (s), doubling per failure...
+RETRY_MAX_BACKOFF_S = 1.0  # ... up to this (s); half of each pause is drawn at random (jitter)
+RETRY_MAX_RETRY_AFTER_S = 30.0  # a server's Retry-After is honoured up to this (s)
+# A send whose answer was lost (it may be stored) is retried on the same broker group, while that
+# group keeps answering that way (slow, resets, 5xx; not "connection refused"), this long before
+# it may move to another group (where a second copy could then be stored); at most half the
+# deadline (s)
+MAYBE_STORED_STICK_S = 10.0
 # One client's HTTP connection pool (connections). Every held long poll takes a connection, so
 # the cap must exceed a consumer's queues. Note: httpcore 1.0 closes an idle connection whenever
 # the pool holds more connections *in all* than the keep-alive figure (it counts all, not idle

@@ -65,9 +65,15 @@ _RETRIABLE_STATUSES = frozenset({502, 503, 504})
 
 
 class TidemqError(Exception):
-    """Root of every exception raised by the tidemq SDK."""
+    """Root of every exception raised by the tidemq SDK.
+
+    ``attempts`` and ``elapsed_s``: when the SDK retried the call before giving up, how many
+    attempts it made and over how long (the message says it too); 1 and 0.0 otherwise.
+    """
 
     retriable: bool = False
+    attempts: int = 1
+    elapsed_s: float = 0.0
 
 
 class ConfigurationError(TidemqError, ValueError):

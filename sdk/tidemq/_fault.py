@@ -13,31 +13,45 @@ others keep avoiding the broker. A success forgets everything.
   unavailable, disk full) or does not have the topic: try another group at once;
 - it may have been stored — the request was sent and the answer was lost (timeout, reset,
   500/502/504): send it to the *same* broker once more right away. The broker answers a repeated
-  ``message_id`` with the first result, so a message that was stored is not stored again. Only
-  when that retry fails too does the message move to another group: the one case where two
-  groups may each hold a copy (``uncertain``);
+  ``message_id`` with the first result (within its dedup window, across its restarts), so a
+  message that was stored is not stored again. While the group keeps failing that way (it is
+  alive but slow or erring: timeouts, resets, 5xx), the send keeps to it (at its current
+  primary, with back-off) for ``MAYBE_STORED_STICK_S`` (at most half the deadline) before it may
+  move. When the group stops taking connections (its process is down: killed, or restarting
+  for seconds or for good) the send moves to another group at once, for availability: the one
+  case where two groups may each hold a copy (``uncertain``, counted by the producers in
+  ``possible_duplicates``). That residual risk needs a group that stored the message, lost the
+  answer and then refused connections: a crash (SIGKILL) with that send in flight; a graceful
+  stop (SIGTERM) answers what it took first. With one group nothing moves, so nothing is
+  stored twice: the retries meet the restarted broker's dedup;
 - a pinned send (explicit queue id, or a sharding key without ``ordered_failover``) never moves:
-  it is retried on its own queue with back-off until attempts or the deadline run out;
+  it is retried on its own queue with back-off until the deadline;
 - an answer that is final for that broker (disk full, topic missing) moves a send to another
-  group, and is raised when there is none;
-- when every group has failed this send, pause (the retry policy's back-off, honouring
-  ``Retry-After``) and start over; ``max_attempts`` and ``deadline_s`` bound it all;
+  group, and is raised when there is none: a full disk with nothing deletable needs an operator,
+  not 30 s of retries, so DISK_FULL stays not retriable (the application hears of it at once);
+- when every group has failed this send, pause (the retry policy's back-off, capped at about a
+  second, honouring ``Retry-After``) and start over, until the policy's one deadline, measured
+  from the send's first attempt (``max_attempts``, None by default, may bound it further);
 - a failure that means "this group is replacing its primary" (``electing``: the group has
   replicas and its primary cannot be reached, or it answers NOT_PRIMARY / NOT_ENOUGH_REPLICAS)
   is waited out: the send polls for the new primary every ``PRIMARY_WAIT_POLL_S`` until the
-  deadline, whatever ``max_attempts`` says.
+  deadline, whatever ``max_attempts`` says. A NOT_PRIMARY answer naming a primary the route
+  knows (``primary_hint``) is followed at once (``moved``), without waiting for the nameservers.
+
+The error a send finally raises says how many attempts it made over how long (``gave_up``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import Enum
 
-from tidemq._constants import PRIMARY_WAIT_POLL_S
+from tidemq._constants import MAYBE_STORED_STICK_S, PRIMARY_WAIT_POLL_S
 from tidemq._exceptions import (
     NotEnoughReplicasError,
     NotPrimaryError,
@@ -46,11 +60,14 @@ from tidemq._exceptions import (
     TopicNotFoundError,
     TransportError,
 )
-from tidemq._http import RetryPolicy
+from tidemq._retry import RetryPolicy, gave_up
 
 log = logging.getLogger("tidemq.fault")
 
 _UNAVAILABLE_STATUS = 503  # busy, unavailable or disk full: refused, nothing stored
+# a replica's NOT_PRIMARY message names its group's primary (services/broker/replication/role.py)
+_PRIMARY_IS = re.compile(r"the primary is (\S+?)[.;,)]?(?:\s|$)")
+_MAX_FOLLOWS = 3  # NOT_PRIMARY hints followed at once per send (two confused brokers: no ping-pong)
 
 
 @dataclass(slots=True)
@@ -133,6 +150,16 @@ def outcome(exc: BaseException) -> Outcome:
     return Outcome.FINAL
 
 
+def primary_hint(exc: BaseException) -> str | None:
+    """The primary a NOT_PRIMARY answer names (a base URL), if it names one."""
+    if not isinstance(exc, NotPrimaryError):
+        return None
+    found = _PRIMARY_IS.search(exc.message)
+    if found is None or found.group(1) in ("unknown", "None"):
+        return None
+    return found.group(1)
+
+
 def electing(exc: BaseException, replicated: bool) -> bool:
     """Whether ``exc`` means the group is replacing (or re-gathering behind) its primary."""
     if isinstance(exc, NotPrimaryError | NotEnoughReplicasError):
@@ -141,7 +168,7 @@ def electing(exc: BaseException, replicated: bool) -> bool:
 
 
 class Step(Enum):
-    SAME = "same"  # send to the same queue again now
+    SAME = "same"  # send to the same queue again now (at its group's current address)
     SELECT = "select"  # select a queue again, avoiding ``SendAttempts.tried``
 
 
@@ -149,7 +176,7 @@ class SendAttempts:
     """The retry state of one send; ``after_failure`` raises when the send must give up."""
 
     def __init__(self, health: BrokerHealth, policy: RetryPolicy, *, movable: bool,
-                 first: str, what: str) -> None:
+                 first: str, what: str, started: float | None = None) -> None:
         self.health = health
         self.policy = policy
         self.movable = movable
@@ -160,7 +187,12 @@ class SendAttempts:
         self._same_done: set[str] = set()
         self._attempts = 1
         self._pauses = 0
-        self._started = time.monotonic()
+        self._follows = 0
+        # the one deadline runs from the send's first attempt (``started``: its monotonic time)
+        self._started = time.monotonic() if started is None else started
+        deadline = policy.deadline_s
+        self._stick_s = MAYBE_STORED_STICK_S if deadline is None else min(MAYBE_STORED_STICK_S,
+                                                                          deadline / 2)
 
     @property
     def attempts(self) -> int:
@@ -170,16 +202,29 @@ class SendAttempts:
         """After success on ``stored_on``: whether another group may hold a copy too."""
         return bool(self.uncertain - {stored_on})
 
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._started
+
     async def after_failure(self, exc: TidemqError, broker: str,
-                            groups: Collection[str], *, replicated: bool = False) -> Step:
+                            groups: Collection[str], *, replicated: bool = False,
+                            moved: bool = False) -> Step:
         """What to do after ``exc`` from ``broker``; ``groups`` are the route's writable ones;
-        ``replicated``: ``broker``'s group has replicas (a lost primary gets a successor)."""
+        ``replicated``: ``broker``'s group has replicas (a lost primary gets a successor);
+        ``moved``: the group's route names a new primary already (a NOT_PRIMARY hint): try it
+        at once. Raises ``exc`` (saying how long it tried) when the send must give up."""
         kind = outcome(exc)
         waiting = electing(exc, replicated) and self.policy.deadline_s is not None
-        if kind is Outcome.FINAL or (self._attempts >= self.policy.max_attempts
-                                     and not waiting):
-            raise exc
+        limit = self.policy.max_attempts
+        made = self._attempts  # attempts so far, the failed one included
+        if kind is Outcome.FINAL:
+            raise gave_up(exc, made, self.elapsed_s())
+        if limit is not None and made >= limit and not waiting:
+            raise gave_up(exc, made, self.elapsed_s(), f"max_attempts={limit}")
         self._attempts += 1
+        if moved and self._follows < _MAX_FOLLOWS:
+            self._follows += 1
+            log.debug("%s: %s names a new primary of its group: sending there", self.what, broker)
+            return Step.SAME
         if kind is Outcome.MAYBE_STORED:
             self.uncertain.add(broker)
             if broker not in self._same_done:
@@ -189,21 +234,24 @@ class SendAttempts:
             log.warning("broker %s failed (%s); sends avoid it for %.1fs, then probe it",
                         broker, exc, self.health.wait_s(broker))
         self.tried.add(broker)
-        if self.movable and any(g not in self.tried for g in groups):
+        # a live group that may hold the message is preferred for a while: no second copy
+        sticky = kind is Outcome.MAYBE_STORED and self.elapsed_s() < self._stick_s
+        if self.movable and not sticky and any(g not in self.tried for g in groups):
             log.debug("%s: %s on %s, trying another group", self.what, kind.value, broker)
             return Step.SELECT
         if not exc.retriable:
-            raise exc  # disk full, topic missing: only another group could have taken it
+            raise gave_up(exc, made, self.elapsed_s())
         pause = self.policy.backoff_s(self._pauses + 1, getattr(exc, "retry_after", None))
         if waiting:
             pause = min(pause, PRIMARY_WAIT_POLL_S)  # the new primary is a route refresh away
-        elapsed = time.monotonic() - self._started
-        if self.policy.deadline_s is not None and elapsed + pause > self.policy.deadline_s:
-            raise exc
+        elapsed = self.elapsed_s()
+        deadline = self.policy.deadline_s
+        if deadline is not None and elapsed + pause > deadline:
+            raise gave_up(exc, made, elapsed, f"retry deadline {deadline:g}s")
         self._pauses += 1
         log.debug("%s: every group failed (last %s: %s); again in %.3fs", self.what, broker,
                   exc, pause)
         await asyncio.sleep(pause)
         self.tried.clear()
         self._same_done.clear()
-        return Step.SELECT
+        return Step.SAME if sticky else Step.SELECT

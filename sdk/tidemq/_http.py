@@ -5,8 +5,11 @@ transport (``_wire``) or, when one is handed in, an httpx transport.
   JSON elsewhere; answers are decoded by their content type.
 - Error answers ``{code, message}`` become the matching ``ServerError`` subclass; httpx errors
   become ``TransportError`` — nothing foreign escapes.
-- Retriable failures are retried with exponential back-off and jitter, honouring ``Retry-After``
-  (503 BROKER_BUSY), within a bounded number of attempts and an overall deadline.
+- Retriable failures are retried with exponential back-off (capped at ``RETRY_MAX_BACKOFF_S``)
+  and jitter, honouring ``Retry-After`` (503 BROKER_BUSY), until one deadline per call
+  (``RETRY_DEADLINE_S``, 30 s): by default the number of attempts is not what gives up, so a
+  broker restart or a primary election is ridden through. An error that finally reaches the
+  caller says how many attempts over how long (``gave_up``). The policy is in ``_retry.py``.
 
 A client carries its requests over one ``HttpTransport`` (``_transport.py``): the SDK's own
 ``WireTransport`` (the default, built here), ``MockTransport`` (in memory, for tests; it ships
@@ -23,11 +26,9 @@ import asyncio
 import email.utils
 import logging
 import os
-import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -54,6 +55,8 @@ from tidemq._exceptions import (
     WireTimeout,
     server_error,
 )
+from tidemq._retry import DEFAULT_RETRY, RetryPolicy, gave_up
+from tidemq._retry import NO_RETRY as NO_RETRY  # re-exported: callers import it from here
 from tidemq._transport import HttpTransport
 from tidemq._wire import WireTransport
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK, ProtocolError
@@ -67,38 +70,9 @@ log = logging.getLogger("tidemq.http")
 Params = Mapping[str, str | int | float]
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How retriable failures are retried. ``max_attempts=1`` disables retries."""
-
-    max_attempts: int = 6  # attempts in all, the first included
-    initial_backoff_s: float = 0.05  # pause after the first failure
-    max_backoff_s: float = 2.0  # cap of the exponential pause
-    multiplier: float = 2.0  # growth of the pause per attempt
-    jitter: float = 0.5  # fraction of each pause drawn at random (0: none, 1: full jitter)
-    max_retry_after_s: float = 30.0  # cap of a server's Retry-After
-    deadline_s: float | None = 30.0  # give up when the next attempt would start later than this
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if not 0.0 <= self.jitter <= 1.0:
-            raise ValueError(f"jitter must be within 0..1, got {self.jitter}")
-
-    def backoff_s(self, attempt: int, retry_after: float | None = None) -> float:
-        """The pause after failed attempt number ``attempt`` (1-based)."""
-        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
-        pause = base * (1.0 - self.jitter) + random.uniform(0.0, base * self.jitter)
-        if retry_after is not None:
-            pause = max(pause, min(retry_after, self.max_retry_after_s))
-        return pause
-
-
 #: httpx errors raised before a connection existed: the request cannot have reached the server.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
-NO_RETRY = RetryPolicy(max_attempts=1)
-DEFAULT_RETRY = RetryPolicy()
 
 
 _ssl_context: ssl.SSLContext | None = None
@@ -221,6 +195,7 @@ class HttpClient:
             )
         self._closed = False
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # swapped in tests
+        self._clock: Callable[[], float] = time.monotonic  # ... and this one with it
 
     def request_headers(self, content_type: str, has_body: bool) -> dict[str, str]:
         """Every request's headers, whatever carries it: the one place they are computed."""
@@ -271,21 +246,24 @@ class HttpClient:
                         binary: bool, timeout_s: float | None, retry: RetryPolicy | None,
                         raw: tuple[bytes, str] | None) -> Any:
         policy = retry or self.retry
-        started = time.monotonic()
+        started = self._clock()
         attempt = 0
         while True:
             attempt += 1
             try:
                 return await self._once(method, target, body, params, binary, timeout_s, raw)
             except TidemqError as exc:
-                if not exc.retriable or attempt >= policy.max_attempts:
+                elapsed = self._clock() - started
+                if not exc.retriable:
+                    gave_up(exc, attempt, elapsed)
                     raise
                 pause = policy.backoff_s(attempt, getattr(exc, "retry_after", None))
-                elapsed = time.monotonic() - started
-                if policy.deadline_s is not None and elapsed + pause > policy.deadline_s:
+                why = policy.exhausted(attempt, elapsed, pause)
+                if why is not None:
+                    gave_up(exc, attempt, elapsed, why)
                     raise
-                log.debug("%s %s failed (attempt %d/%d): %s; retrying in %.3fs", method,
-                          target, attempt, policy.max_attempts, exc, pause)
+                log.debug("%s %s failed (attempt %d): %s; retrying in %.3fs", method, target,
+                          attempt, exc, pause)
                 await self._sleep(pause)
 
     async def _once(

@@ -23,7 +23,6 @@ from tidemq._cancel import DelayedCancel
 from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
-    PRIMARY_WAIT_POLL_S,
     PRODUCER_BROKER_BACKOFF_MAX_S,
     REQUEST_TIMEOUT_S,
     ROUTE_REFRESH_INTERVAL_S,
@@ -39,7 +38,7 @@ from tidemq._exceptions import (
     UnsupportedMediaTypeError,
     server_error,
 )
-from tidemq._fault import SendAttempts, Step, electing
+from tidemq._fault import SendAttempts, Step
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
 from tidemq._message import (
     Message,
@@ -101,8 +100,16 @@ class Producer(DelayedCancel, Client):
     two groups may each store a copy, counted in ``possible_duplicates``). A message with a
     ``sharding_key`` stays on its queue and fails after the retries instead, keeping its key's
     order — unless ``ordered_failover=True``, which lets it move to a live group (that key's
-    order may then break across the move). An explicit ``queue_id`` never moves. ``retry``
-    bounds every send: attempts in all and the deadline.
+    order may then break across the move). An explicit ``queue_id`` never moves.
+
+    ``retry`` bounds every send by one deadline (``RetryPolicy``: 30 s by default, from the
+    send's first attempt; ``max_attempts`` is unbounded by default): a broker restart or a
+    primary election shows as sends taking longer, not as errors. Between attempts routes are
+    refreshed from the nameservers and a newly announced primary is followed. A send whose
+    answer was lost keeps to its group while that group answers (``tidemq._fault``), so the
+    retry meets the broker's dedup of its message id. Only past the deadline, or on an error no
+    retry can fix (400, 403, 413...), does ``send`` raise; the error says how many attempts over
+    how long.
 
     ``nameservers`` is a list of URLs, one URL or comma-separated URLs; ``broker_url`` names a
     single broker instead; given neither, ``TIDEMQ_NAMESERVER_URL`` names the nameservers. Bad
@@ -188,8 +195,9 @@ class Producer(DelayedCancel, Client):
         message_id) override its fields.
         """
         topic, out, route = await self._prepare(message, options, "send")
+        started = time.monotonic()
         if route.electing():
-            return await self._deliver(topic, out, route)
+            return await self._deliver(topic, out, route, started=started)
         # the first attempt here (most sends need no other), the rest in _deliver
         explicit = out.queue_id
         queue = self._selector.select(route, sharding_key=out.sharding_key, queue_id=explicit,
@@ -198,7 +206,8 @@ class Producer(DelayedCancel, Client):
         try:
             result = await self._coalescer.submit(queue.address, topic, out)
         except TidemqError as exc:
-            return await self._deliver(topic, out, route, failed=(explicit, queue, exc))
+            return await self._deliver(topic, out, route, failed=(explicit, queue, exc),
+                                       started=started)
         self._stored(queue, None, 1)
         return result
 
@@ -246,11 +255,14 @@ class Producer(DelayedCancel, Client):
                      for q, m in zip(explicit, outs, strict=True))
         attempts: SendAttempts | None = None
         step, broker = Step.SELECT, None
+        started = time.monotonic()
         while True:
-            route = await self._write_route(topic)
+            route = await self._routes.write_route(topic, self._give_up_at(started))
             if step is Step.SELECT or broker is None:
                 broker = self._batch_broker(route, outs, explicit,
                                             attempts.tried if attempts else ())
+            else:
+                broker = self._retarget(route, broker)
             for m, queue_id in zip(outs, explicit, strict=True):
                 # a keyed message takes the queue send() gives its key (over the whole
                 # route, which _batch_broker checked lands on this broker); others round robin
@@ -264,9 +276,9 @@ class Producer(DelayedCancel, Client):
             except TidemqError as exc:
                 if attempts is None:
                     attempts = SendAttempts(self._health, self._http.retry, movable=not pinned,
-                                            first=broker.broker_name,
+                                            first=broker.broker_name, started=started,
                                             what=f"batch of {len(outs)} to {topic!r}")
-                step = await self._failed(topic, route, broker.broker_name, attempts, exc)
+                step = await self._send_failed(topic, route, broker.broker_name, attempts, exc)
                 continue
             if len(results) != len(outs):
                 raise UnexpectedResponseError(
@@ -275,25 +287,6 @@ class Producer(DelayedCancel, Client):
             return results
 
     # -- internals ---------------------------------------------------------------------------
-
-    async def _write_route(self, topic: str) -> TopicRoute:
-        """The topic's route; while every group serving it is electing a primary (the route is
-        readable only), ask again every ``PRIMARY_WAIT_POLL_S`` within the send deadline."""
-        route = await self._routes.get(topic)
-        if not route.electing():
-            return route
-        wait_s = self._http.retry.deadline_s or 0.0
-        give_up = time.monotonic() + wait_s
-        log.info("no group serving %r has a primary: waiting up to %.1fs for one", topic,
-                 wait_s)
-        while route.electing():
-            if time.monotonic() >= give_up:
-                raise server_error(ErrorCode.NOT_PRIMARY, f"no group serving topic {topic!r} "
-                                   f"has a primary after {wait_s:.1f}s")
-            await asyncio.sleep(PRIMARY_WAIT_POLL_S)
-            self._routes.invalidate(topic)
-            route = await self._routes.get(topic)
-        return route
 
     def _batch_broker(self, route: TopicRoute, outs: list[OutgoingMessage],
                       explicit: list[int | None], avoid: set[str] | tuple[()]) -> MessageQueue:
@@ -316,7 +309,8 @@ class Producer(DelayedCancel, Client):
         topic, out = self._outgoing(message, options, method)
         if not self._started:
             await self.start()
-        route = await self._routes.get(topic)  # an unknown topic fails here, before queueing
+        # an unknown topic fails here, before queueing (one routed before is waited for)
+        route = await self._routes.known_route(topic, self._give_up_at(time.monotonic()))
         self._require_open()
         return topic, out, route
 
@@ -348,13 +342,17 @@ class Producer(DelayedCancel, Client):
     async def _deliver(
         self, topic: str, out: OutgoingMessage, route: TopicRoute | None = None,
         failed: tuple[int | None, MessageQueue, TidemqError] | None = None,
+        started: float | None = None,
     ) -> SendResult:
         """Send one message through the coalescer, failing over as ``tidemq._fault`` says.
 
         ``route``: the topic's route when the caller just looked it up; ``failed``: the
         caller's first attempt failed: the message's own queue id (None: any), the queue
-        tried (over ``route``) and the error.
+        tried (over ``route``) and the error; ``started``: when the send began (its deadline
+        runs from there).
         """
+        if started is None:
+            started = time.monotonic()
         attempts: SendAttempts | None = None
         step = Step.SELECT
         queue: MessageQueue | None = None
@@ -366,12 +364,14 @@ class Producer(DelayedCancel, Client):
         while True:
             if error is None:
                 if route is None or route.electing():
-                    route = await self._write_route(topic)
+                    route = await self._routes.write_route(topic, self._give_up_at(started))
                 if step is Step.SELECT or queue is None:
                     queue = self._selector.select(
                         route, sharding_key=out.sharding_key, queue_id=explicit,
                         health=self._health, avoid=attempts.tried if attempts else (),
                         reshard=self._ordered_failover)
+                else:
+                    queue = self._retarget(route, queue)
                 out.queue_id = queue.queue_id
                 try:
                     result = await self._coalescer.submit(queue.address, topic, out)
@@ -385,20 +385,10 @@ class Producer(DelayedCancel, Client):
                 movable = explicit is None and (out.sharding_key is None
                                                 or self._ordered_failover)
                 attempts = SendAttempts(self._health, self._http.retry, movable=movable,
-                                        first=queue.broker_name,
+                                        first=queue.broker_name, started=started,
                                         what=f"message {out.message_id}")
-            step = await self._failed(topic, route, queue.broker_name, attempts, error)
+            step = await self._send_failed(topic, route, queue.broker_name, attempts, error)
             route, error = None, None  # asked again: the failure may have changed it
-
-    async def _failed(self, topic: str, route: TopicRoute, broker_name: str,
-                      attempts: SendAttempts, exc: TidemqError) -> Step:
-        """A send to ``broker_name`` failed: what to do next (``tidemq._fault``); an electing
-        group's route is asked for again, since the nameservers name the new primary."""
-        replicated = route.replicated(broker_name)
-        if electing(exc, replicated):
-            self._routes.invalidate(topic)
-        return await attempts.after_failure(exc, broker_name, route.write_groups(),
-                                            replicated=replicated)
 
     def _stored(self, queue: MessageQueue, attempts: SendAttempts | None, count: int) -> None:
         """Book-keeping after a send was stored on ``queue``'s broker."""

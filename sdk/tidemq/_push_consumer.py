@@ -66,7 +66,8 @@ log = logging.getLogger("tidemq.consumer")
 Mode = Literal["clustering", "broadcasting"]
 ConsumeFrom = Literal["first", "last"]
 
-_BACKGROUND_RETRY = RetryPolicy(max_attempts=3, deadline_s=5.0)
+# heartbeats, commits, leave: retried within 5 s (s); a failed one is made again next period
+_BACKGROUND_RETRY = RetryPolicy(deadline_s=5.0)
 
 
 def new_client_id() -> str:

@@ -5,7 +5,14 @@ from the last one that did (a dead nameserver is passed over once, not on every 
 costs at most ``NAMESERVER_TIMEOUT_S``). With a single ``broker_url`` and no nameserver, the
 broker itself is asked ``GET /v1/topics/{topic}``. Routes are cached, refreshed in the background
 every ``refresh_interval_s`` and re-fetched on demand after an error (``invalidate``). A refresh
-that fails keeps the last known route.
+that fails keeps the last known route. A lookup is retried like any call: until the retry
+policy's deadline (``max_attempts`` bounds the rounds when given).
+
+Senders ask for ``write_route``, which waits (within their deadline) while every group of the
+topic is electing a primary, and ``known_route``, which waits while the nameservers answer
+TOPIC_NOT_FOUND for a topic they routed before (its only broker restarting: a SIGTERMed broker
+unregisters, and registers again once started); ``follow_primary`` moves a group to the primary
+a NOT_PRIMARY answer named, when the route knows that address already (one of its replicas).
 """
 
 from __future__ import annotations
@@ -18,15 +25,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemq._constants import NAMESERVER_TIMEOUT_S, ROUTE_REFRESH_INTERVAL_S
+from tidemq._constants import NAMESERVER_TIMEOUT_S, PRIMARY_WAIT_POLL_S, ROUTE_REFRESH_INTERVAL_S
 from tidemq._exceptions import (
     TidemqError,
     TopicNotFoundError,
     TransportError,
     UnexpectedResponseError,
+    server_error,
 )
 from tidemq._http import NO_RETRY, HttpClient, normalize_address, url
 from tidemq._validate import endpoints
+from tidemq.protocol import ErrorCode
 
 log = logging.getLogger("tidemq.routes")
 
@@ -96,6 +105,14 @@ class TopicRoute:
         """Names of the brokers (groups) that accept writes."""
         return frozenset(q.broker_name for q in self._write)
 
+    def writable_queue(self, broker_name: str, queue_id: int) -> MessageQueue | None:
+        """Queue ``queue_id`` of the group ``broker_name`` at the group's current writable
+        address (a retry to the same group follows its new primary); None: not writable now."""
+        for b in self.brokers:
+            if b.broker_name == broker_name and b.writable:
+                return MessageQueue(broker_name, self.topic, queue_id, b.address)
+        return None
+
     def _queues(self, *, writable: bool) -> tuple[MessageQueue, ...]:
         return tuple(sorted(
             MessageQueue(b.broker_name, self.topic, q, b.address)
@@ -150,6 +167,7 @@ class RouteTable:
         self._loading: dict[str, asyncio.Task[TopicRoute]] = {}
         self._next_ns = 0
         self._task: asyncio.Task[None] | None = None
+        self._known: set[str] = set()  # topics routed once: a TOPIC_NOT_FOUND may be passing
 
     @property
     def direct_broker(self) -> str | None:
@@ -180,6 +198,62 @@ class RouteTable:
         entry = self._cache.get(topic)
         if entry is not None:
             entry.stale = True
+
+    def follow_primary(self, topic: str, broker_name: str, address: str) -> bool:
+        """A broker of group ``broker_name`` answered NOT_PRIMARY naming ``address`` as the
+        primary: when the cached route knows that address as one of the group's brokers, make
+        it the group's writable address now (the nameservers confirm at the next lookup). True
+        when the route changed."""
+        entry = self._cache.get(topic)
+        if entry is None:
+            return False
+        address = normalize_address(address)
+        brokers = list(entry.route.brokers)
+        for i, b in enumerate(brokers):
+            if b.broker_name != broker_name:
+                continue
+            if b.address == address and b.writable:
+                return False
+            if address != b.address and address not in b.replicas:
+                return False  # not an address the nameservers gave us: ask them instead
+            replicas = tuple(r for r in (*b.replicas, b.address) if r != address)
+            perm = b.perm if b.writable else b.perm + "w"
+            brokers[i] = BrokerRoute(b.broker_name, address, b.queues, perm, replicas)
+            log.info("group %s of %r: following its new primary %s", broker_name, topic, address)
+            self._cache[topic] = _Cached(TopicRoute(topic, tuple(brokers)), time.monotonic())
+            return True
+        return False
+
+    async def known_route(self, topic: str, give_up_at: float) -> TopicRoute:
+        """``get``, but a topic this table routed before that no nameserver knows now is asked
+        for again every ``PRIMARY_WAIT_POLL_S`` until ``give_up_at`` (``time.monotonic()``): its
+        broker is restarting. A topic never routed fails at once (a typo must not wait)."""
+        while True:
+            try:
+                return await self.get(topic)
+            except TopicNotFoundError:
+                if topic not in self._known or time.monotonic() >= give_up_at:
+                    raise
+                log.info("no live broker serves %r for now: asking again", topic)
+                await asyncio.sleep(PRIMARY_WAIT_POLL_S)
+
+    async def write_route(self, topic: str, give_up_at: float) -> TopicRoute:
+        """The topic's route (``known_route``); while every group serving it is electing a
+        primary (the route is readable only), ask again every ``PRIMARY_WAIT_POLL_S`` until
+        ``give_up_at`` (a ``time.monotonic()`` value: the caller's deadline)."""
+        route = await self.known_route(topic, give_up_at)
+        if not route.electing():
+            return route
+        log.info("no group serving %r has a primary: waiting up to %.1fs for one", topic,
+                 max(0.0, give_up_at - time.monotonic()))
+        while route.electing():
+            if time.monotonic() >= give_up_at:
+                raise server_error(ErrorCode.NOT_PRIMARY,
+                                   f"no group serving topic {topic!r} has a primary")
+            await asyncio.sleep(PRIMARY_WAIT_POLL_S)
+            self.invalidate(topic)
+            route = await self.known_route(topic, give_up_at)
+        return route
 
     async def get(self, topic: str, *, patient: bool = True) -> TopicRoute:
         """The route of ``topic``, cached; concurrent misses share one lookup.
@@ -212,6 +286,7 @@ class RouteTable:
             entry.stale = False  # until the next error: do not stall every send on lookups
             return entry.route
         self._cache[topic] = _Cached(route, time.monotonic())
+        self._known.add(topic)
         return route
 
     def _loaded(self, task: asyncio.Task[TopicRoute]) -> None:
@@ -233,15 +308,18 @@ class RouteTable:
         return await self._ask_nameservers(topic, patient)
 
     async def _ask_nameservers(self, topic: str, patient: bool = True) -> TopicRoute:
-        """Try nameservers in turn (each once per round), a few rounds with back-off.
+        """Try nameservers in turn (each once per round), rounds with back-off until the retry
+        policy gives up (its deadline, or ``max_attempts`` rounds when given).
 
         When none answers at all, one ``TransportError`` names every address tried and the
         last cause, with a hint; the failed attempts themselves are only logged at debug level.
         """
         policy = self._http.retry
-        rounds = policy.max_attempts if patient else 1
+        started = time.monotonic()
         last: TidemqError | None = None
-        for attempt in range(1, rounds + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             not_found: TopicNotFoundError | None = None
             for _ in range(len(self._nameservers)):
                 ns = self._nameservers[self._next_ns % len(self._nameservers)]
@@ -255,18 +333,21 @@ class RouteTable:
                 except TidemqError as exc:
                     if not exc.retriable:
                         raise
-                    log.debug("nameserver %s: route lookup for %r failed (round %d/%d): %s",
-                              ns, topic, attempt, rounds, exc)
+                    log.debug("nameserver %s: route lookup for %r failed (round %d): %s",
+                              ns, topic, attempt, exc)
                     last = exc
                 self._next_ns += 1
             if not_found is not None:
                 raise not_found
-            if attempt < rounds:
-                await asyncio.sleep(policy.backoff_s(attempt))
+            pause = policy.backoff_s(attempt)
+            if not patient or policy.exhausted(attempt, time.monotonic() - started, pause):
+                break
+            await asyncio.sleep(pause)
         assert last is not None
         if isinstance(last, TransportError):
-            raise type(last)(unreachable_message(self._nameservers, topic, rounds,
-                                                 last), sent=last.sent) from last
+            raise type(last)(unreachable_message(self._nameservers, topic, attempt, last,
+                                                 time.monotonic() - started),
+                             sent=last.sent) from last
         raise last
 
     async def _refresh_loop(self) -> None:
@@ -289,11 +370,12 @@ class RouteTable:
 
 
 def unreachable_message(nameservers: Sequence[str], topic: str, rounds: int,
-                        last: TidemqError) -> str:
+                        last: TidemqError, elapsed_s: float | None = None) -> str:
     """One line for "no nameserver answered": where, how often, why, and what to check."""
     cause = last.__cause__
     why = f"{type(cause).__name__}: {cause}" if cause is not None else str(last)
     where = ", ".join(nameservers)
+    over = f" over {elapsed_s:.1f}s" if elapsed_s is not None else ""
     return (f"cannot reach a nameserver to look up topic {topic!r}: tried {where}, "
-            f"{rounds} time(s) each (last error: {why}). Is the nameserver running? "
+            f"{rounds} time(s) each{over} (last error: {why}). Is the nameserver running? "
             "`make up` starts one; otherwise check the nameservers=[...] address")

@@ -23,7 +23,10 @@ with ``messages``, and the ends waiting meanwhile, or ``POST /v1/transactions/en
 started the producer heartbeats and answers checks in batches (``_transaction_checks.py``).
 
 Half messages spread over every broker group of the topic and fail over like
-``Producer.send`` (``tidemq._fault``); the end goes to the group that stored the half, and a
+``Producer.send`` (``tidemq._fault``): retried until the retry policy's one deadline (30 s by
+default) with the same message id, which the broker dedups, so a broker restart or a primary
+election only delays ``send``. The end goes to the group that stored the half, at its current
+primary (retried until the deadline, following a new primary: an end is idempotent), and a
 check is answered to the broker that sent it — the group holding that half.
 
 By default ``send`` returns once the broker acknowledged the end (``end_error`` says when it
@@ -72,8 +75,9 @@ from tidemq._exceptions import (
 from tidemq._fault import SendAttempts, Step
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
 from tidemq._message import Message, to_outgoing, validate_topic
-from tidemq._routes import MessageQueue
+from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
+from tidemq._tasks import finish_tasks
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
 from tidemq._transaction_types import TransactionSendResult, TransactionState
@@ -160,6 +164,7 @@ class TransactionProducer(DelayedCancel, Client):
         self._msgpack_only: set[str] = set()  # brokers that do not take half batches
         self._txid_prefix = uuid.uuid4().hex[:16]  # transaction ids of half batches
         self._txid_seq = itertools.count(1)
+        self._ending: set[asyncio.Future[str]] = set()  # ends nobody awaits (wait_for_end=False)
         # half messages stored on a group after an earlier group may have stored them too
         self.possible_duplicates = 0
 
@@ -178,7 +183,9 @@ class TransactionProducer(DelayedCancel, Client):
     async def _shutdown(self) -> None:
         """On ``close``: finish queued sends and ends (bounded), stop answering checks, leave
         the group."""
-        await self._batcher.drain(self._close_timeout_s)
+        deadline = time.monotonic() + self._close_timeout_s
+        await finish_tasks(self._ending, self._close_timeout_s, TidemqError)  # unawaited ends
+        await self._batcher.drain(max(0.0, deadline - time.monotonic()))
         await self._checks.close(self._close_timeout_s)
 
     @property
@@ -232,10 +239,12 @@ class TransactionProducer(DelayedCancel, Client):
         state, error = await self._execute(msg, arg, txid)
         end_error: TidemqError | None = None
         # the end (and any check answer) goes to the group holding the half message
-        ending = self._batcher.end(queue.address, (txid, state.value, False),
-                                   awaited=self.wait_for_end)
+        ending = self._end(msg.topic, queue, (txid, state.value, False))
         if not self.wait_for_end:
-            ending.add_done_callback(_log_end_failure)
+            task = asyncio.ensure_future(ending)
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
+            task.add_done_callback(_log_end_failure)
         else:
             try:
                 await ending
@@ -257,12 +266,15 @@ class TransactionProducer(DelayedCancel, Client):
         explicit = out.queue_id
         attempts: SendAttempts | None = None
         step, queue = Step.SELECT, None
+        started = time.monotonic()
         while True:
-            route = await self._routes.get(topic)
+            route = await self._routes.write_route(topic, self._give_up_at(started))
             if step is Step.SELECT or queue is None:
                 queue = self._selector.select(route, sharding_key=out.sharding_key,
                                               queue_id=explicit, health=self._health,
                                               avoid=attempts.tried if attempts else ())
+            else:
+                queue = self._retarget(route, queue)
             out.queue_id = queue.queue_id
             self._checks.add_broker(queue.address)
             try:
@@ -272,9 +284,8 @@ class TransactionProducer(DelayedCancel, Client):
                     attempts = SendAttempts(
                         self._health, self._http.retry, first=queue.broker_name,
                         movable=explicit is None and out.sharding_key is None,
-                        what=f"half message {out.message_id}")
-                step = await attempts.after_failure(exc, queue.broker_name,
-                                                    route.write_groups())
+                        what=f"half message {out.message_id}", started=started)
+                step = await self._send_failed(topic, route, queue.broker_name, attempts, exc)
                 continue
             if self._health and self._health.succeeded(queue.broker_name):
                 log.info("broker %s answers again; half messages use it again",
@@ -282,6 +293,17 @@ class TransactionProducer(DelayedCancel, Client):
             if attempts is not None and attempts.duplicated_on(queue.broker_name):
                 self.possible_duplicates += 1
             return txid, queue
+
+    async def _end(self, topic: str, queue: MessageQueue, item: EndItem) -> str:
+        """End a transaction at the group holding its half (``queue``'s), at that group's
+        current primary: an end is idempotent, so it is retried (``_retry_call``) until the
+        policy's deadline, following a new primary as soon as it is named."""
+        def end_at(route: TopicRoute) -> Awaitable[str]:
+            address = self._retarget(route, queue).address
+            return self._batcher.end(address, item, awaited=self.wait_for_end)
+
+        return await self._retry_call(topic, end_at, what=f"end of transaction {item[0]}",
+                                      group=queue.broker_name)
 
     async def _execute(self, message: Message, arg: Any, txid: str
                        ) -> tuple[TransactionState, BaseException | None]:
@@ -314,7 +336,7 @@ class TransactionProducer(DelayedCancel, Client):
         if group is None:
             answer = await self._http.call("POST", url(broker, "v1", "transactions", "end"),
                                            body={"producer_group": self.group,
-                                                 "ends": wire_ends})
+                                                 "ends": wire_ends}, retry=NO_RETRY)
             return [], self._end_results(answer, broker)
         topic, immunity = group
         if broker not in self._msgpack_only and not any(_delayed(m) for m in messages):
@@ -353,7 +375,8 @@ class TransactionProducer(DelayedCancel, Client):
             answer = await self._half_answer(halves, topic)
             return self._txids_of(answer, broker, txids), []
         ends = self._http.call("POST", url(broker, "v1", "transactions", "end"),
-                               body={"producer_group": self.group, "ends": wire_ends})
+                               body={"producer_group": self.group, "ends": wire_ends},
+                               retry=NO_RETRY)
         got: tuple[Any, Any] = await asyncio.gather(self._half_answer(halves, topic), ends,
                                                     return_exceptions=True)
         answer, ended = got

@@ -28,7 +28,9 @@ from tidemq._fault import BrokerHealth
 from tests.sdk.fakes import Canned, FakeCluster
 from tests.support.clock import FakeClock
 
-FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_retry_after_s=0.01)
+# a short deadline: the cases that give up do so in a second (the stick window is half of it)
+FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_retry_after_s=0.01,
+                   deadline_s=1.0)
 TOPIC = "orders"
 
 

@@ -3,6 +3,8 @@ goes next), on a hand-driven clock."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from tidemq import (
     BadRequestError,
@@ -13,6 +15,7 @@ from tidemq import (
     TopicNotFoundError,
     TransportError,
 )
+from tidemq._constants import MAYBE_STORED_STICK_S
 from tidemq._fault import BrokerHealth, Outcome, SendAttempts, Step, outcome
 from tidemq._routes import BrokerRoute, TopicRoute
 from tidemq._selector import QueueSelector
@@ -70,14 +73,29 @@ def test_outcomes() -> None:
 POLICY = RetryPolicy(max_attempts=6, initial_backoff_s=0.001, max_backoff_s=0.002)
 
 
-async def test_a_lost_answer_goes_to_the_same_broker_once_then_elsewhere() -> None:
-    attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
+async def test_a_lost_answer_keeps_to_its_live_group_for_the_stick_window_then_moves() -> None:
     groups = {"a", "b"}
+    attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
     assert await attempts.after_failure(TransportError("reset"), "a", groups) is Step.SAME
-    assert await attempts.after_failure(TransportError("refused", sent=False), "a",
-                                        groups) is Step.SELECT
-    assert attempts.tried == {"a"}
-    assert attempts.duplicated_on("b") and not attempts.duplicated_on("a")
+    # timed out again: "a" is alive and may hold the message, so the retry stays there (after a
+    # pause) instead of storing a second copy on "b"
+    assert await attempts.after_failure(RequestTimeoutError("slow"), "a", groups) is Step.SAME
+    assert not attempts.duplicated_on("a")
+    # past the stick window it moves: the one case where "b" may store a second copy
+    late = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m",
+                        started=time.monotonic() - MAYBE_STORED_STICK_S)
+    assert await late.after_failure(TransportError("reset"), "a", groups) is Step.SAME
+    assert await late.after_failure(RequestTimeoutError("slow"), "a", groups) is Step.SELECT
+    assert late.tried == {"a"}
+    assert late.duplicated_on("b") and not late.duplicated_on("a")
+
+
+async def test_a_group_that_stops_taking_connections_is_left_at_once() -> None:
+    attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
+    assert await attempts.after_failure(TransportError("reset"), "a", {"a", "b"}) is Step.SAME
+    refused = TransportError("refused", sent=False)  # killed: availability first
+    assert await attempts.after_failure(refused, "a", {"a", "b"}) is Step.SELECT
+    assert attempts.duplicated_on("b")  # the residual risk, counted
 
 
 async def test_not_stored_moves_at_once_and_no_copy_is_counted() -> None:

@@ -1,21 +1,32 @@
 """Sends ride over a replicated group's failover (httpx.MockTransport): a dead primary or a
 NOT_PRIMARY answer makes the producer ask the nameservers again and wait for the new primary
-within its deadline, past its attempt count; a route that is read-only (no primary yet) is
-waited out too; without replicas a dead broker still fails after max_attempts."""
+within its deadline, past its attempt count; a NOT_PRIMARY answer naming a primary the route
+knows is followed at once; a route that is read-only (no primary yet) is waited out too;
+without replicas a dead broker still fails after max_attempts (when one is given)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import pytest
-from tidemq import NotPrimaryError, Producer, RetryPolicy, TransportError
+from tidemq import (
+    Message,
+    NotPrimaryError,
+    Producer,
+    ReceivedMessage,
+    RetryPolicy,
+    TransactionProducer,
+    TransactionState,
+    TransportError,
+)
 from tidemq._fault import electing
 from tidemq._routes import parse_route
 from tidemq.protocol import CONTENT_MSGPACK, ErrorCode
 from tidemq.protocol.codec import encode_payload
 
-from tests.sdk.fakes import request_payload
+from tests.sdk.fakes import FakeCluster, request_payload
 
 TOPIC = "orders"
 NS = "http://ns:1"
@@ -36,6 +47,7 @@ class Group:
         self.dead: set[str] = set()
         self.not_primary: set[str] = set()
         self.after_asks: tuple[int, str | None] | None = None  # (asks, new primary)
+        self.hint: str | None = None  # the primary a NOT_PRIMARY answer names
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
@@ -50,7 +62,9 @@ class Group:
         if base in self.dead:
             raise httpx.ConnectError("connection refused", request=request)
         if base in self.not_primary:
-            return httpx.Response(503, json={"code": "NOT_PRIMARY", "message": "a replica"})
+            where = self.hint or "unknown"
+            return httpx.Response(503, json={"code": "NOT_PRIMARY", "message": (
+                f"this broker is a replica (epoch 2); the primary is {where}")})
         body = request_payload(request.content, request.headers.get("content-type"))
         results = []
         for m in body["messages"]:
@@ -83,6 +97,31 @@ async def test_not_primary_answers_are_waited_out() -> None:
         group.after_asks = (group.route_asks + 8, NEW)
         result = await p.send(b"m", topic=TOPIC)
     assert group.sent[NEW] == [result.message_id] and group.sent[OLD] == []
+
+
+async def test_a_not_primary_answer_naming_a_known_primary_is_followed_at_once() -> None:
+    group = Group()
+    async with producer(group) as p:
+        await p.send(b"before", topic=TOPIC)  # routed: OLD the primary, NEW its replica
+        asks = group.route_asks
+        group.not_primary.add(OLD)  # NEW was promoted; the nameservers still name OLD
+        group.hint = NEW
+        result = await p.send(b"m", topic=TOPIC)
+        again = await p.send(b"next", topic=TOPIC)  # the route now names NEW
+    assert group.sent[NEW] == [result.message_id, again.message_id]
+    assert group.route_asks == asks  # followed from the answer, no lookup needed
+
+
+async def test_a_not_primary_hint_to_an_unknown_address_waits_for_the_nameservers() -> None:
+    group = Group()
+    async with producer(group) as p:
+        await p.send(b"before", topic=TOPIC)
+        group.not_primary.add(OLD)
+        group.hint = "http://internal-only:1"  # not an address the route gave: not followed
+        group.after_asks = (group.route_asks + 3, NEW)
+        result = await p.send(b"m", topic=TOPIC)
+    assert group.sent[NEW] == [result.message_id]
+    assert group.route_asks >= 3
 
 
 async def test_a_read_only_route_waits_for_a_primary() -> None:
@@ -126,3 +165,47 @@ def test_electing_and_route_parsing() -> None:
     refused = TransportError("refused", sent=False)
     assert electing(refused, replicated=True) and not electing(refused, replicated=False)
     assert electing(NotPrimaryError(ErrorCode.NOT_PRIMARY, "x", 503), replicated=False)
+
+
+class PromotedDuringTheLocalTransaction:
+    """The group's primary moves to its replica while the local transaction runs."""
+
+    def __init__(self) -> None:
+        self.moved = False
+
+    async def execute_local_transaction(self, message: Message, arg: Any) -> TransactionState:
+        self.moved = True
+        return TransactionState.COMMIT
+
+    async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState:
+        return TransactionState.COMMIT
+
+
+async def test_an_end_follows_its_groups_new_primary(cluster: FakeCluster) -> None:
+    old, replica = cluster.broker_url, "http://replica:10911"
+    listener = PromotedDuringTheLocalTransaction()
+    serve = cluster.transport.handle_async_request
+    ends: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if request.url.path.startswith("/v1/routes/"):
+            return httpx.Response(200, json={"topic": TOPIC, "queues": [
+                {"broker_name": "broker-a", "address": old, "queues": 4, "perm": "rw",
+                 "replicas": [replica]}]})
+        if request.url.path == "/v1/transactions/end":
+            ends.append(base)
+            if listener.moved and base == old:
+                return httpx.Response(503, json={"code": "NOT_PRIMARY", "message": (
+                    f"this broker is a replica (epoch 2); the primary is {replica}")})
+        if base == replica:  # the promoted replica holds the same log
+            request = httpx.Request(request.method, request.url.copy_with(host="broker0"),
+                                    headers=request.headers, content=request.content)
+        return await serve(request)
+
+    async with TransactionProducer("tx-group", listener, nameservers=cluster.nameservers,
+                                   transport=httpx.MockTransport(handler), retry=FAST) as tx:
+        result = await tx.send(b"m", topic=TOPIC)
+    assert result.end_error is None and result.local_state is TransactionState.COMMIT
+    assert ends == [old, replica]  # one NOT_PRIMARY, then at once at the named primary
+    assert [e["transaction_id"] for e in cluster.broker.ends] == [result.transaction_id]

@@ -111,7 +111,9 @@ class ServiceProcess:
         ca = self.env.get("TIDEMQ_TLS_CA")
         return ssl.create_default_context(cafile=ca) if self.tls and ca else True
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> ServiceProcess:
+    def start(self, timeout: float = START_TIMEOUT_S, *, wait: bool = True) -> ServiceProcess:
+        """Start the service and wait until it answers /healthz; ``wait=False`` returns once
+        the process is spawned (a test that must learn of its readiness another way)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         if self.name == "broker":  # gRPC off unless a test asks: brokers must not race for 8081
@@ -121,6 +123,8 @@ class ServiceProcess:
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
                                          cwd=REPO, env=env, stdout=log, stderr=log)
+        if not wait:
+            return self
         deadline = time.monotonic() + timeout
         verify = self.verify()
         while time.monotonic() < deadline:

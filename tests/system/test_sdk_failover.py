@@ -1,9 +1,9 @@
 """The SDK across failures of the processes behind it: a broker restarted mid-stream (SIGTERM
 and SIGKILL) and a Redis restart mid-run.
 
-A broker restart: sends in flight fail over to the SDK's retries and, past those, to the
-application's own retry with the same message id (idempotent); the push consumer resumes. No
-acknowledged send is lost and none is stored twice.
+A broker restart: sends in flight ride on the SDK's retries (until their deadline, longer than
+the outage: no send fails; the application's own resend with the same message id stays as a
+safety net); the push consumer resumes. No acknowledged send is lost and none is stored twice.
 
 A Redis restart (SIGTERM or SIGKILL; Redis runs with an append-only file, which it writes
 before answering): sends and pulls go on while Redis is down (only offset commits wait), no
@@ -27,7 +27,7 @@ from tests.system.sdk_harness import FAST_CONSUMER, Flow, Recorder, SdkCluster, 
 
 pytestmark = pytest.mark.integration
 
-DOWN_S = 2.5  # a stopped broker stays down this long
+DOWN_S = 2.5  # a stopped broker stays down this long (less than the SDK's retry deadline)
 
 
 def consumer(cluster: SdkCluster, group: str, topic: str, recorder: Recorder,
@@ -54,7 +54,7 @@ async def test_broker_restart_mid_stream(tmp_path: Path, redis_server: RedisServ
             await wait_until_async(lambda: len(recorder.events) >= 100, 10, "consumption to start")
 
             await asyncio.to_thread(cluster.broker.proc.stop, sig)
-            await asyncio.sleep(DOWN_S)  # longer than the SDK's own retries last
+            await asyncio.sleep(DOWN_S)  # sends wait meanwhile, within their retry deadline
             await asyncio.to_thread(cluster.broker.proc.start)
             restarted = time.monotonic()
             await wait_until_async(lambda: flow.acked_since(restarted) >= 100, 20,
@@ -74,7 +74,9 @@ async def test_broker_restart_mid_stream(tmp_path: Path, redis_server: RedisServ
             await push.close()
             await flow.producer.close()
 
-        assert flow.failures > 0, "no send failed: the outage did not outlast the SDK retries"
+        # the SDK's own retries (a 30 s deadline) outlast the outage: the application's resend
+        # is never needed (tests/system/test_sdk_ride_restart.py covers more kinds of calls)
+        assert flow.failures == 0, f"{flow.failures} sends failed during a {DOWN_S}s restart"
         assert len(acked) == len(flow.acked), "one body was acknowledged twice"
         assert recorder.bodies() == acked
         assert sum(cluster.max_offsets(topic).values()) == len(acked), "a resend stored twice"
