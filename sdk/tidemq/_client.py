@@ -86,6 +86,14 @@ class Client(ABC):
         self._health = BrokerHealth(initial_s=BROKER_BACKOFF_INITIAL_S, max_s=backoff_max_s,
                                     probe_timeout_s=request_timeout_s)
 
+    def _address_of(self, topic: str, broker_name: str | None) -> str | None:
+        """The address of group ``broker_name`` in ``topic``'s cached route (for tracing)."""
+        route = self._routes.cached(topic)
+        for broker in route.brokers if route is not None else ():
+            if broker.broker_name == broker_name:
+                return broker.address
+        return self._endpoints.broker_url
+
     def _give_up_at(self, started: float) -> float:
         """When a call that began at ``started`` (``time.monotonic()``) stops retrying."""
         deadline = self._http.retry.deadline_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ def new_message_id() -> str:
     The same form as ``uuid.uuid4().hex`` (122 random bits), drawn without a system call per id.
     """
     return f"{_ids.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
+
+
+def new_client_id() -> str:
+    """``host@pid@random``: unique per client instance, readable in member lists and traces."""
+    return f"{socket.gethostname()}@{os.getpid()}@{_ids.getrandbits(32):08x}"
 
 
 @dataclass(slots=True, init=False)

@@ -44,6 +44,7 @@ from tidemq._message import (
     Message,
     SendResult,
     body_to_outgoing,
+    new_client_id,
     to_outgoing,
     validate_topic,
     wire_size,
@@ -133,8 +134,12 @@ class Producer(DelayedCancel, Client):
         ordered_failover: bool = False,
         transport: Transport | None = None,
         credentials: Credentials | None = None,
+        client_id: str | None = None,
     ) -> None:
         limits = DEFAULT_LIMITS
+        #: this producer instance (``host@pid@random`` unless given): ``messaging.client.id``
+        self.client_id = V.text(client_id, "client_id") if client_id is not None \
+            else new_client_id()
         for name, value in (("max_batch", max_batch), ("max_batch_bytes", max_batch_bytes),
                             ("max_in_flight", max_in_flight)):
             V.integer(value, name)

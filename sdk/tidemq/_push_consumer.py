@@ -36,10 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Literal, Self
@@ -54,6 +51,7 @@ from tidemq._client import Client
 from tidemq._exceptions import ConfigurationError, TidemqError, TopicNotFoundError
 from tidemq._handler_pool import HandlerPool
 from tidemq._http import DEFAULT_RETRY, RetryPolicy, Transport
+from tidemq._message import new_client_id
 from tidemq._offsets import OffsetTracker
 from tidemq._puller import Handler, PullerSettings, QueuePuller, broker_down
 from tidemq._routes import MessageQueue
@@ -68,11 +66,6 @@ ConsumeFrom = Literal["first", "last"]
 
 # heartbeats, commits, leave: retried within 5 s (s); a failed one is made again next period
 _BACKGROUND_RETRY = RetryPolicy(deadline_s=5.0)
-
-
-def new_client_id() -> str:
-    """``host@pid@random``: unique per consumer instance, readable in member lists."""
-    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
 class PushConsumer(Client):

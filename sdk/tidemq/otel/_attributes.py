@@ -7,9 +7,11 @@ Names are spelled out here rather than imported from ``opentelemetry.semconv._in
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from tidemq.protocol import ReceivedMessage
 
@@ -27,6 +29,8 @@ CONSUMER_GROUP = "messaging.consumer.group.name"
 BATCH_COUNT = "messaging.batch.message_count"
 CLIENT_ID = "messaging.client.id"
 ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"  # the broker that answered (host)
+SERVER_PORT = "server.port"
 
 # --- messaging.rocketmq.* -----------------------------------------------------------------------
 MESSAGE_TYPE = "messaging.rocketmq.message.type"  # normal, fifo, delay, transaction
@@ -150,3 +154,19 @@ def received(message: ReceivedMessage, name: str, kind: str) -> dict[str, Any]:
     attrs.update(about(message))
     return attrs
 
+
+
+@functools.lru_cache(maxsize=256)
+def server(address: str | None) -> dict[str, Any]:
+    """``server.address`` / ``server.port`` of a broker URL (``http://host:port``); a shared,
+    read-only dict: copy it into a span's attributes, never modify it."""
+    if not address:
+        return {}
+    parts = urlsplit(address if "//" in address else f"//{address}")
+    attrs: dict[str, Any] = {}
+    if parts.hostname:
+        attrs[SERVER_ADDRESS] = parts.hostname
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    if port:
+        attrs[SERVER_PORT] = port
+    return attrs

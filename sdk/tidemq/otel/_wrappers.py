@@ -100,8 +100,10 @@ def _traced_send(tracer: trace.Tracer, shapes: A.Shapes,
                                                       "message_id": mid})
             if span.is_recording():
                 own = _per_message(f, mid)
+                own[A.CLIENT_ID] = self.client_id
                 if result is not None:  # send_oneway's is
                     own[A.PARTITION] = str(result.queue_id)
+                    own.update(A.server(self._address_of(result.topic, result.broker_name)))
                 span.set_attributes(own)
             return result
         except BaseException as exc:
@@ -160,7 +162,8 @@ def _traced_transaction_send(tracer: trace.Tracer, shapes: A.Shapes,
         name, attrs = shapes.send(f["topic"], _message_type(f, transaction=True))
         span = tracer.start_span(name, kind=SpanKind.PRODUCER, attributes=attrs)
         if span.is_recording():
-            span.set_attributes({**_per_message(f, mid), A.PRODUCER_GROUP: self.group})
+            span.set_attributes({**_per_message(f, mid), A.PRODUCER_GROUP: self.group,
+                                 A.CLIENT_ID: self.client_id})
         properties = dict(f["properties"] or {})
         origin = carry(properties, span)
         if origin is not None:
@@ -170,7 +173,7 @@ def _traced_transaction_send(tracer: trace.Tracer, shapes: A.Shapes,
         try:
             result = await original(self, message, arg, **{
                 **options, "properties": properties, "message_id": mid})
-            _transaction_outcome(span, result)
+            _transaction_outcome(span, result, self)
             return result
         except LocalTransactionError as exc:
             _transaction_outcome(span, exc.result)
@@ -185,9 +188,12 @@ def _traced_transaction_send(tracer: trace.Tracer, shapes: A.Shapes,
     return send
 
 
-def _transaction_outcome(span: trace.Span, result: Any) -> None:
+def _transaction_outcome(span: trace.Span, result: Any, producer: TransactionProducer | None = None
+                         ) -> None:
     span.set_attributes({A.TRANSACTION_ID: result.transaction_id,
                          A.LOCAL_STATE: str(result.local_state.value)})
+    if producer is not None and span.is_recording():
+        span.set_attributes(A.server(producer._address_of(result.topic, result.broker_name)))
 
 
 def _traced_receive(tracer: trace.Tracer, shapes: A.Shapes,

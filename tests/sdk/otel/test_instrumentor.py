@@ -48,3 +48,13 @@ def test_without_the_extra_the_import_names_it() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert "pip install 'tidemq[otel]'" in out and "opentelemetry" in out
+
+
+def test_server_attributes_from_a_broker_url() -> None:
+    from tidemq.otel._attributes import server
+
+    assert server("http://10.0.0.7:10911") == {"server.address": "10.0.0.7", "server.port": 10911}
+    assert server("https://broker-a.example") == {"server.address": "broker-a.example",
+                                                  "server.port": 443}
+    assert server("[::1]:10911") == {"server.address": "::1", "server.port": 10911}
+    assert server(None) == {} and server("") == {}

@@ -102,7 +102,10 @@ async def test_send_then_consume_is_one_trace(tidemq_system: TidemqSystem,
         "messaging.operation.type": "send", "messaging.destination.name": topic,
         "messaging.message.id": sent.message_id, "messaging.rocketmq.message.type": "normal",
         "messaging.rocketmq.message.tag": "Paid", "messaging.rocketmq.message.keys": ("order-1",),
-        "messaging.destination.partition.id": str(sent.queue_id)}
+        "messaging.destination.partition.id": str(sent.queue_id),
+        "messaging.client.id": producer.client_id,  # the producer instance
+        "server.address": "127.0.0.1",  # the broker that stored it
+        "server.port": int(tidemq_system.broker_url.rsplit(":", 1)[1])}
     attrs = process.attributes or {}
     assert attrs["messaging.consumer.group.name"] == "otel-billing"
     assert attrs["messaging.operation.type"] == "process"
@@ -131,6 +134,8 @@ async def test_a_delayed_commit_by_check_back_stays_in_the_send_trace(
     assert (send.attributes or {})["messaging.rocketmq.message.type"] == "transaction"
     assert (send.attributes or {})["tidemq.transaction.local_state"] == "unknown"
     assert (send.attributes or {})["tidemq.transaction.id"] == sent.transaction_id
+    assert (send.attributes or {})["messaging.client.id"] == producer.client_id
+    assert (send.attributes or {})["server.address"] == "127.0.0.1"
     assert "messaging.rocketmq.message.delivery_timestamp" in (send.attributes or {})
     assert check.kind is SpanKind.CONSUMER and check.context.trace_id == send.context.trace_id
     assert check.parent is not None and check.parent.span_id == send.context.span_id
