@@ -170,4 +170,6 @@ def test_health_and_metrics(client: httpx.Client) -> None:
                  'tidemq_nameserver_route_lookups_total{result="not_found"} '):
         assert name in text, name
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert all(line.startswith("tidemq_") for line in samples)
+    # tidemq's own, and the standard process and platform collectors
+    assert all(line.startswith(("tidemq_", "process_", "python_")) for line in samples)
+    assert any(line.startswith("process_cpu_seconds_total ") for line in samples)
