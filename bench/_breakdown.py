@@ -34,7 +34,7 @@ from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.batch_read import split, validate
 from tidemq.protocol.stored import decode_stored
 
-from services.common.constants import TIMING_HEADER
+from tidemq_server.common.constants import TIMING_HEADER
 
 SEGMENTS = ("queue", "http_send", "store", "wake", "answer", "pull_ret", "handler")
 

@@ -49,7 +49,7 @@ class Cluster:
         ports = [free_port() for _ in range(nameservers)]
         peers = ",".join(f"http://127.0.0.1:{p}" for p in ports)
         self.nameservers = [
-            Child(f"nameserver-{j + 1}", [sys.executable, "-m", "services.nameserver"], port,
+            Child(f"nameserver-{j + 1}", [sys.executable, "-m", "tidemq_server.nameserver"], port,
                   workdir, {"TIDEMQ_NAMESRV_PORT": str(port), "TIDEMQ_NAMESRV_PEERS": peers,
                             "TIDEMQ_NAMESRV_LOG_LEVEL": "warning"}, health="/healthz")
             for j, port in enumerate(ports)]
@@ -76,7 +76,7 @@ class Cluster:
             "REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
             "NAMESERVERS": ",".join(self.ns_urls), "FLUSH": "async", "GRPC_PORT": 0,
             "LOG_LEVEL": "warning"}.items()}
-        child = Child(name, [sys.executable, "-m", "services.broker"], port, self.workdir, env,
+        child = Child(name, [sys.executable, "-m", "tidemq_server.broker"], port, self.workdir, env,
                       health="/healthz")
         self.brokers[name] = child.start()
         return child

@@ -117,7 +117,7 @@ class Child:
 
 
 def python_service(name: str, port: int, workdir: Path, env: dict[str, str]) -> Child:
-    return Child(name, [sys.executable, "-m", f"services.{name}"], port, workdir, env,
+    return Child(name, [sys.executable, "-m", f"tidemq_server.{name}"], port, workdir, env,
                  health="/healthz")
 
 

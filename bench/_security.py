@@ -28,11 +28,11 @@ class AclSetup:
 
 def acl_setup(workdir: Path) -> AclSetup | None:
     """None: this broker has no ACL setting (``acl_file``) to measure."""
-    from services.broker.settings import BrokerSettings
+    from tidemq_server.broker.settings import BrokerSettings
 
     if "acl_file" not in BrokerSettings.model_fields:
         return None
-    from services.common.auth.policy import user_entry
+    from tidemq_server.common.auth.policy import user_entry
 
     ak, sk = f"bench-{secrets.token_hex(4)}", secrets.token_urlsafe(32)
     users = [user_entry(f"app-{i}", f"app-{i}-{secrets.token_hex(4)}",

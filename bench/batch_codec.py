@@ -67,8 +67,8 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     from tidemq.protocol.message import OutgoingMessage
     from tidemq.protocol.stored import append_group, decode_stored
 
-    from services.broker.messaging.convert import to_record, to_wire
-    from services.broker.store import record as v1
+    from tidemq_server.broker.messaging.convert import to_record, to_wire
+    from tidemq_server.broker.store import record as v1
 
     rng = random.Random(1)
     bodies = [rng.randbytes(BODY) for _ in range(64)]

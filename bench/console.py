@@ -83,7 +83,7 @@ class System:
         self.url = f"http://127.0.0.1:{broker_port}"
         self.sched_url = f"http://127.0.0.1:{sched_port}"
         self.console_url = f"http://127.0.0.1:{console_port}"
-        self.nameserver = Child("nameserver", [sys.executable, "-m", "services.nameserver"],
+        self.nameserver = Child("nameserver", [sys.executable, "-m", "tidemq_server.nameserver"],
                                 ns_port, workdir, {
                                     "TIDEMQ_NAMESRV_PORT": str(ns_port),
                                     "TIDEMQ_NAMESRV_TOKEN": TOKEN,

@@ -187,10 +187,10 @@ class Cluster:
         self._spawn("redis", [exe, "--port", str(p["redis"]), "--bind", "127.0.0.1", "--dir",
                               str(self.workdir / "redis"), "--save", "", "--appendonly", "no"],
                     {}, p["redis"])
-        self._spawn("nameserver", [sys.executable, "-m", "services.nameserver"],
+        self._spawn("nameserver", [sys.executable, "-m", "tidemq_server.nameserver"],
                     {"TIDEMQ_NAMESRV_PORT": str(p["nameserver"]),
                      "TIDEMQ_NAMESRV_LOG_LEVEL": "warning"}, p["nameserver"])
-        self._spawn("broker", [sys.executable, "-m", "services.broker"], {
+        self._spawn("broker", [sys.executable, "-m", "tidemq_server.broker"], {
             "TIDEMQ_BROKER_PORT": str(p["broker"]), "TIDEMQ_BROKER_GRPC_PORT": str(p["grpc"]),
             "TIDEMQ_BROKER_DATA_DIR": str(self.workdir / "broker"),
             "TIDEMQ_BROKER_REDIS_URL": f"redis://127.0.0.1:{p['redis']}/0",

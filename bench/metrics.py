@@ -43,8 +43,8 @@ import orjson
 from tidemq.protocol import make_event
 
 from bench._common import Row, err, print_json, print_table
-from services.common.constants import TOKEN_HEADER
-from services.metrics.rollup import Rollup, python_rollup
+from tidemq_server.common.constants import TOKEN_HEADER
+from tidemq_server.metrics.rollup import Rollup, python_rollup
 
 TOKEN = "bench-token"
 TOPIC = "TIDE_SYS_TRANS_EVENTS"
@@ -77,7 +77,7 @@ def _wait(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float =
 
 @contextmanager
 def broker(tmp: Path) -> Iterator[str]:
-    """redis-server and ``python -m services.broker`` on free ports; yields the broker URL."""
+    """redis-server and ``python -m tidemq_server.broker`` on free ports; yields the broker URL."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server is not installed: run scripts/install-system-deps.sh")
@@ -92,7 +92,7 @@ def broker(tmp: Path) -> Iterator[str]:
                "TIDEMQ_BROKER_DATA_DIR": str(tmp / "broker"),
                "TIDEMQ_BROKER_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
                "TIDEMQ_BROKER_LOG_LEVEL": "warning"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "services.broker"], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "tidemq_server.broker"], env=env,
                                       stdout=log, stderr=log))
         url = f"http://127.0.0.1:{bport}"
         _wait(url + "/healthz", procs[-1], "broker")
@@ -137,7 +137,7 @@ def write_events(url: str, bodies: list[bytes], topic: str = TOPIC) -> float:
 
 def run_job(spark: Any, url: str, tmp: Path, name: str, topic: str = TOPIC) -> float:
     """One available-now run of the job on a fresh checkpoint; its wall time (s)."""
-    from services.metrics.job import JobConfig, start_query
+    from tidemq_server.metrics.job import JobConfig, start_query
 
     cfg = JobConfig(broker_url=url, token=TOKEN, topic=topic, once=True,
                     max_events_per_batch=0, output=tmp / f"{name}.prom",
@@ -152,9 +152,9 @@ def run_job(spark: Any, url: str, tmp: Path, name: str, topic: str = TOPIC) -> f
 
 
 def bench_ingest(spark: Any, url: str, n: int, tmp: Path) -> dict[str, float]:
-    from services.metrics.planning import QueueRange
-    from services.metrics.reader import TopicReader
-    from services.metrics.source import to_arrow
+    from tidemq_server.metrics.planning import QueueRange
+    from tidemq_server.metrics.reader import TopicReader
+    from tidemq_server.metrics.source import to_arrow
 
     err.print(f"ingest: writing {n:,} events to the broker …")
     bodies = event_bodies(n)
@@ -225,7 +225,7 @@ def same(spark_rows: list[Rollup], python: list[Rollup]) -> bool:
 
 
 def bench_aggregation(spark: Any, n: int) -> dict[str, float]:
-    from services.metrics.aggregate import aggregate, to_rollup
+    from tidemq_server.metrics.aggregate import aggregate, to_rollup
 
     err.print(f"aggregation: preparing {n:,} events …")
     df = synthetic(spark, n).cache()
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object with every figure as the last line of stdout")
     args = ap.parse_args(argv)
-    from services.metrics.job import SessionConfig, build_session
+    from tidemq_server.metrics.job import SessionConfig, build_session
 
     ingest_n = 200_000 if args.quick else 1_000_000
     sizes = [100_000, 1_000_000] if args.quick else [100_000, 1_000_000, 10_000_000]
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with broker(tmp) as url:
             ingest = bench_ingest(spark, url, ingest_n, tmp)
-        from services.metrics.aggregate import aggregate
+        from tidemq_server.metrics.aggregate import aggregate
 
         aggregate(synthetic(spark, 10_000)).collect()  # compiles the plan's generated code
         aggs = [bench_aggregation(spark, n) for n in sizes]

@@ -72,7 +72,7 @@ class Group:
                           port, workdir, health="/health")
         ns = free_port()
         self.ns_url = f"http://127.0.0.1:{ns}"
-        self.nameserver = Child("nameserver", [sys.executable, "-m", "services.nameserver"], ns,
+        self.nameserver = Child("nameserver", [sys.executable, "-m", "tidemq_server.nameserver"], ns,
                                 workdir, {"TIDEMQ_NAMESRV_PORT": str(ns),
                                           "TIDEMQ_NAMESRV_TOKEN": TOKEN,
                                           "TIDEMQ_NAMESRV_WARMUP_S": "0",
@@ -96,7 +96,7 @@ class Group:
                    "TIDEMQ_BROKER_SEGMENT_BYTES": str(256 * 1024 * 1024),
                    "TIDEMQ_BROKER_LOG_LEVEL": "warning"}
             self.brokers.append(Child(f"broker-{broker_id}",
-                                      [sys.executable, "-m", "services.broker"], bport,
+                                      [sys.executable, "-m", "tidemq_server.broker"], bport,
                                       workdir, env, "/healthz"))
         self.http = httpx.Client(timeout=3.0, headers={"X-Tidemq-Token": TOKEN})
 

@@ -6,7 +6,7 @@ One redis-server and one broker process at a time (``flush=async``, no nameserve
 door), each configuration on its own port and data dir:
 
   plain     HTTP, no accounts (the default: ``make up``)
-  tls       HTTPS with a development CA's certificate (``services.cli.certs``); the SDK
+  tls       HTTPS with a development CA's certificate (``tidemq_server.cli.certs``); the SDK
             verifies it (``use_ca_bundle``)
   acl       accounts on (the broker's ACL file: default deny, nine accounts with prefix rules;
             the SDK signs every request with an access key and secret key), HTTP; the bench
@@ -90,7 +90,7 @@ CONFIGS = (Config("plain", False, False), Config("tls", True, False),
 class Bench:
     workdir: Path
     redis_url: str
-    pki: Any  # services.cli.certs.DevPki
+    pki: Any  # tidemq_server.cli.certs.DevPki
     acl: AclSetup | None
     rates: dict[str, list[float]] = field(default_factory=dict)  # msgs/s per round
     # CPU seconds per 1,000 messages per round: the broker's, and this client's
@@ -170,7 +170,7 @@ def one(bench: Bench, cfg: Config, sizes: Sizes, round_no: int, bodies: list[byt
     the rate and the CPU per 1,000 messages."""
     port = free_port()
     data = bench.workdir / f"{cfg.name.replace('+', '-')}-{round_no}"
-    child = Child(f"broker-{cfg.name}-{round_no}", [sys.executable, "-m", "services.broker"],
+    child = Child(f"broker-{cfg.name}-{round_no}", [sys.executable, "-m", "tidemq_server.broker"],
                   port, bench.workdir, bench.broker_env(cfg, port, data))
     url = f"{'https' if cfg.tls else 'http'}://127.0.0.1:{port}"
     verify: Any = ssl.create_default_context(cafile=str(bench.pki.ca)) if cfg.tls else True
@@ -201,7 +201,7 @@ def one(bench: Bench, cfg: Config, sizes: Sizes, round_no: int, bodies: list[byt
 def run_all(workdir: Path, sizes: Sizes) -> tuple[Bench, list[Config]]:
     from tidemq import use_ca_bundle
 
-    from services.cli.certs import ensure_dev_pki
+    from tidemq_server.cli.certs import ensure_dev_pki
 
     pki = ensure_dev_pki(workdir / "pki")
     use_ca_bundle(str(pki.ca))  # the SDK verifies the broker's certificate

@@ -56,7 +56,7 @@ from tidemq.protocol.batch import CLIENT_PROPERTIES, BatchBuilder
 from tidemq.protocol.batch_read import validate
 
 from bench._common import Row, err, loop_name, print_json, print_table, progress, run
-from services.broker.store import (
+from tidemq_server.broker.store import (
     FlushMode,
     GetStatus,
     MessageRecord,
@@ -66,10 +66,10 @@ from services.broker.store import (
     StoreConfig,
     tag_code,
 )
-from services.broker.store import record as rec_fmt
-from services.broker.store.batches import Batch
-from services.broker.store.checkpoint import Checkpoint
-from services.broker.store.record import encode_host
+from tidemq_server.broker.store import record as rec_fmt
+from tidemq_server.broker.store.batches import Batch
+from tidemq_server.broker.store.checkpoint import Checkpoint
+from tidemq_server.broker.store.record import encode_host
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

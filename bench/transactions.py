@@ -55,7 +55,7 @@ import msgpack
 from bench._common import Row, err, loop_name, print_json, print_table, progress, run
 from bench._orphans import IMMUNITY_S, TARGET_LATE_S, OrphanResult, orphan_checks
 from bench._peers import process_cpu_s
-from services.common.constants import TOKEN_HEADER, TRANSACTION_CHECK_INTERVAL_MS
+from tidemq_server.common.constants import TOKEN_HEADER, TRANSACTION_CHECK_INTERVAL_MS
 
 REPO = Path(__file__).resolve().parents[1]
 BODY = b"t" * 512
@@ -137,7 +137,7 @@ class Child:
 def service(name: str, workdir: Path, prefix: str, env: dict[str, str]) -> Child:
     port = free_port()
     env = {f"{prefix}PORT": str(port), f"{prefix}LOG_LEVEL": "warning", **env}
-    return Child(name, [sys.executable, "-m", f"services.{name}"], port, workdir, env)
+    return Child(name, [sys.executable, "-m", f"tidemq_server.{name}"], port, workdir, env)
 
 
 # --- the workloads -----------------------------------------------------------------------------

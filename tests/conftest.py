@@ -16,7 +16,7 @@ from tests.support.procs import RedisServer
 # exports its screen size, LINES=24 and COLUMNS=80 without a terminal, to the process's C
 # environment: os.environ does not show them, but every child inherits them, so pytest-xdist
 # workers start with COLUMNS=80 in os.environ. The CLI's rich consoles are built when
-# services.cli is imported and keep the COLUMNS of that moment for good, so a test's
+# tidemq_server.cli is imported and keep the COLUMNS of that moment for good, so a test's
 # ``CliRunner.invoke(..., env={"COLUMNS": "200"})`` was ignored in a worker and wide tables
 # were cut at 80 columns. Drop both before any test module imports the CLI; a test that wants
 # a width sets it itself.

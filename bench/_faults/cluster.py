@@ -170,7 +170,7 @@ class Cluster:
         self._start_etcd()
         self._start_redis()
         for i, host in enumerate(("n7", "n4")):
-            self.spawn(self.service(f"nameserver-{i + 1}", host, "services.nameserver",
+            self.spawn(self.service(f"nameserver-{i + 1}", host, "tidemq_server.nameserver",
                                     "TIDEMQ_NAMESRV_", 9876, {
                                         "PEERS": ",".join(self.nameservers),
                                         "BROKER_EXPIRY_S": "10", "WARMUP_S": "2"},
@@ -180,7 +180,7 @@ class Cluster:
         for i, host in enumerate(A_HOSTS):
             data = self.workdir / host / "broker"
             data.mkdir(parents=True, exist_ok=True)
-            self.spawn(self.service(f"a{i}", host, "services.broker", "TIDEMQ_BROKER_", 10911, {
+            self.spawn(self.service(f"a{i}", host, "tidemq_server.broker", "TIDEMQ_BROKER_", 10911, {
                 **common, **REPLICATED, "BROKER_NAME": GROUP_A, "BROKER_ID": str(i),
                 "ETCD_ENDPOINTS": self.url("n5", 2379), "DATA_DIR": str(data),
                 "SCHEDULER_URL": self.url("n5", 10931)}, faked_clock=True))
@@ -188,21 +188,21 @@ class Cluster:
         data_b.mkdir(parents=True, exist_ok=True)
         sh("mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", f"{CLUSTER.lower()}", str(data_b))
         self.mounts.append(data_b)
-        self.spawn(self.service("b0", "n4", "services.broker", "TIDEMQ_BROKER_", 10911, {
+        self.spawn(self.service("b0", "n4", "tidemq_server.broker", "TIDEMQ_BROKER_", 10911, {
             **common, "BROKER_NAME": GROUP_B, "DATA_DIR": str(data_b),
             "SCHEDULER_URL": self.url("n4", 10931)}))
         for group, host in ((GROUP_A, "n5"), (GROUP_B, "n4")):
             side = {"BROKER_NAME": group, "NAMESERVERS": ",".join(self.nameservers),
                     "REDIS_URL": self.redis_url}
             letter = group[-1]
-            self.spawn(self.service(f"checker-{letter}", host, "services.checker",
+            self.spawn(self.service(f"checker-{letter}", host, "tidemq_server.checker",
                                     "TIDEMQ_CHECKER_", 10921, {
                                         **side, "CHECK_INTERVAL_MS": "1000",
                                         "CHECK_MIN_SLEEP_MS": "200",
                                         "TRANSACTION_TIMEOUT_MS": "2000"}))
             sched = self.workdir / host / f"scheduler-{letter}"
             sched.mkdir(parents=True, exist_ok=True)
-            self.spawn(self.service(f"scheduler-{letter}", host, "services.scheduler",
+            self.spawn(self.service(f"scheduler-{letter}", host, "tidemq_server.scheduler",
                                     "TIDEMQ_SCHEDULER_", 10931, {
                                         **side, "DATA_DIR": str(sched),
                                         "LEVEL_POLL_MS": "100"},

@@ -1,10 +1,10 @@
-"""``python -m services.broker``: one broker process (settings from ``TIDEMQ_BROKER_*``)."""
+"""``python -m tidemq_server.broker``: one broker process (settings from ``TIDEMQ_BROKER_*``)."""
 
 from __future__ import annotations
 
-from services.broker.app import create_broker_app
-from services.broker.settings import BrokerSettings
-from services.common.runner import serve, settings_or_exit
+from tidemq_server.broker.app import create_broker_app
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.common.runner import serve, settings_or_exit
 
 
 def main() -> None:

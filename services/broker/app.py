@@ -12,14 +12,14 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from services.broker.grpc import GrpcFrontDoor
-from services.broker.observability import BrokerMetrics
-from services.broker.routes import ROUTERS
-from services.broker.routes.raw_ids import RawIdPaths
-from services.broker.service import Broker
-from services.broker.settings import BrokerSettings
-from services.common.app import create_app
-from services.common.auth import service_gate
+from tidemq_server.broker.grpc import GrpcFrontDoor
+from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.routes import ROUTERS
+from tidemq_server.broker.routes.raw_ids import RawIdPaths
+from tidemq_server.broker.service import Broker
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.common.app import create_app
+from tidemq_server.common.auth import service_gate
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from tidemq.protocol import (
 from tidemq.protocol.message import reject_unknown
 from tidemq.protocol.numbers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, integer
 
-from services.broker.messaging.convert import new_message_id
-from services.broker.messaging.send import SendService
-from services.broker.messaging.topics import TopicConfig, TopicManager
-from services.broker.store.store import MessageStore
-from services.broker.store.types import MessageRecord, StoredRecord, tag_code
-from services.common.clock import now_ms
+from tidemq_server.broker.messaging.convert import new_message_id
+from tidemq_server.broker.messaging.send import SendService
+from tidemq_server.broker.messaging.topics import TopicConfig, TopicManager
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord, tag_code
+from tidemq_server.common.clock import now_ms
 
 MAX_RECORDS = 4096  # records per internal write
 MAX_PORT = 65_535  # the port of a born_host

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.broker.store.types import MessageRecord, PutStatus
-from services.common.stats import Stat, StatsCollector, counter
+from tidemq_server.broker.store.types import MessageRecord, PutStatus
+from tidemq_server.common.stats import Stat, StatsCollector, counter
 
 log = logging.getLogger(__name__)
 

@@ -24,14 +24,14 @@ from urllib.parse import quote
 
 import httpx
 
-from services.common.auth.client import service_auth
-from services.common.constants import (
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.constants import (
     BROKER_HEARTBEAT_INTERVAL_S,
     BROKER_HEARTBEAT_RETRY_S,
     TOKEN_HEADER,
 )
-from services.common.loop import BackgroundLoop
-from services.common.tls import client_context
+from tidemq_server.common.loop import BackgroundLoop
+from tidemq_server.common.tls import client_context
 
 log = logging.getLogger(__name__)
 

@@ -17,38 +17,42 @@ import asyncio
 import logging
 from typing import Any
 
-from services.broker.consumers.membership import GroupExpiryLoop, GroupRegistry, ProducerRegistry
-from services.broker.consumers.offsets import OffsetStore
-from services.broker.consumers.retry import RetryService
-from services.broker.consumers.service import ConsumerService
-from services.broker.consumers.simple import SimpleConsumerService
-from services.broker.delays.routing import DelayRouter, delay_view
-from services.broker.delays.scheduler_client import SchedulerClient
-from services.broker.delays.service import DelayLookup, DelayService
-from services.broker.internal import InternalService
-from services.broker.messaging.dedup import DedupCache
-from services.broker.messaging.longpoll import PullHold
-from services.broker.messaging.pull import PullService
-from services.broker.messaging.query import QueryService
-from services.broker.messaging.send import SendService
-from services.broker.messaging.topics import TopicConfig, TopicManager
-from services.broker.observability import (
+from tidemq_server.broker.consumers.membership import (
+    GroupExpiryLoop,
+    GroupRegistry,
+    ProducerRegistry,
+)
+from tidemq_server.broker.consumers.offsets import OffsetStore
+from tidemq_server.broker.consumers.retry import RetryService
+from tidemq_server.broker.consumers.service import ConsumerService
+from tidemq_server.broker.consumers.simple import SimpleConsumerService
+from tidemq_server.broker.delays.routing import DelayRouter, delay_view
+from tidemq_server.broker.delays.scheduler_client import SchedulerClient
+from tidemq_server.broker.delays.service import DelayLookup, DelayService
+from tidemq_server.broker.internal import InternalService
+from tidemq_server.broker.messaging.dedup import DedupCache
+from tidemq_server.broker.messaging.longpoll import PullHold
+from tidemq_server.broker.messaging.pull import PullService
+from tidemq_server.broker.messaging.query import QueryService
+from tidemq_server.broker.messaging.send import SendService
+from tidemq_server.broker.messaging.topics import TopicConfig, TopicManager
+from tidemq_server.broker.observability import (
     BROKER_STATS,
     STORE_STATS,
     TRANSACTION_STATS,
     BrokerMetrics,
 )
-from services.broker.registrar import NameserverRegistrar
-from services.broker.replication.election import Elector, LeaseFence, elected, elector_for
-from services.broker.replication.epochs import EpochFile
-from services.broker.replication.manager import ReplicationManager
-from services.broker.replication.role import BrokerRole, always, static_role
-from services.broker.settings import BrokerSettings
-from services.broker.store.appender import Appender
-from services.broker.store.store import MessageStore
-from services.broker.transactions.checker_requests import CheckerRequests
-from services.broker.transactions.service import TransactionService
-from services.common.clock import now_ms
+from tidemq_server.broker.registrar import NameserverRegistrar
+from tidemq_server.broker.replication.election import Elector, LeaseFence, elected, elector_for
+from tidemq_server.broker.replication.epochs import EpochFile
+from tidemq_server.broker.replication.manager import ReplicationManager
+from tidemq_server.broker.replication.role import BrokerRole, always, static_role
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.transactions.checker_requests import CheckerRequests
+from tidemq_server.broker.transactions.service import TransactionService
+from tidemq_server.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 

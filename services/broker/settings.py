@@ -14,9 +14,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 from tidemq.protocol import Limits
 
-from services.broker.store.config import FlushMode, StoreConfig
-from services.broker.store.types import GiB, MiB
-from services.common.constants import (
+from tidemq_server.broker.store.config import FlushMode, StoreConfig
+from tidemq_server.broker.store.types import GiB, MiB
+from tidemq_server.common.constants import (
     BROKER_GRPC_PORT,
     BROKER_HEARTBEAT_INTERVAL_S,
     BROKER_PORT,
@@ -28,9 +28,9 @@ from services.common.constants import (
     REDIS_WAIT_TIMEOUT_MS,
     WILDCARD_HOSTS,
 )
-from services.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
-from services.common.discovery import split_urls
-from services.common.settings import LogLevel, RedisUrl, ServiceSettings
+from tidemq_server.common.delaylevels import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from tidemq_server.common.discovery import split_urls
+from tidemq_server.common.settings import LogLevel, RedisUrl, ServiceSettings
 
 DAY_MS = 24 * 3600 * 1000
 _LIMITS = Limits()

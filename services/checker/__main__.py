@@ -1,10 +1,10 @@
-"""``python -m services.checker``: one checker process (settings from ``TIDEMQ_CHECKER_*``)."""
+"""``python -m tidemq_server.checker``: one checker process (settings from ``TIDEMQ_CHECKER_*``)."""
 
 from __future__ import annotations
 
-from services.checker.app import create_checker_app
-from services.checker.settings import CheckerSettings
-from services.common.runner import serve, settings_or_exit
+from tidemq_server.checker.app import create_checker_app
+from tidemq_server.checker.settings import CheckerSettings
+from tidemq_server.common.runner import serve, settings_or_exit
 
 
 def main() -> None:

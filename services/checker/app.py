@@ -19,15 +19,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import BaseModel, Field
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.checker.progress import ProgressStore, ProgressUnavailable
-from services.checker.scanner import CheckScanner, ScanConfig, ScanReport
-from services.checker.settings import CheckerSettings
-from services.checker.wake import HalfWatch
-from services.common.app import create_app, reply, token_guard
-from services.common.auth import acl_gate, use_account
-from services.common.broker_client import BrokerClient, BrokerDown, BrokerError
-from services.common.loop import BackgroundLoop
-from services.common.openapi import errors
+from tidemq_server.checker.progress import ProgressStore, ProgressUnavailable
+from tidemq_server.checker.scanner import CheckScanner, ScanConfig, ScanReport
+from tidemq_server.checker.settings import CheckerSettings
+from tidemq_server.checker.wake import HalfWatch
+from tidemq_server.common.app import create_app, reply, token_guard
+from tidemq_server.common.auth import acl_gate, use_account
+from tidemq_server.common.broker_client import BrokerClient, BrokerDown, BrokerError
+from tidemq_server.common.loop import BackgroundLoop
+from tidemq_server.common.openapi import errors
 
 log = logging.getLogger(__name__)
 

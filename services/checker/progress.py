@@ -11,8 +11,8 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from services.common.constants import checker_progress_key
-from services.common.redis import connect_redis
+from tidemq_server.common.constants import checker_progress_key
+from tidemq_server.common.redis import connect_redis
 
 
 class ProgressUnavailable(Exception):

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from services.common.constants import CHECKER_FLOOR_OWNER
+from tidemq_server.common.constants import CHECKER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)
 

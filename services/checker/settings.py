@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import (
+from tidemq_server.common.constants import (
     CHECKER_PORT,
     TRANSACTION_CHECK_INTERVAL_MS,
     TRANSACTION_CHECK_MAX,
@@ -14,7 +14,7 @@ from services.common.constants import (
     TRANSACTION_MAX_AGE_S,
     TRANSACTION_TIMEOUT_MS,
 )
-from services.common.settings import GroupServiceSettings, LogLevel, RedisUrl
+from tidemq_server.common.settings import GroupServiceSettings, LogLevel, RedisUrl
 
 
 class CheckerSettings(GroupServiceSettings):

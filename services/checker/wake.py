@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from services.checker.scanner import ScanConfig, due_ms
+from tidemq_server.checker.scanner import ScanConfig, due_ms
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ import sys
 
 import typer
 
-from services.cli.errors import EXIT_FAILURE, EXIT_USAGE, FAILED, USAGE, print_json_error
-from services.cli.root import app
+from tidemq_server.cli.errors import EXIT_FAILURE, EXIT_USAGE, FAILED, USAGE, print_json_error
+from tidemq_server.cli.root import app
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``tidemq = "services.cli:main"``).
+    """Console-script entry point (``tidemq = "tidemq_server.cli:main"``).
 
     With ``--json`` anywhere before ``--``, a usage error (unknown option, missing argument)
     is one JSON object on stderr too, like every other error."""

@@ -1,8 +1,8 @@
-"""``python -m services.cli``: the same as the ``tidemq`` command."""
+"""``python -m tidemq_server.cli``: the same as the ``tidemq`` command."""
 
 from __future__ import annotations
 
-from services.cli import main
+from tidemq_server.cli import main
 
 if __name__ == "__main__":
     main()

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from services.common.auth.policy import PolicyError, user_entry
-from services.common.auth.store import load_policy
+from tidemq_server.common.auth.policy import PolicyError, user_entry
+from tidemq_server.common.auth.store import load_policy
 
 SERVICES_FILE = "acl-services.yaml"  # under the data dir
 SERVICE_ACCOUNT = "tidemq-services"

@@ -17,9 +17,9 @@ from rich.table import Table
 from rich.text import Text
 from tidemq.protocol import Perm
 
-from services.cli import load, topic_groups
-from services.cli.errors import split_code
-from services.cli.rest import (
+from tidemq_server.cli import load, topic_groups
+from tidemq_server.cli.errors import split_code
+from tidemq_server.cli.rest import (
     CliError,
     JsonOption,
     call,
@@ -31,7 +31,7 @@ from services.cli.rest import (
     printed_json,
     reports_errors,
 )
-from services.common.constants import BROKER_EXPIRY_S
+from tidemq_server.common.constants import BROKER_EXPIRY_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEALTH_TIMEOUT_S = 2.0  # `tidemq cluster`: one broker's /healthz (s)

@@ -14,7 +14,7 @@ the same CA, so clients holding ca.pem keep working). ECDSA P-256 keys, SHA-256 
 For development and closed deployments; a public deployment should bring certificates from its
 own CA (``TIDEMQ_<SERVICE>_TLS_CERT`` / ``_TLS_KEY``, docs/operations.md).
 
-``python -m services.cli.certs --dir DIR [--name NAME ...]`` makes them (the compose init step).
+``python -m tidemq_server.cli.certs --dir DIR [--name NAME ...]`` makes them (the compose init step).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def ensure_dev_pki(directory: Path, names: Iterable[str] = ()) -> DevPki:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.cli.certs",
+    parser = argparse.ArgumentParser(prog="python -m tidemq_server.cli.certs",
                                      description="Make a development CA and server cert.")
     parser.add_argument("--dir", type=Path, required=True, help="where the files go")
     parser.add_argument("--name", action="append", default=[],

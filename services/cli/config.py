@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.cli.errors import CONFIG, EXIT_USAGE
+from tidemq_server.cli.errors import CONFIG, EXIT_USAGE
 
 NAMESERVER_URL_ENV = "TIDEMQ_NAMESERVER_URL"  # --nameserver
 BROKER_URL_ENV = "TIDEMQ_BROKER_URL"  # --broker

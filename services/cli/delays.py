@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from services.cli.rest import (
+from tidemq_server.cli.rest import (
     JsonOption,
     console,
     endpoints,
@@ -23,7 +23,7 @@ from services.cli.rest import (
     request,
     segment,
 )
-from services.common.delaylevels import DEFAULT_DELAY_LEVELS
+from tidemq_server.common.delaylevels import DEFAULT_DELAY_LEVELS
 
 delay_app = typer.Typer(help="Delayed messages: list what is pending, cancel one.",
                         no_args_is_help=True)

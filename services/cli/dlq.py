@@ -1,6 +1,6 @@
 """`tidemq dlq resend`: send dead-lettered messages of a group back to their original topics.
 
-What a resend stores is decided in services.common.dlq (shared with the web console).
+What a resend stores is decided in tidemq_server.common.dlq (shared with the web console).
 
 ``--all`` resends from the group's committed offset on its DLQ (the start when there is none)
 to the end, then commits the offset past the last message resent without a failure before
@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from tidemq.protocol import dlq_topic
 
-from services.cli.rest import (
+from tidemq_server.cli.rest import (
     CliError,
     Endpoints,
     call,
@@ -27,7 +27,7 @@ from services.cli.rest import (
     reports_errors,
     segment,
 )
-from services.common.dlq import PAGE, Outcome, plan_resend
+from tidemq_server.common.dlq import PAGE, Outcome, plan_resend
 
 dlq_app = typer.Typer(help="Dead-letter queues: resend dead-lettered messages.",
                       no_args_is_help=True)

@@ -21,7 +21,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from services.cli.rest import (
+from tidemq_server.cli.rest import (
     CliError,
     Endpoints,
     JsonOption,
@@ -34,7 +34,7 @@ from services.cli.rest import (
     reports_errors,
     segment,
 )
-from services.cli.topic_groups import choose_groups
+from tidemq_server.cli.topic_groups import choose_groups
 
 group_app = typer.Typer(help="Consumer groups: list, offsets and lag, reset offsets.",
                         no_args_is_help=True)

@@ -1,8 +1,8 @@
 """The compose init step: TLS files and the accounts file, made once into one directory.
 
-    python -m services.cli.init_secrets --dir /secrets --name broker-a --name ... [--acl]
+    python -m tidemq_server.cli.init_secrets --dir /secrets --name broker-a --name ... [--acl]
 
-- TLS: a development CA and a server certificate for every ``--name`` (``services.cli.certs``).
+- TLS: a development CA and a server certificate for every ``--name`` (``tidemq_server.cli.certs``).
 - ``--acl``: ``acl.yaml`` (mode 0600), the accounts every service loads (``…ACL_FILE``):
   ``tidemq-services``, the services' own account, with the access key and secret key of
   ``TIDEMQ_SERVICES_ACCESS_KEY`` / ``TIDEMQ_SERVICES_SECRET_KEY`` (the same variables give them
@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from services.cli.certs import LOCAL_NAMES, ensure_dev_pki
+from tidemq_server.cli.certs import LOCAL_NAMES, ensure_dev_pki
 
 ACL_FILE = "acl.yaml"
 ADMIN_FILE = "admin.env"
@@ -84,7 +84,7 @@ def ensure_acl(directory: Path, env: Mapping[str, str]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.cli.init_secrets",
+    parser = argparse.ArgumentParser(prog="python -m tidemq_server.cli.init_secrets",
                                      description="Make the TLS files and the accounts file.")
     parser.add_argument("--dir", type=Path, required=True, help="where the files go")
     parser.add_argument("--name", action="append", default=[],

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from services.cli.rest import CliError, Endpoints, answer, call, segment, unreachable
+from tidemq_server.cli.rest import CliError, Endpoints, answer, call, segment, unreachable
 
 MAX_WORKERS = 32  # requests in flight at most
 

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.cli.rest import (
+from tidemq_server.cli.rest import (
     CliError,
     Endpoints,
     answer,
@@ -26,7 +26,7 @@ from services.cli.rest import (
     segment,
     unreachable,
 )
-from services.common.tls import client_context
+from tidemq_server.common.tls import client_context
 
 MAX_BATCH = 1024  # messages per request (API limit)
 MAX_PULL = 1024  # messages per pull (API limit)

@@ -15,8 +15,8 @@ from typing import Any
 
 from rich.text import Text
 
-from services.cli.rest import console, err_console
-from services.common.logs import JsonFormatter, setup_logging
+from tidemq_server.cli.rest import console, err_console
+from tidemq_server.common.logs import JsonFormatter, setup_logging
 
 LOGGER = "tidemq.up"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tidemq._constants import TLS_CA_ENV
 
-from services.cli.certs import CA_FILE, CERT_FILE, KEY_FILE
-from services.common.constants import (
+from tidemq_server.cli.certs import CA_FILE, CERT_FILE, KEY_FILE
+from tidemq_server.common.constants import (
     BROKER_GRPC_PORT,
     BROKER_PORT,
     CHECKER_PORT,
@@ -221,7 +221,7 @@ def module_available(module: str) -> bool:
 
 TOKEN_FILE = "token"  # under the data dir: the cluster token kept across runs (mode 0600)
 LOCK_FILE = "up.lock"  # under the data dir: locked (flock) by the running `tidemq up`, its pid
-TLS_DIR = "tls"  # under the data dir: `tidemq up --tls`'s CA and certificate (services.cli.certs)
+TLS_DIR = "tls"  # under the data dir: `tidemq up --tls`'s CA and certificate (tidemq_server.cli.certs)
 
 
 def resolve_token(env: Mapping[str, str], stored: str | None = None) -> str:
@@ -297,10 +297,10 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
     for kind in SERVICE_ORDER:
         if kind in opts.skip or (kind == "metrics" and not opts.metrics):
             continue
-        if available(f"services.{kind}"):
+        if available(f"tidemq_server.{kind}"):
             kinds.append(kind)
         elif kind in REQUIRED_SERVICES:
-            raise LookupError(f"services.{kind} cannot be run (no services/{kind}/__main__.py)")
+            raise LookupError(f"tidemq_server.{kind} cannot be run (no services/{kind}/__main__.py)")
     nameservers = ",".join(opts.nameserver_urls())
 
     def spec(kind: str, index: int, port: int, specific: dict[str, str],
@@ -315,7 +315,7 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
         full = {ENV_PREFIX[kind] + k: v for k, v in env.items()}
         if opts.tls:  # every client in the child (SDK, internal clients) trusts the dev CA
             full[TLS_CA_ENV] = str(opts.tls_dir / CA_FILE)
-        return ServiceSpec(name=opts.label(kind, index), module=f"services.{kind}",
+        return ServiceSpec(name=opts.label(kind, index), module=f"tidemq_server.{kind}",
                            host=opts.host, port=port, env=full,
                            public_host=opts.advertise_host,
                            grpc_port=grpc_port, kind=kind,

@@ -18,8 +18,8 @@ import socket
 from pathlib import Path
 from typing import IO
 
-from services.cli.plan import LOCK_FILE, UpOptions, planned_ports
-from services.cli.rest import CliError
+from tidemq_server.cli.plan import LOCK_FILE, UpOptions, planned_ports
+from tidemq_server.cli.rest import CliError
 
 #: The `tidemq up` option that moves each kind of port (``planned_ports`` kinds, and etcd).
 PORT_OPTIONS = {"nameserver": "--nameserver-port", "broker": "--broker-port",

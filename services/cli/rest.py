@@ -2,7 +2,7 @@
 
 The CLI talks to the services with plain httpx (not the SDK). A server error is shown as
 ``CODE: message`` on stderr (with ``--json``: ``{"code": ..., "message": ...}``) and the command
-exits with the status ``services.cli.errors.EXIT_CODES`` gives that code.
+exits with the status ``tidemq_server.cli.errors.EXIT_CODES`` gives that code.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from rich.console import Console
 from tidemq import ConfigurationError
 from tidemq._constants import TLS_CA_ENV
 
-from services.cli.errors import exit_code_for, print_json_error, split_code
-from services.common.auth.client import service_auth, signing_auth
-from services.common.constants import BROKER_PORT, NAMESERVER_PORT, TOKEN_HEADER
-from services.common.tls import client_context
+from tidemq_server.cli.errors import exit_code_for, print_json_error, split_code
+from tidemq_server.common.auth.client import service_auth, signing_auth
+from tidemq_server.common.constants import BROKER_PORT, NAMESERVER_PORT, TOKEN_HEADER
+from tidemq_server.common.tls import client_context
 
 #: Width of the CLI's output when it is not a terminal (a pipe, a file, a supervisor's log) and
 #: COLUMNS does not say: wide, so a table never cuts a name short ("nameserver…").
@@ -62,7 +62,7 @@ class CliError(Exception):
 
     ``message`` reads ``CODE: detail``; the code (``FAILED`` when the message has none, or the
     ``code`` given) chooses the exit status unless ``exit_code`` is given
-    (``services.cli.errors``)."""
+    (``tidemq_server.cli.errors``)."""
 
     def __init__(self, message: str, exit_code: int | None = None,
                  code: str | None = None) -> None:

@@ -13,8 +13,8 @@ import typer
 from tidemq._constants import TLS_CA_ENV
 from tidemq.protocol.signing import ACCESS_KEY_ENV, SECRET_KEY_ENV
 
-from services.cli import admin, delays, dlq, groups, messages, tx, up
-from services.cli.config import (
+from tidemq_server.cli import admin, delays, dlq, groups, messages, tx, up
+from tidemq_server.cli.config import (
     BROKER_URL_ENV,
     CONFIG_ENV,
     NAMESERVER_URL_ENV,
@@ -25,8 +25,8 @@ from services.cli.config import (
     Profile,
     load_profile,
 )
-from services.cli.errors import EXIT_HELP
-from services.cli.rest import (
+from tidemq_server.cli.errors import EXIT_HELP
+from tidemq_server.cli.rest import (
     DEFAULT_BROKER_URL,
     DEFAULT_NAMESERVER_URL,
     DEFAULT_TIMEOUT_S,
@@ -35,7 +35,7 @@ from services.cli.rest import (
     parse_urls,
     report,
 )
-from services.common.tls import use_ca_bundle
+from tidemq_server.common.tls import use_ca_bundle
 
 app = typer.Typer(
     name="tidemq",

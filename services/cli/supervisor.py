@@ -39,9 +39,9 @@ import httpx
 import redis
 from rich.table import Table
 
-from services.cli import notices
-from services.cli.rest import CliError, err_console
-from services.common.tls import client_context
+from tidemq_server.cli import notices
+from tidemq_server.cli.rest import CliError, err_console
+from tidemq_server.common.tls import client_context
 
 POLL_S = 0.1  # how often a starting child's health is polled (s)
 WATCH_S = 0.2  # how often running children are looked at (s)

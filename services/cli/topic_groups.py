@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from services.cli.rest import (
+from tidemq_server.cli.rest import (
     CliError,
     Endpoints,
     answer,

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from services.cli.rest import (
+from tidemq_server.cli.rest import (
     JsonOption,
     console,
     endpoints,

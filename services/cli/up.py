@@ -1,16 +1,16 @@
 """`tidemq up`: run a whole local cluster as supervised child processes until Ctrl-C or SIGTERM.
 
 Redis (managed unless REDIS_URL is set) starts first, then the services in plan order
-(``services.cli.plan``: nameservers, then per broker group a broker, a checker and a
+(``tidemq_server.cli.plan``: nameservers, then per broker group a broker, a checker and a
 scheduler, then the metrics sidecar), each awaited on its /healthz; then every broker is awaited
 in every nameserver's cluster view, so "tidemq is up" means routable. ``--groups N
 --nameservers M`` run several groups and nameservers on predictable ports (plan.py). A child
-that dies is restarted (``services.cli.supervisor``); a crash loop, Ctrl-C or SIGTERM stops the
+that dies is restarted (``tidemq_server.cli.supervisor``); a crash loop, Ctrl-C or SIGTERM stops the
 children in reverse order (SIGTERM, then SIGKILL after a timeout). Each child's output goes to
 ``<data-dir>/logs/<name>.log``.
 
 Before anything starts, `tidemq up` locks its data dir and checks every port it will use
-(``services.cli.preflight``): a second `tidemq up` on the same data dir, or one whose ports are
+(``tidemq_server.cli.preflight``): a second `tidemq up` on the same data dir, or one whose ports are
 taken, stops with one line naming the running instance (its pid) or the port, having started
 nothing.
 
@@ -33,10 +33,10 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from services.cli import notices
-from services.cli.acl import prepare_acl
-from services.cli.certs import ensure_dev_pki
-from services.cli.plan import (
+from tidemq_server.cli import notices
+from tidemq_server.cli.acl import prepare_acl
+from tidemq_server.cli.certs import ensure_dev_pki
+from tidemq_server.cli.plan import (
     MAX_GROUPS,
     MAX_NAMESERVERS,
     MAX_REPLICAS,
@@ -53,9 +53,9 @@ from services.cli.plan import (
     validate_topology,
     with_etcd,
 )
-from services.cli.preflight import DataDirLock, check_ports, port_in_use
-from services.cli.rest import CliError, console, reports_errors
-from services.cli.supervisor import (
+from tidemq_server.cli.preflight import DataDirLock, check_ports, port_in_use
+from tidemq_server.cli.rest import CliError, console, reports_errors
+from tidemq_server.cli.supervisor import (
     DUPLICATE_SIGNAL_S,
     POLL_S,
     Interrupted,
@@ -63,11 +63,11 @@ from services.cli.supervisor import (
     http_probe,
     redis_probe,
 )
-from services.common.auth.client import service_auth, use_account
-from services.common.auth.policy import PolicyError
-from services.common.constants import WILDCARD_HOSTS
-from services.common.logs import format_from_env
-from services.common.tls import client_context, use_ca_bundle
+from tidemq_server.common.auth.client import service_auth, use_account
+from tidemq_server.common.auth.policy import PolicyError
+from tidemq_server.common.constants import WILDCARD_HOSTS
+from tidemq_server.common.logs import format_from_env
+from tidemq_server.common.tls import client_context, use_ca_bundle
 
 __all__ = ["DUPLICATE_SIGNAL_S", "Supervisor", "up"]
 

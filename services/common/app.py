@@ -1,5 +1,5 @@
 """FastAPI app factory shared by every service: error shape, /healthz, /metrics, token guard,
-offline /docs and the completed OpenAPI document (services.common.openapi).
+offline /docs and the completed OpenAPI document (tidemq_server.common.openapi).
 
 Errors always leave as ``{"code", "message"}`` with the status of the code (tidemq.protocol).
 """
@@ -33,13 +33,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.codec import encode_payload, is_msgpack
 
-from services.common.auth import Gate
-from services.common.auth.rest import AclMiddleware, account_of
-from services.common.bodies import describe
-from services.common.constants import TOKEN_HEADER
-from services.common.docs import install_docs
-from services.common.lean import declared_query
-from services.common.openapi import Health, errors, finish_openapi
+from tidemq_server.common.auth import Gate
+from tidemq_server.common.auth.rest import AclMiddleware, account_of
+from tidemq_server.common.bodies import describe
+from tidemq_server.common.constants import TOKEN_HEADER
+from tidemq_server.common.docs import install_docs
+from tidemq_server.common.lean import declared_query
+from tidemq_server.common.openapi import Health, errors, finish_openapi
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | Non
                version: str = "0.1.0", health: HealthCheck | None = None,
                gate: Gate | None = None, strict_query: bool = True) -> FastAPI:
     """A service's app; with ``gate`` (ACL on) every request but /healthz, /metrics and the docs
-    must be signed and allowed (services.common.auth.rest). With ``strict_query`` (every API)
+    must be signed and allowed (tidemq_server.common.auth.rest). With ``strict_query`` (every API)
     a query parameter the endpoint does not take is refused with 400."""
     app = FastAPI(title=title, version=version, lifespan=lifespan,
                   default_response_class=JSONResponse, docs_url=None, redoc_url=None,

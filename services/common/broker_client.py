@@ -27,10 +27,10 @@ import msgpack
 import orjson
 from tidemq.protocol import CONTENT_MSGPACK
 
-from services.common.auth.client import service_auth
-from services.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, LONG_POLL_MAX_MS, TOKEN_HEADER
-from services.common.discovery import BrokerResolver, GroupUnknown
-from services.common.tls import client_context
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, LONG_POLL_MAX_MS, TOKEN_HEADER
+from tidemq_server.common.discovery import BrokerResolver, GroupUnknown
+from tidemq_server.common.tls import client_context
 
 log = logging.getLogger(__name__)
 

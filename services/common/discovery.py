@@ -31,14 +31,14 @@ from typing import Any
 
 import httpx
 
-from services.common.auth.client import service_auth
-from services.common.constants import (
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.constants import (
     CLUSTER_PATH,
     DISCOVERY_REFRESH_S,
     DISCOVERY_RETRY_S,
     DISCOVERY_TIMEOUT_S,
 )
-from services.common.tls import client_context
+from tidemq_server.common.tls import client_context
 
 log = logging.getLogger(__name__)
 

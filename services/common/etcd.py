@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from services.common.tls import client_context
+from tidemq_server.common.tls import client_context
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import orjson
 from tidemq.protocol import ErrorCode
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from services.common.constants import MAX_URL_BYTES
+from tidemq_server.common.constants import MAX_URL_BYTES
 
 _REASONS = {400: b"Bad Request", 414: b"URI Too Long"}
 

@@ -3,7 +3,7 @@
 ``TIDEMQ_LOG_FORMAT=json`` makes every line one JSON object::
 
     {"time": "2026-11-28T06:19:54.123Z", "level": "INFO", "service": "broker",
-     "logger": "services.broker.service", "message": "...", "request_id": "...",
+     "logger": "tidemq_server.broker.service", "message": "...", "request_id": "...",
      "message_id": "..."}
 
 ``time`` is ISO 8601 in UTC (milliseconds); ``request_id`` (the request's ``X-Request-Id``, or
@@ -30,7 +30,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.common.constants import LOG_FORMAT_ENV, LOG_FORMATS, LOG_LEVELS, REQUEST_ID_HEADER
+from tidemq_server.common.constants import (
+    LOG_FORMAT_ENV,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    REQUEST_ID_HEADER,
+)
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-5s %(name)s: %(message)s"
 MAX_LOGGED_IDS = 20  # message ids of a batch shown in one JSON line at most

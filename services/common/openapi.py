@@ -10,7 +10,7 @@ Routes declare their answer as ``response_model`` (documentation only: they retu
   FastAPI's 422 ``HTTPValidationError`` is removed (validation errors answer 400);
 - every JSON answer is also offered as ``application/msgpack`` (same fields; bytes stay raw);
 - endpoints that need the cluster token (every ``/internal/`` one) declare it through the
-  ``ClusterToken`` security scheme (``X-Tidemq-Token``, see ``services.common.app.token_guard``).
+  ``ClusterToken`` security scheme (``X-Tidemq-Token``, see ``tidemq_server.common.app.token_guard``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _add_error(responses: dict[str, Any], status: int, description: str) -> None
         entry["description"] = f"{known}, {description}" if known else description
 
 
-#: Answered without a signature even with ACL on (services.common.auth.rest_rules.OPEN_PATHS)
+#: Answered without a signature even with ACL on (tidemq_server.common.auth.rest_rules.OPEN_PATHS)
 _OPEN = ("/healthz", "/metrics")
 
 

@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from services.common.constants import (
+from tidemq_server.common.constants import (
     REDIS_FAILOVER_BACKOFF_MAX_S,
     REDIS_FAILOVER_BACKOFF_MIN_S,
     REDIS_FAILOVER_WAIT_S,

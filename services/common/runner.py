@@ -13,10 +13,10 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from services.common.constants import HTTP_SERVER_KEEP_ALIVE_S
-from services.common.httpserver import JsonErrorsProtocol
-from services.common.logs import RequestIds, setup_logging
-from services.common.tls import ServerTls
+from tidemq_server.common.constants import HTTP_SERVER_KEEP_ALIVE_S
+from tidemq_server.common.httpserver import JsonErrorsProtocol
+from tidemq_server.common.logs import RequestIds, setup_logging
+from tidemq_server.common.tls import ServerTls
 
 S = TypeVar("S", bound=BaseSettings)
 

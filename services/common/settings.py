@@ -8,11 +8,11 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.common.constants import BROKER_PORT, LOG_FORMAT_ENV, WILDCARD_HOSTS
-from services.common.discovery import BrokerResolver, split_urls
-from services.common.logs import check_format, check_level
-from services.common.redis import validate_redis_url
-from services.common.tls import ServerTls, scheme, server_tls
+from tidemq_server.common.constants import BROKER_PORT, LOG_FORMAT_ENV, WILDCARD_HOSTS
+from tidemq_server.common.discovery import BrokerResolver, split_urls
+from tidemq_server.common.logs import check_format, check_level
+from tidemq_server.common.redis import validate_redis_url
+from tidemq_server.common.tls import ServerTls, scheme, server_tls
 
 # redis://host:port/db, or redis+sentinel://host1:26379,host2:26379/master-name/db (see
 # services/common/redis.py and docs/operations.md)

@@ -1,10 +1,10 @@
-"""``python -m services.console``: the web console (settings from ``TIDEMQ_CONSOLE_*``)."""
+"""``python -m tidemq_server.console``: the web console (settings from ``TIDEMQ_CONSOLE_*``)."""
 
 from __future__ import annotations
 
-from services.common.runner import serve, settings_or_exit
-from services.console.app import create_console_app
-from services.console.settings import ConsoleSettings
+from tidemq_server.common.runner import serve, settings_or_exit
+from tidemq_server.console.app import create_console_app
+from tidemq_server.console.settings import ConsoleSettings
 
 
 def main() -> None:

@@ -29,14 +29,14 @@ from fastapi.templating import Jinja2Templates
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.common.app import create_app
-from services.common.auth.client import use_account
-from services.common.auth.store import AclStore
-from services.console import deadletters, views
-from services.console.client import ApiError, ConsoleClient
-from services.console.pagequery import PageQuery, read_query
-from services.console.sampler import Sampler
-from services.console.sessions import (
+from tidemq_server.common.app import create_app
+from tidemq_server.common.auth.client import use_account
+from tidemq_server.common.auth.store import AclStore
+from tidemq_server.console import deadletters, views
+from tidemq_server.console.client import ApiError, ConsoleClient
+from tidemq_server.console.pagequery import PageQuery, read_query
+from tidemq_server.console.sampler import Sampler
+from tidemq_server.console.sessions import (
     BrowserSession,
     BrowserSessions,
     FormRefused,
@@ -46,8 +46,8 @@ from services.console.sessions import (
     session_of,
     verify_account,
 )
-from services.console.settings import ConsoleSettings
-from services.console.timeline import full_trace
+from tidemq_server.console.settings import ConsoleSettings
+from tidemq_server.console.timeline import full_trace
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent

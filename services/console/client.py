@@ -15,10 +15,10 @@ from urllib.parse import quote
 
 import httpx
 
-from services.common.auth.client import service_auth
-from services.common.constants import CLUSTER_PATH, TOKEN_HEADER
-from services.common.tls import client_context
-from services.console.sessions import acting_as
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.constants import CLUSTER_PATH, TOKEN_HEADER
+from tidemq_server.common.tls import client_context
+from tidemq_server.console.sessions import acting_as
 
 
 class ApiError(Exception):

@@ -10,8 +10,8 @@ from typing import Any
 
 from tidemq.protocol import dlq_topic
 
-from services.common.dlq import PAGE, Outcome, copy_id, plan_resend
-from services.console.client import ApiError, ConsoleClient, segment
+from tidemq_server.common.dlq import PAGE, Outcome, copy_id, plan_resend
+from tidemq_server.console.client import ApiError, ConsoleClient, segment
 
 SEND_BATCH = 256  # resent messages per send request
 SHOWN_OUTCOMES = 20  # outcomes named in the page after a resend (all failures are counted)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.app import START_TIME_METRIC
-from services.common.loop import BackgroundLoop
-from services.console.client import ApiError, ConsoleClient, LiveBroker, segment
+from tidemq_server.common.app import START_TIME_METRIC
+from tidemq_server.common.loop import BackgroundLoop
+from tidemq_server.console.client import ApiError, ConsoleClient, LiveBroker, segment
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from fastapi import Request
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, RedirectResponse
 
-from services.common.auth.client import SigningAuth
-from services.common.auth.store import AclStore
-from services.common.constants import (
+from tidemq_server.common.auth.client import SigningAuth
+from tidemq_server.common.auth.store import AclStore
+from tidemq_server.common.constants import (
     CONSOLE_COOKIE,
     CONSOLE_PENDING_MAX,
     CONSOLE_SESSIONS_MAX,

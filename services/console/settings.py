@@ -7,14 +7,14 @@ from typing import Self
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import (
+from tidemq_server.common.constants import (
     CONSOLE_PORT,
     CONSOLE_SESSION_TTL_S,
     LOOPBACK_HOSTS,
     NAMESERVER_PORT,
 )
-from services.common.discovery import split_urls
-from services.common.settings import LogLevel, ServiceSettings
+from tidemq_server.common.discovery import split_urls
+from tidemq_server.common.settings import LogLevel, ServiceSettings
 
 
 class ConsoleSettings(ServiceSettings):

@@ -14,7 +14,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-from services.console.client import ApiError, ConsoleClient, LiveBroker, segment
+from tidemq_server.console.client import ApiError, ConsoleClient, LiveBroker, segment
 
 Step = tuple[str, str]  # (kind: a CSS class, text)
 

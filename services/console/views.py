@@ -10,10 +10,10 @@ import json
 import time
 from typing import Any
 
-from services.console.charts import line_chart, sparkline, timer_bars
-from services.console.client import ApiError, ConsoleClient, LiveBroker, segment
-from services.console.deadletters import tail
-from services.console.sampler import Sampler
+from tidemq_server.console.charts import line_chart, sparkline, timer_bars
+from tidemq_server.console.client import ApiError, ConsoleClient, LiveBroker, segment
+from tidemq_server.console.deadletters import tail
+from tidemq_server.console.sampler import Sampler
 
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 CHART_BARS = 40  # queues in a group's lag chart at most (those with the most lag)

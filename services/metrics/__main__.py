@@ -1,10 +1,10 @@
-"""``python -m services.metrics``: the metrics sidecar (settings from ``TIDEMQ_METRICS_*``)."""
+"""``python -m tidemq_server.metrics``: the metrics sidecar (settings from ``TIDEMQ_METRICS_*``)."""
 
 from __future__ import annotations
 
-from services.common.runner import serve, settings_or_exit
-from services.metrics.settings import MetricsSettings
-from services.metrics.sidecar import create_sidecar_app
+from tidemq_server.common.runner import serve, settings_or_exit
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.metrics.sidecar import create_sidecar_app
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from services.metrics.events import RESOLUTIONS
-from services.metrics.rollup import (
+from tidemq_server.metrics.events import RESOLUTIONS
+from tidemq_server.metrics.rollup import (
     CHECK_BUCKETS,
     LATENCY_BUCKETS_S,
     PERCENTILE_ACCURACY,

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from tidemq.protocol import EventKind, EventSource
 
-from services.metrics.events import MalformedReason
-from services.metrics.rollup import CHECK_BUCKETS, LATENCY_BUCKETS_S, QUANTILES, Rollup
+from tidemq_server.metrics.events import MalformedReason
+from tidemq_server.metrics.rollup import CHECK_BUCKETS, LATENCY_BUCKETS_S, QUANTILES, Rollup
 
 PREFIX = "tidemq_transaction_"
 Labels = Sequence[tuple[str, str]]

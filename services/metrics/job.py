@@ -39,17 +39,17 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
 )
 
-from services.common.constants import (
+from tidemq_server.common.constants import (
     METRICS_MAX_EVENTS_PER_BATCH,
     METRICS_SPARK_MASTER,
     METRICS_TRIGGER_INTERVAL_S,
 )
-from services.common.files import write_atomic
-from services.common.logs import format_from_env, setup_logging
-from services.metrics.aggregate import aggregate, to_rollup
-from services.metrics.exposition import BatchInfo, render
-from services.metrics.liveness import Liveness, liveness_path
-from services.metrics.source import FORMAT, TransactionEventSource
+from tidemq_server.common.files import write_atomic
+from tidemq_server.common.logs import format_from_env, setup_logging
+from tidemq_server.metrics.aggregate import aggregate, to_rollup
+from tidemq_server.metrics.exposition import BatchInfo, render
+from tidemq_server.metrics.liveness import Liveness, liveness_path
+from tidemq_server.metrics.source import FORMAT, TransactionEventSource
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from services.common.files import write_atomic
-from services.metrics.exposition import Family
+from tidemq_server.common.files import write_atomic
+from tidemq_server.metrics.exposition import Family
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Build the zip that ``spark-submit --py-files`` ships to a Spark cluster.
 
-    python -m services.metrics.package dist/tidemq-metrics.zip
+    python -m tidemq_server.metrics.package dist/tidemq-metrics.zip
 
 It holds what the job's driver and its Python workers import: ``services/metrics`` (the job,
 the data source and its helpers), the ``services/common`` modules they use (``COMMON``) and the
@@ -49,7 +49,7 @@ def build(target: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m services.metrics.package OUTPUT.zip", file=sys.stderr)
+        print("usage: python -m tidemq_server.metrics.package OUTPUT.zip", file=sys.stderr)
         return 2
     target = build(Path(args[0]))
     print(f"wrote {target} ({len(members())} files)")

@@ -1,7 +1,7 @@
 """The data source's reads of one topic on the broker: queue ends and bulk body pulls.
 
 Runs inside Spark (the driver's Python source process asks for queue ends, executor Python
-workers pull), so it is synchronous (``services.common.broker_client.BlockingBrokerClient``:
+workers pull), so it is synchronous (``tidemq_server.common.broker_client.BlockingBrokerClient``:
 one keep-alive connection, msgpack so bodies arrive as raw bytes, retries while the broker is
 down). Pulls use the broker's bulk internal endpoint (bodies and queue offsets only, token
 header), which reads system topics; queue ends come from the public topic description.
@@ -14,8 +14,8 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from services.common.broker_client import MAX_BODIES, BlockingBrokerClient
-from services.metrics.planning import QueueRange
+from tidemq_server.common.broker_client import MAX_BODIES, BlockingBrokerClient
+from tidemq_server.metrics.planning import QueueRange
 
 log = logging.getLogger(__name__)
 

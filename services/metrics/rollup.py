@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.metrics.events import RESOLUTIONS, EventRow
+from tidemq_server.metrics.events import RESOLUTIONS, EventRow
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,

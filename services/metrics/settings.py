@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import (
+from tidemq_server.common.constants import (
     BROKER_PORT,
     METRICS_EXPOSITION_FILE,
     METRICS_MAX_EVENTS_PER_BATCH,
@@ -17,8 +17,8 @@ from services.common.constants import (
     METRICS_STALE_AFTER_S,
     METRICS_TRIGGER_INTERVAL_S,
 )
-from services.common.settings import LogLevel, ServiceSettings
-from services.metrics.job import JobConfig, SessionConfig
+from tidemq_server.common.settings import LogLevel, ServiceSettings
+from tidemq_server.metrics.job import JobConfig, SessionConfig
 
 
 class MetricsSettings(ServiceSettings):

@@ -36,11 +36,11 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
-from services.common.app import create_app, reply
-from services.common.auth import service_gate
-from services.metrics.exposition import Family
-from services.metrics.liveness import liveness_path, read_liveness
-from services.metrics.settings import MetricsSettings
+from tidemq_server.common.app import create_app, reply
+from tidemq_server.common.auth import service_gate
+from tidemq_server.metrics.exposition import Family
+from tidemq_server.metrics.liveness import liveness_path, read_liveness
+from tidemq_server.metrics.settings import MetricsSettings
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class JobRunner:
             self.state = JobState.STOPPED
 
     def _run(self) -> None:
-        from services.metrics.job import (  # Spark is touched only in this thread
+        from tidemq_server.metrics.job import (  # Spark is touched only in this thread
             ExpositionWriter,
             build_session,
             start_query,

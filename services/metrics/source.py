@@ -54,11 +54,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 from tidemq.protocol import SystemTopic
 
-from services.common.broker_client import BrokerDown
-from services.common.constants import METRICS_MAX_EVENTS_PER_BATCH
-from services.common.discovery import Nameservers, NoNameserver, fetch_groups, split_urls
-from services.metrics import planning
-from services.metrics.events import (
+from tidemq_server.common.broker_client import BrokerDown
+from tidemq_server.common.constants import METRICS_MAX_EVENTS_PER_BATCH
+from tidemq_server.common.discovery import Nameservers, NoNameserver, fetch_groups, split_urls
+from tidemq_server.metrics import planning
+from tidemq_server.metrics.events import (
     COLUMNS,
     EVENTS,
     INT_BOUNDS,
@@ -67,8 +67,8 @@ from services.metrics.events import (
     SOURCES,
     parse_event,
 )
-from services.metrics.planning import FIXED, Offsets
-from services.metrics.reader import MAX_PULL, TopicReader
+from tidemq_server.metrics.planning import FIXED, Offsets
+from tidemq_server.metrics.reader import MAX_PULL, TopicReader
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
-"""``python -m services.nameserver``: serve with settings from ``TIDEMQ_NAMESRV_*``."""
+"""``python -m tidemq_server.nameserver``: serve with settings from ``TIDEMQ_NAMESRV_*``."""
 
 from __future__ import annotations
 
-from services.common.runner import serve, settings_or_exit
-from services.nameserver.app import build_app
-from services.nameserver.settings import NameserverSettings
+from tidemq_server.common.runner import serve, settings_or_exit
+from tidemq_server.nameserver.app import build_app
+from tidemq_server.nameserver.settings import NameserverSettings
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from services.common.answers import Perm
+from tidemq_server.common.answers import Perm
 
 
 class RouteQueue(BaseModel):

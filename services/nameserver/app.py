@@ -24,16 +24,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 
-from services.common.app import create_app, error_response, reply, token_guard
-from services.common.auth import service_gate
-from services.common.bodies import body_doc, read_model
-from services.common.constants import MAX_BROKER_ID
-from services.common.loop import BackgroundLoop
-from services.common.openapi import TOPIC_RULE, Empty, TopicName, errors
-from services.nameserver.answers import Cluster, Routes
-from services.nameserver.registry import BrokerRegistry, TopicInfo
-from services.nameserver.settings import NameserverSettings
-from services.nameserver.warmup import WarmUp, ask_peers
+from tidemq_server.common.app import create_app, error_response, reply, token_guard
+from tidemq_server.common.auth import service_gate
+from tidemq_server.common.bodies import body_doc, read_model
+from tidemq_server.common.constants import MAX_BROKER_ID
+from tidemq_server.common.loop import BackgroundLoop
+from tidemq_server.common.openapi import TOPIC_RULE, Empty, TopicName, errors
+from tidemq_server.nameserver.answers import Cluster, Routes
+from tidemq_server.nameserver.registry import BrokerRegistry, TopicInfo
+from tidemq_server.nameserver.settings import NameserverSettings
+from tidemq_server.nameserver.warmup import WarmUp, ask_peers
 
 log = logging.getLogger(__name__)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pydantic import NonNegativeFloat, PositiveFloat
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import (
+from tidemq_server.common.constants import (
     BROKER_EXPIRY_S,
     BROKER_HEARTBEAT_INTERVAL_S,
     NAMESERVER_PORT,
 )
-from services.common.settings import ServiceSettings
+from tidemq_server.common.settings import ServiceSettings
 
 
 class NameserverSettings(ServiceSettings):

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable
 
 import httpx
 
-from services.common.auth.client import service_auth
-from services.common.constants import CLUSTER_PATH, DISCOVERY_TIMEOUT_S
-from services.common.tls import client_context
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.constants import CLUSTER_PATH, DISCOVERY_TIMEOUT_S
+from tidemq_server.common.tls import client_context
 
 log = logging.getLogger(__name__)
 

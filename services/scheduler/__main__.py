@@ -1,11 +1,11 @@
-"""``python -m services.scheduler``: one scheduler (settings from ``TIDEMQ_SCHEDULER_*``)."""
+"""``python -m tidemq_server.scheduler``: one scheduler (settings from ``TIDEMQ_SCHEDULER_*``)."""
 
 from __future__ import annotations
 
-from services.common.runner import serve, settings_or_exit
-from services.scheduler.app import create_scheduler_app
-from services.scheduler.memory import pin_mmap_threshold
-from services.scheduler.settings import SchedulerSettings
+from tidemq_server.common.runner import serve, settings_or_exit
+from tidemq_server.scheduler.app import create_scheduler_app
+from tidemq_server.scheduler.memory import pin_mmap_threshold
+from tidemq_server.scheduler.settings import SchedulerSettings
 
 
 def main() -> None:

@@ -19,17 +19,17 @@ from pydantic import BaseModel, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 from tidemq.protocol.numbers import INT32_MAX, INT64_MAX
 
-from services.common.answers import Histogram, Scheduled
-from services.common.app import create_app, error_response, reply, token_guard
-from services.common.auth import service_gate
-from services.common.bodies import StrictBody, body_doc, read_model
-from services.common.broker_client import BrokerDown, BrokerRefused
-from services.common.openapi import errors
-from services.scheduler.cancel import Outcome
-from services.scheduler.histogram import histogram
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.service import Scheduler
-from services.scheduler.settings import SchedulerSettings
+from tidemq_server.common.answers import Histogram, Scheduled
+from tidemq_server.common.app import create_app, error_response, reply, token_guard
+from tidemq_server.common.auth import service_gate
+from tidemq_server.common.bodies import StrictBody, body_doc, read_model
+from tidemq_server.common.broker_client import BrokerDown, BrokerRefused
+from tidemq_server.common.openapi import errors
+from tidemq_server.scheduler.cancel import Outcome
+from tidemq_server.scheduler.histogram import histogram
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.service import Scheduler
+from tidemq_server.scheduler.settings import SchedulerSettings
 
 GC_THRESHOLDS = (700, 10, 10)  # gen 0 / 1 / 2 collection thresholds: Python's defaults
 MAX_CLOCK_ADVANCE_MS = 10 * 366 * 24 * 3600 * 1000  # one clock move at most (ms): ten years
@@ -190,7 +190,7 @@ def create_scheduler_app(settings: SchedulerSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
-        # services.common.runner raises the collector's thresholds for request-heavy
+        # tidemq_server.common.runner raises the collector's thresholds for request-heavy
         # services. The scheduler's heap is small, and every httpx response it gets (up to
         # ~1 MB of timers) sits in a reference cycle: with raised thresholds those bodies pile
         # up by the hundred MB before a collection. Python's defaults free them at once.

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
 
-from services.common.files import FdPool
+from tidemq_server.common.files import FdPool
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ import logging
 from enum import StrEnum
 from typing import NamedTuple
 
-from services.common.cancels import ambiguous_id
-from services.scheduler.buckets import Mark
-from services.scheduler.delivery import Deliverer, Where
-from services.scheduler.levels import LevelWalker
-from services.scheduler.lookup import Found, locate
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.timers import TimerStore
+from tidemq_server.common.cancels import ambiguous_id
+from tidemq_server.scheduler.buckets import Mark
+from tidemq_server.scheduler.delivery import Deliverer, Where
+from tidemq_server.scheduler.levels import LevelWalker
+from tidemq_server.scheduler.lookup import Found, locate
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.timers import TimerStore
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from services.common.files import write_atomic
+from tidemq_server.common.files import write_atomic
 
 VERSION = 1
 

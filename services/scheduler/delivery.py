@@ -23,15 +23,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from services.common.broker_client import BrokerClient, BrokerDown, BrokerError, deliver_body
-from services.common.loop import cancel_tasks
-from services.scheduler.buckets import Mark
-from services.scheduler.clock import Clock
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.rolls import strip_roll
-from services.scheduler.timerlog import Entry
-from services.scheduler.timers import TimerStore
-from services.scheduler.wheel import Due
+from tidemq_server.common.broker_client import BrokerClient, BrokerDown, BrokerError, deliver_body
+from tidemq_server.common.loop import cancel_tasks
+from tidemq_server.scheduler.buckets import Mark
+from tidemq_server.scheduler.clock import Clock
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.rolls import strip_roll
+from tidemq_server.scheduler.timerlog import Entry
+from tidemq_server.scheduler.timers import TimerStore
+from tidemq_server.scheduler.wheel import Due
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import asyncio
 import os
 from collections import Counter
 
-from services.scheduler.buckets import ENTRY, ENTRY_SIZE, FINAL
-from services.scheduler.timers import TimerStore
+from tidemq_server.scheduler.buckets import ENTRY, ENTRY_SIZE, FINAL
+from tidemq_server.scheduler.timers import TimerStore
 
 WIDTHS_MS = {"hour": 3_600_000, "day": 86_400_000}
 

@@ -15,12 +15,12 @@ from typing import Any
 
 from tidemq.protocol import IntakeRow
 
-from services.common.broker_client import BrokerClient, BrokerError
-from services.common.loop import cancel_tasks
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.progress import Progress
-from services.scheduler.rolls import roll_count
-from services.scheduler.timers import Timer, TimerStore
+from tidemq_server.common.broker_client import BrokerClient, BrokerError
+from tidemq_server.common.loop import cancel_tasks
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.progress import Progress
+from tidemq_server.scheduler.rolls import roll_count
+from tidemq_server.scheduler.timers import Timer, TimerStore
 
 log = logging.getLogger(__name__)
 

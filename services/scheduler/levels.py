@@ -22,11 +22,11 @@ from typing import Any
 
 import msgpack
 
-from services.common.broker_client import BrokerClient, BrokerDown, BrokerError, deliver_body
-from services.common.loop import cancel_tasks
-from services.scheduler.clock import Clock
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.progress import Progress
+from tidemq_server.common.broker_client import BrokerClient, BrokerDown, BrokerError, deliver_body
+from tidemq_server.common.loop import cancel_tasks
+from tidemq_server.scheduler.clock import Clock
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.progress import Progress
 
 log = logging.getLogger(__name__)
 

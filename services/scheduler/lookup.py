@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from services.scheduler.buckets import ENTRY, ENTRY_SIZE, FINAL, text_hash
-from services.scheduler.timerlog import Entry
-from services.scheduler.timers import TimerStore, payload_id
+from tidemq_server.scheduler.buckets import ENTRY, ENTRY_SIZE, FINAL, text_hash
+from tidemq_server.scheduler.timerlog import Entry
+from tidemq_server.scheduler.timers import TimerStore, payload_id
 
 HASH_AT = 20  # offset of id_hash inside an index entry
 TOPIC_AT = 24  # offset of topic_hash

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.scheduler.buckets import MARK, BucketFiles, Mark
+from tidemq_server.scheduler.buckets import MARK, BucketFiles, Mark
 
 log = logging.getLogger(__name__)
 

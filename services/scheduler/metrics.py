@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.common.stats import Stat, StatsCollector
+from tidemq_server.common.stats import Stat, StatsCollector
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import os
 import struct
 from pathlib import Path
 
-from services.common.files import write_atomic
+from tidemq_server.common.files import write_atomic
 
 HEAD = struct.Struct(">qH")
 TOPIC_LEN = struct.Struct(">B")

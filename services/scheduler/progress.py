@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from services.common.constants import (
+from tidemq_server.common.constants import (
     scheduler_level_cancels_key,
     scheduler_progress_key,
     scheduler_rebuild_key,
 )
-from services.common.redis import connect_redis, text
+from tidemq_server.common.redis import connect_redis, text
 
 
 class Progress:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.common.broker_client import BrokerClient
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.timers import TimerStore
+from tidemq_server.common.broker_client import BrokerClient
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.timers import TimerStore
 
 log = logging.getLogger(__name__)
 

@@ -40,12 +40,12 @@ from tidemq.protocol import (
     SystemTopic,
 )
 
-from services.common.broker_client import BrokerClient, deliver_body
-from services.scheduler.buckets import ENTRY, FINAL, Mark, text_hash
-from services.scheduler.lookup import HASH_AT, _hits
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.timerlog import Entry
-from services.scheduler.timers import Timer, TimerStore, payload_id
+from tidemq_server.common.broker_client import BrokerClient, deliver_body
+from tidemq_server.scheduler.buckets import ENTRY, FINAL, Mark, text_hash
+from tidemq_server.scheduler.lookup import HASH_AT, _hits
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.timerlog import Entry
+from tidemq_server.scheduler.timers import Timer, TimerStore, payload_id
 
 log = logging.getLogger(__name__)
 

@@ -17,21 +17,21 @@ from typing import Any
 import psutil
 from tidemq.protocol import ErrorCode, ProtocolError, SystemTopic
 
-from services.common.broker_client import BrokerClient
-from services.common.constants import SCHEDULER_FLOOR_OWNER
-from services.common.loop import Periodic, cancel_tasks
-from services.scheduler.cancel import Canceller
-from services.scheduler.clock import Clock
-from services.scheduler.delivery import Deliverer
-from services.scheduler.intake import IntakeLoop
-from services.scheduler.levels import LevelWalker
-from services.scheduler.lookup import first_far_due, pending_of_topic
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.progress import Progress
-from services.scheduler.rebuild import prepare
-from services.scheduler.rolls import Roller
-from services.scheduler.settings import SchedulerSettings
-from services.scheduler.timers import TimerConfig, TimerStore
+from tidemq_server.common.broker_client import BrokerClient
+from tidemq_server.common.constants import SCHEDULER_FLOOR_OWNER
+from tidemq_server.common.loop import Periodic, cancel_tasks
+from tidemq_server.scheduler.cancel import Canceller
+from tidemq_server.scheduler.clock import Clock
+from tidemq_server.scheduler.delivery import Deliverer
+from tidemq_server.scheduler.intake import IntakeLoop
+from tidemq_server.scheduler.levels import LevelWalker
+from tidemq_server.scheduler.lookup import first_far_due, pending_of_topic
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.progress import Progress
+from tidemq_server.scheduler.rebuild import prepare
+from tidemq_server.scheduler.rolls import Roller
+from tidemq_server.scheduler.settings import SchedulerSettings
+from tidemq_server.scheduler.timers import TimerConfig, TimerStore
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.constants import SCHEDULER_PORT
-from services.common.settings import GroupServiceSettings, LogLevel, RedisUrl
+from tidemq_server.common.constants import SCHEDULER_PORT
+from tidemq_server.common.settings import GroupServiceSettings, LogLevel, RedisUrl
 
 MiB = 1024 * 1024
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.files import FdPool, fsync_dir
+from tidemq_server.common.files import FdPool, fsync_dir
 
 log = logging.getLogger(__name__)
 

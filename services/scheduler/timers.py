@@ -31,13 +31,21 @@ from pathlib import Path
 import msgpack
 from tidemq.protocol import UNIQ_KEY, DeliveryRow
 
-from services.scheduler.buckets import ENTRY, ENTRY_SIZE, FINAL, MARK, BucketFiles, Mark, text_hash
-from services.scheduler.checkpoint import Checkpoint
-from services.scheduler.clock import Clock
-from services.scheduler.marks import MarkWriter
-from services.scheduler.precancel import Precancels
-from services.scheduler.timerlog import Entry, TimerLog, encode
-from services.scheduler.wheel import Slot, Wheel
+from tidemq_server.scheduler.buckets import (
+    ENTRY,
+    ENTRY_SIZE,
+    FINAL,
+    MARK,
+    BucketFiles,
+    Mark,
+    text_hash,
+)
+from tidemq_server.scheduler.checkpoint import Checkpoint
+from tidemq_server.scheduler.clock import Clock
+from tidemq_server.scheduler.marks import MarkWriter
+from tidemq_server.scheduler.precancel import Precancels
+from tidemq_server.scheduler.timerlog import Entry, TimerLog, encode
+from tidemq_server.scheduler.wheel import Slot, Wheel
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ErrorCode, OutgoingMessage, Perm, ProtocolError, parse_perm
 
-from services.broker.consumers.retry import latest_copy, retry_delay_level
-from services.broker.messaging.convert import to_internal_wire, to_record, to_wire
-from services.broker.messaging.pull import TagFilter
-from services.broker.messaging.topics import TopicManager, validate_queues
-from services.broker.settings import BrokerSettings
-from services.broker.store.types import StoredRecord, tag_code
+from tidemq_server.broker.consumers.retry import latest_copy, retry_delay_level
+from tidemq_server.broker.messaging.convert import to_internal_wire, to_record, to_wire
+from tidemq_server.broker.messaging.pull import TagFilter
+from tidemq_server.broker.messaging.topics import TopicManager, validate_queues
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.broker.store.types import StoredRecord, tag_code
 
 
 def stored(topic: str = "T", body: bytes = b"hi", reconsume: int = 0,

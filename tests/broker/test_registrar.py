@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from services.broker.registrar import NameserverRegistrar
 from tests.support.procs import ServiceProcess, free_port
 from tests.support.wait import TIMEOUT_S
+from tidemq_server.broker.registrar import NameserverRegistrar
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The broker's composition root (``Broker.start``) builds every part once, by constructors:
 nothing reaches into a part afterwards and changes its attributes.
 
-The test watches every attribute write into an object of a ``services.broker`` class (data
+The test watches every attribute write into an object of a ``tidemq_server.broker`` class (data
 classes, enums, models and exceptions aside) and notes the writes made by code that is not the
 object's own (the writing frame's ``self`` is another object, or there is none). It then runs a
 replicated broker led through a real etcd (it starts as a replica and its elector promotes it)
@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-import services.broker.service as service_module
-from services.broker.service import Broker
-from services.broker.settings import BrokerSettings
-from services.broker.transactions.model import TxAction
-from services.broker.transactions.requests import EndRequest
+import tidemq_server.broker.service as service_module
 from tests.support.etcd import EtcdServer
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until_async
+from tidemq_server.broker.service import Broker
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.broker.transactions.model import TxAction
+from tidemq_server.broker.transactions.requests import EndRequest
 
 pytestmark = pytest.mark.integration
 
@@ -51,10 +51,10 @@ class Write:
 
 
 def _part_classes() -> list[type]:
-    """Classes of ``services.broker`` whose instances are parts (not data)."""
+    """Classes of ``tidemq_server.broker`` whose instances are parts (not data)."""
     found: dict[type, None] = {}
     for name, module in list(sys.modules.items()):
-        if not name.startswith("services.broker") or not isinstance(module, ModuleType):
+        if not name.startswith("tidemq_server.broker") or not isinstance(module, ModuleType):
             continue
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ != name or dataclasses.is_dataclass(cls) or issubclass(
@@ -159,7 +159,7 @@ async def _run(settings: BrokerSettings) -> set[int]:
 async def test_nothing_rewires_a_part_after_it_is_built(
         tmp_path: Path, redis_server: RedisServer, etcd: EtcdServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    assert service_module  # every services.broker module the root builds from is imported
+    assert service_module  # every tidemq_server.broker module the root builds from is imported
     watch = OutsideWrites()
     watch.install(monkeypatch)
     settings = _settings(tmp_path, redis_server.url, etcd.url)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.checker.scanner import CheckScanner, Decision, ScanConfig, decide
-from services.common.constants import CHECKER_FLOOR_OWNER
+from tidemq_server.checker.scanner import CheckScanner, Decision, ScanConfig, decide
+from tidemq_server.common.constants import CHECKER_FLOOR_OWNER
 
 CFG = ScanConfig(immunity_ms=1000, check_max=3, max_age_ms=100_000, batch_size=2)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.checker.scanner import ScanConfig, due_ms
-from services.checker.wake import DueTimes, HalfWatch
 from tests.checker.test_scanner import entry
+from tidemq_server.checker.scanner import ScanConfig, due_ms
+from tidemq_server.checker.wake import DueTimes, HalfWatch
 
 CFG = ScanConfig(immunity_ms=6000, batch_size=4)
 

@@ -1,4 +1,4 @@
-"""services.cli.certs: the development CA and server certificate of `tidemq up --tls`."""
+"""tidemq_server.cli.certs: the development CA and server certificate of `tidemq up --tls`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from services.cli.certs import CA_FILE, CERT_FILE, KEY_FILE, ensure_dev_pki, main
-from services.common.tls import ServerTls
+from tidemq_server.cli.certs import CA_FILE, CERT_FILE, KEY_FILE, ensure_dev_pki, main
+from tidemq_server.common.tls import ServerTls
 
 
 def names(cert_path: Path) -> set[str]:

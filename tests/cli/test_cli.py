@@ -16,8 +16,10 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from services.cli import app
-from services.cli.plan import (
+from tests.support.procs import REPO, ServiceProcess, free_port
+from tests.support.up import NO_WARMUP
+from tidemq_server.cli import app
+from tidemq_server.cli.plan import (
     UpOptions,
     child_env,
     module_available,
@@ -25,8 +27,6 @@ from services.cli.plan import (
     redis_command,
     resolve_token,
 )
-from tests.support.procs import REPO, ServiceProcess, free_port
-from tests.support.up import NO_WARMUP
 
 WIDE = {"COLUMNS": "200"}  # rich tables must not truncate what the tests look for
 
@@ -136,7 +136,7 @@ def test_plan_starts_every_service_in_order_with_its_env(tmp_path: Path) -> None
 
     assert [s.name for s in specs] == ["nameserver", "broker", "checker", "scheduler", "metrics",
                                        "console"]
-    assert [s.module for s in specs] == [f"services.{s.name}" for s in specs]
+    assert [s.module for s in specs] == [f"tidemq_server.{s.name}" for s in specs]
     env = {s.name: dict(s.env) for s in specs}
     data = (tmp_path / "d").resolve()
     assert env["nameserver"] == {"TIDEMQ_NAMESRV_HOST": "127.0.0.1",
@@ -177,7 +177,7 @@ def test_plan_starts_every_service_in_order_with_its_env(tmp_path: Path) -> None
 
 
 def test_plan_skips_absent_modules_and_the_metrics_sidecar_on_request() -> None:
-    present = {"services.nameserver", "services.broker", "services.metrics"}
+    present = {"tidemq_server.nameserver", "tidemq_server.broker", "tidemq_server.metrics"}
     specs = plan_services(UpOptions(metrics=False), redis_url="redis://r", token="t",
                           available=present.__contains__)
     assert [s.name for s in specs] == ["nameserver", "broker"]
@@ -189,9 +189,9 @@ def test_plan_skips_absent_modules_and_the_metrics_sidecar_on_request() -> None:
 
 
 def test_plan_fails_without_a_required_service() -> None:
-    with pytest.raises(LookupError, match=r"services\.broker"):
+    with pytest.raises(LookupError, match=r"tidemq_server\.broker"):
         plan_services(UpOptions(), redis_url="redis://r", token="t",
-                      available=lambda m: m == "services.nameserver")
+                      available=lambda m: m == "tidemq_server.nameserver")
 
 
 def test_token_and_child_environment() -> None:
@@ -200,15 +200,15 @@ def test_token_and_child_environment() -> None:
     assert len(generated) == 32 and generated != resolve_token({})
 
     [ns] = plan_services(UpOptions(skip=frozenset({"broker"}), metrics=False), redis_url="r",
-                         token="t", available=lambda m: m == "services.nameserver")
+                         token="t", available=lambda m: m == "tidemq_server.nameserver")
     env = child_env(ns, {"PATH": "/bin", "TIDEMQ_NAMESRV_PORT": "1"})
     assert env["PATH"] == "/bin" and env["TIDEMQ_NAMESRV_PORT"] == "9876"
     assert env["PYTHONUNBUFFERED"] == "1"
 
 
 def test_module_available_needs_a_main_module() -> None:
-    assert module_available("services.nameserver")
-    assert not module_available("services.common")  # a package, but no __main__
+    assert module_available("tidemq_server.nameserver")
+    assert not module_available("tidemq_server.common")  # a package, but no __main__
     assert not module_available("services.no_such_service")
 
 
@@ -235,7 +235,7 @@ class UpProcess:
         for name in self.SKIP:
             args += ["--skip", name]
         with self.out.open("wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *args],
+            self.proc = subprocess.Popen([sys.executable, "-m", "tidemq_server.cli", "up", *args],
                                          cwd=REPO, env={**env, **NO_WARMUP, **WIDE}, stdout=out,
                                          stderr=subprocess.STDOUT)
 
@@ -324,7 +324,7 @@ def test_client_commands_against_tidemq_up(tmp_path: Path, runner: CliRunner) ->
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     with out.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "up", "--nameserver-port", str(ns_port),
+            [sys.executable, "-m", "tidemq_server.cli", "up", "--nameserver-port", str(ns_port),
              "--broker-port", str(broker_port), "--data-dir", str(tmp_path / "data"),
              "--skip", "checker", "--skip", "scheduler", "--no-metrics"],
             cwd=REPO, env={**env, **NO_WARMUP, **WIDE}, stdout=sink, stderr=subprocess.STDOUT)

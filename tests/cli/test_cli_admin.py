@@ -46,7 +46,7 @@ class Cli:
         self.urls = ["--broker", broker.url, "--nameserver", nameserver.url]
 
     def run(self, *args: str, code: int = 0, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        argv = [str(ENTRY)] if ENTRY.exists() else [sys.executable, "-m", "services.cli"]
+        argv = [str(ENTRY)] if ENTRY.exists() else [sys.executable, "-m", "tidemq_server.cli"]
         done = subprocess.run([*argv, *self.urls, *args], cwd=REPO, input=stdin,
                               capture_output=True, text=True, timeout=60,
                               env={**os.environ, **WIDE})

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import pytest
 from typer.testing import CliRunner
 
-from services.cli import app
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port
+from tidemq_server.cli import app
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 
 def cli(ns: str, *args: str) -> Any:
-    done = subprocess.run([sys.executable, "-m", "services.cli", "--nameserver", ns, *args,
+    done = subprocess.run([sys.executable, "-m", "tidemq_server.cli", "--nameserver", ns, *args,
                            "--json"], cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, (done.stdout, done.stderr)

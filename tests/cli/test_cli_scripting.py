@@ -18,12 +18,12 @@ import tidemq
 from tidemq.protocol.codes import ErrorCode
 from typer.testing import CliRunner
 
-from services.cli import app
-from services.cli.config import Profile, load_profile
-from services.cli.errors import EXIT_CODES, exit_code_for
-from services.cli.rest import DEFAULT_TIMEOUT_S, CliError, answer
-from services.cli.root import endpoints_from
 from tests.support.procs import REPO, ServiceProcess, free_port
+from tidemq_server.cli import app
+from tidemq_server.cli.config import Profile, load_profile
+from tidemq_server.cli.errors import EXIT_CODES, exit_code_for
+from tidemq_server.cli.rest import DEFAULT_TIMEOUT_S, CliError, answer
+from tidemq_server.cli.root import endpoints_from
 
 DEAD = {"TIDEMQ_NAMESERVER_URL": "http://127.0.0.1:1", "TIDEMQ_BROKER_URL": "http://127.0.0.1:1"}
 
@@ -54,7 +54,7 @@ def nameserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProc
 
 def tidemq_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The real command, as a script runs it."""
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "tidemq_server.cli", *args], cwd=REPO,
                           env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=60)
 

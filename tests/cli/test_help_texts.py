@@ -10,7 +10,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from services.cli import app
+from tidemq_server.cli import app
 
 
 def _helps(typer_app: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str]]:

@@ -1,4 +1,4 @@
-"""services.cli.init_secrets: the compose init step's TLS files and accounts file."""
+"""tidemq_server.cli.init_secrets: the compose init step's TLS files and accounts file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.init_secrets import (
+from tidemq_server.cli.init_secrets import (
     ACL_FILE,
     ADMIN_FILE,
     SERVICES_KEY_ENV,
@@ -15,7 +15,7 @@ from services.cli.init_secrets import (
     admin_keys,
     main,
 )
-from services.common.auth.store import load_policy
+from tidemq_server.common.auth.store import load_policy
 
 SECRET = "a-services-secret-of-some-length"
 

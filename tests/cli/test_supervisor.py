@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import supervisor as sup_module
-from services.cli.supervisor import Supervisor, exit_words, ordinal
 from tests.support.wait import wait_until
+from tidemq_server.cli import supervisor as sup_module
+from tidemq_server.cli.supervisor import Supervisor, exit_words, ordinal
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 CRASHER = [sys.executable, "-c", "raise SystemExit(3)"]

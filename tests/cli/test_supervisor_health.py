@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.cli import supervisor as sup_module
-from services.cli.supervisor import HEALTHY, UNHEALTHY, Supervisor, Unhealthy, health_of
 from tests.cli.test_supervisor import SLEEPER, always, run_in_thread
 from tests.support.wait import wait_until
+from tidemq_server.cli import supervisor as sup_module
+from tidemq_server.cli.supervisor import HEALTHY, UNHEALTHY, Supervisor, Unhealthy, health_of
 
 SHORT_LIVED = [sys.executable, "-c", "import time; time.sleep(0.4)"]
 DEAF_TO_SIGTERM = [sys.executable, "-c", "import signal, time; "

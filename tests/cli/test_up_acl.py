@@ -13,11 +13,11 @@ import httpx
 import pytest
 import yaml
 
-from services.cli.acl import SERVICE_ACCOUNT, SERVICES_FILE
-from services.common.auth.client import SigningAuth
 from tests.support.acl import USERS, write_acl
 from tests.support.procs import REPO, free_port
 from tests.support.up import UpRun
+from tidemq_server.cli.acl import SERVICE_ACCOUNT, SERVICES_FILE
+from tidemq_server.common.auth.client import SigningAuth
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ def test_up_refuses_a_bad_acl_file(tmp_path: Path) -> None:
     acl = tmp_path / "acl.yaml"
     acl.write_text("users:\n  - {name: x, access_key: A, secret_key: s, rules: "
                    "[{resource: 'queue:x', actions: [pub]}]}\n")
-    done = subprocess.run([sys.executable, "-m", "services.cli", "up", "--data-dir",
+    done = subprocess.run([sys.executable, "-m", "tidemq_server.cli", "up", "--data-dir",
                            str(tmp_path / "data"), "--acl", str(acl)], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from services.cli import app
 from tests.support.procs import free_port
 from tests.support.up import WIDE, UpRun, free_base
+from tidemq_server.cli import app
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.cli.plan import UpOptions, etcd_command, plan_services, with_etcd
-from services.cli.supervisor import Supervisor
-from services.cli.up import start_etcd
-from services.common.constants import ETCD_PORT
+from tidemq_server.cli.plan import UpOptions, etcd_command, plan_services, with_etcd
+from tidemq_server.cli.supervisor import Supervisor
+from tidemq_server.cli.up import start_etcd
+from tidemq_server.common.constants import ETCD_PORT
 
 
 def _free_pair() -> int:

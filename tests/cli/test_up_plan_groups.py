@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.plan import UpOptions, group_name, plan_services
+from tidemq_server.cli.plan import UpOptions, group_name, plan_services
 
 
 def everything(_: str) -> bool:

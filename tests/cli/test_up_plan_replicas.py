@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.plan import UpOptions, plan_services
+from tidemq_server.cli.plan import UpOptions, plan_services
 
 
 def everything(_: str) -> bool:

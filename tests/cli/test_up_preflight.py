@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.cli.preflight import DataDirLock
 from tests.support.procs import free_port
 from tests.support.up import UpRun
+from tidemq_server.cli.preflight import DataDirLock
 
 pytestmark = pytest.mark.integration
 

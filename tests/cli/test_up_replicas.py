@@ -13,9 +13,9 @@ import httpx
 import psutil
 import pytest
 
-from services.broker.grpc.proto import Code, MessageType, pb, service_grpc, service_pb
 from tests.support.broker import unique
 from tests.support.up import UpRun, free_base, port_free
+from tidemq_server.broker.grpc.proto import Code, MessageType, pb, service_grpc, service_pb
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.broker.store.checkpoint import Checkpoint
-from services.cli.up import DUPLICATE_SIGNAL_S, Supervisor
 from tests.support.procs import REPO, free_port
 from tests.support.up import UpRun
+from tidemq_server.broker.store.checkpoint import Checkpoint
+from tidemq_server.cli.up import DUPLICATE_SIGNAL_S, Supervisor
 
 pytestmark = pytest.mark.integration
 

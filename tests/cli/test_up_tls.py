@@ -12,9 +12,9 @@ import pytest
 from tidemq import use_ca_bundle
 from typer.testing import CliRunner
 
-from services.cli import app
 from tests.support.procs import free_port
 from tests.support.up import WIDE, UpRun, free_base
+from tidemq_server.cli import app
 
 pytestmark = pytest.mark.integration
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.broker.settings import BrokerSettings
-from services.checker.settings import CheckerSettings
-from services.console.settings import ConsoleSettings
-from services.metrics.settings import MetricsSettings
-from services.nameserver.settings import NameserverSettings
-from services.scheduler.settings import SchedulerSettings
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.checker.settings import CheckerSettings
+from tidemq_server.console.settings import ConsoleSettings
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.nameserver.settings import NameserverSettings
+from tidemq_server.scheduler.settings import SchedulerSettings
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])

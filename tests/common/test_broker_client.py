@@ -1,4 +1,4 @@
-"""services.common.broker_client against a real broker: the internal calls, the rows they carry
+"""tidemq_server.common.broker_client against a real broker: the internal calls, the rows they carry
 (tidemq.protocol.schedule) and how failures are told apart."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import msgpack
 import pytest
 from tidemq.protocol import UNIQ_KEY, DeliveryRow, SystemTopic
 
-from services.common.broker_client import (
+from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
+from tests.support.procs import RedisServer, free_port
+from tidemq_server.common.broker_client import (
     BlockingBrokerClient,
     BrokerClient,
     BrokerDown,
@@ -20,8 +22,6 @@ from services.common.broker_client import (
     _answer,
     deliver_body,
 )
-from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
-from tests.support.procs import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import msgpack
 import pytest
 
-from services.common.broker_client import BlockingBrokerClient, BrokerDown
-from services.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, HTTP_SERVER_KEEP_ALIVE_S
+from tidemq_server.common.broker_client import BlockingBrokerClient, BrokerDown
+from tidemq_server.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, HTTP_SERVER_KEEP_ALIVE_S
 
-LOGGER = "services.common.broker_client"
+LOGGER = "tidemq_server.common.broker_client"
 
 
 class RawServer:

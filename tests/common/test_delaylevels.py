@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.delaylevels import (
+from tidemq_server.common.delaylevels import (
     DEFAULT_DELAY_LEVELS,
     format_duration,
     parse_delay_levels,

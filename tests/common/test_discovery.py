@@ -1,4 +1,4 @@
-"""services.common.discovery: reading /v1/cluster, asking nameservers in turn, following a group
+"""tidemq_server.common.discovery: reading /v1/cluster, asking nameservers in turn, following a group
 that moves; and BrokerClient following its resolver. Unit tests over httpx's MockTransport
 (a fake clock drives the refresh intervals)."""
 
@@ -12,8 +12,8 @@ import httpx
 import msgpack
 import pytest
 
-from services.common.broker_client import BrokerClient, BrokerDown
-from services.common.discovery import (
+from tidemq_server.common.broker_client import BrokerClient, BrokerDown
+from tidemq_server.common.discovery import (
     BrokerResolver,
     ClusterView,
     GroupUnknown,
@@ -22,7 +22,7 @@ from services.common.discovery import (
     fetch_groups,
     parse_cluster,
 )
-from services.common.settings import GroupServiceSettings
+from tidemq_server.common.settings import GroupServiceSettings
 
 NS1, NS2 = "http://ns1:9876", "http://ns2:9876"
 

@@ -1,4 +1,4 @@
-"""services.common.files: atomic replacement and the pool of open file descriptors."""
+"""tidemq_server.common.files: atomic replacement and the pool of open file descriptors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.files import FdPool, write_atomic
+from tidemq_server.common.files import FdPool, write_atomic
 
 
 def test_write_atomic_replaces_whole_and_leaves_no_temp(tmp_path: Path) -> None:

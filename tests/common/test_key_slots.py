@@ -14,21 +14,21 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from services.broker.consumers.offsets import Command, OffsetStore
-from services.broker.consumers.simple import SimpleConsumerService
-from services.broker.messaging.longpoll import PullHold
-from services.checker.progress import ProgressStore
-from services.common.constants import (
+from tests.broker.consumers.test_simple import FakeStore
+from tests.support.procs import RedisServer
+from tests.support.sentinel import Node, start_cluster_node
+from tidemq_server.broker.consumers.offsets import Command, OffsetStore
+from tidemq_server.broker.consumers.simple import SimpleConsumerService
+from tidemq_server.broker.messaging.longpoll import PullHold
+from tidemq_server.checker.progress import ProgressStore
+from tidemq_server.common.constants import (
     consumer_offsets_index_key,
     consumer_offsets_key,
     inflight_key,
     legacy_consumer_key_patterns,
     receive_cursor_key,
 )
-from services.scheduler.progress import Progress
-from tests.broker.consumers.test_simple import FakeStore
-from tests.support.procs import RedisServer
-from tests.support.sentinel import Node, start_cluster_node
+from tidemq_server.scheduler.progress import Progress
 
 SLOTS = 16384
 NOWHERE = "redis://127.0.0.1:1/0"  # a client that is never used to connect

@@ -10,10 +10,10 @@ from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.testclient import TestClient
 from starlette.datastructures import QueryParams
 
-from services.broker.messaging.pull import DEFAULT_PULL, MAX_PULL
-from services.broker.routes.messages import pull_params
-from services.common.constants import LONG_POLL_MAX_MS
-from services.common.lean import LeanRoute, lean, plain_int
+from tidemq_server.broker.messaging.pull import DEFAULT_PULL, MAX_PULL
+from tidemq_server.broker.routes.messages import pull_params
+from tidemq_server.common.constants import LONG_POLL_MAX_MS
+from tidemq_server.common.lean import LeanRoute, lean, plain_int
 
 parsed: list[str] = []  # the queries the lean path read
 

@@ -20,11 +20,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from services.common import logs
-from services.common.constants import LOG_LEVELS, REQUEST_ID_HEADER
-from services.common.logs import JsonFormatter, RequestIds, note_message_ids
 from tests.support.procs import REPO, ServiceProcess, free_port
 from tests.support.wait import wait_until
+from tidemq_server.common import logs
+from tidemq_server.common.constants import LOG_LEVELS, REQUEST_ID_HEADER
+from tidemq_server.common.logs import JsonFormatter, RequestIds, note_message_ids
 
 # every service's module and the prefix of its variables
 SERVICES = [("nameserver", "TIDEMQ_NAMESRV_"), ("broker", "TIDEMQ_BROKER_"),
@@ -39,7 +39,7 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
 
 def run_service(module: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
-    return subprocess.run([sys.executable, "-m", f"services.{module}"], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", f"tidemq_server.{module}"], cwd=REPO,
                           env={**base, **env}, capture_output=True, text=True, timeout=60)
 
 
@@ -72,7 +72,7 @@ def test_nameserver_logs_json_lines_with_the_request_id(tmp_path: Path) -> None:
         assert stamp.utcoffset() == timedelta(0)
     [line] = registered
     assert line["level"] == "INFO"
-    assert line["logger"] == "services.nameserver.registry"
+    assert line["logger"] == "tidemq_server.nameserver.registry"
     assert line["request_id"] == "req-42"
     assert not any("request_id" in line for line in lines
                    if "ready on" in line["message"])  # start-up lines: no request in scope

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.consumers.offsets import OffsetStore
-from services.common.redis import SentinelRedis, connect_redis
 from tests.support.sentinel import SentinelGroup
+from tidemq_server.broker.consumers.offsets import OffsetStore
+from tidemq_server.common.redis import SentinelRedis, connect_redis
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,13 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from services.broker.settings import BrokerSettings
-from services.checker.settings import CheckerSettings
-from services.common import redis as redis_module
-from services.common.constants import REDIS_FAILOVER_WAIT_S, REDIS_SENTINEL_PORT
-from services.common.redis import (
+from tests.support.clock import FakeClock
+from tests.support.wait import HANG_S
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.checker.settings import CheckerSettings
+from tidemq_server.common import redis as redis_module
+from tidemq_server.common.constants import REDIS_FAILOVER_WAIT_S, REDIS_SENTINEL_PORT
+from tidemq_server.common.redis import (
     FailoverRetry,
     MasterConnection,
     SentinelRedis,
@@ -24,9 +26,7 @@ from services.common.redis import (
     is_sentinel_url,
     parse_sentinel_url,
 )
-from services.scheduler.settings import SchedulerSettings
-from tests.support.clock import FakeClock
-from tests.support.wait import HANG_S
+from tidemq_server.scheduler.settings import SchedulerSettings
 
 
 def test_full_url() -> None:

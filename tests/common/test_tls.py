@@ -1,5 +1,5 @@
 """TLS end to end: a nameserver, a broker, a checker, a scheduler and the console, all serving
-HTTPS with a development CA's certificate (``services.cli.certs``), finding each other through
+HTTPS with a development CA's certificate (``tidemq_server.cli.certs``), finding each other through
 the nameserver over https://.
 
 Clients that trust the CA (``TIDEMQ_TLS_CA`` / ``use_ca_bundle``) work: the SDK produces and
@@ -27,10 +27,10 @@ from tidemq import (
 )
 from typer.testing import CliRunner
 
-from services.cli import app
-from services.cli.certs import DevPki, ensure_dev_pki
 from tests.support.broker import TOKEN, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port
+from tidemq_server.cli import app
+from tidemq_server.cli.certs import DevPki, ensure_dev_pki
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,11 @@ from pydantic import ValidationError
 from tidemq import ConfigurationError, use_ca_bundle
 from tidemq._http import shared_ssl_context
 
-from services.broker.settings import BrokerSettings
-from services.cli.certs import DevPki, ensure_dev_pki
-from services.cli.plan import ENV_PREFIX, UpOptions, plan_services
-from services.common.tls import server_tls
-from services.nameserver.settings import NameserverSettings
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.cli.certs import DevPki, ensure_dev_pki
+from tidemq_server.cli.plan import ENV_PREFIX, UpOptions, plan_services
+from tidemq_server.common.tls import server_tls
+from tidemq_server.nameserver.settings import NameserverSettings
 
 
 @pytest.fixture(scope="module")

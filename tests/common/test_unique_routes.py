@@ -16,17 +16,17 @@ import pytest
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry
 
-from services.broker.app import create_broker_app
-from services.broker.settings import BrokerSettings
-from services.checker.app import create_checker_app
-from services.checker.settings import CheckerSettings
-from services.common.app import create_app
-from services.metrics.settings import MetricsSettings
-from services.metrics.sidecar import create_sidecar_app
-from services.nameserver.app import build_app
-from services.nameserver.settings import NameserverSettings
-from services.scheduler.app import create_scheduler_app
-from services.scheduler.settings import SchedulerSettings
+from tidemq_server.broker.app import create_broker_app
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.checker.app import create_checker_app
+from tidemq_server.checker.settings import CheckerSettings
+from tidemq_server.common.app import create_app
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.metrics.sidecar import create_sidecar_app
+from tidemq_server.nameserver.app import build_app
+from tidemq_server.nameserver.settings import NameserverSettings
+from tidemq_server.scheduler.app import create_scheduler_app
+from tidemq_server.scheduler.settings import SchedulerSettings
 
 APPS: dict[str, Callable[[Path], FastAPI]] = {
     "nameserver": lambda _: build_app(NameserverSettings()),

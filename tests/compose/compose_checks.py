@@ -263,7 +263,7 @@ def crash(service: str) -> int:
     cid = container(service)
     before = int(docker("inspect", "-f", "{{.RestartCount}}", cid))
     top = docker("top", cid, "-o", "pid,args").splitlines()[1:]
-    [pid] = [int(line.split()[0]) for line in top if "python -m services." in line
+    [pid] = [int(line.split()[0]) for line in top if "python -m tidemq_server." in line
              and "docker-init" not in line]
     os.kill(pid, signal.SIGKILL)
     return before

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from services.console.client import ConsoleClient
+from tidemq_server.console.client import ConsoleClient
 
 NS = "https://nameserver-1:9876"
 

@@ -24,10 +24,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from services.cli import app as cli_app
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port
 from tests.support.wait import wait_until
+from tidemq_server.cli import app as cli_app
 
 pytestmark = pytest.mark.integration
 

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
-from services.cli.certs import ensure_dev_pki
 from tests.support.acl import USERS, auth_of, write_acl
 from tests.support.broker import TOKEN, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port
+from tidemq_server.cli.certs import ensure_dev_pki
 
 pytestmark = pytest.mark.integration
 

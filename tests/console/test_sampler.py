@@ -10,10 +10,10 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from services.console.charts import DAY_MS, HOUR_BARS, HOUR_MS, line_chart, timer_bars
-from services.console.client import ConsoleClient
-from services.console.sampler import BrokerSample, Sampler, parse_metrics, rates
 from tests.support.wait import wait_until_async
+from tidemq_server.console.charts import DAY_MS, HOUR_BARS, HOUR_MS, line_chart, timer_bars
+from tidemq_server.console.client import ConsoleClient
+from tidemq_server.console.sampler import BrokerSample, Sampler, parse_metrics, rates
 
 
 def exposition(sent: dict[str, int], pulled: dict[str, int], received: int, log: tuple[int, int],

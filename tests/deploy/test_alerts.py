@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.metrics.settings import MetricsSettings
-from services.metrics.sidecar import JobRunner, health_lines
 from tests.support.metrics import promtool
 from tests.support.procs import REPO
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.metrics.sidecar import JobRunner, health_lines
 
 PROMETHEUS = REPO / "deploy" / "prometheus"
 NAME_RE = re.compile(r"\b(tidemq_[a-z_]+)\b")

@@ -9,11 +9,11 @@ import subprocess
 import pytest
 import yaml
 
-from services.cli.plan import ENV_PREFIX, SERVICE_ORDER
 from tests.deploy.topology import COMPOSE, env_of, load_compose
 from tests.support.compose import preflight
 from tests.support.metrics import promtool
 from tests.support.procs import REPO
+from tidemq_server.cli.plan import ENV_PREFIX, SERVICE_ORDER
 
 DEPLOY = REPO / "deploy"
 GROUPS = ("a", "b")  # broker-a, broker-b
@@ -50,7 +50,7 @@ def test_every_service_is_there_with_health_restart_and_volumes() -> None:
         assert svc.get("expose"), f"{name} exposes no port"
     for name, kind in TIDEMQ.items():
         svc = services[name]
-        assert svc["command"] == ["python", "-m", f"services.{kind}"]
+        assert svc["command"] == ["python", "-m", f"tidemq_server.{kind}"]
         assert svc["build"]["dockerfile"] == "deploy/images/tidemq/Dockerfile"
         assert (REPO / "services" / kind).is_dir()
         env = env_of(svc)
@@ -128,7 +128,7 @@ def test_one_shared_token() -> None:
 def test_tls_on_every_tidemq_port_from_the_init_step() -> None:
     services = load_compose()["services"]
     init = services[INIT]
-    assert init["command"][:6] == ["python", "-m", "services.cli.init_secrets", "--dir",
+    assert init["command"][:6] == ["python", "-m", "tidemq_server.cli.init_secrets", "--dir",
                                    "/secrets", "--acl"]
     named = set(init["command"][7::2])  # every --name NAME
     assert init["command"][6::2] == ["--name"] * len(named)

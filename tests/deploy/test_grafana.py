@@ -13,21 +13,21 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from services.broker.observability import (
+from tests.deploy.topology import load_compose
+from tests.support.metrics import encode, promtool, scenario
+from tests.support.procs import REPO
+from tidemq_server.broker.observability import (
     BROKER_STATS,
     STORE_STATS,
     TRANSACTION_STATS,
     BrokerMetrics,
 )
-from services.metrics.events import parse_event
-from services.metrics.exposition import BatchInfo, render
-from services.metrics.rollup import python_rollup
-from services.metrics.settings import MetricsSettings
-from services.metrics.sidecar import JobRunner, health_lines
-from services.scheduler.metrics import SCHEDULER_STATS, SchedulerMetrics
-from tests.deploy.topology import load_compose
-from tests.support.metrics import encode, promtool, scenario
-from tests.support.procs import REPO
+from tidemq_server.metrics.events import parse_event
+from tidemq_server.metrics.exposition import BatchInfo, render
+from tidemq_server.metrics.rollup import python_rollup
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.metrics.sidecar import JobRunner, health_lines
+from tidemq_server.scheduler.metrics import SCHEDULER_STATS, SchedulerMetrics
 
 GRAFANA = REPO / "deploy" / "grafana"
 PROMETHEUS = REPO / "deploy" / "prometheus"

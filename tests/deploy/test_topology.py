@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.cli.plan import module_available
 from tests.deploy.topology import Topology, load_compose
 from tests.support.metrics import parse_exposition, promtool
+from tidemq_server.cli.plan import module_available
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
         topo.run_once("init-secrets")
         for name in ORDER[1:]:
             module = (topo.compose["services"][name].get("command") or [""])[-1]
-            if module.startswith("services.") and not module_available(module):
+            if module.startswith("tidemq_server.") and not module_available(module):
                 print(f"compose service {name}: {module} has no __main__ yet; not started")
                 continue
             topo.start(name)

@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import yaml
 
-from services.common.auth.client import SigningAuth
 from tests.support.procs import REPO, free_port, wait_port
+from tidemq_server.common.auth.client import SigningAuth
 
 COMPOSE = REPO / "docker-compose.yml"
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 
-from services.common.constants import (
+from tests.support.procs import REPO
+from tidemq_server.common.constants import (
     BROKER_PORT,
     CHECKER_PORT,
     CONSOLE_PORT,
@@ -26,7 +27,6 @@ from services.common.constants import (
     NAMESERVER_PORT,
     SCHEDULER_PORT,
 )
-from tests.support.procs import REPO
 
 API_DOC = REPO / "docs" / "api.md"
 PROSE = [API_DOC, REPO / "docs" / "architecture.md", REPO / "docs" / "operations.md",
@@ -45,38 +45,38 @@ EVERY = "every service"
 
 
 def _nameserver() -> FastAPI:
-    from services.nameserver.app import build_app
-    from services.nameserver.settings import NameserverSettings
+    from tidemq_server.nameserver.app import build_app
+    from tidemq_server.nameserver.settings import NameserverSettings
     return build_app(NameserverSettings())
 
 
 def _broker() -> FastAPI:
-    from services.broker.app import create_broker_app
-    from services.broker.settings import BrokerSettings
+    from tidemq_server.broker.app import create_broker_app
+    from tidemq_server.broker.settings import BrokerSettings
     return create_broker_app(BrokerSettings())
 
 
 def _checker() -> FastAPI:
-    from services.checker.app import create_checker_app
-    from services.checker.settings import CheckerSettings
+    from tidemq_server.checker.app import create_checker_app
+    from tidemq_server.checker.settings import CheckerSettings
     return create_checker_app(CheckerSettings())
 
 
 def _scheduler() -> FastAPI:
-    from services.scheduler.app import create_scheduler_app
-    from services.scheduler.settings import SchedulerSettings
+    from tidemq_server.scheduler.app import create_scheduler_app
+    from tidemq_server.scheduler.settings import SchedulerSettings
     return create_scheduler_app(SchedulerSettings())
 
 
 def _metrics() -> FastAPI:
-    from services.metrics.settings import MetricsSettings
-    from services.metrics.sidecar import create_sidecar_app
+    from tidemq_server.metrics.settings import MetricsSettings
+    from tidemq_server.metrics.sidecar import create_sidecar_app
     return create_sidecar_app(MetricsSettings())
 
 
 def _console() -> FastAPI:  # its HTML pages stay out of the OpenAPI: /healthz, /metrics
-    from services.console.app import create_console_app
-    from services.console.settings import ConsoleSettings
+    from tidemq_server.console.app import create_console_app
+    from tidemq_server.console.settings import ConsoleSettings
     return create_console_app(ConsoleSettings())
 
 

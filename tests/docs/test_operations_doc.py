@@ -11,16 +11,16 @@ from pydantic_settings import BaseSettings
 from tidemq._constants import TLS_CA_ENV
 from tidemq.protocol.signing import ACCESS_KEY_ENV, SECRET_KEY_ENV
 
-from services.broker.settings import BrokerSettings
-from services.checker.settings import CheckerSettings
-from services.cli.config import CLI_VARIABLES
-from services.common import constants
-from services.common.settings import ServiceSettings
-from services.console.settings import ConsoleSettings
-from services.metrics.settings import MetricsSettings
-from services.nameserver.settings import NameserverSettings
-from services.scheduler.settings import SchedulerSettings
 from tests.support.procs import REPO
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.checker.settings import CheckerSettings
+from tidemq_server.cli.config import CLI_VARIABLES
+from tidemq_server.common import constants
+from tidemq_server.common.settings import ServiceSettings
+from tidemq_server.console.settings import ConsoleSettings
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.nameserver.settings import NameserverSettings
+from tidemq_server.scheduler.settings import SchedulerSettings
 
 DOC = (REPO / "docs" / "operations.md").read_text()
 SERVICES: list[type[BaseSettings]] = [NameserverSettings, BrokerSettings, CheckerSettings,

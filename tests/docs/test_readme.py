@@ -1,6 +1,6 @@
 """Every code block of README.md runs as printed against a real system.
 
-The system is what ``tidemq up`` starts (``services.cli.plan.plan_services``: nameserver, broker,
+The system is what ``tidemq up`` starts (``tidemq_server.cli.plan.plan_services``: nameserver, broker,
 checker, scheduler; the Spark sidecar is left out) on free ports, with the session's
 redis-server. Before running a block, the default addresses it names (``127.0.0.1:10911``, ...)
 are replaced by the ports actually used — nothing else in the block changes. Blocks run in README
@@ -34,9 +34,9 @@ import asyncpg
 import httpx
 import pytest
 
-from services.cli.plan import UpOptions, plan_services
 from tests.support.postgres import PostgresServer
 from tests.support.procs import REPO, RedisServer, ServiceProcess, free_port
+from tidemq_server.cli.plan import UpOptions, plan_services
 
 pytestmark = pytest.mark.integration
 

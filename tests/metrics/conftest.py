@@ -18,7 +18,7 @@ def spark() -> Iterator[Any]:
     """Real Spark in local mode, shared by every test (a session costs ~7 s to start)."""
     if shutil.which("java") is None:
         pytest.fail("java is not installed: run scripts/install-system-deps.sh")
-    from services.metrics.job import SessionConfig, build_session
+    from tidemq_server.metrics.job import SessionConfig, build_session
 
     session = build_session(SessionConfig(master="local[2]", app_name="tidemq-metrics-tests",
                                           shuffle_partitions=2, ui=False))

@@ -7,9 +7,9 @@ import base64
 import msgpack
 import pytest
 
-from services.common.constants import TOKEN_HEADER
 from tests.support.broker import BrokerHandle, unique
 from tests.support.metrics import put_events
+from tidemq_server.common.constants import TOKEN_HEADER
 
 pytestmark = pytest.mark.integration
 

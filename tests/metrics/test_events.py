@@ -7,8 +7,8 @@ import orjson
 import pytest
 from tidemq.protocol import EVENT_FIELDS, EventKind, make_event
 
-from services.metrics.events import COLUMNS, MalformedReason, parse_event
 from tests.support.metrics import MALFORMED, MALFORMED_BY_REASON, encode
+from tidemq_server.metrics.events import COLUMNS, MalformedReason, parse_event
 
 
 def _valid(**overrides: object) -> bytes:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.metrics.events import parse_event
-from services.metrics.exposition import BatchInfo, escape, render
-from services.metrics.rollup import exact_quantile, python_rollup
 from tests.support.metrics import encode, parse_exposition, promtool, sample, scenario
+from tidemq_server.metrics.events import parse_event
+from tidemq_server.metrics.exposition import BatchInfo, escape, render
+from tidemq_server.metrics.rollup import exact_quantile, python_rollup
 
 
 def scripted() -> list[bytes]:

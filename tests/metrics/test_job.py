@@ -13,10 +13,6 @@ from typing import Any
 
 import pytest
 
-from services.metrics.events import parse_event
-from services.metrics.exposition import BatchInfo, render
-from services.metrics.job import JobConfig, start_query
-from services.metrics.rollup import python_rollup
 from tests.support.broker import BrokerHandle, unique
 from tests.support.metrics import (
     MALFORMED_BY_REASON,
@@ -30,6 +26,10 @@ from tests.support.metrics import (
     sample,
     scenario,
 )
+from tidemq_server.metrics.events import parse_event
+from tidemq_server.metrics.exposition import BatchInfo, render
+from tidemq_server.metrics.job import JobConfig, start_query
+from tidemq_server.metrics.rollup import python_rollup
 
 pytestmark = pytest.mark.integration
 

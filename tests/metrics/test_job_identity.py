@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from services.common.constants import METRICS_SPARK_MASTER
-from services.metrics.job import choose_master, parse_args
-from services.metrics.liveness import (
+from tests.support.metrics import parse_exposition, promtool, sample
+from tidemq_server.common.constants import METRICS_SPARK_MASTER
+from tidemq_server.metrics.job import choose_master, parse_args
+from tidemq_server.metrics.liveness import (
     JobInfo,
     Liveness,
     LivenessState,
@@ -19,9 +20,8 @@ from services.metrics.liveness import (
     read_liveness,
     render_liveness,
 )
-from services.metrics.settings import MetricsSettings
-from services.metrics.sidecar import JobRunner, JobState, health_lines
-from tests.support.metrics import parse_exposition, promtool, sample
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.metrics.sidecar import JobRunner, JobState, health_lines
 
 SPARK = "spark://127.0.0.1:7077"
 

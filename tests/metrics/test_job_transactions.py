@@ -19,13 +19,13 @@ import httpx
 import pytest
 from tidemq import TransactionProducer, TransactionState
 
-from services.common.constants import TOKEN_HEADER
-from services.metrics.planning import QueueRange
-from services.metrics.reader import TopicReader
 from tests.metrics.test_job import expected, run_once, without_batch
 from tests.support.broker import BrokerHandle, unique
 from tests.support.metrics import sample
 from tests.support.procs import RedisServer, ServiceProcess, free_port
+from tidemq_server.common.constants import TOKEN_HEADER
+from tidemq_server.metrics.planning import QueueRange
+from tidemq_server.metrics.reader import TopicReader
 
 pytestmark = pytest.mark.integration
 

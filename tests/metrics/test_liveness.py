@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from services.metrics.events import parse_event
-from services.metrics.exposition import BatchInfo, render
-from services.metrics.job import ExpositionWriter, JobConfig, start_query
-from services.metrics.liveness import (
+from tests.support.broker import BrokerHandle, unique
+from tests.support.metrics import Script, encode, parse_exposition, promtool, put_events, sample
+from tidemq_server.metrics.events import parse_event
+from tidemq_server.metrics.exposition import BatchInfo, render
+from tidemq_server.metrics.job import ExpositionWriter, JobConfig, start_query
+from tidemq_server.metrics.liveness import (
     Liveness,
     LivenessState,
     liveness_path,
@@ -21,11 +23,9 @@ from services.metrics.liveness import (
     read_liveness,
     render_liveness,
 )
-from services.metrics.rollup import python_rollup
-from services.metrics.settings import MetricsSettings
-from services.metrics.sidecar import JobRunner, health_lines
-from tests.support.broker import BrokerHandle, unique
-from tests.support.metrics import Script, encode, parse_exposition, promtool, put_events, sample
+from tidemq_server.metrics.rollup import python_rollup
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.metrics.sidecar import JobRunner, health_lines
 
 COMPLETED = "tidemq_metrics_last_batch_completed_timestamp_seconds"
 NEWEST = "tidemq_metrics_newest_event_read_timestamp_seconds"

@@ -6,7 +6,7 @@ import ast
 import zipfile
 from pathlib import Path
 
-from services.metrics.package import build
+from tidemq_server.metrics.package import build
 
 
 def first_party_imports(source: str) -> set[str]:
@@ -27,8 +27,8 @@ def test_zip_is_closed_under_first_party_imports(tmp_path: Path) -> None:
         sources = {name: zf.read(name).decode() for name in files if name.endswith(".py")}
     modules = {n.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
                for n in sources}
-    assert {"services.metrics.job", "services.metrics.source", "tidemq.protocol"} <= modules
-    assert "services.metrics.sidecar" not in modules  # the web side stays out
+    assert {"tidemq_server.metrics.job", "tidemq_server.metrics.source", "tidemq.protocol"} <= modules
+    assert "tidemq_server.metrics.sidecar" not in modules  # the web side stays out
     for name, source in sources.items():
         for imported in first_party_imports(source):
             # "from pkg import name" may name a module or an attribute: one must be there

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.metrics import planning
-from services.metrics.planning import QueueRange
+from tidemq_server.metrics import planning
+from tidemq_server.metrics.planning import QueueRange
 
 A, B, F = "broker-a", "broker-b", planning.FIXED
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.files import write_atomic
-from services.metrics.events import parse_event
-from services.metrics.exposition import BatchInfo, render
-from services.metrics.liveness import Liveness, liveness_path
-from services.metrics.rollup import python_rollup
-from services.metrics.settings import MetricsSettings
-from services.metrics.sidecar import create_sidecar_app
 from tests.support.metrics import Script, encode, parse_exposition, promtool, sample
+from tidemq_server.common.files import write_atomic
+from tidemq_server.metrics.events import parse_event
+from tidemq_server.metrics.exposition import BatchInfo, render
+from tidemq_server.metrics.liveness import Liveness, liveness_path
+from tidemq_server.metrics.rollup import python_rollup
+from tidemq_server.metrics.settings import MetricsSettings
+from tidemq_server.metrics.sidecar import create_sidecar_app
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch,

@@ -1,4 +1,4 @@
-"""The sidecar as a real process (``python -m services.metrics``, Spark in local mode) on a quiet
+"""The sidecar as a real process (``python -m tidemq_server.metrics``, Spark in local mode) on a quiet
 system: a real broker whose transaction event topic gets one transaction, then nothing. The job
 keeps polling the broker every trigger, so its liveness age stays small while the age of the
 newest event grows.
@@ -22,10 +22,10 @@ import httpx
 import pytest
 from tidemq.protocol import SystemTopic
 
-from services.common.constants import HTTP_SERVER_KEEP_ALIVE_S
 from tests.support.broker import TOKEN, BrokerHandle, run_broker
 from tests.support.metrics import Script, parse_exposition, promtool, put_events, sample
 from tests.support.procs import RedisServer, ServiceProcess, free_port
+from tidemq_server.common.constants import HTTP_SERVER_KEEP_ALIVE_S
 
 pytestmark = pytest.mark.integration
 

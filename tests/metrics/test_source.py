@@ -9,9 +9,11 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from tidemq.protocol import make_event
 
-from services.common.broker_client import BrokerRefused
-from services.metrics.events import COLUMNS, parse_event
-from services.metrics.source import (
+from tests.support.broker import BrokerHandle, unique
+from tests.support.metrics import MALFORMED, Body, Script, encode, put_events, scenario
+from tidemq_server.common.broker_client import BrokerRefused
+from tidemq_server.metrics.events import COLUMNS, parse_event
+from tidemq_server.metrics.source import (
     ARROW_SCHEMA,
     RangePartition,
     SourceOptions,
@@ -20,8 +22,6 @@ from services.metrics.source import (
     _parse_vectorized,
     to_arrow,
 )
-from tests.support.broker import BrokerHandle, unique
-from tests.support.metrics import MALFORMED, Body, Script, encode, put_events, scenario
 
 pytestmark = pytest.mark.integration
 

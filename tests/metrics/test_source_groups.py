@@ -13,14 +13,18 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from services.metrics.job import JobConfig, start_query
-from services.metrics.source import ARROW_SCHEMA, TransactionEventReader, TransactionEventSource
 from tests.metrics.test_job import expected, without_batch
 from tests.support.broker import unique
 from tests.support.groups import GroupProcs, Groups, run_groups
 from tests.support.metrics import Script, encode, parse_exposition, put_events
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
+from tidemq_server.metrics.job import JobConfig, start_query
+from tidemq_server.metrics.source import (
+    ARROW_SCHEMA,
+    TransactionEventReader,
+    TransactionEventSource,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -20,11 +20,11 @@ import httpx
 import pyspark
 import pytest
 
-from services.metrics.package import build
 from tests.metrics.test_job import expected, run_once, without_batch
 from tests.support.broker import BrokerHandle, unique
 from tests.support.metrics import parse_exposition, put_events, scenario
 from tests.support.procs import REPO, ServiceProcess, free_port, stop_process, wait_port
+from tidemq_server.metrics.package import build
 
 pytestmark = pytest.mark.integration
 

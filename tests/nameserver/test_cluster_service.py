@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from services.common.constants import BROKER_EXPIRY_S, TOKEN_HEADER
 from tests.support.broker import TOKEN, run_broker, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port
 from tests.support.wait import TIMEOUT_S, wait_until
+from tidemq_server.common.constants import BROKER_EXPIRY_S, TOKEN_HEADER
 
 pytestmark = pytest.mark.integration
 

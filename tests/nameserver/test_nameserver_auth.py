@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from services.common.constants import TOKEN_HEADER
 from tests.support.broker import TOKEN, run_broker
 from tests.support.procs import RedisServer, ServiceProcess, free_port
+from tidemq_server.common.constants import TOKEN_HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from services.common.constants import BROKER_HEARTBEAT_INTERVAL_S
-from services.nameserver.app import build_app
-from services.nameserver.settings import NameserverSettings
 from tests.support.procs import ServiceProcess, free_port
+from tidemq_server.common.constants import BROKER_HEARTBEAT_INTERVAL_S
+from tidemq_server.nameserver.app import build_app
+from tidemq_server.nameserver.settings import NameserverSettings
 
 pytestmark = pytest.mark.integration
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.nameserver.registry import BrokerRegistry, QueueRoute, TopicInfo
 from tests.support.clock import FakeClock
+from tidemq_server.nameserver.registry import BrokerRegistry, QueueRoute, TopicInfo
 
 EXPIRY_MS = 120_000
 RW8 = TopicInfo(queues=8, perm="rw")

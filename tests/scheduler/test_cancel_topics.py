@@ -13,11 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.broker.grpc.proto import Code, service_grpc, service_pb
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
 from tests.scheduler.test_rebuild import lose_disk_and_restart
 from tests.support.procs import RedisServer, free_port, wait_port
 from tests.support.wait import wait_until
+from tidemq_server.broker.grpc.proto import Code, service_grpc, service_pb
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ def test_topic_errors(cluster: DelayCluster) -> None:
 def test_cli_cancel_with_topic(cluster: DelayCluster) -> None:
     from typer.testing import CliRunner
 
-    from services.cli import app
+    from tidemq_server.cli import app
 
     a, b = cluster.broker.create_topic(queues=1), cluster.broker.create_topic(queues=1)
     mid = unique("cli")

@@ -21,10 +21,10 @@ import pytest
 from tidemq import Producer
 from typer.testing import CliRunner
 
-from services.cli import app
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
+from tidemq_server.cli import app
 
 pytestmark = pytest.mark.integration
 

@@ -197,7 +197,7 @@ def test_retry_backs_off_by_delay_level(cluster: DelayCluster) -> None:
 def test_cli_delay_list_and_cancel(cluster: DelayCluster) -> None:
     from typer.testing import CliRunner
 
-    from services.cli import app
+    from tidemq_server.cli import app
 
     topic = cluster.broker.create_topic(queues=1)
     mid = unique("cli")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import msgpack
 
-from services.scheduler.buckets import Mark
-from services.scheduler.clock import Clock
-from services.scheduler.histogram import histogram
-from services.scheduler.lookup import locate
-from services.scheduler.timers import Timer, TimerConfig, TimerStore
+from tidemq_server.scheduler.buckets import Mark
+from tidemq_server.scheduler.clock import Clock
+from tidemq_server.scheduler.histogram import histogram
+from tidemq_server.scheduler.lookup import locate
+from tidemq_server.scheduler.timers import Timer, TimerConfig, TimerStore
 
 HOUR = 3_600_000
 DAY = 86_400_000

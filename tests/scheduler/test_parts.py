@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.buckets import MARK, Mark, read_marks
-from services.scheduler.timerlog import CorruptEntry, TimerLog, decode, encode
-from services.scheduler.wheel import Wheel
+from tidemq_server.scheduler.buckets import MARK, Mark, read_marks
+from tidemq_server.scheduler.timerlog import CorruptEntry, TimerLog, decode, encode
+from tidemq_server.scheduler.wheel import Wheel
 
 NOW = 1_800_000_000_000
 
@@ -60,7 +60,7 @@ def test_wheel_hands_over_in_time_never_early() -> None:
 
 
 def test_index_sizes_survive_in_the_checkpoint(tmp_path: Path) -> None:
-    from services.scheduler.checkpoint import Checkpoint
+    from tidemq_server.scheduler.checkpoint import Checkpoint
 
     cp = Checkpoint(indexed_end=10, ingested_next=3, buckets={NOW: 56}, segments={0: NOW})
     cp.save(tmp_path / "cp.json")

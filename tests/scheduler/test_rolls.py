@@ -12,15 +12,15 @@ from typing import Any
 import msgpack
 from tidemq.protocol import REAL_TOPIC, TIDE_TIMER_ROLLS, TIMER_DELIVER_MS, DeliveryRow
 
-from services.scheduler.buckets import Mark
-from services.scheduler.clock import Clock
-from services.scheduler.lookup import locate
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.precancel import Precancels
-from services.scheduler.rebuild import prepare
-from services.scheduler.rolls import Roller, roll_count, rolled_row, strip_roll
-from services.scheduler.timerlog import Entry
-from services.scheduler.timers import Timer, TimerConfig, TimerStore
+from tidemq_server.scheduler.buckets import Mark
+from tidemq_server.scheduler.clock import Clock
+from tidemq_server.scheduler.lookup import locate
+from tidemq_server.scheduler.metrics import SchedulerMetrics
+from tidemq_server.scheduler.precancel import Precancels
+from tidemq_server.scheduler.rebuild import prepare
+from tidemq_server.scheduler.rolls import Roller, roll_count, rolled_row, strip_roll
+from tidemq_server.scheduler.timerlog import Entry
+from tidemq_server.scheduler.timers import Timer, TimerConfig, TimerStore
 
 BUCKET = 10_000
 CONFIG = TimerConfig(bucket_ms=BUCKET, preload_ms=2_000, tick_ms=100, segment_bytes=4096)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import msgpack
 
-from services.scheduler.buckets import Mark
-from services.scheduler.clock import Clock
-from services.scheduler.lookup import locate
-from services.scheduler.timers import Timer, TimerConfig, TimerStore
+from tidemq_server.scheduler.buckets import Mark
+from tidemq_server.scheduler.clock import Clock
+from tidemq_server.scheduler.lookup import locate
+from tidemq_server.scheduler.timers import Timer, TimerConfig, TimerStore
 
 BUCKET = 10_000
 CONFIG = TimerConfig(bucket_ms=BUCKET, preload_ms=2_000, tick_ms=100, segment_bytes=2048)

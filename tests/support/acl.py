@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import yaml
 
-from services.common.auth.client import SigningAuth
 from tests.support.broker import TOKEN, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port, wait_port
+from tidemq_server.common.auth.client import SigningAuth
 
 #: name → (access key, secret key, rules)
 USERS: dict[str, tuple[str, str, list[dict[str, Any]]]] = {

@@ -12,7 +12,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from tidemq.protocol import make_event
 
-from services.common.constants import TOKEN_HEADER
+from tidemq_server.common.constants import TOKEN_HEADER
 
 Body = dict[str, Any] | str | bytes  # an event, or a raw (malformed) body
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

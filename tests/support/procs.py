@@ -86,7 +86,7 @@ class RedisServer:
 
 
 class ServiceProcess:
-    """``python -m services.<name>`` as a child process with the given environment."""
+    """``python -m tidemq_server.<name>`` as a child process with the given environment."""
 
     def __init__(self, name: str, port: int, env: dict[str, str], workdir: Path) -> None:
         self.name = name
@@ -121,7 +121,7 @@ class ServiceProcess:
         if self.name == "nameserver":  # unknown topics are 404 at once unless a test asks
             env.setdefault("TIDEMQ_NAMESRV_WARMUP_S", "0")
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
+            self.proc = subprocess.Popen([sys.executable, "-m", f"tidemq_server.{self.name}"],
                                          cwd=REPO, env=env, stdout=log, stderr=log)
         if not wait:
             return self

@@ -47,7 +47,7 @@ class UpRun:
         base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "TIDEMQ_TOKEN")}
         with self.out.open("wb") as sink:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "up", "--data-dir", str(self.data_dir),
+                [sys.executable, "-m", "tidemq_server.cli", "up", "--data-dir", str(self.data_dir),
                  "--console-port", str(free_port()),  # never 8080: tests run side by side
                  *args], cwd=REPO, env={**base, **NO_WARMUP, **WIDE, **(env or {})}, stdout=sink,
                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -66,7 +66,7 @@ class UpRun:
         self.wait_for("tidemq is up", timeout_s)
 
     def children(self) -> dict[str, psutil.Process]:
-        """Running children by service: ``redis`` or the ``services.<x>`` module's ``x``
+        """Running children by service: ``redis`` or the ``tidemq_server.<x>`` module's ``x``
         (several of one kind: the last one found)."""
         found = {}
         for child in psutil.Process(self.proc.pid).children():
@@ -78,7 +78,7 @@ class UpRun:
                 found["redis"] = child
             elif "-m" in cmdline:
                 module = cmdline[cmdline.index("-m") + 1]
-                found[module.removeprefix("services.")] = child
+                found[module.removeprefix("tidemq_server.")] = child
         return found
 
     def child_env(self, child: psutil.Process) -> dict[str, str]:

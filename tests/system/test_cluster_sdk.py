@@ -24,7 +24,6 @@ import pytest
 import redis
 from tidemq import ConsumeResult, Producer, PushConsumer, ReceivedMessage, SimpleConsumer
 
-from services.common.constants import consumer_offsets_key
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until_async
 from tests.system.cluster_harness import (
@@ -37,6 +36,7 @@ from tests.system.cluster_harness import (
     summary,
 )
 from tests.system.sdk_harness import FAST_CONSUMER, Recorder, repeated, unique
+from tidemq_server.common.constants import consumer_offsets_key
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,10 @@ import pytest
 import schemathesis
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK
 
-from services.common.constants import TOKEN_HEADER
 from tests.support import openapi
 from tests.support.broker import TOKEN, unique
 from tests.support.cluster import Cluster, all_services
+from tidemq_server.common.constants import TOKEN_HEADER
 
 pytestmark = pytest.mark.integration
 

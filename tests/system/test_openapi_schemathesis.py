@@ -23,10 +23,10 @@ from schemathesis.specs.openapi.checks import (
 )
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK
 
-from services.common.constants import TOKEN_HEADER
 from tests.support import openapi
 from tests.support.broker import TOKEN
 from tests.support.cluster import Cluster, all_services
+from tidemq_server.common.constants import TOKEN_HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -29,11 +29,11 @@ from schemathesis.specs.openapi.checks import (
 from tidemq.protocol import CONTENT_JSON
 from tidemq.protocol.signing import sign_rest
 
-from services.common.auth.client import SigningAuth
 from tests.support import openapi
 from tests.support.acl import USERS, acl_document
 from tests.support.cluster import Cluster, run_cluster
 from tests.support.procs import RedisServer
+from tidemq_server.common.auth.client import SigningAuth
 
 pytestmark = pytest.mark.integration
 

@@ -54,8 +54,8 @@ class TidemqSystem:
 
     def __init__(self, workdir: Path, *, redis_url: str | None = None,
                  settings: Mapping[str, str] | None = None) -> None:
-        if importlib.util.find_spec("services") is None or \
-                importlib.util.find_spec("services.broker") is None:
+        if importlib.util.find_spec("tidemq_server") is None or \
+                importlib.util.find_spec("tidemq_server.broker") is None:
             raise RuntimeError("tidemq.testing starts the tidemq services: install the "
                                "tidemq-services package beside the tidemq SDK")
         self.workdir = workdir

@@ -21,8 +21,8 @@ from enum import StrEnum
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.tags import parse_tag_expression
 
-from services.common.constants import CONSUMER_EXPIRY_S, PRODUCER_EXPIRY_S
-from services.common.loop import BackgroundLoop
+from tidemq_server.common.constants import CONSUMER_EXPIRY_S, PRODUCER_EXPIRY_S
+from tidemq_server.common.loop import BackgroundLoop
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.typing import EncodableT
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.common.constants import (
+from tidemq_server.common.constants import (
     REDIS_REPLICA_CHECK_S,
     REDIS_WAIT_REPLICAS,
     REDIS_WAIT_TIMEOUT_MS,
@@ -61,8 +61,8 @@ from services.common.constants import (
     consumer_offsets_key,
     legacy_consumer_key_patterns,
 )
-from services.common.loop import cancel_tasks
-from services.common.redis import REDIS_TIMEOUT_S, NotReplicated, connect_redis, text
+from tidemq_server.common.loop import cancel_tasks
+from tidemq_server.common.redis import REDIS_TIMEOUT_S, NotReplicated, connect_redis, text
 
 log = logging.getLogger(__name__)
 

@@ -26,14 +26,14 @@ from tidemq.protocol import (
     validate_group_name,
 )
 
-from services.broker.delays.routing import WAITING_PROPERTIES, DelayRouter, is_waiting
-from services.broker.messaging.send import appended_or_raise
-from services.broker.messaging.topics import TopicManager
-from services.broker.observability import BrokerMetrics
-from services.broker.store.appender import Appender
-from services.broker.store.store import MessageStore
-from services.broker.store.types import MessageRecord, StoredRecord, tag_code
-from services.common.clock import now_ms
+from tidemq_server.broker.delays.routing import WAITING_PROPERTIES, DelayRouter, is_waiting
+from tidemq_server.broker.messaging.send import appended_or_raise
+from tidemq_server.broker.messaging.topics import TopicManager
+from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord, tag_code
+from tidemq_server.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 

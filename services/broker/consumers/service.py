@@ -11,12 +11,12 @@ from typing import Any
 from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name, validate_topic_name
 from tidemq.protocol.tags import parse_tag_expression
 
-from services.broker.consumers.membership import GroupRegistry
-from services.broker.consumers.offsets import OffsetStore
-from services.broker.consumers.simple import Received, SimpleConsumerService
-from services.broker.messaging.pull import PullService
-from services.broker.messaging.topics import TopicManager
-from services.broker.store.store import MessageStore
+from tidemq_server.broker.consumers.membership import GroupRegistry
+from tidemq_server.broker.consumers.offsets import OffsetStore
+from tidemq_server.broker.consumers.simple import Received, SimpleConsumerService
+from tidemq_server.broker.messaging.pull import PullService
+from tidemq_server.broker.messaging.topics import TopicManager
+from tidemq_server.broker.store.store import MessageStore
 
 MAX_OFFSETS_PER_COMMIT = 65_536  # entries in one PUT /offsets
 

@@ -35,13 +35,13 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.consumers.membership import parse_tags
-from services.broker.consumers.offsets import OffsetStore, unavailable
-from services.broker.consumers.receipts import Receipt, decode_receipt, encode_receipt
-from services.broker.messaging.longpoll import PullHold
-from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
-from services.common.constants import inflight_key, receive_cursor_key
-from services.common.redis import connect_redis, text
+from tidemq_server.broker.consumers.membership import parse_tags
+from tidemq_server.broker.consumers.offsets import OffsetStore, unavailable
+from tidemq_server.broker.consumers.receipts import Receipt, decode_receipt, encode_receipt
+from tidemq_server.broker.messaging.longpoll import PullHold
+from tidemq_server.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
+from tidemq_server.common.constants import inflight_key, receive_cursor_key
+from tidemq_server.common.redis import connect_redis, text
 
 log = logging.getLogger(__name__)
 

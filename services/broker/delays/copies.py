@@ -20,9 +20,9 @@ from enum import StrEnum
 
 from tidemq.protocol import REAL_TOPIC, ErrorCode, ProtocolError, is_system_topic
 
-from services.broker.delays.routing import CANCELS_TOPIC, is_waiting
-from services.broker.store.types import StoredRecord
-from services.common.cancels import ambiguous_id
+from tidemq_server.broker.delays.routing import CANCELS_TOPIC, is_waiting
+from tidemq_server.broker.store.types import StoredRecord
+from tidemq_server.common.cancels import ambiguous_id
 
 
 class Standing(StrEnum):

@@ -34,8 +34,8 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
-from services.broker.messaging.query import MessageState
-from services.broker.store.types import MessageRecord, StoredRecord
+from tidemq_server.broker.messaging.query import MessageState
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord
 
 SCHEDULE_TOPIC = SystemTopic.SCHEDULE.value
 INTAKE_TOPIC = SystemTopic.TIMER_INTAKE.value

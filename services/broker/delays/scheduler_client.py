@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.common.auth.client import service_auth
-from services.common.constants import TOKEN_HEADER
-from services.common.tls import client_context
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.constants import TOKEN_HEADER
+from tidemq_server.common.tls import client_context
 
 
 class SchedulerClient:

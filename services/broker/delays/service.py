@@ -1,4 +1,4 @@
-"""What the broker does for delayed messages beyond routing them (services.broker.delays.routing).
+"""What the broker does for delayed messages beyond routing them (tidemq_server.broker.delays.routing).
 
 For the scheduler (``/internal/v1/schedule/*``, token required):
 
@@ -46,8 +46,8 @@ from tidemq.protocol import (
     validate_topic_name,
 )
 
-from services.broker.delays.copies import Standing, by_topic, choose, delivered, settled
-from services.broker.delays.routing import (
+from tidemq_server.broker.delays.copies import Standing, by_topic, choose, delivered, settled
+from tidemq_server.broker.delays.routing import (
     CANCELS_TOPIC,
     INTAKE_TOPIC,
     SCHEDULE_TOPIC,
@@ -57,17 +57,17 @@ from services.broker.delays.routing import (
     is_consumable,
     is_waiting,
 )
-from services.broker.delays.scheduler_client import SchedulerClient
-from services.broker.internal import records_of
-from services.broker.messaging.pull import PullService, TagFilter
-from services.broker.messaging.query import MessageState
-from services.broker.messaging.send import SendService, appended_or_raise
-from services.broker.messaging.topics import TopicManager
-from services.broker.store.appender import Appender
-from services.broker.store.store import MessageStore
-from services.broker.store.types import MessageRecord, PutResult, StoredRecord, tag_code
-from services.common.clock import now_ms
-from services.common.constants import SCHEDULER_FLOOR_OWNER
+from tidemq_server.broker.delays.scheduler_client import SchedulerClient
+from tidemq_server.broker.internal import records_of
+from tidemq_server.broker.messaging.pull import PullService, TagFilter
+from tidemq_server.broker.messaging.query import MessageState
+from tidemq_server.broker.messaging.send import SendService, appended_or_raise
+from tidemq_server.broker.messaging.topics import TopicManager
+from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import MessageRecord, PutResult, StoredRecord, tag_code
+from tidemq_server.common.clock import now_ms
+from tidemq_server.common.constants import SCHEDULER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)
 

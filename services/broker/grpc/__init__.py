@@ -9,6 +9,6 @@ routes call. Modules: ``proto`` (the generated stubs), ``errors`` (status mappin
 
 from __future__ import annotations
 
-from services.broker.grpc.server import GrpcFrontDoor
+from tidemq_server.broker.grpc.server import GrpcFrontDoor
 
 __all__ = ["GrpcFrontDoor"]

@@ -16,10 +16,10 @@ import grpc
 from tidemq.protocol import ErrorCode
 from tidemq.protocol.signing import GRPC_DATE_HEADER
 
-from services.broker.grpc.door import Door
-from services.broker.grpc.proto import Code, status
-from services.common.auth import Gate, Need, Refused, Resource
-from services.common.auth.gate import topic_need
+from tidemq_server.broker.grpc.door import Door
+from tidemq_server.broker.grpc.proto import Code, status
+from tidemq_server.common.auth import Gate, Need, Refused, Resource
+from tidemq_server.common.auth.gate import topic_need
 
 ANY = ("pub", "sub", "admin")
 CONSUMER_TYPES = frozenset({2, 3})  # ClientType PUSH_CONSUMER, SIMPLE_CONSUMER

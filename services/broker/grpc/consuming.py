@@ -22,11 +22,11 @@ from typing import Any
 import grpc
 from tidemq.protocol import validate_group_name
 
-from services.broker.consumers.simple import MAX_RECEIVE, Received
-from services.broker.grpc.door import Door, client_id_of
-from services.broker.grpc.errors import RpcRefused, error_status
-from services.broker.grpc.messages import outbound
-from services.broker.grpc.proto import (
+from tidemq_server.broker.consumers.simple import MAX_RECEIVE, Received
+from tidemq_server.broker.grpc.door import Door, client_id_of
+from tidemq_server.broker.grpc.errors import RpcRefused, error_status
+from tidemq_server.broker.grpc.messages import outbound
+from tidemq_server.broker.grpc.proto import (
     Code,
     FilterType,
     duration_ms,
@@ -35,7 +35,7 @@ from services.broker.grpc.proto import (
     set_timestamp,
     status,
 )
-from services.common.clock import now_ms
+from tidemq_server.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import grpc
 
-from services.broker.grpc.errors import RpcRefused
-from services.broker.grpc.proto import Code, pb
-from services.broker.grpc.sessions import ServerSide, Sessions
-from services.broker.messaging.convert import born_host
-from services.broker.service import Broker
-from services.common.discovery import ClusterView
+from tidemq_server.broker.grpc.errors import RpcRefused
+from tidemq_server.broker.grpc.proto import Code, pb
+from tidemq_server.broker.grpc.sessions import ServerSide, Sessions
+from tidemq_server.broker.messaging.convert import born_host
+from tidemq_server.broker.service import Broker
+from tidemq_server.common.discovery import ClusterView
 
 CLIENT_ID_HEADER = "x-mq-client-id"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.grpc.proto import Code, status
+from tidemq_server.broker.grpc.proto import Code, status
 
 log = logging.getLogger(__name__)
 

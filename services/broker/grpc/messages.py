@@ -21,8 +21,8 @@ from typing import Any
 
 from tidemq.protocol import properties as prop
 
-from services.broker.grpc.errors import RpcRefused
-from services.broker.grpc.proto import (
+from tidemq_server.broker.grpc.errors import RpcRefused
+from tidemq_server.broker.grpc.proto import (
     Code,
     MessageType,
     duration_ms,
@@ -31,8 +31,8 @@ from services.broker.grpc.proto import (
     set_timestamp,
     timestamp_ms,
 )
-from services.broker.messaging.convert import user_properties
-from services.broker.store.types import KEY_SEPARATOR, StoredRecord, SysFlag
+from tidemq_server.broker.messaging.convert import user_properties
+from tidemq_server.broker.store.types import KEY_SEPARATOR, StoredRecord, SysFlag
 
 #: A delivery timestamp whose ``seconds`` exceed this is read as milliseconds: the official
 #: Python client (5.x) copies ``Message.delivery_timestamp``, documented in ms, into ``seconds``.

@@ -16,10 +16,10 @@ import logging
 import time
 from typing import Any
 
-from services.broker.grpc.door import Door
-from services.broker.grpc.messages import from_wire
-from services.broker.grpc.proto import service_pb
-from services.broker.grpc.sessions import Session
+from tidemq_server.broker.grpc.door import Door
+from tidemq_server.broker.grpc.messages import from_wire
+from tidemq_server.broker.grpc.proto import service_pb
+from tidemq_server.broker.grpc.sessions import Session
 
 log = logging.getLogger(__name__)
 

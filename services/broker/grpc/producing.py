@@ -23,20 +23,20 @@ import grpc
 import httpx
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.grpc.door import Door, peer_host
-from services.broker.grpc.errors import RpcRefused, error_status
-from services.broker.grpc.messages import DELAY, TRANSACTION, Inbound, inbound
-from services.broker.grpc.proto import (
+from tidemq_server.broker.grpc.door import Door, peer_host
+from tidemq_server.broker.grpc.errors import RpcRefused, error_status
+from tidemq_server.broker.grpc.messages import DELAY, TRANSACTION, Inbound, inbound
+from tidemq_server.broker.grpc.proto import (
     Code,
     TransactionResolution,
     TransactionSource,
     ok,
     service_pb,
 )
-from services.broker.grpc.routing import other_groups
-from services.broker.transactions.service import TransactionService, parse_end
-from services.common.auth.client import service_auth
-from services.common.tls import client_context
+from tidemq_server.broker.grpc.routing import other_groups
+from tidemq_server.broker.transactions.service import TransactionService, parse_end
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.tls import client_context
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from typing import Any
 
 from tidemq.protocol import Perm, is_system_topic, validate_group_name
 
-from services.broker.grpc.door import Door, endpoints_of, split_address
-from services.broker.grpc.errors import error_status
-from services.broker.grpc.proto import MessageType, Permission, ok, pb, service_pb
-from services.broker.messaging.topics import TopicConfig
-from services.common.discovery import Group
+from tidemq_server.broker.grpc.door import Door, endpoints_of, split_address
+from tidemq_server.broker.grpc.errors import error_status
+from tidemq_server.broker.grpc.proto import MessageType, Permission, ok, pb, service_pb
+from tidemq_server.broker.messaging.topics import TopicConfig
+from tidemq_server.common.discovery import Group
 
 log = logging.getLogger(__name__)
 

@@ -17,19 +17,19 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
-from services.broker.grpc import otlp
-from services.broker.grpc.auth import GrpcGuard
-from services.broker.grpc.door import Door, split_address
-from services.broker.grpc.proto import SERVICE_NAME, service_grpc
-from services.broker.grpc.servicer import MessagingServicer
-from services.broker.grpc.sessions import ServerSide, Sessions
-from services.broker.grpc.telemetry import CLOSE
-from services.broker.observability import GRPC_STATS
-from services.broker.service import Broker
-from services.broker.settings import BrokerSettings
-from services.common.auth import Gate
-from services.common.constants import GRPC_ROUTE_CACHE_S
-from services.common.discovery import ClusterView
+from tidemq_server.broker.grpc import otlp
+from tidemq_server.broker.grpc.auth import GrpcGuard
+from tidemq_server.broker.grpc.door import Door, split_address
+from tidemq_server.broker.grpc.proto import SERVICE_NAME, service_grpc
+from tidemq_server.broker.grpc.servicer import MessagingServicer
+from tidemq_server.broker.grpc.sessions import ServerSide, Sessions
+from tidemq_server.broker.grpc.telemetry import CLOSE
+from tidemq_server.broker.observability import GRPC_STATS
+from tidemq_server.broker.service import Broker
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.common.auth import Gate
+from tidemq_server.common.constants import GRPC_ROUTE_CACHE_S
+from tidemq_server.common.discovery import ClusterView
 
 log = logging.getLogger(__name__)
 

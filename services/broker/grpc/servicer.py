@@ -1,6 +1,6 @@
 """``apache.rocketmq.v2.MessagingService``: each RPC dispatched to its handler function.
 
-With ACL on (``guard``), each call is first checked (``services.broker.grpc.auth``); a refused
+With ACL on (``guard``), each call is first checked (``tidemq_server.broker.grpc.auth``); a refused
 call is answered with its ``Status`` and never reaches the handler.
 
 RPCs tidemq does not serve (PullMessage, UpdateOffset, GetOffset, QueryOffset,
@@ -14,10 +14,10 @@ from typing import Any
 
 from grpc.aio import ServicerContext as Context
 
-from services.broker.grpc import consuming, producing, routing, telemetry
-from services.broker.grpc.auth import GrpcGuard, foreign_transaction
-from services.broker.grpc.door import Door
-from services.broker.grpc.proto import service_grpc, service_pb
+from tidemq_server.broker.grpc import consuming, producing, routing, telemetry
+from tidemq_server.broker.grpc.auth import GrpcGuard, foreign_transaction
+from tidemq_server.broker.grpc.door import Door
+from tidemq_server.broker.grpc.proto import service_grpc, service_pb
 
 
 class MessagingServicer(service_grpc.MessagingServiceServicer):

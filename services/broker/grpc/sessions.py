@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.broker.grpc.proto import ClientType, FilterType, duration_ms, pb, set_duration
+from tidemq_server.broker.grpc.proto import ClientType, FilterType, duration_ms, pb, set_duration
 
 log = logging.getLogger(__name__)
 

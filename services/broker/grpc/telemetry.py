@@ -20,11 +20,11 @@ from typing import Any
 import grpc
 from tidemq.protocol import validate_group_name
 
-from services.broker.grpc import orphans
-from services.broker.grpc.door import Door, client_id_of
-from services.broker.grpc.errors import error_status
-from services.broker.grpc.proto import ok, service_pb
-from services.broker.grpc.sessions import Session, server_settings
+from tidemq_server.broker.grpc import orphans
+from tidemq_server.broker.grpc.door import Door, client_id_of
+from tidemq_server.broker.grpc.errors import error_status
+from tidemq_server.broker.grpc.proto import ok, service_pb
+from tidemq_server.broker.grpc.sessions import Session, server_settings
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from tidemq.protocol import (
     OutgoingMessage,
 )
 
-from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord, tag_code
+from tidemq_server.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord, tag_code
 
 
 def new_message_id() -> str:

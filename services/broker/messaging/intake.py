@@ -31,16 +31,16 @@ from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind
 from tidemq.protocol.batch_read import BatchError, BatchSummary, decode_record, split, validate
 from tidemq.protocol.message import Limits
 
-from services.broker.messaging.dedup import DedupKey, Run
-from services.broker.store import record as v1
-from services.broker.store.batches import Batch
-from services.broker.store.entry import store_properties
-from services.broker.store.types import MessageRecord, PutStatus
-from services.common.clock import now_ms
-from services.common.logs import ids_wanted, note_message_ids
+from tidemq_server.broker.messaging.dedup import DedupKey, Run
+from tidemq_server.broker.store import record as v1
+from tidemq_server.broker.store.batches import Batch
+from tidemq_server.broker.store.entry import store_properties
+from tidemq_server.broker.store.types import MessageRecord, PutStatus
+from tidemq_server.common.clock import now_ms
+from tidemq_server.common.logs import ids_wanted, note_message_ids
 
 if TYPE_CHECKING:
-    from services.broker.messaging.send import SendService
+    from tidemq_server.broker.messaging.send import SendService
 
 
 class BatchIntake:
@@ -124,7 +124,7 @@ class BatchIntake:
                       keys: list[DedupKey] | None = None, future: Any = None) -> list[Run]:
         """One group commit of ``batches``; per batch (queue, first offset, count, stored ms).
         Settles the dedup ``future`` of ``keys`` (the places, or the error)."""
-        from services.broker.messaging.send import appended_or_raise
+        from tidemq_server.broker.messaging.send import appended_or_raise
         sender = self.sender
         cache = sender.dedup
         count = sum(b.summary.head.count for b in batches)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
 
-from services.broker.consumers.membership import parse_tags
-from services.broker.messaging.longpoll import PullHold
-from services.broker.messaging.topics import TopicConfig, TopicManager
-from services.broker.observability import BrokerMetrics
-from services.broker.store.store import MessageStore
-from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
+from tidemq_server.broker.consumers.membership import parse_tags
+from tidemq_server.broker.messaging.longpoll import PullHold
+from tidemq_server.broker.messaging.topics import TopicConfig, TopicManager
+from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
 
 MAX_PULL = 1024  # messages per pull
 DEFAULT_PULL = 32  # messages per pull when a request names no max

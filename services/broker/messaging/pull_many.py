@@ -20,15 +20,15 @@ from typing import Any
 from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name
 from tidemq.protocol.numbers import INT32_MAX, INT64_MAX, integer
 
-from services.broker.messaging.pull import (
+from tidemq_server.broker.messaging.pull import (
     DEFAULT_PULL,
     MAX_PULL,
     WAIT_SLICE_S,
     PullService,
     TagFilter,
 )
-from services.broker.store.types import GetResult, GetStatus, StoredRecord
-from services.common.constants import LONG_POLL_MAX_MS
+from tidemq_server.broker.store.types import GetResult, GetStatus, StoredRecord
+from tidemq_server.common.constants import LONG_POLL_MAX_MS
 
 MAX_PULL_QUEUES = 1024  # queues one poll may name
 MAX_PULL_TOTAL = 4096  # messages one answer carries at most, over all its queues

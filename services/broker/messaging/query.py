@@ -19,9 +19,9 @@ from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.properties import REAL_TOPIC, RETRY_TOPIC, TIMER_DELIVER_MS
 from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
-from services.broker.messaging.topics import TopicManager
-from services.broker.store.store import MessageStore
-from services.broker.store.types import StoredRecord
+from tidemq_server.broker.messaging.topics import TopicManager
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import StoredRecord
 
 MAX_QUERY = 1024  # messages per key or time query
 DEFAULT_QUERY = 64

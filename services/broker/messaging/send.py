@@ -2,7 +2,7 @@
 
 Hot path: no pydantic, no Redis, one ``Appender.append`` per request (store/appender.py: the
 store's writer, or the replication gate around it), metrics counted per batch.
-Delayed delivery goes through one seam, ``DelayRouter`` (``services.broker.delays.routing``): it
+Delayed delivery goes through one seam, ``DelayRouter`` (``tidemq_server.broker.delays.routing``): it
 validates a message's delay and stores a delayed message as its waiting copy.
 """
 
@@ -28,24 +28,24 @@ from tidemq.protocol import (
     validate_topic_name,
 )
 
-from services.broker.delays.routing import DelayRouter
-from services.broker.messaging.convert import new_message_id, to_record
-from services.broker.messaging.dedup import DedupCache, DedupKey, Placed, WriteFuture
-from services.broker.messaging.intake import BatchIntake
-from services.broker.messaging.query import MessageState
-from services.broker.messaging.topics import TopicConfig, TopicManager
-from services.broker.observability import BrokerMetrics
-from services.broker.store.appender import Appender
-from services.broker.store.store import MessageStore
-from services.broker.store.types import (
+from tidemq_server.broker.delays.routing import DelayRouter
+from tidemq_server.broker.messaging.convert import new_message_id, to_record
+from tidemq_server.broker.messaging.dedup import DedupCache, DedupKey, Placed, WriteFuture
+from tidemq_server.broker.messaging.intake import BatchIntake
+from tidemq_server.broker.messaging.query import MessageState
+from tidemq_server.broker.messaging.topics import TopicConfig, TopicManager
+from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import (
     Appended,
     MessageRecord,
     PutResult,
     PutStatus,
     StoredRecord,
 )
-from services.common.clock import now_ms
-from services.common.logs import note_message_ids
+from tidemq_server.common.clock import now_ms
+from tidemq_server.common.logs import note_message_ids
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from tidemq.protocol import (
     validate_topic_name,
 )
 
-from services.common.files import write_atomic
+from tidemq_server.common.files import write_atomic
 
 log = logging.getLogger(__name__)
 

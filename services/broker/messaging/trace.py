@@ -18,18 +18,18 @@ from typing import Any
 from tidemq.protocol import TRAN_MSG, TRANSACTION_ID, ProtocolError
 from tidemq.protocol.topics import DLQ_PREFIX
 
-from services.broker.delays.routing import CANCELS_TOPIC, due_of, is_waiting
-from services.broker.messaging.query import QueryService, is_retry_copy, retry_history
-from services.broker.store.types import StoredRecord
-from services.broker.transactions.model import (
+from tidemq_server.broker.delays.routing import CANCELS_TOPIC, due_of, is_waiting
+from tidemq_server.broker.messaging.query import QueryService, is_retry_copy, retry_history
+from tidemq_server.broker.store.types import StoredRecord
+from tidemq_server.broker.transactions.model import (
     DISCARD_TOPIC,
     HALF_TOPIC,
     check_times_of,
     is_commit_copy,
 )
-from services.broker.transactions.resolve import describe
-from services.broker.transactions.service import TransactionService
-from services.common.dlq import resent_id
+from tidemq_server.broker.transactions.resolve import describe
+from tidemq_server.broker.transactions.service import TransactionService
+from tidemq_server.common.dlq import resent_id
 
 
 def kind_of(rec: StoredRecord, txid: str, after_wait: bool) -> str:
@@ -63,7 +63,7 @@ def copy_entry(rec: StoredRecord, kind: str) -> dict[str, Any]:
 
 def resent_copy(queries: QueryService, message_id: str, rec: StoredRecord
                 ) -> dict[str, Any] | None:
-    """Where the copy resent from DLQ entry ``rec`` is (services.common.dlq), if it was."""
+    """Where the copy resent from DLQ entry ``rec`` is (tidemq_server.common.dlq), if it was."""
     rid = resent_id(message_id, rec.topic, rec.queue_id, rec.queue_offset)
     try:
         found = queries.copies(rid)

@@ -40,8 +40,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.broker.settings import BrokerSettings
-from services.common.etcd import (
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.common.etcd import (
     EtcdClient,
     EtcdError,
     KeyValue,
@@ -50,7 +50,7 @@ from services.common.etcd import (
     mod_revision_is,
     put,
 )
-from services.common.loop import BackgroundLoop, cancel_tasks
+from tidemq_server.common.loop import BackgroundLoop, cancel_tasks
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.files import write_atomic
+from tidemq_server.common.files import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import httpx
 from tidemq.protocol import CONTENT_MSGPACK, decode_payload
 
-from services.broker.replication.epochs import divergence_point, parse_entries
-from services.broker.replication.role import BrokerRole
-from services.broker.store.replicated import ChunkError
-from services.broker.store.store import MessageStore
-from services.common.auth.client import service_auth
-from services.common.constants import TOKEN_HEADER
-from services.common.tls import client_context
+from tidemq_server.broker.replication.epochs import divergence_point, parse_entries
+from tidemq_server.broker.replication.role import BrokerRole
+from tidemq_server.broker.store.replicated import ChunkError
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.constants import TOKEN_HEADER
+from tidemq_server.common.tls import client_context
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services.broker.replication.quorum import Quorum
-from services.broker.replication.role import BrokerRole
-from services.broker.store.appender import Appender
-from services.broker.store.batches import Batch
-from services.broker.store.types import MessageRecord, PutResult, PutStatus
+from tidemq_server.broker.replication.quorum import Quorum
+from tidemq_server.broker.replication.role import BrokerRole
+from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.store.batches import Batch
+from tidemq_server.broker.store.types import MessageRecord, PutResult, PutStatus
 
 
 class WriteGate:

@@ -19,23 +19,23 @@ import orjson
 from prometheus_client import CollectorRegistry
 from tidemq.protocol import Perm
 
-from services.broker.messaging.topics import TopicConfig, TopicManager
-from services.broker.replication.follower import Follower, FollowerConfig
-from services.broker.replication.gate import WriteGate
-from services.broker.replication.metrics import ReplicationCollector
-from services.broker.replication.quorum import Quorum
-from services.broker.replication.role import BrokerRole, Role
-from services.broker.replication.source import FetchSource
-from services.broker.replication.visibility import Key, Visibility
-from services.broker.settings import BrokerSettings
-from services.broker.store.appender import Appender
-from services.broker.store.config import FlushMode
-from services.broker.store.store import MessageStore
-from services.common.auth.client import service_auth
-from services.common.constants import TOKEN_HEADER
-from services.common.files import write_atomic
-from services.common.loop import Periodic
-from services.common.tls import client_context
+from tidemq_server.broker.messaging.topics import TopicConfig, TopicManager
+from tidemq_server.broker.replication.follower import Follower, FollowerConfig
+from tidemq_server.broker.replication.gate import WriteGate
+from tidemq_server.broker.replication.metrics import ReplicationCollector
+from tidemq_server.broker.replication.quorum import Quorum
+from tidemq_server.broker.replication.role import BrokerRole, Role
+from tidemq_server.broker.replication.source import FetchSource
+from tidemq_server.broker.replication.visibility import Key, Visibility
+from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.store.config import FlushMode
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.common.auth.client import service_auth
+from tidemq_server.common.constants import TOKEN_HEADER
+from tidemq_server.common.files import write_atomic
+from tidemq_server.common.loop import Periodic
+from tidemq_server.common.tls import client_context
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from services.broker.replication.manager import ReplicationManager
+    from tidemq_server.broker.replication.manager import ReplicationManager
 
 P = "tidemq_broker_replication_"
 

@@ -34,7 +34,7 @@ from typing import Protocol
 
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.replication.epochs import EpochFile
+from tidemq_server.broker.replication.epochs import EpochFile
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.broker.replication.quorum import Quorum
-from services.broker.replication.role import BrokerRole
-from services.broker.store.replicated import ChunkError
-from services.broker.store.store import MessageStore
+from tidemq_server.broker.replication.quorum import Quorum
+from tidemq_server.broker.replication.role import BrokerRole
+from tidemq_server.broker.store.replicated import ChunkError
+from tidemq_server.broker.store.store import MessageStore
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from services.broker.store.store import MessageStore
+from tidemq_server.broker.store.store import MessageStore
 
 Key = tuple[str, int]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from services.broker.routes import (
+from tidemq_server.broker.routes import (
     delays,
     groups,
     inspect,

@@ -1,6 +1,6 @@
 """What every broker route shares: reaching the Broker, reading bodies in JSON or msgpack.
 
-Bodies are read by hand (services.common.bodies, re-exported here) so that msgpack works on
+Bodies are read by hand (tidemq_server.common.bodies, re-exported here) so that msgpack works on
 every endpoint and the send hot path skips pydantic; ``body_doc`` publishes each body's schema.
 """
 
@@ -12,12 +12,12 @@ from typing import Annotated, Any
 from fastapi import Path, Query, Request
 from tidemq.protocol import ErrorCode
 
-from services.broker.messaging.convert import born_host
-from services.broker.messaging.pull import MAX_PULL, Pulled
-from services.broker.service import Broker
-from services.common.app import token_guard
-from services.common.bodies import StrictBody, body_doc, read_model, read_payload, read_raw
-from services.common.constants import LONG_POLL_MAX_MS
+from tidemq_server.broker.messaging.convert import born_host
+from tidemq_server.broker.messaging.pull import MAX_PULL, Pulled
+from tidemq_server.broker.service import Broker
+from tidemq_server.common.app import token_guard
+from tidemq_server.common.bodies import StrictBody, body_doc, read_model, read_payload, read_raw
+from tidemq_server.common.constants import LONG_POLL_MAX_MS
 
 __all__ = ["LONG_POLL_MAX_MS", "PULL_ERRORS", "Offset", "PullMax", "QueueId", "StrictBody",
            "WaitMs", "body_doc", "broker_of", "client_host", "internal_auth", "pull_answer",

@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from services.broker.messaging.query import MessageState
-from services.broker.transactions.model import TxState
-from services.common.answers import Perm
+from tidemq_server.broker.messaging.query import MessageState
+from tidemq_server.broker.transactions.model import TxState
+from tidemq_server.common.answers import Perm
 
 BodyEncoding = Literal["utf-8", "base64"]
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from services.broker.routes.answers import MessageBase, Position, QueueBounds
+from tidemq_server.broker.routes.answers import MessageBase, Position, QueueBounds
 
 
 class PutPosition(Position):

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.numbers import INT64_MAX
 
-from services.broker.delays.service import MAX_DUE_PER_LEVEL, MAX_INTAKE
-from services.broker.routes._common import (
+from tidemq_server.broker.delays.service import MAX_DUE_PER_LEVEL, MAX_INTAKE
+from tidemq_server.broker.routes._common import (
     StrictBody,
     WaitMs,
     body_doc,
@@ -19,8 +19,8 @@ from services.broker.routes._common import (
     read_model,
     read_payload,
 )
-from services.broker.routes.answers import Cancelled
-from services.broker.routes.answers_internal import (
+from tidemq_server.broker.routes.answers import Cancelled
+from tidemq_server.broker.routes.answers_internal import (
     Delivered,
     Floor,
     Intake,
@@ -29,10 +29,10 @@ from services.broker.routes.answers_internal import (
     ScheduleInfo,
     TimerCancels,
 )
-from services.broker.routes.raw_ids import path_id
-from services.common.answers import Scheduled
-from services.common.app import reply
-from services.common.openapi import errors
+from tidemq_server.broker.routes.raw_ids import path_id
+from tidemq_server.common.answers import Scheduled
+from tidemq_server.common.app import reply
+from tidemq_server.common.openapi import errors
 
 router = APIRouter(tags=["delayed messages"])
 

@@ -11,9 +11,9 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tidemq.protocol import MAX_CONSUME_FAILURE_CHARS, ErrorCode, validate_client_id
 
-from services.broker.messaging.convert import to_wire
-from services.broker.routes._common import body_doc, broker_of, read_model, wants_msgpack
-from services.broker.routes.answers import (
+from tidemq_server.broker.messaging.convert import to_wire
+from tidemq_server.broker.routes._common import body_doc, broker_of, read_model, wants_msgpack
+from tidemq_server.broker.routes.answers import (
     AckAnswer,
     Groups,
     HandleAnswer,
@@ -22,10 +22,10 @@ from services.broker.routes.answers import (
     ReceiveAnswer,
     RetryAnswer,
 )
-from services.broker.routes.raw_ids import path_id
-from services.common.app import reply
-from services.common.lean import LeanRoute, lean
-from services.common.openapi import TOPIC_RULE, Empty, GroupName, errors
+from tidemq_server.broker.routes.raw_ids import path_id
+from tidemq_server.common.app import reply
+from tidemq_server.common.lean import LeanRoute, lean
+from tidemq_server.common.openapi import TOPIC_RULE, Empty, GroupName, errors
 
 router = APIRouter(tags=["groups"], route_class=LeanRoute)
 

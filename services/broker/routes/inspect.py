@@ -11,15 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.message import reject_unknown
 
-from services.broker.messaging.trace import trace
-from services.broker.routes._common import body_doc, broker_of, read_payload
-from services.broker.routes.answers import PendingTransaction
-from services.broker.routes.raw_ids import path_id
-from services.broker.transactions import resolve as resolving
-from services.broker.transactions.service import parse_group
-from services.common.answers import Histogram
-from services.common.app import reply
-from services.common.openapi import GROUP_RULE, errors
+from tidemq_server.broker.messaging.trace import trace
+from tidemq_server.broker.routes._common import body_doc, broker_of, read_payload
+from tidemq_server.broker.routes.answers import PendingTransaction
+from tidemq_server.broker.routes.raw_ids import path_id
+from tidemq_server.broker.transactions import resolve as resolving
+from tidemq_server.broker.transactions.service import parse_group
+from tidemq_server.common.answers import Histogram
+from tidemq_server.common.app import reply
+from tidemq_server.common.openapi import GROUP_RULE, errors
 
 router = APIRouter(tags=["inspection"])
 

@@ -2,7 +2,7 @@
 
 Small on purpose: write records as they are, read them raw, read one by physical offset, and
 hold retention back to a consumer's progress. The request shapes and their handling live in
-``services.broker.internal``.
+``tidemq_server.broker.internal``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tidemq.protocol import ErrorCode
 from tidemq.protocol.numbers import INT64_MAX
 
-from services.broker.messaging.convert import to_internal_wire
-from services.broker.messaging.pull import DEFAULT_PULL, TagFilter
-from services.broker.routes._common import (
+from tidemq_server.broker.messaging.convert import to_internal_wire
+from tidemq_server.broker.messaging.pull import DEFAULT_PULL, TagFilter
+from tidemq_server.broker.routes._common import (
     PULL_ERRORS,
     Offset,
     PullMax,
@@ -31,15 +31,15 @@ from services.broker.routes._common import (
     read_payload,
     wants_msgpack,
 )
-from services.broker.routes.answers_internal import PutResults, RawPull, RawRecord
-from services.common.app import reply
-from services.common.openapi import Empty, TopicName, errors
+from tidemq_server.broker.routes.answers_internal import PutResults, RawPull, RawRecord
+from tidemq_server.common.app import reply
+from tidemq_server.common.openapi import Empty, TopicName, errors
 
 router = APIRouter(prefix="/internal/v1", tags=["internal"], dependencies=[Depends(internal_auth)])
 
 
 class RecordDoc(BaseModel):
-    """A record written as it is; documentation only (parsed in services.broker.internal)."""
+    """A record written as it is; documentation only (parsed in tidemq_server.broker.internal)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -12,8 +12,8 @@ import base64
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from services.broker.messaging.pull import TagFilter
-from services.broker.routes._common import (
+from tidemq_server.broker.messaging.pull import TagFilter
+from tidemq_server.broker.routes._common import (
     PULL_ERRORS,
     Offset,
     PullMax,
@@ -23,9 +23,9 @@ from services.broker.routes._common import (
     internal_auth,
     wants_msgpack,
 )
-from services.broker.routes.answers_internal import Bodies
-from services.common.app import reply
-from services.common.openapi import TopicName, errors
+from tidemq_server.broker.routes.answers_internal import Bodies
+from tidemq_server.common.app import reply
+from tidemq_server.common.openapi import TopicName, errors
 
 router = APIRouter(prefix="/internal/v1", tags=["internal"], dependencies=[Depends(internal_auth)])
 

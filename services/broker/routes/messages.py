@@ -11,16 +11,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, validate_group_name
 from tidemq.protocol.codec import CONTENT_MSGPACK, encode_payload, is_batch
 
-from services.broker.messaging.convert import to_wire
-from services.broker.messaging.pull import DEFAULT_PULL, MAX_PULL, TagFilter
-from services.broker.messaging.pull_many import (
+from tidemq_server.broker.messaging.convert import to_wire
+from tidemq_server.broker.messaging.pull import DEFAULT_PULL, MAX_PULL, TagFilter
+from tidemq_server.broker.messaging.pull_many import (
     MAX_PULL_QUEUES,
     ManyPuller,
     many_answer,
     parse_wants,
     pull_form,
 )
-from services.broker.routes._common import (
+from tidemq_server.broker.routes._common import (
     LONG_POLL_MAX_MS,
     PULL_ERRORS,
     Offset,
@@ -35,11 +35,11 @@ from services.broker.routes._common import (
     read_raw,
     wants_msgpack,
 )
-from services.broker.routes.answers import PullAnswer, PullManyAnswer, SendAnswer
-from services.common.app import reply
-from services.common.constants import TIMING_HEADER
-from services.common.lean import LeanRoute, lean, plain_int
-from services.common.openapi import TopicName, errors
+from tidemq_server.broker.routes.answers import PullAnswer, PullManyAnswer, SendAnswer
+from tidemq_server.common.app import reply
+from tidemq_server.common.constants import TIMING_HEADER
+from tidemq_server.common.lean import LeanRoute, lean, plain_int
+from tidemq_server.common.openapi import TopicName, errors
 
 router = APIRouter(tags=["messages"], route_class=LeanRoute)
 

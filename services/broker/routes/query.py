@@ -7,14 +7,19 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.delays.routing import waiting_fields
-from services.broker.messaging.convert import to_wire
-from services.broker.messaging.query import DEFAULT_QUERY, MAX_QUERY, MessageState, retry_history
-from services.broker.routes._common import broker_of, wants_msgpack
-from services.broker.routes.answers import Messages, StoredMessageOut
-from services.broker.routes.raw_ids import path_id
-from services.common.app import reply
-from services.common.openapi import errors
+from tidemq_server.broker.delays.routing import waiting_fields
+from tidemq_server.broker.messaging.convert import to_wire
+from tidemq_server.broker.messaging.query import (
+    DEFAULT_QUERY,
+    MAX_QUERY,
+    MessageState,
+    retry_history,
+)
+from tidemq_server.broker.routes._common import broker_of, wants_msgpack
+from tidemq_server.broker.routes.answers import Messages, StoredMessageOut
+from tidemq_server.broker.routes.raw_ids import path_id
+from tidemq_server.common.app import reply
+from tidemq_server.common.openapi import errors
 
 router = APIRouter(tags=["query"])
 

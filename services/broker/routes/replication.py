@@ -18,20 +18,20 @@ from pydantic import BaseModel, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.numbers import INT64_MAX
 
-from services.broker.replication.follower import H_REASON
-from services.broker.replication.role import Role, StaleEpochError
-from services.broker.replication.source import FetchRefused
-from services.broker.routes._common import (
+from tidemq_server.broker.replication.follower import H_REASON
+from tidemq_server.broker.replication.role import Role, StaleEpochError
+from tidemq_server.broker.replication.source import FetchRefused
+from tidemq_server.broker.routes._common import (
     StrictBody,
     body_doc,
     broker_of,
     internal_auth,
     read_model,
 )
-from services.broker.store.replicated import ChunkError
-from services.common.app import error_response, reply
-from services.common.constants import LONG_POLL_MAX_MS
-from services.common.openapi import errors
+from tidemq_server.broker.store.replicated import ChunkError
+from tidemq_server.common.app import error_response, reply
+from tidemq_server.common.constants import LONG_POLL_MAX_MS
+from tidemq_server.common.openapi import errors
 
 router = APIRouter(prefix="/internal/v1/replication", tags=["internal"],
                    dependencies=[Depends(internal_auth)])

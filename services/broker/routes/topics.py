@@ -8,11 +8,11 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from tidemq.protocol import ErrorCode, parse_perm
 
-from services.broker.messaging.topics import validate_queues, validate_shrink
-from services.broker.routes._common import body_doc, broker_of, read_model
-from services.broker.routes.answers import DeletedTopic, TopicAnswer, TopicDetail, TopicList
-from services.common.app import reply
-from services.common.openapi import TopicName, errors
+from tidemq_server.broker.messaging.topics import validate_queues, validate_shrink
+from tidemq_server.broker.routes._common import body_doc, broker_of, read_model
+from tidemq_server.broker.routes.answers import DeletedTopic, TopicAnswer, TopicDetail, TopicList
+from tidemq_server.common.app import reply
+from tidemq_server.common.openapi import TopicName, errors
 
 router = APIRouter(tags=["topics"])
 

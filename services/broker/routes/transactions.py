@@ -10,7 +10,7 @@ from tidemq.protocol import ErrorCode, ProtocolError, validate_client_id, valida
 from tidemq.protocol.codec import is_batch
 from tidemq.protocol.message import reject_unknown
 
-from services.broker.routes._common import (
+from tidemq_server.broker.routes._common import (
     WaitMs,
     body_doc,
     broker_of,
@@ -19,19 +19,19 @@ from services.broker.routes._common import (
     read_raw,
     wants_msgpack,
 )
-from services.broker.routes.answers import (
+from tidemq_server.broker.routes.answers import (
     BeginAnswer,
     Checks,
     EndResults,
     EndState,
     PendingTransactions,
 )
-from services.broker.routes.messages import MessageDoc
-from services.broker.routes.raw_ids import path_id
-from services.broker.transactions.service import parse_end, parse_ends, parse_group
-from services.common.app import reply
-from services.common.lean import LeanRoute, lean
-from services.common.openapi import GROUP_RULE, TOPIC_RULE, Empty, GroupName, errors
+from tidemq_server.broker.routes.messages import MessageDoc
+from tidemq_server.broker.routes.raw_ids import path_id
+from tidemq_server.broker.transactions.service import parse_end, parse_ends, parse_group
+from tidemq_server.common.app import reply
+from tidemq_server.common.lean import LeanRoute, lean
+from tidemq_server.common.openapi import GROUP_RULE, TOPIC_RULE, Empty, GroupName, errors
 
 router = APIRouter(tags=["transactions"], route_class=LeanRoute)
 

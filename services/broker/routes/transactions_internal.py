@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.broker.routes._common import (
+from tidemq_server.broker.routes._common import (
     Offset,
     WaitMs,
     body_doc,
@@ -15,9 +15,9 @@ from services.broker.routes._common import (
     internal_auth,
     read_payload,
 )
-from services.broker.routes.answers_internal import ActionResults, BrokerIdentity, Halves, Ops
-from services.broker.transactions.checker_requests import MAX_PAGE
-from services.common.app import reply
+from tidemq_server.broker.routes.answers_internal import ActionResults, BrokerIdentity, Halves, Ops
+from tidemq_server.broker.transactions.checker_requests import MAX_PAGE
+from tidemq_server.common.app import reply
 
 router = APIRouter(prefix="/internal/v1/transactions", tags=["internal"],
                    dependencies=[Depends(internal_auth)])

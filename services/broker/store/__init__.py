@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.broker.store.config import FlushMode, StoreConfig
-from services.broker.store.store import MessageStore
-from services.broker.store.types import (
+from tidemq_server.broker.store.config import FlushMode, StoreConfig
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import (
     Appended,
     GetResult,
     GetStatus,

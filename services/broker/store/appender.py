@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.broker.store.batches import Batch
-from services.broker.store.types import MessageRecord, PutResult, PutStatus
+from tidemq_server.broker.store.batches import Batch
+from tidemq_server.broker.store.types import MessageRecord, PutResult, PutStatus
 
 
 class Appender(Protocol):

@@ -26,9 +26,9 @@ from tidemq.protocol import KEYS, TAGS, UNIQ_KEY
 from tidemq.protocol.batch import HEADER_FIXED, NO_HOST, BatchBuilder, UnfitBatch
 from tidemq.protocol.batch_read import BatchHead, BatchSummary
 
-from services.broker.store import record
-from services.broker.store.record import UnfitRecord
-from services.broker.store.types import MessageRecord
+from tidemq_server.broker.store import record
+from tidemq_server.broker.store.record import UnfitRecord
+from tidemq_server.broker.store.types import MessageRecord
 
 _OWN_FIELDS = (UNIQ_KEY, TAGS, KEYS)
 

@@ -16,7 +16,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from services.common.files import write_atomic
+from tidemq_server.common.files import write_atomic
 
 
 class CorruptCheckpoint(Exception):

@@ -23,11 +23,11 @@ from pathlib import Path
 from tidemq.protocol.batch import RECORD_FIXED
 from tidemq.protocol.batch_read import BatchSummary
 
-from services.broker.store import entry, record
-from services.broker.store.entry import read_record, salvage_batch, validate_entry
-from services.broker.store.record import BLANK, BLANK_MAGIC, BLANK_SIZE, CorruptRecord
-from services.broker.store.types import StoredRecord
-from services.common.files import fsync_dir
+from tidemq_server.broker.store import entry, record
+from tidemq_server.broker.store.entry import read_record, salvage_batch, validate_entry
+from tidemq_server.broker.store.record import BLANK, BLANK_MAGIC, BLANK_SIZE, CorruptRecord
+from tidemq_server.broker.store.types import StoredRecord
+from tidemq_server.common.files import fsync_dir
 
 log = logging.getLogger(__name__)
 

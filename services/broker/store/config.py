@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from services.broker.store.types import GiB, MiB
+from tidemq_server.broker.store.types import GiB, MiB
 
 
 class FlushMode(StrEnum):

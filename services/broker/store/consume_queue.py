@@ -18,7 +18,7 @@ import os
 import struct
 from pathlib import Path
 
-from services.common.files import FdPool
+from tidemq_server.common.files import FdPool
 
 UNIT = struct.Struct(">qiq")
 UNIT_SIZE = UNIT.size  # 20

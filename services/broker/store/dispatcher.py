@@ -14,9 +14,9 @@ from pathlib import Path
 
 from tidemq.protocol.batch_read import BatchSummary
 
-from services.broker.store.consume_queue import ConsumeQueue
-from services.broker.store.index import Index, topic_key, unique_key
-from services.broker.store.types import KEY_SEPARATOR, SysFlag
+from tidemq_server.broker.store.consume_queue import ConsumeQueue
+from tidemq_server.broker.store.index import Index, topic_key, unique_key
+from tidemq_server.broker.store.types import KEY_SEPARATOR, SysFlag
 
 _TYPE_MASK = int(SysFlag.TYPE_MASK)  # plain ints: IntFlag operators are slow on the hot path
 _NOT_DISPATCHED = (int(SysFlag.PREPARED), int(SysFlag.ROLLBACK))

@@ -45,9 +45,9 @@ from tidemq.protocol.batch_read import (
 )
 from tidemq.protocol.stored import GROUP
 
-from services.broker.store import record
-from services.broker.store.record import CorruptRecord
-from services.broker.store.types import StoredRecord, tag_code
+from tidemq_server.broker.store import record
+from tidemq_server.broker.store.record import CorruptRecord
+from tidemq_server.broker.store.types import StoredRecord, tag_code
 
 V1, V2 = 1, 2
 #: Reads ``size`` bytes at a commit log offset (``CommitLog.read_bytes``): b"" when absent.

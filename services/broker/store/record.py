@@ -43,7 +43,7 @@ from tidemq.protocol import KEYS, UNIQ_KEY
 from tidemq.protocol.batch import decode_properties, encode_properties  # the v2 format's too
 from tidemq.protocol.numbers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
-from services.broker.store.types import MessageRecord, StoredRecord
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord
 
 FORMAT_VERSION = 1
 MAGIC_BASE = 0x7D1E_0000  # high half says "tidemq record"; low half is the format version

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 from tidemq.protocol.batch_read import BatchSummary
 
-from services.broker.store import record
-from services.broker.store.entry import validate_entry
-from services.broker.store.record import BLANK_SIZE, CorruptRecord
+from tidemq_server.broker.store import record
+from tidemq_server.broker.store.entry import validate_entry
+from tidemq_server.broker.store.record import BLANK_SIZE, CorruptRecord
 
 if TYPE_CHECKING:
-    from services.broker.store.store import MessageStore
+    from tidemq_server.broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.broker.store.store import MessageStore
+    from tidemq_server.broker.store.store import MessageStore
 
 log = logging.getLogger(__name__)
 

@@ -16,24 +16,24 @@ from pathlib import Path
 
 from tidemq.protocol.batch_read import BatchHead
 
-from services.broker.store import record, replicated
-from services.broker.store.checkpoint import Checkpoint, CorruptCheckpoint
-from services.broker.store.commitlog import CLOSED, CommitLog
-from services.broker.store.config import StoreConfig
-from services.broker.store.dispatcher import Dispatcher
-from services.broker.store.entry import record_in
-from services.broker.store.index import Index, topic_key, unique_key
-from services.broker.store.retention import DiskSpace, Retention
-from services.broker.store.stored_read import spans, stored_groups
-from services.broker.store.types import (
+from tidemq_server.broker.store import record, replicated
+from tidemq_server.broker.store.checkpoint import Checkpoint, CorruptCheckpoint
+from tidemq_server.broker.store.commitlog import CLOSED, CommitLog
+from tidemq_server.broker.store.config import StoreConfig
+from tidemq_server.broker.store.dispatcher import Dispatcher
+from tidemq_server.broker.store.entry import record_in
+from tidemq_server.broker.store.index import Index, topic_key, unique_key
+from tidemq_server.broker.store.retention import DiskSpace, Retention
+from tidemq_server.broker.store.stored_read import spans, stored_groups
+from tidemq_server.broker.store.types import (
     GetResult,
     GetStatus,
     MessageRecord,
     PutResult,
     StoredRecord,
 )
-from services.broker.store.writer import GroupCommitWriter, fsync_all
-from services.common.loop import Periodic
+from tidemq_server.broker.store.writer import GroupCommitWriter, fsync_all
+from tidemq_server.common.loop import Periodic
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from tidemq.protocol.batch import CRC_AT, CRC_FROM, HEADER_FIXED, PLACE_AT, RECO
 from tidemq.protocol.batch_read import BatchError, read_head
 from tidemq.protocol.stored import GROUP
 
-from services.broker.store import record
-from services.broker.store.entry import ReadBytes, as_group, read_head_of
+from tidemq_server.broker.store import record
+from tidemq_server.broker.store.entry import ReadBytes, as_group, read_head_of
 
 log = logging.getLogger(__name__)
 

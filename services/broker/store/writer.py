@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 
 from tidemq.protocol.batch import fill
 
-from services.broker.store import record
-from services.broker.store.batches import Batch, encode_records
-from services.broker.store.commitlog import CommitLog, StoreClosedError
-from services.broker.store.config import FlushMode, StoreConfig
-from services.broker.store.consume_queue import ConsumeQueue
-from services.broker.store.dispatcher import Dispatcher, dispatchable
-from services.broker.store.retention import DiskSpace
-from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
+from tidemq_server.broker.store import record
+from tidemq_server.broker.store.batches import Batch, encode_records
+from tidemq_server.broker.store.commitlog import CommitLog, StoreClosedError
+from tidemq_server.broker.store.config import FlushMode, StoreConfig
+from tidemq_server.broker.store.consume_queue import ConsumeQueue
+from tidemq_server.broker.store.dispatcher import Dispatcher, dispatchable
+from tidemq_server.broker.store.retention import DiskSpace
+from tidemq_server.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
 

@@ -43,12 +43,12 @@ from tidemq.protocol import (
 from tidemq.protocol.message import reject_unknown
 from tidemq.protocol.numbers import INT64_MAX, integer
 
-from services.broker.messaging.pull import PullService, TagFilter
-from services.broker.messaging.query import MessageState
-from services.broker.messaging.topics import WriteGuard
-from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
-from services.broker.transactions.check_channel import CheckTicket
-from services.broker.transactions.model import (
+from tidemq_server.broker.messaging.pull import PullService, TagFilter
+from tidemq_server.broker.messaging.query import MessageState
+from tidemq_server.broker.messaging.topics import WriteGuard
+from tidemq_server.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
+from tidemq_server.broker.transactions.check_channel import CheckTicket
+from tidemq_server.broker.transactions.model import (
     HALF_TOPIC,
     OP_TOPIC,
     OpEntry,
@@ -64,9 +64,9 @@ from services.broker.transactions.model import (
     is_commit_copy,
     op_records,
 )
-from services.broker.transactions.service import TransactionService
-from services.common.clock import now_ms
-from services.common.constants import CHECKER_FLOOR_OWNER
+from tidemq_server.broker.transactions.service import TransactionService
+from tidemq_server.common.clock import now_ms
+from tidemq_server.common.constants import CHECKER_FLOOR_OWNER
 
 log = logging.getLogger(__name__)
 

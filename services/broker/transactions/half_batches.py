@@ -46,18 +46,18 @@ from tidemq.protocol.batch import KEY_SEPARATOR, RECORD, RECORD_FIXED, decode_pr
 from tidemq.protocol.batch_read import BatchError, BatchSummary, split, validate
 from tidemq.protocol.numbers import INT32_MAX
 
-from services.broker.messaging.intake import check_limits
-from services.broker.messaging.send import appended_or_raise
-from services.broker.store import record as v1
-from services.broker.store.batches import Batch, encode_records
-from services.broker.store.index import topic_key
-from services.broker.store.types import Appended, MessageRecord, PutResult
-from services.broker.store.writer import RECORDS_BATCH_BYTES
-from services.broker.transactions.model import HALF_TOPIC, TxInfo, event_record
-from services.common.clock import now_ms
+from tidemq_server.broker.messaging.intake import check_limits
+from tidemq_server.broker.messaging.send import appended_or_raise
+from tidemq_server.broker.store import record as v1
+from tidemq_server.broker.store.batches import Batch, encode_records
+from tidemq_server.broker.store.index import topic_key
+from tidemq_server.broker.store.types import Appended, MessageRecord, PutResult
+from tidemq_server.broker.store.writer import RECORDS_BATCH_BYTES
+from tidemq_server.broker.transactions.model import HALF_TOPIC, TxInfo, event_record
+from tidemq_server.common.clock import now_ms
 
 if TYPE_CHECKING:
-    from services.broker.transactions.service import TransactionService
+    from tidemq_server.broker.transactions.service import TransactionService
 
 #: The reserved properties a half record may carry (and the sharding key any send may).
 HALF_PROPERTIES = frozenset({TRAN_MSG, PGROUP, REAL_TOPIC, REAL_QID, TRANSACTION_ID,

@@ -50,7 +50,7 @@ from tidemq.protocol import (
     make_event,
 )
 
-from services.broker.store.types import (
+from tidemq_server.broker.store.types import (
     KEY_SEPARATOR,
     MessageRecord,
     StoredRecord,

@@ -32,9 +32,9 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.message import reject_unknown
 
-from services.broker.messaging.convert import to_record
-from services.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
-from services.broker.transactions.model import HALF_TOPIC, TxAction
+from tidemq_server.broker.messaging.convert import to_record
+from tidemq_server.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
+from tidemq_server.broker.transactions.model import HALF_TOPIC, TxAction
 
 MAX_ENDS = 4096  # ends per batch request
 PRODUCER_ACTIONS = (TxAction.COMMIT, TxAction.ROLLBACK, TxAction.UNKNOWN)

@@ -27,10 +27,10 @@ from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.store.types import MessageRecord
-from services.broker.transactions.model import OP_TOPIC, TxInfo, TxState, decode_op, op_records
-from services.broker.transactions.service import TransactionService
-from services.common.clock import now_ms
+from tidemq_server.broker.store.types import MessageRecord
+from tidemq_server.broker.transactions.model import OP_TOPIC, TxInfo, TxState, decode_op, op_records
+from tidemq_server.broker.transactions.service import TransactionService
+from tidemq_server.common.clock import now_ms
 
 ADMIN_SOURCE = "admin"  # the op record's source of an operator's decision
 MAX_OPS_READ = 64  # op records of one transaction looked at for its resolution

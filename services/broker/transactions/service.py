@@ -37,23 +37,23 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.numbers import INT32_MAX, shown
 
-from services.broker.consumers.membership import ProducerRegistry
-from services.broker.messaging.convert import new_message_id, to_wire
-from services.broker.messaging.send import SendService, appended_or_raise
-from services.broker.messaging.topics import TopicManager
-from services.broker.observability import BrokerMetrics
-from services.broker.store.appender import Appender
-from services.broker.store.store import MessageStore
-from services.broker.store.types import (
+from tidemq_server.broker.consumers.membership import ProducerRegistry
+from tidemq_server.broker.messaging.convert import new_message_id, to_wire
+from tidemq_server.broker.messaging.send import SendService, appended_or_raise
+from tidemq_server.broker.messaging.topics import TopicManager
+from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import (
     Appended,
     MessageRecord,
     PutResult,
     StoredRecord,
     tag_code,
 )
-from services.broker.transactions.check_channel import CheckChannel
-from services.broker.transactions.half_batches import HalfBatches
-from services.broker.transactions.model import (
+from tidemq_server.broker.transactions.check_channel import CheckChannel
+from tidemq_server.broker.transactions.half_batches import HalfBatches
+from tidemq_server.broker.transactions.model import (
     DISCARD_TOPIC,
     EVENTS_TOPIC,
     HALF_TOPIC,
@@ -69,7 +69,7 @@ from services.broker.transactions.model import (
     op_records,
     user_keys,
 )
-from services.broker.transactions.requests import (
+from tidemq_server.broker.transactions.requests import (
     MAX_ENDS,
     EndRequest,
     delayed_message,
@@ -78,8 +78,8 @@ from services.broker.transactions.requests import (
     parse_ends,
     parse_group,
 )
-from services.broker.transactions.table import HalfCache, HalfDedup, KeyedLocks, TxTable
-from services.common.clock import now_ms
+from tidemq_server.broker.transactions.table import HalfCache, HalfDedup, KeyedLocks, TxTable
+from tidemq_server.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from typing import Protocol
 
 from tidemq.protocol import REAL_TOPIC, TRANSACTION_ID
 
-from services.broker.store.store import MessageStore
-from services.broker.store.types import MessageRecord
-from services.broker.transactions.model import (
+from tidemq_server.broker.store.store import MessageStore
+from tidemq_server.broker.store.types import MessageRecord
+from tidemq_server.broker.transactions.model import (
     DISCARD_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,

@@ -13,10 +13,10 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from services.common.auth.client import use_account
-from services.common.auth.gate import Gate, Need, Refused
-from services.common.auth.policy import Policy, PolicyError, Resource, User
-from services.common.auth.store import AclStore
+from tidemq_server.common.auth.client import use_account
+from tidemq_server.common.auth.gate import Gate, Need, Refused
+from tidemq_server.common.auth.policy import Policy, PolicyError, Resource, User
+from tidemq_server.common.auth.store import AclStore
 
 __all__ = ["AclStore", "Gate", "Need", "Policy", "PolicyError", "Refused", "Resource", "User",
            "acl_gate", "service_gate", "use_account"]

@@ -31,8 +31,8 @@ from tidemq.protocol.signing import (
 )
 from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
-from services.common.auth.policy import Resource, User
-from services.common.auth.store import AclStore
+from tidemq_server.common.auth.policy import Resource, User
+from tidemq_server.common.auth.store import AclStore
 
 log = logging.getLogger("tidemq.auth")
 

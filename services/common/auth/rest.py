@@ -4,7 +4,7 @@ With ACL on, every request but ``rest_rules.OPEN_PATHS`` must be signed
 (``tidemq.protocol.signing``): the middleware reads the body (the signature covers its SHA-256),
 checks the signature and the rules, then hands the request, body included, to the app. The
 account is left in ``scope["state"]["tidemq_account"]``: the cluster token of ``/internal/``
-endpoints is not asked of a signed request (``services.common.app.require_token``). Refusals
+endpoints is not asked of a signed request (``tidemq_server.common.app.require_token``). Refusals
 answer 401 ``UNAUTHORIZED`` / 403 ``FORBIDDEN`` in the API's error shape.
 """
 
@@ -18,8 +18,8 @@ from urllib.parse import parse_qsl
 import orjson
 from tidemq.protocol.signing import EMPTY_SHA256
 
-from services.common.auth.gate import Gate, Refused
-from services.common.auth.rest_rules import is_open, needs
+from tidemq_server.common.auth.gate import Gate, Refused
+from tidemq_server.common.auth.rest_rules import is_open, needs
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

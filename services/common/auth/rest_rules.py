@@ -15,8 +15,8 @@ from typing import Any
 
 from tidemq.protocol.codec import decode_payload
 
-from services.common.auth.gate import Need, topic_need
-from services.common.auth.policy import Resource
+from tidemq_server.common.auth.gate import Need, topic_need
+from tidemq_server.common.auth.policy import Resource
 
 #: Served without a signature: liveness, metrics and the API's own documentation.
 OPEN_PATHS = frozenset({"/healthz", "/metrics", "/docs", "/redoc", "/openapi.json",

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from services.common.auth.policy import Policy, PolicyError, parse_policy
-from services.common.constants import ACL_CHECK_S
+from tidemq_server.common.auth.policy import Policy, PolicyError, parse_policy
+from tidemq_server.common.constants import ACL_CHECK_S
 
 log = logging.getLogger(__name__)
 

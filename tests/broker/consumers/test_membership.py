@@ -8,13 +8,13 @@ import logging
 import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.consumers.membership import (
+from tests.support.clock import FakeClock
+from tidemq_server.broker.consumers.membership import (
     GroupExpiryLoop,
     GroupRegistry,
     ProducerRegistry,
     parse_tags,
 )
-from tests.support.clock import FakeClock
 
 
 def test_heartbeat_returns_sorted_members(clock: FakeClock) -> None:
@@ -109,7 +109,7 @@ async def test_expiry_loop_drops_and_logs(clock: FakeClock, caplog: pytest.LogCa
     clock.now += 31
     reg.heartbeat("G", "c2", {}, "clustering")
     loop = GroupExpiryLoop(reg, interval_s=0.01)
-    with caplog.at_level(logging.INFO, logger="services.broker.consumers.membership"):
+    with caplog.at_level(logging.INFO, logger="tidemq_server.broker.consumers.membership"):
         await loop.run_once()
     assert reg.members("G") == ["c2"]
     assert any("c1" in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.consumers.offsets import OffsetStore
 from tests.support.procs import RedisServer
 from tests.support.wait import HANG_S
+from tidemq_server.broker.consumers.offsets import OffsetStore
 
 pytestmark = pytest.mark.integration
 

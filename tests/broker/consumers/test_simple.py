@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.consumers.offsets import OffsetStore
-from services.broker.consumers.receipts import decode_receipt, encode_receipt
-from services.broker.consumers.simple import MAX_WAIT_MS, Received, SimpleConsumerService
-from services.broker.messaging.longpoll import PullHold
-from services.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
 from tests.support.clock import FakeClock
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until_async
+from tidemq_server.broker.consumers.offsets import OffsetStore
+from tidemq_server.broker.consumers.receipts import decode_receipt, encode_receipt
+from tidemq_server.broker.consumers.simple import MAX_WAIT_MS, Received, SimpleConsumerService
+from tidemq_server.broker.messaging.longpoll import PullHold
+from tidemq_server.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
 
 pytestmark = pytest.mark.integration
 

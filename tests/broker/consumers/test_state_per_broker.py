@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from services.broker.consumers.offsets import OffsetStore
-from services.broker.consumers.simple import SimpleConsumerService
-from services.broker.messaging.longpoll import PullHold
-from services.common.constants import consumer_offsets_key, inflight_key, receive_cursor_key
 from tests.broker.consumers.test_simple import FakeStore
 from tests.support.procs import RedisServer
+from tidemq_server.broker.consumers.offsets import OffsetStore
+from tidemq_server.broker.consumers.simple import SimpleConsumerService
+from tidemq_server.broker.messaging.longpoll import PullHold
+from tidemq_server.common.constants import consumer_offsets_key, inflight_key, receive_cursor_key
 
 pytestmark = pytest.mark.integration
 

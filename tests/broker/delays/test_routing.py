@@ -14,11 +14,16 @@ from tidemq.protocol import (
     SystemTopic,
 )
 
-from services.broker.consumers.retry import latest_copy
-from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter, delay_view
-from services.broker.messaging.query import MessageState
-from services.broker.store.types import MessageRecord, StoredRecord
-from services.common.delaylevels import parse_delay_levels
+from tidemq_server.broker.consumers.retry import latest_copy
+from tidemq_server.broker.delays.routing import (
+    INTAKE_TOPIC,
+    SCHEDULE_TOPIC,
+    DelayRouter,
+    delay_view,
+)
+from tidemq_server.broker.messaging.query import MessageState
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord
+from tidemq_server.common.delaylevels import parse_delay_levels
 
 DAY = 86_400_000
 NOW = 1_800_000_000_000

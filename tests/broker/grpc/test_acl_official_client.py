@@ -16,9 +16,9 @@ import grpc
 import pytest
 from tidemq.protocol.signing import format_date, grpc_signature
 
-from services.broker.grpc.proto import Code, service_grpc, service_pb
 from tests.support.acl import USERS, AclCluster, acl_cluster
 from tests.support.procs import RedisServer
+from tidemq_server.broker.grpc.proto import Code, service_grpc, service_pb
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 import pytest
 
-from services.broker.grpc.proto import Code, MessageType, pb, service_grpc, service_pb
 from tests.support.broker import BrokerHandle, run_broker, unique
 from tests.support.procs import RedisServer, free_port, wait_port
+from tidemq_server.broker.grpc.proto import Code, MessageType, pb, service_grpc, service_pb
 
 pytestmark = pytest.mark.integration
 

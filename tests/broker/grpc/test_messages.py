@@ -8,11 +8,11 @@ import hashlib
 import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from services.broker.grpc.errors import RpcRefused, error_status
-from services.broker.grpc.messages import inbound, md5_hex, outbound
-from services.broker.grpc.proto import ClientType, Code, MessageType, pb, timestamp_ms
-from services.broker.grpc.sessions import ServerSide, Sessions, server_settings
-from services.broker.store.types import StoredRecord, SysFlag
+from tidemq_server.broker.grpc.errors import RpcRefused, error_status
+from tidemq_server.broker.grpc.messages import inbound, md5_hex, outbound
+from tidemq_server.broker.grpc.proto import ClientType, Code, MessageType, pb, timestamp_ms
+from tidemq_server.broker.grpc.sessions import ServerSide, Sessions, server_settings
+from tidemq_server.broker.store.types import StoredRecord, SysFlag
 
 LIMIT = 4 * 1024 * 1024
 

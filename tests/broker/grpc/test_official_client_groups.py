@@ -16,12 +16,12 @@ from typing import Any
 import grpc
 import pytest
 
-from services.broker.grpc.proto import Code, FilterType, service_grpc, service_pb
 from tests.broker.grpc.conftest import Cluster
 from tests.support.broker import unique
 from tests.support.groups import GroupProcs, Groups, run_groups
 from tests.support.procs import RedisServer, wait_port
 from tests.support.wait import wait_until
+from tidemq_server.broker.grpc.proto import Code, FilterType, service_grpc, service_pb
 
 pytestmark = pytest.mark.integration
 

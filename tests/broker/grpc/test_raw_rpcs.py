@@ -13,9 +13,16 @@ from typing import Any
 import grpc
 import pytest
 
-from services.broker.grpc.proto import ClientType, Code, FilterType, pb, service_grpc, service_pb
 from tests.broker.grpc.conftest import MAX_RECONSUME_TIMES, Cluster
 from tests.support.broker import unique
+from tidemq_server.broker.grpc.proto import (
+    ClientType,
+    Code,
+    FilterType,
+    pb,
+    service_grpc,
+    service_pb,
+)
 
 pytestmark = pytest.mark.integration
 

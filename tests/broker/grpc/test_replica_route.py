@@ -8,8 +8,8 @@ from typing import Any
 
 from tidemq.protocol import Perm
 
-from services.broker.grpc.routing import shares
-from services.common.discovery import Group
+from tidemq_server.broker.grpc.routing import shares
+from tidemq_server.common.discovery import Group
 
 TOPIC = "orders"
 

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from services.cli.certs import DevPki, ensure_dev_pki
 from tests.broker.grpc.conftest import SCRIPT
 from tests.support.broker import TOKEN, unique
 from tests.support.procs import RedisServer, ServiceProcess, free_port, wait_port
+from tidemq_server.cli.certs import DevPki, ensure_dev_pki
 
 pytestmark = pytest.mark.integration
 

@@ -14,14 +14,14 @@ from tidemq.protocol import ErrorCode, Limits, Perm, ProtocolError
 from tidemq.protocol.batch import U32, BatchBuilder, DelayKind, seal
 from tidemq.protocol.batch_read import validate
 
-from services.broker.delays.routing import SCHEDULE_TOPIC, DelayRouter
-from services.broker.messaging.dedup import DedupCache, Placed, RunPlaces
-from services.broker.messaging.send import SendService
-from services.broker.messaging.topics import TopicManager
-from services.broker.observability import BrokerMetrics
-from services.broker.store import MessageStore
-from services.common.clock import now_ms
 from tests.broker.store.conftest import small_config
+from tidemq_server.broker.delays.routing import SCHEDULE_TOPIC, DelayRouter
+from tidemq_server.broker.messaging.dedup import DedupCache, Placed, RunPlaces
+from tidemq_server.broker.messaging.send import SendService
+from tidemq_server.broker.messaging.topics import TopicManager
+from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.store import MessageStore
+from tidemq_server.common.clock import now_ms
 
 HOST = "10.1.2.3:4567"
 

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 
-from services.broker.messaging.longpoll import Key, PullHold
+from tidemq_server.broker.messaging.longpoll import Key, PullHold
 
 
 async def loop_turns(n: int = 3) -> None:

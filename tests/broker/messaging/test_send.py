@@ -10,19 +10,19 @@ from typing import Any
 import pytest
 from tidemq.protocol import UNIQ_KEY, ErrorCode, Limits, Perm, ProtocolError
 
-from services.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
-from services.broker.messaging.dedup import DedupCache, Placed
-from services.broker.messaging.send import SendService, appended_or_raise
-from services.broker.messaging.topics import TopicManager
-from services.broker.observability import BrokerMetrics
-from services.broker.store.types import (
+from tidemq_server.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
+from tidemq_server.broker.messaging.dedup import DedupCache, Placed
+from tidemq_server.broker.messaging.send import SendService, appended_or_raise
+from tidemq_server.broker.messaging.topics import TopicManager
+from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.store.types import (
     Appended,
     MessageRecord,
     PutResult,
     PutStatus,
     StoredRecord,
 )
-from services.common.clock import now_ms
+from tidemq_server.common.clock import now_ms
 
 LEVELS_MS = (1000, 5000)  # a two-level delay table
 

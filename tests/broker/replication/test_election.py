@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.replication.election import (
+from tests.support.etcd import EtcdServer
+from tests.support.wait import TIMEOUT_S, wait_until_async
+from tidemq_server.broker.replication.election import (
     Claim,
     Elector,
     GroupKeys,
     LeaseFence,
     best_member,
 )
-from services.common.etcd import EtcdClient, KeyValue
-from services.common.loop import cancel_tasks
-from tests.support.etcd import EtcdServer
-from tests.support.wait import TIMEOUT_S, wait_until_async
+from tidemq_server.common.etcd import EtcdClient, KeyValue
+from tidemq_server.common.loop import cancel_tasks
 
 pytestmark = pytest.mark.integration
 

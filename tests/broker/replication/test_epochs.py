@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.replication.epochs import (
+from tidemq_server.broker.replication.epochs import (
     EpochEntry,
     EpochFile,
     divergence_point,

@@ -7,13 +7,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from services.broker.replication.epochs import EpochFile
-from services.broker.replication.gate import WriteGate
-from services.broker.replication.quorum import Quorum, kth_largest
-from services.broker.replication.role import BrokerRole, Role
-from services.broker.replication.visibility import Visibility
-from services.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 from tests.support.clock import FakeClock
+from tidemq_server.broker.replication.epochs import EpochFile
+from tidemq_server.broker.replication.gate import WriteGate
+from tidemq_server.broker.replication.quorum import Quorum, kth_largest
+from tidemq_server.broker.replication.role import BrokerRole, Role
+from tidemq_server.broker.replication.visibility import Visibility
+from tidemq_server.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 
 
 def quorum(k: int = 2, *, sync: bool = True, durable: bool = False) -> tuple[Quorum, FakeClock]:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.replication.epochs import EpochEntry, EpochFile
-from services.broker.replication.role import BrokerRole, Role, StaleEpochError, static_role
+from tidemq_server.broker.replication.epochs import EpochEntry, EpochFile
+from tidemq_server.broker.replication.role import BrokerRole, Role, StaleEpochError, static_role
 
 
 class Hooks:

@@ -11,11 +11,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from services.broker.messaging.pull import WAIT_SLICE_S
-from services.common.constants import LONG_POLL_MAX_MS
 from tests.support.broker import BrokerHandle, msgpack_post, run_broker, unique
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
+from tidemq_server.broker.messaging.pull import WAIT_SLICE_S
+from tidemq_server.common.constants import LONG_POLL_MAX_MS
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ import pytest
 from tidemq import Message, Producer, PushConsumer
 from typer.testing import CliRunner
 
-from services.cli import app
 from tests.scheduler.harness import DelayCluster, run_delay_cluster
 from tests.support.broker import unique
 from tests.support.procs import RedisServer
+from tidemq_server.cli import app
 
 pytestmark = pytest.mark.integration
 

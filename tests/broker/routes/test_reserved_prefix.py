@@ -21,10 +21,10 @@ from tidemq._batch import encode_halves, encode_messages
 from tidemq.protocol import OutgoingMessage
 from tidemq.protocol.batch import CONTENT_BATCH
 
-from services.broker.grpc.proto import Code, pb, service_grpc, service_pb
 from tests.support.broker import BrokerHandle, msgpack_post, run_broker, unique
 from tests.support.procs import RedisServer, free_port, wait_port
 from tests.support.transactions import pending
+from tidemq_server.broker.grpc.proto import Code, pb, service_grpc, service_pb
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.broker.store import MessageRecord, MessageStore, StoreConfig, tag_code
+from tidemq_server.broker.store import MessageRecord, MessageStore, StoreConfig, tag_code
 
 
 def small_config(root: Path, **overrides: Any) -> StoreConfig:

@@ -10,8 +10,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from services.broker.store import FlushMode, MessageRecord, MessageStore, PutStatus
 from tests.broker.store.conftest import small_config
+from tidemq_server.broker.store import FlushMode, MessageRecord, MessageStore, PutStatus
 
 
 def body_for(message_id: str) -> bytes:

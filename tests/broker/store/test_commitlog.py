@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.broker.store import record
-from services.broker.store.commitlog import CommitLog
-from services.broker.store.types import MessageRecord
+from tidemq_server.broker.store import record
+from tidemq_server.broker.store.commitlog import CommitLog
+from tidemq_server.broker.store.types import MessageRecord
 
 
 def _rec_bytes(log: CommitLog, i: int, size: int = 1000) -> bytes:

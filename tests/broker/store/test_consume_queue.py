@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.broker.store.consume_queue import UNIT_SIZE, ConsumeQueue
+from tidemq_server.broker.store.consume_queue import UNIT_SIZE, ConsumeQueue
 
 
 def test_units_span_files_and_reload(tmp_path: Path) -> None:

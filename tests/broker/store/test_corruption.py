@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.store import MessageStore
 from tests.broker.store.conftest import make_record, small_config
+from tidemq_server.broker.store import MessageStore
 
 
 def crash(store: MessageStore) -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.store import MessageStore
 from tests.broker.store.conftest import small_config
 from tests.broker.store.crash_child import body_for
 from tests.support.procs import REPO
+from tidemq_server.broker.store import MessageStore
 
 pytestmark = pytest.mark.integration
 

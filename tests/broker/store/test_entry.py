@@ -12,10 +12,10 @@ from tidemq.protocol.batch import BatchBuilder, fill
 from tidemq.protocol.batch_read import BatchHead, validate
 from tidemq.protocol.stored import decode_stored
 
-from services.broker.messaging.convert import to_wire
-from services.broker.store import record
-from services.broker.store.dispatcher import Dispatcher
-from services.broker.store.entry import (
+from tidemq_server.broker.messaging.convert import to_wire
+from tidemq_server.broker.store import record
+from tidemq_server.broker.store.dispatcher import Dispatcher
+from tidemq_server.broker.store.entry import (
     V1,
     V2,
     as_group,
@@ -24,9 +24,9 @@ from services.broker.store.entry import (
     store_timestamp,
     validate_entry,
 )
-from services.broker.store.index import Index, topic_key, unique_key
-from services.broker.store.record import CorruptRecord
-from services.broker.store.types import MessageRecord, StoredRecord, SysFlag, tag_code
+from tidemq_server.broker.store.index import Index, topic_key, unique_key
+from tidemq_server.broker.store.record import CorruptRecord
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord, SysFlag, tag_code
 
 STORE_HOST, BORN_HOST, STORE_MS = "10.0.0.1:10911", "192.168.1.2:5555", 1_767_225_601_000
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.broker.store.index import Index
+from tidemq_server.broker.store.index import Index
 
 
 def test_lookup_finds_all_entries_of_a_key_in_time_range(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ import pytest
 from tidemq.protocol.batch import BatchBuilder, fill
 from tidemq.protocol.batch_read import validate
 
-from services.broker.store import MessageStore, commitlog, record, tag_code
 from tests.broker.store.conftest import make_record, small_config
+from tidemq_server.broker.store import MessageStore, commitlog, record, tag_code
 
 STORE_HOST = record.encode_host("10.0.0.1:10911")
 

@@ -4,8 +4,8 @@ import zlib
 
 import pytest
 
-from services.broker.store import record
-from services.broker.store.types import MessageRecord
+from tidemq_server.broker.store import record
+from tidemq_server.broker.store.types import MessageRecord
 
 
 def _pack(rec: MessageRecord, phys: int = 4096, qoff: int = 7) -> bytes:

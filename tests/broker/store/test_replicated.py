@@ -10,10 +10,10 @@ import pytest
 from tidemq.protocol.batch import BatchBuilder, fill
 from tidemq.protocol.batch_read import validate
 
-from services.broker.store import MessageStore, PutStatus, tag_code
-from services.broker.store.index import unique_key
-from services.broker.store.replicated import ChunkError
 from tests.broker.store.conftest import make_record, small_config
+from tidemq_server.broker.store import MessageStore, PutStatus, tag_code
+from tidemq_server.broker.store.index import unique_key
+from tidemq_server.broker.store.replicated import ChunkError
 
 
 def copy_all(src: MessageStore, dst: MessageStore, max_bytes: int = 10_000) -> int:

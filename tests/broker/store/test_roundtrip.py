@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.broker.store import MessageRecord, MessageStore
 from tests.broker.store.conftest import small_config
+from tidemq_server.broker.store import MessageRecord, MessageStore
 
 records = st.builds(
     lambda topic, qid, body, props, tag: (topic, qid, body, props, tag),

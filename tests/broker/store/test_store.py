@@ -5,7 +5,8 @@ import os
 import time
 from pathlib import Path
 
-from services.broker.store import (
+from tests.broker.store.conftest import make_record, small_config
+from tidemq_server.broker.store import (
     FlushMode,
     GetStatus,
     MessageRecord,
@@ -14,7 +15,6 @@ from services.broker.store import (
     SysFlag,
     tag_code,
 )
-from tests.broker.store.conftest import make_record, small_config
 
 
 async def test_put_assigns_contiguous_queue_offsets(store: MessageStore) -> None:

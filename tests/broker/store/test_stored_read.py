@@ -9,10 +9,10 @@ from pathlib import Path
 
 from tidemq.protocol.stored import decode_stored
 
-from services.broker.messaging.convert import to_wire
-from services.broker.store import MessageStore, tag_code
 from tests.broker.store.conftest import make_record, small_config
 from tests.broker.store.test_mixed_versions import append_v1
+from tidemq_server.broker.messaging.convert import to_wire
+from tidemq_server.broker.store import MessageStore, tag_code
 
 
 def same_messages(store: MessageStore, stored: bytes, queue_id: int = 0) -> list[str]:

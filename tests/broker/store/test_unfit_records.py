@@ -12,9 +12,9 @@ import dataclasses
 
 import pytest
 
-from services.broker.store import MessageStore, PutStatus
-from services.broker.store.record import FIELD_RANGES, UnfitRecord, validate_fits
 from tests.broker.store.conftest import make_record
+from tidemq_server.broker.store import MessageStore, PutStatus
+from tidemq_server.broker.store.record import FIELD_RANGES, UnfitRecord, validate_fits
 
 
 @pytest.mark.parametrize(("field", "value"), [

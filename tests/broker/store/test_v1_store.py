@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.store import MessageStore, StoredRecord, SysFlag, tag_code
 from tests.broker.store.conftest import small_config
 from tests.broker.store.v1_store import ARCHIVE, SPEC, Spec
+from tidemq_server.broker.store import MessageStore, StoredRecord, SysFlag, tag_code
 
 ORDERS = [s for s in SPEC if s.topic == "Orders"]
 LOG_END = 196_608 + 16_225  # where the archived log ends (its last segment's start + length)

@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.broker.store import MessageRecord, MessageStore, SysFlag, tag_code
 from tests.broker.store.conftest import small_config
+from tidemq_server.broker.store import MessageRecord, MessageStore, SysFlag, tag_code
 
 ARCHIVE = Path(__file__).parent / "data" / "v1-store.tar.gz"
 COUNT = 240  # records: over several 64 KiB segments (small_config)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from services.broker.transactions.check_channel import CheckChannel, CheckTicket
-from services.broker.transactions.table import KeyedLocks
 from tests.support.clock import FakeClock
+from tidemq_server.broker.transactions.check_channel import CheckChannel, CheckTicket
+from tidemq_server.broker.transactions.table import KeyedLocks
 
 
 def ticket(txid: str, at: float, times: int = 1) -> CheckTicket:

@@ -180,7 +180,7 @@ def test_a_delay_is_honoured_from_commit_or_refused(cluster: Cluster) -> None:
 def test_cli_tx_list(cluster: Cluster) -> None:
     from typer.testing import CliRunner
 
-    from services.cli import app
+    from tidemq_server.cli import app
 
     b = cluster.broker
     topic, group = b.create_topic(queues=1), unique("G")

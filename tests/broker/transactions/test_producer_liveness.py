@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from services.common.constants import TOKEN_HEADER
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
+from tidemq_server.common.constants import TOKEN_HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from tidemq.protocol import KEYS, EventKind, EventSource
 
-from services.broker.store import MessageStore, StoreConfig
-from services.broker.store.types import MessageRecord
-from services.broker.transactions.model import (
+from tidemq_server.broker.store import MessageStore, StoreConfig
+from tidemq_server.broker.store.types import MessageRecord
+from tidemq_server.broker.transactions.model import (
     HALF_TOPIC,
     TxInfo,
     TxState,
@@ -20,7 +20,7 @@ from services.broker.transactions.model import (
     half_copy,
     op_records,
 )
-from services.broker.transactions.table import TxTable
+from tidemq_server.broker.transactions.table import TxTable
 
 
 def half_record(txid: str, mid: str) -> MessageRecord:
@@ -160,7 +160,7 @@ def test_decode_op_ignores_junk() -> None:
 
 async def test_half_dedup_remembers_within_the_window_and_falls_back_to_the_index(
         store_dir: Path) -> None:
-    from services.broker.transactions.table import HalfDedup
+    from tidemq_server.broker.transactions.table import HalfDedup
 
     store = await MessageStore.open(StoreConfig(root=store_dir))
     try:
@@ -194,7 +194,7 @@ async def test_a_half_from_a_producer_batch_is_rebuilt_from_the_log(store_dir: P
     from tidemq.protocol import OutgoingMessage
     from tidemq.protocol.batch_read import validate
 
-    from services.broker.store.batches import Batch
+    from tidemq_server.broker.store.batches import Batch
 
     store = await MessageStore.open(StoreConfig(root=store_dir))
     try:

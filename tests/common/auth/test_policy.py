@@ -17,12 +17,12 @@ from tidemq.protocol.signing import (
     string_to_sign,
 )
 
-from services.common.auth import Gate, Need, Refused, Resource
-from services.common.auth.gate import topic_need
-from services.common.auth.policy import PolicyError, parse_policy
-from services.common.auth.rest_rules import needs
-from services.common.auth.store import AclStore
 from tests.support.procs import REPO
+from tidemq_server.common.auth import Gate, Need, Refused, Resource
+from tidemq_server.common.auth.gate import topic_need
+from tidemq_server.common.auth.policy import PolicyError, parse_policy
+from tidemq_server.common.auth.rest_rules import needs
+from tidemq_server.common.auth.store import AclStore
 
 POLICY = {
     "default": "deny",
