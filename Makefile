@@ -6,10 +6,13 @@ STAMP := $(VENV)/.stamp
 
 .PHONY: up test test-unit bench bench-quick lint clean system-deps compose-up compose-test
 
-$(STAMP): pyproject.toml sdk/pyproject.toml
+# one distribution (pyproject.toml): the SDK, the services and, through the dev extra, the
+# server and metrics extras and the test tools; editable, so sources are used in place
+$(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e sdk -e ".[dev]"
+	$(BIN)/pip uninstall -q -y tidemq-services 2>/dev/null || true  # the former services dist
+	$(BIN)/pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
 # redis-server, Java (for Spark), promtool and docker-compose come from Debian's packages
@@ -61,7 +64,7 @@ bench-quick: $(STAMP) system-deps
 
 lint: $(STAMP)
 	$(BIN)/ruff check sdk services tests bench examples
-	$(BIN)/mypy sdk/tidemq services
+	MYPY=$(BIN)/mypy scripts/mypy.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .lint

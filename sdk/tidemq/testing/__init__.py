@@ -38,8 +38,8 @@ scheduler's clock never moves back, so a later test's 30-minute timer may alread
 test that advances the clock, or asserts that a delay is not cut short, should use a
 ``TidemqSystem`` of its own (a function-scoped fixture).
 
-The fixture needs the services installed, not only the SDK: the ``tidemq-services`` package
-and Debian's ``redis-server``. ``TidemqSystem`` can also be used on its own, e.g. in a fixture
+The fixture needs the services installed, not only the SDK: the server extra
+(``pip install 'tidemq[server]'``) and Debian's ``redis-server``. ``TidemqSystem`` can also be used on its own, e.g. in a fixture
 of another scope or with other settings.
 """
 

@@ -105,6 +105,6 @@ def redis_child(workdir: Path, port: int) -> Child:
 
 
 def service_child(name: str, workdir: Path, env: dict[str, str]) -> Child:
-    """``python -m tidemq_server.<name>`` with ``env`` (tidemq-services must be installed)."""
+    """``python -m tidemq_server.<name>`` with ``env`` (needs ``tidemq[server]``)."""
     return Child(name, [sys.executable, "-m", f"tidemq_server.{name}"],
                  {**env, "PYTHONUNBUFFERED": "1"}, workdir / f"{name}.log")

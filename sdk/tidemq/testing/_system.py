@@ -11,7 +11,7 @@ checker and a scheduler, each on a free port, with their data and logs in ``work
 settings made for tests: short delay levels (``TEST_DELAY_LEVELS``: level 3, where consumer
 retries start, waits 300 ms), a checker that scans every second, and a scheduler whose clock a
 test may move forward (``advance_clock``: a delay of days is due now). The services come from
-the ``tidemq-services`` package, which must be installed beside the SDK.
+the same distribution's server extra (``pip install 'tidemq[server]'``).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ class TidemqSystem:
                  settings: Mapping[str, str] | None = None) -> None:
         if importlib.util.find_spec("tidemq_server") is None or \
                 importlib.util.find_spec("tidemq_server.broker") is None:
-            raise RuntimeError("tidemq.testing starts the tidemq services: install the "
-                               "tidemq-services package beside the tidemq SDK")
+            raise RuntimeError("tidemq.testing starts the tidemq services: install them "
+                               "with pip install 'tidemq[server]'")
         self.workdir = workdir
         self.token = uuid.uuid4().hex
         self.cluster = f"test-{uuid.uuid4().hex[:8]}"  # its own Redis key space
