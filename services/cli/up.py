@@ -68,6 +68,7 @@ from tidemq_server.common.auth.policy import PolicyError
 from tidemq_server.common.constants import WILDCARD_HOSTS
 from tidemq_server.common.logs import format_from_env
 from tidemq_server.common.tls import client_context, use_ca_bundle
+from tidemq_server.metrics import SPARK_MISSING, spark_installed
 
 __all__ = ["DUPLICATE_SIGNAL_S", "Supervisor", "up"]
 
@@ -281,6 +282,10 @@ def up(
                                 "without its gRPC door (choose a free port with "
                                 "--grpc-port)", err=True, level=logging.WARNING)
                     grpc_off.add(i)
+        if metrics and "metrics" not in skipped and not spark_installed():
+            notices.say(f"metrics sidecar not started: {SPARK_MISSING}", err=True,
+                        markup=False, level=logging.WARNING)
+            metrics = False
         opts = UpOptions(data_dir=data_dir, host=host, advertise_host=advertise_host,
                          cluster=cluster,
                          nameserver_port=nameserver_port, broker_port=broker_port,

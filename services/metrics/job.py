@@ -19,16 +19,23 @@ counts nothing twice. Each micro-batch hands the whole (small) result table to
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file by spark-submit: make `services` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, "") and importlib.util.find_spec("tidemq_server") is None:
+    # run as a file by spark-submit without the zip (--py-files) or an install: the folder
+    # services/ is the package tidemq_server (package-dir in pyproject.toml)
+    _folder = Path(__file__).resolve().parents[1]
+    _spec = importlib.util.spec_from_file_location(
+        "tidemq_server", _folder / "__init__.py", submodule_search_locations=[str(_folder)])
+    assert _spec is not None and _spec.loader is not None
+    sys.modules["tidemq_server"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["tidemq_server"])
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
@@ -47,6 +54,7 @@ from tidemq_server.common.constants import (
 from tidemq_server.common.files import write_atomic
 from tidemq_server.common.logs import format_from_env, setup_logging
 from tidemq_server.metrics.aggregate import aggregate, to_rollup
+from tidemq_server.metrics.config import JobConfig, SessionConfig
 from tidemq_server.metrics.exposition import BatchInfo, render
 from tidemq_server.metrics.liveness import Liveness, liveness_path
 from tidemq_server.metrics.source import FORMAT, TransactionEventSource
@@ -54,40 +62,6 @@ from tidemq_server.metrics.source import FORMAT, TransactionEventSource
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "tidemq_transaction_metrics"
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    broker_url: str  # the one broker read when no nameservers are given
-    output: Path  # the exposition file each batch replaces
-    checkpoint: Path  # Spark's checkpoint: source offsets, aggregation state
-    token: str = ""
-    nameservers: str = ""  # comma-separated: read every broker group they list
-    topic: str = ""  # "" = TIDE_SYS_TRANS_EVENTS
-    once: bool = False  # Trigger.AvailableNow: read what is there now, then stop
-    trigger_interval_s: float = METRICS_TRIGGER_INTERVAL_S
-    max_events_per_batch: int = METRICS_MAX_EVENTS_PER_BATCH
-    partition_events: int = 50_000
-    pull_max: int = 1024
-    start: str = "earliest"
-
-    def source_options(self) -> dict[str, str]:
-        opts = {"broker_url": self.broker_url, "nameservers": self.nameservers,
-                "token": self.token, "start": self.start,
-                "max_events_per_batch": str(self.max_events_per_batch),
-                "partition_events": str(self.partition_events), "pull_max": str(self.pull_max)}
-        if self.topic:
-            opts["topic"] = self.topic
-        return opts
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    master: str = METRICS_SPARK_MASTER  # "" = spark-submit's under spark-submit, else local[*]
-    app_name: str = "tidemq-metrics"
-    shuffle_partitions: int = 2  # frozen into the checkpoint on its first run
-    ui: bool = False
-    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 def choose_master(configured: str, env: Mapping[str, str] = os.environ) -> str | None:

@@ -2,9 +2,10 @@
 
     python -m tidemq_server.metrics.package dist/tidemq-metrics.zip
 
-It holds what the job's driver and its Python workers import: ``services/metrics`` (the job,
-the data source and its helpers), the ``services/common`` modules they use (``COMMON``) and the
-SDK package ``tidemq`` (system topic names, the wire protocol). Third-party modules (pyarrow, httpx,
+It holds what the job's driver and its Python workers import, under their import names:
+``tidemq_server/metrics`` (the job, the data source and its helpers, from the folder
+``services/metrics``), the ``tidemq_server/common`` modules they use (``COMMON``) and the SDK
+package ``tidemq`` (system topic names, the wire protocol). Third-party modules (pyarrow, httpx,
 msgpack, orjson) must be installed on every worker, as for any PySpark job.
 """
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import tidemq
 
-SERVICES = Path(__file__).resolve().parents[1]  # .../services
+SERVICES = Path(__file__).resolve().parents[1]  # the folder services/ (or an installed copy)
+SERVER = "tidemq_server"  # its import name, the folder's name in the zip
 SDK = Path(tidemq.__file__).resolve().parent  # .../tidemq
 SKIP_MODULES = {"__main__.py", "sidecar.py", "settings.py", "package.py"}  # the web sidecar
 COMMON = ("__init__.py", "constants.py", "files.py", "broker_client.py",
@@ -27,11 +29,11 @@ COMMON = ("__init__.py", "constants.py", "files.py", "broker_client.py",
 
 def members() -> list[tuple[Path, str]]:
     """(file, name in the zip) pairs, sorted."""
-    out = [(SERVICES / "__init__.py", "services/__init__.py")]
-    out += [(SERVICES / "common" / name, f"services/common/{name}") for name in COMMON]
+    out = [(SERVICES / "__init__.py", f"{SERVER}/__init__.py")]
+    out += [(SERVICES / "common" / name, f"{SERVER}/common/{name}") for name in COMMON]
     for path in sorted((SERVICES / "metrics").glob("*.py")):
         if path.name not in SKIP_MODULES:
-            out.append((path, f"services/metrics/{path.name}"))
+            out.append((path, f"{SERVER}/metrics/{path.name}"))
     for path in sorted(SDK.rglob("*")):
         if path.is_file() and path.suffix in (".py", ".typed"):
             out.append((path, f"tidemq/{path.relative_to(SDK).as_posix()}"))

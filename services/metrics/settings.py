@@ -18,7 +18,7 @@ from tidemq_server.common.constants import (
     METRICS_TRIGGER_INTERVAL_S,
 )
 from tidemq_server.common.settings import LogLevel, ServiceSettings
-from tidemq_server.metrics.job import JobConfig, SessionConfig
+from tidemq_server.metrics.config import JobConfig, SessionConfig
 
 
 class MetricsSettings(ServiceSettings):

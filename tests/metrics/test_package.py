@@ -17,7 +17,7 @@ def first_party_imports(source: str) -> set[str]:
             names.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-    return {n for n in names if n.split(".")[0] in ("services", "tidemq")}
+    return {n for n in names if n.split(".")[0] in ("tidemq_server", "tidemq")}
 
 
 def test_zip_is_closed_under_first_party_imports(tmp_path: Path) -> None:
