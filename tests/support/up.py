@@ -39,9 +39,11 @@ def free_base(count: int, step: int) -> int:
 
 
 class UpRun:
-    """`tidemq up` started in its own process group with ``args``; output in a file."""
+    """`tidemq up` started in its own process group with ``args``; output in a file. ``cwd``:
+    where it is started (the repository by default)."""
 
-    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+                 cwd: Path = REPO) -> None:
         self.data_dir = tmp_path / "data"
         self.out = tmp_path / f"up-{time.monotonic_ns()}.out"
         base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "TIDEMQ_TOKEN")}
@@ -49,7 +51,7 @@ class UpRun:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tidemq_server.cli", "up", "--data-dir", str(self.data_dir),
                  "--console-port", str(free_port()),  # never 8080: tests run side by side
-                 *args], cwd=REPO, env={**base, **NO_WARMUP, **WIDE, **(env or {})}, stdout=sink,
+                 *args], cwd=cwd, env={**base, **NO_WARMUP, **WIDE, **(env or {})}, stdout=sink,
                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:
