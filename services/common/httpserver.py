@@ -9,7 +9,6 @@ Both are ``{"code", "message"}`` JSON and close the connection, as uvicorn does.
 
 from __future__ import annotations
 
-import httptools
 import orjson
 from tidemq.protocol import ErrorCode
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -24,28 +23,22 @@ class _UrlTooLong(Exception):
 
 
 class JsonErrorsProtocol(HttpToolsProtocol):
+    """uvicorn's protocol with two narrow overrides, ``on_url`` (a parser callback) and
+    ``send_400_response`` (what uvicorn calls on any parse error); everything else, upgrades
+    included, is uvicorn's own code of the installed version (pyproject.toml bounds it)."""
+
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
         if len(self.url) > MAX_URL_BYTES:
-            raise _UrlTooLong  # the parser stops; data_received answers 414
+            raise _UrlTooLong  # the parser stops; uvicorn calls send_400_response: 414 there
 
-    def data_received(self, data: bytes) -> None:
-        self._unset_keepalive_if_required()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:  # as uvicorn does
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
-        except httptools.HttpParserError as exc:
-            if isinstance(exc.__context__, _UrlTooLong) or len(self.url) > MAX_URL_BYTES:
-                self._refuse(ErrorCode.URI_TOO_LONG, f"the request target (path and query) is "
-                             f"longer than {MAX_URL_BYTES} bytes: send long values in a body")
-            else:
-                self.logger.warning("Invalid HTTP request received.")
-                self._refuse(ErrorCode.BAD_REQUEST, "invalid HTTP request: it could not be parsed "
-                             "as HTTP/1.1")
+    def send_400_response(self, msg: str) -> None:
+        if len(getattr(self, "url", b"")) > MAX_URL_BYTES:  # url: set once a request began
+            self._refuse(ErrorCode.URI_TOO_LONG, f"the request target (path and query) is "
+                         f"longer than {MAX_URL_BYTES} bytes: send long values in a body")
+        else:
+            self._refuse(ErrorCode.BAD_REQUEST, "invalid HTTP request: it could not be parsed "
+                         "as HTTP/1.1")
 
     def _refuse(self, code: ErrorCode, message: str) -> None:
         body = orjson.dumps({"code": code.value, "message": message})
