@@ -200,8 +200,9 @@ class SentinelRedis(Redis):
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         await super().aclose(close_connection_pool)
-        if self.sentinels is not None:
-            await self.sentinels.aclose()
+        if self.sentinels is not None:  # each sentinel is a plain client (Sentinel.aclose is
+            for sentinel in self.sentinels.sentinels:  # redis-py 8.1's, newer than the floor)
+                await sentinel.aclose()
 
 
 def connect_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> Redis:
