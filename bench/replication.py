@@ -72,11 +72,12 @@ class Group:
                           port, workdir, health="/health")
         ns = free_port()
         self.ns_url = f"http://127.0.0.1:{ns}"
-        self.nameserver = Child("nameserver", [sys.executable, "-m", "tidemq_server.nameserver"], ns,
-                                workdir, {"TIDEMQ_NAMESRV_PORT": str(ns),
-                                          "TIDEMQ_NAMESRV_TOKEN": TOKEN,
-                                          "TIDEMQ_NAMESRV_WARMUP_S": "0",
-                                          "TIDEMQ_NAMESRV_LOG_LEVEL": "warning"}, "/healthz")
+        self.nameserver = Child("nameserver",
+                                [sys.executable, "-m", "tidemq_server.nameserver"], ns, workdir,
+                                {"TIDEMQ_NAMESRV_PORT": str(ns),
+                                 "TIDEMQ_NAMESRV_TOKEN": TOKEN,
+                                 "TIDEMQ_NAMESRV_WARMUP_S": "0",
+                                 "TIDEMQ_NAMESRV_LOG_LEVEL": "warning"}, "/healthz")
         cluster = f"bench-{uuid.uuid4().hex[:6]}"
         self.brokers = []
         for broker_id in range(copies):

@@ -180,7 +180,8 @@ class Cluster:
         for i, host in enumerate(A_HOSTS):
             data = self.workdir / host / "broker"
             data.mkdir(parents=True, exist_ok=True)
-            self.spawn(self.service(f"a{i}", host, "tidemq_server.broker", "TIDEMQ_BROKER_", 10911, {
+            self.spawn(self.service(f"a{i}", host, "tidemq_server.broker", "TIDEMQ_BROKER_",
+                                    10911, {
                 **common, **REPLICATED, "BROKER_NAME": GROUP_A, "BROKER_ID": str(i),
                 "ETCD_ENDPOINTS": self.url("n5", 2379), "DATA_DIR": str(data),
                 "SCHEDULER_URL": self.url("n5", 10931)}, faked_clock=True))

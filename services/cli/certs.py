@@ -14,7 +14,8 @@ the same CA, so clients holding ca.pem keep working). ECDSA P-256 keys, SHA-256 
 For development and closed deployments; a public deployment should bring certificates from its
 own CA (``TIDEMQ_<SERVICE>_TLS_CERT`` / ``_TLS_KEY``, docs/operations.md).
 
-``python -m tidemq_server.cli.certs --dir DIR [--name NAME ...]`` makes them (the compose init step).
+``python -m tidemq_server.cli.certs --dir DIR [--name NAME ...]`` makes them (the compose init
+step).
 """
 
 from __future__ import annotations

@@ -221,7 +221,8 @@ def module_available(module: str) -> bool:
 
 TOKEN_FILE = "token"  # under the data dir: the cluster token kept across runs (mode 0600)
 LOCK_FILE = "up.lock"  # under the data dir: locked (flock) by the running `tidemq up`, its pid
-TLS_DIR = "tls"  # under the data dir: `tidemq up --tls`'s CA and certificate (tidemq_server.cli.certs)
+# under the data dir: `tidemq up --tls`'s CA and certificate (tidemq_server.cli.certs)
+TLS_DIR = "tls"
 
 
 def resolve_token(env: Mapping[str, str], stored: str | None = None) -> str:
@@ -300,7 +301,8 @@ def plan_services(opts: UpOptions, *, redis_url: str, token: str,
         if available(f"tidemq_server.{kind}"):
             kinds.append(kind)
         elif kind in REQUIRED_SERVICES:
-            raise LookupError(f"tidemq_server.{kind} cannot be run (no services/{kind}/__main__.py)")
+            raise LookupError(f"tidemq_server.{kind} cannot be run "
+                              f"(no services/{kind}/__main__.py)")
     nameservers = ",".join(opts.nameserver_urls())
 
     def spec(kind: str, index: int, port: int, specific: dict[str, str],

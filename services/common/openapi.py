@@ -10,7 +10,8 @@ Routes declare their answer as ``response_model`` (documentation only: they retu
   FastAPI's 422 ``HTTPValidationError`` is removed (validation errors answer 400);
 - every JSON answer is also offered as ``application/msgpack`` (same fields; bytes stay raw);
 - endpoints that need the cluster token (every ``/internal/`` one) declare it through the
-  ``ClusterToken`` security scheme (``X-Tidemq-Token``, see ``tidemq_server.common.app.token_guard``).
+  ``ClusterToken`` security scheme (``X-Tidemq-Token``, see
+  ``tidemq_server.common.app.token_guard``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""tidemq_server.common.discovery: reading /v1/cluster, asking nameservers in turn, following a group
-that moves; and BrokerClient following its resolver. Unit tests over httpx's MockTransport
+"""tidemq_server.common.discovery: reading /v1/cluster, asking nameservers in turn, following a
+group that moves; and BrokerClient following its resolver. Unit tests over httpx's MockTransport
 (a fake clock drives the refresh intervals)."""
 
 from __future__ import annotations

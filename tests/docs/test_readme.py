@@ -1,7 +1,7 @@
 """Every code block of README.md runs as printed against a real system.
 
-The system is what ``tidemq up`` starts (``tidemq_server.cli.plan.plan_services``: nameserver, broker,
-checker, scheduler; the Spark sidecar is left out) on free ports, with the session's
+The system is what ``tidemq up`` starts (``tidemq_server.cli.plan.plan_services``: nameserver,
+broker, checker, scheduler; the Spark sidecar is left out) on free ports, with the session's
 redis-server. Before running a block, the default addresses it names (``127.0.0.1:10911``, ...)
 are replaced by the ports actually used — nothing else in the block changes. Blocks run in README
 order, each in the same working directory:

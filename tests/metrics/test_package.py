@@ -27,7 +27,8 @@ def test_zip_is_closed_under_first_party_imports(tmp_path: Path) -> None:
         sources = {name: zf.read(name).decode() for name in files if name.endswith(".py")}
     modules = {n.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
                for n in sources}
-    assert {"tidemq_server.metrics.job", "tidemq_server.metrics.source", "tidemq.protocol"} <= modules
+    assert {"tidemq_server.metrics.job", "tidemq_server.metrics.source",
+            "tidemq.protocol"} <= modules
     assert "tidemq_server.metrics.sidecar" not in modules  # the web side stays out
     for name, source in sources.items():
         for imported in first_party_imports(source):

@@ -1,6 +1,6 @@
-"""The sidecar as a real process (``python -m tidemq_server.metrics``, Spark in local mode) on a quiet
-system: a real broker whose transaction event topic gets one transaction, then nothing. The job
-keeps polling the broker every trigger, so its liveness age stays small while the age of the
+"""The sidecar as a real process (``python -m tidemq_server.metrics``, Spark in local mode) on a
+quiet system: a real broker whose transaction event topic gets one transaction, then nothing. The
+job keeps polling the broker every trigger, so its liveness age stays small while the age of the
 newest event grows.
 
 The polls come one every ``HTTP_SERVER_KEEP_ALIVE_S``: a client that reuses a connection idle

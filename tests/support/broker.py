@@ -94,7 +94,8 @@ class BrokerHandle:
 
 @contextmanager
 def run_broker(workdir: Path, redis_url: str, **settings: Any) -> Iterator[BrokerHandle]:
-    """Start ``python -m tidemq_server.broker``; ``settings`` become ``TIDEMQ_BROKER_*`` variables."""
+    """Start ``python -m tidemq_server.broker``; ``settings`` become ``TIDEMQ_BROKER_*``
+    variables."""
     port = free_port()
     data_dir = workdir / f"broker-{port}"
     env = {

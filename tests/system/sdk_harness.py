@@ -1,10 +1,11 @@
 """End-to-end harness for the SDK tests: a real nameserver and broker, plus helpers.
 
-``run_cluster`` starts ``python -m tidemq_server.nameserver`` and ``python -m tidemq_server.broker`` (the
-broker registered with that nameserver) on free ports; SDK clients find the broker through the
-nameserver's routes, as applications do. ``ConsumerProcess`` runs a ``PushConsumer`` in a child
-process (this module's ``__main__``) so that a test can SIGKILL it: its heartbeats stop and the
-broker's member expiry drops it, which no in-process cancellation can imitate faithfully.
+``run_cluster`` starts ``python -m tidemq_server.nameserver`` and
+``python -m tidemq_server.broker`` (the broker registered with that nameserver) on free ports; SDK
+clients find the broker through the nameserver's routes, as applications do. ``ConsumerProcess``
+runs a ``PushConsumer`` in a child process (this module's ``__main__``) so that a test can
+SIGKILL it: its heartbeats stop and the broker's member expiry drops it, which no in-process
+cancellation can imitate faithfully.
 
 Processing events carry ``time.monotonic()``; on Linux that clock is system-wide, so the events
 of a child process and of the test process can be compared.

@@ -252,7 +252,8 @@ def _cli(cluster: AclCluster, user: str | None, *args: str) -> subprocess.Comple
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
     if user:
         env["TIDEMQ_ACCESS_KEY"], env["TIDEMQ_SECRET_KEY"], _ = USERS[user]
-    return subprocess.run([sys.executable, "-m", "tidemq_server.cli", "--broker", cluster.broker_url,
+    return subprocess.run([sys.executable, "-m", "tidemq_server.cli",
+                           "--broker", cluster.broker_url,
                            "--nameserver", cluster.nameserver_url, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
 

@@ -39,8 +39,8 @@ test that advances the clock, or asserts that a delay is not cut short, should u
 ``TidemqSystem`` of its own (a function-scoped fixture).
 
 The fixture needs the services installed, not only the SDK: the server extra
-(``pip install 'tidemq[server]'``) and Debian's ``redis-server``. ``TidemqSystem`` can also be used on its own, e.g. in a fixture
-of another scope or with other settings.
+(``pip install 'tidemq[server]'``) and Debian's ``redis-server``. ``TidemqSystem`` can also be
+used on its own, e.g. in a fixture of another scope or with other settings.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What the broker does for delayed messages beyond routing them (tidemq_server.broker.delays.routing).
+"""What the broker does for delayed messages beyond routing them
+(tidemq_server.broker.delays.routing).
 
 For the scheduler (``/internal/v1/schedule/*``, token required):
 

@@ -2,8 +2,9 @@
 
 Hot path: no pydantic, no Redis, one ``Appender.append`` per request (store/appender.py: the
 store's writer, or the replication gate around it), metrics counted per batch.
-Delayed delivery goes through one seam, ``DelayRouter`` (``tidemq_server.broker.delays.routing``): it
-validates a message's delay and stores a delayed message as its waiting copy.
+Delayed delivery goes through one seam, ``DelayRouter``
+(``tidemq_server.broker.delays.routing``): it validates a message's delay and stores a delayed
+message as its waiting copy.
 """
 
 from __future__ import annotations
