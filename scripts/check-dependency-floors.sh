@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
-BOUNDED=(redis uvicorn fastapi)  # the libraries whose internals the code reaches into
+# the libraries whose internals the code reaches into, and httpx (the SDK's floor, 0.27: with
+# 0.28 the floor FastAPI's Starlette TestClient cannot start)
+BOUNDED=(redis uvicorn fastapi httpx)
 TESTS=(tests/common/test_redis_url.py tests/common/test_redis_sentinel.py
        tests/common/test_httpserver.py tests/common/test_lean_route.py
        tests/packaging/test_import_name.py)
@@ -21,13 +23,14 @@ else
     venv=$tmp/venv
 fi
 [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-# name==floor for each bounded library, read from the server extra
+# name==floor for each bounded library, read from the requirements and the server extra
 "$PY" - "${BOUNDED[@]}" >"$venv/floors.txt" <<'PY'
 import re
 import sys
 import tomllib
 
-deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["server"]
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+deps = project["dependencies"] + project["optional-dependencies"]["server"]
 for dep in deps:
     name = re.split(r"[\s\[<>=!~;]", dep, maxsplit=1)[0]
     if name in sys.argv[1:]:
@@ -37,8 +40,9 @@ for dep in deps:
 PY
 echo "floors: $(paste -sd' ' "$venv/floors.txt")"
 start=$(date +%s)
+# the tests' own needs: pytest and its plugins, asyncpg (tests/conftest.py's PostgreSQL helper)
 "$venv/bin/pip" install -q --disable-pip-version-check -c "$venv/floors.txt" -e ".[server]" \
-    pytest pytest-asyncio pytest-timeout
+    pytest pytest-asyncio pytest-timeout asyncpg 2> >(grep -v "^WARNING: Location" >&2)
 "$venv/bin/pip" list --disable-pip-version-check 2>/dev/null | grep -iE "^($(IFS='|'; echo "${BOUNDED[*]}")) "
 echo "installed in $(( $(date +%s) - start ))s"
 "$venv/bin/python" -m pytest -p no:cacheprovider -q "${TESTS[@]}" "$@"
