@@ -63,7 +63,7 @@ bench-quick: $(STAMP) system-deps
 	$(BIN)/python -m bench.run_all --quick $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check sdk services tests bench examples
+	$(BIN)/ruff check sdk services tests bench examples scripts setup.py
 	MYPY=$(BIN)/mypy scripts/mypy.sh
 
 clean:
