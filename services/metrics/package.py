@@ -21,7 +21,7 @@ SERVICES = Path(__file__).resolve().parents[1]  # the folder services/ (or an in
 SERVER = "tidemq_server"  # its import name, the folder's name in the zip
 SDK = Path(tidemq.__file__).resolve().parent  # .../tidemq
 SKIP_MODULES = {"__main__.py", "sidecar.py", "settings.py", "package.py"}  # the web sidecar
-COMMON = ("__init__.py", "constants.py", "files.py", "broker_client.py",
+COMMON = ("__init__.py", "constants.py", "files.py", "broker_client.py", "logs.py",
           "discovery.py", "tls.py",  # of services/common; the clients sign with auth.client
           "auth/__init__.py", "auth/client.py", "auth/gate.py", "auth/policy.py",
           "auth/store.py")
