@@ -20,7 +20,13 @@ c. far        F timers with 100-byte bodies spread over the next 30 days (full 1
               per timer as the least-squares slope of the scheduler's (median-sampled) RSS
               against the timers it holds after each part (the raw last-minus-first too).
 
-Targets (2 cores): lateness p99 <= 200 ms; burst <= 5 s; RAM <= 1 byte per far timer.
+f. first      first delays of a fresh topic, before anything else runs (the first round is
+              the first delay the fresh broker and scheduler ever see): on each of R new topics
+              (full 10, quick 5) a level-1 message and a 1 s timer, read back by pulls every
+              100 ms: lateness of the first round's and the worst round's of each kind.
+
+Targets (2 cores): lateness p99 <= 200 ms; burst <= 5 s; RAM <= 1 byte per far timer; a
+first delay of a fresh topic <= 1 s late (the design's precision goal) and never early.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ SENDERS = 4  # send requests in flight
 TARGET_P99_MS = 200.0
 TARGET_BURST_S = 5.0
 TARGET_RAM_PER_TIMER = 1.0
+TARGET_FIRST_MS = 1000.0  # a first delay of a fresh topic at most this late (the design's goal)
+FIRST_POLL_S = 0.1  # (f) the reader pulls this often
+LEVEL_1_MS = 1000  # (f) the default delay table's level 1, as long as the timer sent with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +76,13 @@ class Sizes:
     burst: int  # (b)
     burst_lead_s: float
     far: int  # (c)
+    fresh: int  # (f) new topics, each with a level-1 message and a 1 s timer
 
 
 FULL = Sizes(timers=1_000_000, spread_s=600.0, lead_s=60.0, burst=200_000, burst_lead_s=30.0,
-             far=10_000_000)
+             far=10_000_000, fresh=10)
 QUICK = Sizes(timers=100_000, spread_s=60.0, lead_s=10.0, burst=20_000, burst_lead_s=6.0,
-              far=1_000_000)
+              far=1_000_000, fresh=5)
 
 
 def now_ms() -> int:
@@ -283,6 +293,38 @@ async def phase_burst(c: Cluster, http: httpx.AsyncClient, sizes: Sizes) -> dict
             "first_s": (min(stored) - second) / 1000 if stored else None}
 
 
+async def phase_first(c: Cluster, http: httpx.AsyncClient, sizes: Sizes) -> dict[str, Any]:
+    """(f): lateness of a level-1 message and a 1 s timer sent together to a new topic."""
+    late: dict[str, list[int | None]] = {"level": [], "timer": []}  # per round (None: lost)
+    for k in range(sizes.fresh):
+        topic = await create_topic(http, c.url)
+        resp = await http.post(f"{c.url}/v1/topics/{topic}/messages", json={"messages": [
+            {"message_id": f"fl{k}", "body": "level 1", "delay_level": 1},
+            {"message_id": f"ft{k}", "body": "1 s", "delay_ms": LEVEL_1_MS}]})
+        resp.raise_for_status()
+        due = {r["message_id"]: int(r["deliver_at_ms"]) for r in resp.json()["results"]}
+        stored: dict[str, int] = {}
+        deadline = time.monotonic() + LEVEL_1_MS / 1000 + 30
+        while len(stored) < len(due) and time.monotonic() < deadline:
+            await asyncio.sleep(FIRST_POLL_S)
+            for qid in range(QUEUES):
+                answer = (await http.get(f"{c.url}/v1/topics/{topic}/queues/{qid}/messages",
+                                         params={"offset": 0})).json()
+                stored.update((m["message_id"], m["store_timestamp_ms"])
+                              for m in answer["messages"])
+        for mid, kind in ((f"fl{k}", "level"), (f"ft{k}", "timer")):
+            late[kind].append(stored[mid] - due[mid] if mid in stored else None)
+    err.print(f"f: lateness (ms) of the first delays of {sizes.fresh} fresh topics: {late}")
+    out: dict[str, Any] = {"rounds": sizes.fresh}
+    for kind, values in late.items():
+        seen = [x for x in values if x is not None]
+        out[f"{kind}_first"] = values[0]
+        out[f"{kind}_max"] = max(seen) if len(seen) == len(values) else None
+    out["delivered"] = sum(x is not None for v in late.values() for x in v)
+    out["early"] = sum(x is not None and x < 0 for v in late.values() for x in v)
+    return out
+
+
 async def steady_rss(c: Cluster, samples: int = 10, every_s: float = 0.2) -> float:
     """The scheduler's resident memory: the median of a few samples (the allocator makes it
     wander by a few MiB either way from one moment to the next)."""
@@ -361,6 +403,8 @@ async def run_all(tmp: Path, sizes: Sizes, only: set[str]) -> dict[str, Any]:
     res: dict[str, Any] = {}
     try:
         async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as h:
+            if "f" in only:  # first: nothing was delayed on this broker or scheduler yet
+                res["f"] = await phase_first(c, h, sizes)
             if "a" in only:
                 res["a"] = await phase_lateness(c, h, sizes)
             if "b" in only:
@@ -374,7 +418,13 @@ async def run_all(tmp: Path, sizes: Sizes, only: set[str]) -> dict[str, Any]:
 
 def build_rows(res: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
-    a, b, f = res.get("a"), res.get("b"), res.get("c")
+    a, b, f, first = res.get("a"), res.get("b"), res.get("c"), res.get("f")
+    if first:
+        rows += [first_row(first, kind, what) for kind in ("level", "timer")
+                 for what in ("first", "max")]
+        rows.append(Row("f. delivered / early", first["delivered"], "messages",
+                        target=f"all {2 * first['rounds']}, 0 early ({first['early']})",
+                        met=first["delivered"] == 2 * first["rounds"] and not first["early"]))
     if a:
         rows += [
             Row(f"a. lateness p50 ({a['timers']:,} timers)", a["p50_ms"], "ms"),
@@ -410,13 +460,23 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def first_row(first: dict[str, Any], kind: str, what: str) -> Row:
+    """(f) one figure: the first round's or the worst round's lateness of ``kind``."""
+    value = first[f"{kind}_{what}"]
+    name = "level 1" if kind == "level" else "1 s timer"
+    label = (f"f. first {name} of a fresh system" if what == "first"
+             else f"f. {name} on a fresh topic (worst of {first['rounds']})")
+    return Row(label, value, "ms", target=f"0 - {TARGET_FIRST_MS:.0f} ms",
+               met=value is not None and 0 <= value <= TARGET_FIRST_MS)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.delays", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the smaller sizes (about 2 minutes)")
     ap.add_argument("--json", action="store_true",
                     help="print one JSON object with every figure as the last line of stdout")
-    ap.add_argument("--only", default="abc", help="phases to run, e.g. 'b' or 'ac'")
+    ap.add_argument("--only", default="fabc", help="phases to run, e.g. 'b' or 'fa'")
     ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: /tmp)")
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else FULL
@@ -434,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                         "store time of the delivered copy - deliver_at_ms")
     if args.json:
         a, b, f = res.get("a") or {}, res.get("b") or {}, res.get("c") or {}
+        first = res.get("f") or {}
         print_json({
             "bench": "delays", "quick": args.quick, "event_loop": loop,
             "lateness_p50_ms": a.get("p50_ms"), "lateness_p99_ms": a.get("p99_ms"),
@@ -443,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
             "burst_early": b.get("early"),
             "ram_bytes_per_far_timer": f.get("ram_per_timer"),
             "disk_bytes_per_far_timer": f.get("disk_per_timer"), "far_timers": f.get("far"),
+            "first_level_1_late_ms": first.get("level_first"),
+            "first_timer_1s_late_ms": first.get("timer_first"),
+            "fresh_topic_level_1_late_max_ms": first.get("level_max"),
+            "fresh_topic_timer_1s_late_max_ms": first.get("timer_max"),
             "seconds": round(total, 1),
         })
     return 0

@@ -88,8 +88,11 @@ class LevelWalker:
         more = False
         for key, level in answer["levels"].items():
             qid = int(key)
-            self.max_offsets[qid] = int(level["max_offset"])
+            hi = int(level["max_offset"])
+            self.max_offsets[qid] = hi
             self.next_due[qid] = level.get("next_due_ms")
+            if self.offsets.get(qid, 0) > hi:
+                await self._reset(qid, hi)
             start = max(self.offsets.get(qid, 0), int(level["min_offset"]))
             end = int(level["next_offset"])
             if end > start:
@@ -101,6 +104,23 @@ class LevelWalker:
         soonest = min(dues, default=None)
         wait = self.poll_ms if soonest is None else min(self.poll_ms, soonest - self.clock.now_ms())
         return max(0, wait)
+
+    async def _reset(self, qid: int, end: int) -> None:
+        """The level's queue ends below the saved progress: the broker's store is new (its data
+        directory was replaced while Redis kept the last run's offsets) or was cut back. Its
+        next record gets the queue offset ``end``; the walk starts there (not from the old
+        offset, which the queue may take minutes to reach again: every message before that
+        would wait), and cancels and intents past it belong to records that are gone."""
+        log.warning("levels: level %d's queue ends at offset %d, below the saved progress %d "
+                    "(a new or cut-back broker store): walking it from %d", qid + 1, end,
+                    self.offsets.get(qid, 0), end)
+        stale = [k for k in self.cancelled if k[0] == qid and k[1] >= end]
+        for k in stale:
+            del self.cancelled[k]
+        await self.progress.drop_cancels(stale)
+        await self.progress.end_level(qid, end)
+        self.offsets[qid] = end
+        self.intents.pop(qid, None)
 
     async def _deliver(self, qid: int, start: int, end: int,
                        records: list[dict[str, Any]]) -> None:

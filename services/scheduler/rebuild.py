@@ -60,6 +60,10 @@ async def prepare(store: TimerStore, broker: BrokerClient, metrics: SchedulerMet
     start = floor if floor is not None else 0
     bounds = await broker.intake(start, 1, 0)
     end = int(bounds["max_offset"])
+    if start > end:  # a new broker store under the last run's Redis: its floor means nothing
+        log.warning("the saved rebuild floor %d is past the end of the broker's intake topic "
+                    "(%d): a new broker store; taking intake in from %d", start, end, end)
+        start = end
     store.ingested_next = start
     if end <= start:  # nothing to re-read (a first start, or every timer done)
         store.fresh = False

@@ -10,6 +10,7 @@ the rebuild floor and rolls long timers (services/scheduler/rolls.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from typing import Any
@@ -35,7 +36,12 @@ from tidemq_server.scheduler.timers import TimerConfig, TimerStore
 
 log = logging.getLogger(__name__)
 
-CONNECT_RETRY_S = 1.0
+# waiting for the broker and Redis at start (s): the first retry soon, then doubling up to the
+# longest wait. Short: a scheduler started beside its broker must find it as soon as it answers
+# (a delay sent meanwhile waits for that), and a failed try costs one refused connection (the
+# nameservers are asked at most every DISCOVERY_RETRY_S)
+CONNECT_RETRY_FIRST_S = 0.05
+CONNECT_RETRY_S = 0.25
 
 
 class Scheduler:
@@ -81,7 +87,9 @@ class Scheduler:
     async def _connect(self) -> None:
         s = self.settings
         warned = False
+        retry_s = CONNECT_RETRY_FIRST_S
         while True:
+            progress: Progress | None = None
             try:
                 info = await self.broker.schedule_info()
                 self.broker_name = str(info["broker_name"])
@@ -91,17 +99,25 @@ class Scheduler:
                     raise ValueError(f"the broker at {self.broker.base_url} is "
                                      f"{self.broker_name!r}, not {s.broker_name!r}")
                 self.levels_ms = [int(x) for x in info["delay_levels_ms"]]
-                self.progress = Progress(s.redis_url, s.cluster, self.broker_name)
-                intake_offset, _, _ = await self.progress.load()
-                saved_floor = await self.progress.rebuild_floor()
+                progress = Progress(s.redis_url, s.cluster, self.broker_name)
+                intake_offset, _, _ = await progress.load()
+                saved_floor = await progress.rebuild_floor()
                 rebuild_from = await prepare(self.store, self.broker, self.metrics, saved_floor)
+                self.progress = progress
                 break
-            except Exception as exc:
+            except BaseException as exc:
+                if progress is not None:  # a new client per try: this one's pool goes
+                    with contextlib.suppress(Exception):
+                        await progress.close()
+                if not isinstance(exc, Exception):  # cancelled: the scheduler stops
+                    raise
                 if not warned:
-                    log.warning("waiting for the broker (%s) and Redis (%s); retrying every "
-                                "%.0fs", self.broker.describe(), exc, CONNECT_RETRY_S)
+                    log.warning("waiting for the broker (%s) and Redis (%s); retrying (at "
+                                "least every %gs)", self.broker.describe(), exc,
+                                CONNECT_RETRY_S)
                     warned = True
-                await asyncio.sleep(CONNECT_RETRY_S)
+                await asyncio.sleep(retry_s)
+                retry_s = min(retry_s * 2, CONNECT_RETRY_S)
         self.levels = LevelWalker(self.broker, self.progress, self.clock, self.metrics,
                                   self.levels_ms, s.level_poll_ms)
         await self.levels.start()

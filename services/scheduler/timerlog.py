@@ -80,6 +80,7 @@ class TimerLog:
         self.starts: list[int] = []  # segment starts, ascending
         self._fds = FdPool(self._path)  # segment start → fd (every segment stays open)
         self.write_offset = 0
+        self._dir_unsynced = False  # a segment was created since the last sync
 
     def _path(self, start: int) -> Path:
         return self.dir / f"{start:020d}"
@@ -163,8 +164,13 @@ class TimerLog:
             touched.append(self._write(chunk))
         return positions, touched
 
-    @staticmethod
-    def sync(fds: list[int]) -> None:
+    def sync(self, fds: list[int]) -> None:
+        """Make appended entries durable (blocking: callers run it in a thread), and a segment
+        created since the last sync with them. Calls do not overlap: the store appends one batch
+        at a time and syncs it before the next."""
+        if self._dir_unsynced:
+            self._dir_unsynced = False
+            fsync_dir(self.dir)
         for fd in set(fds):
             os.fdatasync(fd)
 
@@ -177,10 +183,13 @@ class TimerLog:
         return used > 0 and used + size > self.segment_bytes
 
     def _roll(self) -> None:
+        """A new segment. The directory is fsynced by the ``sync`` of the batch that made it
+        (off the event loop: a directory fsync waits for the file system's journal, seconds
+        on a busy disk, and the first timer of a fresh store always creates a segment)."""
         start = self.write_offset
         self._fds.open(start, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         self.starts.append(start)
-        fsync_dir(self.dir)
+        self._dir_unsynced = True
 
     def _write(self, chunk: list[bytes]) -> int:
         fd = self._fds[self.starts[-1]]

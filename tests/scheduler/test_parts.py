@@ -36,6 +36,24 @@ def test_timer_log_round_trip_and_torn_tail(tmp_path: Path) -> None:
     assert again.write_offset == positions[-1] + len(entries[-1])
 
 
+def test_a_new_segment_is_made_durable_by_the_sync_not_the_append(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first timer of a fresh store creates a segment: the directory fsync that makes it
+    durable belongs to ``sync`` (run in a thread), not to ``append`` (on the event loop, where
+    a slow disk would hold up every delivery, the level walk too)."""
+    synced: list[Path] = []
+    monkeypatch.setattr("tidemq_server.scheduler.timerlog.fsync_dir", synced.append)
+    log = TimerLog(tmp_path, segment_bytes=1 << 20)
+    log.open()
+    _, fds = log.append([encode(NOW, NOW, 0, b"x" * 60)])
+    assert synced == [] and log.starts == [0]
+    log.sync(fds)
+    assert synced == [tmp_path]
+    _, fds = log.append([encode(NOW, NOW, 1, b"y" * 60)])  # same segment: no directory sync
+    log.sync(fds)
+    assert synced == [tmp_path]
+
+
 def test_marks_keep_the_first_final_state() -> None:
     data = b"".join(MARK.pack(p, m) for p, m in [(1, Mark.INTENT), (1, Mark.DELIVERED),
                                                   (2, Mark.INTENT), (3, Mark.CANCELLED),
