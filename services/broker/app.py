@@ -70,6 +70,9 @@ def create_broker_app(settings: BrokerSettings | None = None, *,
 
     app = create_app("tidemq broker", metrics.registry, lifespan, health=health,
                      gate=gate)
+    # the broker is its process (``python -m tidemq_server.broker``): it may stop it (POST
+    # /internal/v1/replication/restart, for a rolling restart)
+    app.state.own_process = release_on_signal
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(RawIdPaths)  # outermost: ids with "/" (routes/raw_ids.py)

@@ -180,8 +180,11 @@ class Broker:
                  s.broker_name, s.cluster, s.address, len(topics), s.data_dir, s.flush)
 
     def begin_shutdown(self) -> None:
-        """Release held pulls and receives at once (called on SIGTERM, before requests drain)."""
+        """Release held pulls and receives at once and hand the group's lead over (called on
+        SIGTERM, before requests drain: a successor is elected while this broker drains)."""
         if self.started:
+            if self.elector is not None:
+                self.elector.resign()
             self.pulls.close()
             self.transactions.close()
         else:

@@ -62,11 +62,12 @@ class BrokerSettings(ServiceSettings):
     # --- failover: etcd decides which member leads (services/broker/replication/election.py) --
     # comma-separated etcd client URLs ("" = no automatic failover: roles stay as configured)
     etcd_endpoints: str = ""
-    # the primary's etcd lease TTL (s, whole seconds): a dead primary is replaced after about this
-    lease_s: float = Field(default=6.0, ge=1)
+    # the primary's etcd lease TTL (s, whole seconds; etcd's own floor is 2 with its default
+    # election timeout): a dead primary is replaced after about this; why 2: docs/operations.md
+    lease_s: float = Field(default=2.0, ge=1)
     # the primary stops acknowledging writes this long before its lease could lapse in etcd (s)
-    lease_margin_s: float = Field(default=1.0, ge=0)
-    election_interval_s: float = Field(default=1.0, gt=0)  # lease renewal / election step (s)
+    lease_margin_s: float = Field(default=0.5, ge=0)
+    election_interval_s: float = Field(default=0.5, gt=0)  # lease renewal / election step (s)
 
     # --- store (see services/broker/store/config.py) -----------------------------------------
     data_dir: Path = Path("tidemq-data/broker")  # store files and topics.json live here

@@ -13,7 +13,7 @@ import typer
 from tidemq._constants import TLS_CA_ENV
 from tidemq.protocol.signing import ACCESS_KEY_ENV, SECRET_KEY_ENV
 
-from tidemq_server.cli import admin, delays, dlq, groups, messages, tx, up
+from tidemq_server.cli import admin, brokers, delays, dlq, groups, messages, tx, up
 from tidemq_server.cli.config import (
     BROKER_URL_ENV,
     CONFIG_ENV,
@@ -120,6 +120,7 @@ app.add_typer(admin.topic_app, name="topic")
 app.add_typer(delays.delay_app, name="delay")
 app.add_typer(tx.tx_app, name="tx")
 app.add_typer(groups.group_app, name="group")
+app.add_typer(brokers.broker_app, name="broker")
 app.add_typer(dlq.dlq_app, name="dlq")
 app.command("send")(messages.send)
 app.command("consume")(messages.consume)

@@ -47,14 +47,16 @@ class BrokerError(Exception):
 
 
 class BrokerDown(BrokerError):
-    """The broker cannot take the request now; retry later."""
+    """The broker cannot take the request now; retry later. ``code``: the 503's error code
+    ("" when no answer came back)."""
 
-    def __init__(self, message: str, maybe_done: bool = True) -> None:
+    def __init__(self, message: str, maybe_done: bool = True, code: str = "") -> None:
         super().__init__(message)
         self.maybe_done = maybe_done
+        self.code = code
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across Spark's processes
-        return type(self), (str(self), self.maybe_done)
+        return type(self), (str(self), self.maybe_done, self.code)
 
 
 class BrokerRefused(BrokerError):
@@ -101,13 +103,17 @@ def _answer(what: str, resp: httpx.Response) -> Any:
         code = str(data.get("code", "")) if isinstance(data, dict) else ""
         message = str(data.get("message", "")) if isinstance(data, dict) else ""
         if status == 503:
-            raise BrokerDown(f"{what}: {code}: {message}", maybe_done=code in AFTER_WRITE)
+            raise BrokerDown(f"{what}: {code}: {message}", maybe_done=code in AFTER_WRITE,
+                             code=code)
         raise BrokerRefused(status, code, message)
     return data
 
 
 #: 503 codes a write may answer after its records were written (retry strict, or dedup)
 AFTER_WRITE = frozenset({"NOT_ENOUGH_REPLICAS", "NOT_PRIMARY"})
+#: 503 codes saying the group's primary is elsewhere now: a client following its group asks the
+#: nameservers again before the next request (a failover, a planned restart)
+MOVED = frozenset({"NOT_PRIMARY"})
 
 
 def bodies_path(topic: str, queue_id: int) -> str:
@@ -139,7 +145,8 @@ class BrokerClient:
 
     With a ``resolver`` the client follows its broker group: every request asks the resolver
     for the group's current address (cached there) and re-points the client when it moved; a
-    request that cannot reach the broker makes the resolver ask the nameservers again.
+    request that cannot reach the broker, or that it refuses as no longer primary
+    (``NOT_PRIMARY``), makes the resolver ask the nameservers again.
     """
 
     def __init__(self, base_url: str, token: str, timeout_s: float = DEFAULT_TIMEOUT_S, *,
@@ -191,7 +198,12 @@ class BrokerClient:
             if self.resolver is not None and isinstance(exc, httpx.TransportError):
                 self.resolver.invalidate()
             raise BrokerDown(f"{what}: {type(exc).__name__}: {exc}") from exc
-        return _answer(what, resp)
+        try:
+            return _answer(what, resp)
+        except BrokerDown as exc:
+            if self.resolver is not None and exc.code in MOVED:
+                self.resolver.invalidate()
+            raise
 
     async def retention_floor(self, owner: str, physical_offset: int) -> None:
         """Keep the broker's commit log from ``physical_offset`` on for ``owner``."""

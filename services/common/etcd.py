@@ -59,6 +59,16 @@ def prefix_end(prefix: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change seen by a watch: ``kind`` "PUT" or "DELETE" (a lease lapsing or revoked
+    deletes its keys), at store ``revision``."""
+
+    kind: str
+    key: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
 class KeyValue:
     key: str
     value: bytes
@@ -190,9 +200,9 @@ class EtcdClient:
 
     # --- watch --------------------------------------------------------------------------------
 
-    async def watch_prefix(self, prefix: str) -> AsyncIterator[int]:
-        """Yield the number of events of each change under ``prefix`` until the stream ends
-        (then the caller reads the keys again and watches anew)."""
+    async def watch_prefix(self, prefix: str) -> AsyncIterator[list[WatchEvent]]:
+        """Yield the events of each change under ``prefix`` until the stream ends (then the
+        caller reads the keys again and watches anew)."""
         body = {"create_request": {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}}
         base = self.endpoints[self._good]
         timeout = httpx.Timeout(ETCD_TIMEOUT_S, read=None)
@@ -203,8 +213,12 @@ class EtcdClient:
                     if not line.strip():
                         continue
                     result = json.loads(line).get("result", {})
-                    events = result.get("events") or []
+                    header = int(result.get("header", {}).get("revision", 0))
+                    events = [WatchEvent(str(ev.get("type", "PUT")),
+                                         _unb64(ev.get("kv", {}).get("key")).decode(),
+                                         int(ev.get("kv", {}).get("mod_revision", 0)) or header)
+                              for ev in result.get("events") or []]
                     if events:
-                        yield len(events)
+                        yield events
         except (httpx.HTTPError, ValueError) as exc:
             raise EtcdError(f"etcd watch on {base} ended: {type(exc).__name__}: {exc}") from exc

@@ -35,8 +35,10 @@ from tidemq_server.scheduler.wheel import Due
 
 log = logging.getLogger(__name__)
 
-RETRY_MIN_S = 0.05
-RETRY_MAX_S = 2.0
+RETRY_MIN_S = 0.05  # first pause after a failed delivery (s), doubling
+# the longest pause between delivery attempts (s): a timer due while its group has no primary
+# goes out within about this after the new primary is routable (issue 32: within 1 s)
+RETRY_MAX_S = 0.5
 IDLE_S = 1.0  # the loop looks at the wheel (and buckets to load) at least this often
 
 

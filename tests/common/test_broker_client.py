@@ -45,6 +45,8 @@ def test_deliver_body_is_the_msgpack_of_its_parts(n: int) -> None:
 def test_errors_survive_pickling() -> None:
     down = pickle.loads(pickle.dumps(BrokerDown("gone", maybe_done=False)))
     assert str(down) == "gone" and down.maybe_done is False
+    moved = pickle.loads(pickle.dumps(BrokerDown("moved", code="NOT_PRIMARY")))
+    assert moved.code == "NOT_PRIMARY" and moved.maybe_done is True
     refused = pickle.loads(pickle.dumps(BrokerRefused(400, "BAD_REQUEST", "no")))
     assert (refused.status, refused.code, refused.message) == (400, "BAD_REQUEST", "no")
 

@@ -39,6 +39,7 @@ class Fake:
     def __init__(self) -> None:
         self.cluster: dict[str, list[dict[str, Any]] | None] = {NS1: [], NS2: []}
         self.brokers: dict[str, str] = {}
+        self.replicas: set[str] = set()  # broker addresses answering 503 NOT_PRIMARY
         self.asked: Counter[str] = Counter()
         self.now = 0.0
 
@@ -56,6 +57,8 @@ class Fake:
         name = self.brokers.get(origin)
         if name is None:
             raise httpx.ConnectError("refused", request=request)
+        if origin in self.replicas:
+            return httpx.Response(503, json={"code": "NOT_PRIMARY", "message": "a replica"})
         return httpx.Response(200, content=msgpack.packb({"broker_name": name, "at": origin}),
                               headers={"content-type": "application/msgpack"})
 
@@ -255,6 +258,28 @@ async def test_broker_client_follows_its_group() -> None:
         assert err.value.maybe_done is False  # nothing was sent
     finally:
         await lost.close()
+
+
+async def test_broker_client_follows_its_group_when_the_old_primary_answers_not_primary(
+        ) -> None:
+    """A failover leaves the old primary up as a replica (a planned restart, a deposed or
+    fenced primary): its NOT_PRIMARY makes the client ask the nameservers again before the next
+    call, not after ``refresh_s`` (issue 32: timers through a failover)."""
+    fake = Fake()
+    fake.cluster[NS1] = [entry("broker-a", "http://a:1")]
+    fake.brokers.update({"http://a:1": "broker-a", "http://a:2": "broker-a"})
+    client = BrokerClient("", "token", resolver=fake.resolver(), transport=fake.transport())
+    try:
+        assert (await client.call("GET", "/x"))["at"] == "http://a:1"
+        fake.replicas.add("http://a:1")
+        fake.cluster[NS1] = [entry("broker-a", "http://a:2")]
+        with pytest.raises(BrokerDown, match="NOT_PRIMARY") as err:
+            await client.call("GET", "/x")
+        assert err.value.code == "NOT_PRIMARY" and err.value.maybe_done
+        fake.now = 1.0  # past retry_s, far before refresh_s
+        assert (await client.call("GET", "/x"))["at"] == "http://a:2"
+    finally:
+        await client.close()
 
 
 async def test_a_view_that_waits_for_fresh_answers_never_serves_an_old_one() -> None:

@@ -182,6 +182,12 @@ def test_real_answers_match_the_documents(all_services: Cluster) -> None:
     broker.call("GET", "/internal/v1/replication/metadata")
     broker.call("GET", "/internal/v1/replication/status")
     broker.call("POST", "/internal/v1/replication/role", json={"role": "primary", "epoch": 0})
+    # a restart naming another process stops nothing: its refusal is the answer checked here
+    # (a real restart: tests/broker/replication/test_failover_windows.py)
+    refused = broker.http.post("/internal/v1/replication/restart", json={"pid": 1})
+    assert refused.status_code == 400, refused.text
+    broker.schema["/internal/v1/replication/restart"]["POST"].validate_response(refused)
+    broker.checked.add("POST /internal/v1/replication/restart")
     broker.call("DELETE", "/v1/topics/{topic}", f"/v1/topics/{topic}", both=False)
     for ops in ("/healthz", "/metrics"):
         resp = broker.http.get(ops)

@@ -14,11 +14,15 @@ changes, through a watch) it renews its lease, publishes its ``last_offset()`` a
 ``primary``:
 
 - the primary is another broker: follow it (``role.demote(address, epoch)``) if not already;
-- there is none: publish the offset again, wait ``settle_s`` so every live member has published
-  its final offset too, and campaign only if no live member has a larger one (ties: the lower
-  ``broker_id``). The campaign is one transaction: ``primary`` absent and ``epoch`` unchanged
-  since read → write both (the new epoch is one past the larger of the stored one and ours).
-  The winner promotes itself (``role.promote(epoch)``) and re-registers with the nameservers.
+- there is none: publish the offset again, wait until every live member has published its
+  offset since the primary key vanished (the watch saw the deletion at a revision; a member
+  publishes at once when it sees it too), at most ``settle_s``, and campaign only if no live
+  member has a larger one (ties: the lower ``broker_id``). Offsets published after the
+  vanishing are final for what was acknowledged: the old primary acknowledged nothing past
+  its fence, which shut before its lease could go. The campaign is one transaction:
+  ``primary`` absent and ``epoch`` unchanged since read → write both (the new epoch is one
+  past the larger of the stored one and ours). The winner promotes itself
+  (``role.promote(epoch)``) and re-registers with the nameservers at once.
 
 Fencing: the ``LeaseFence`` the composition root hands both to the elector and to the broker's
 role (its ``fence``) is open only while this broker leads and its lease is surely alive in etcd:
@@ -26,7 +30,9 @@ until the time the last successful renewal was *sent* + the lease TTL - ``margin
 monotonic clock; only the elector moves it. etcd cannot expire the lease (and elect a successor)
 before that, so a primary paused past its lease (SIGSTOP) finds its fence shut when it resumes,
 before it can acknowledge anything; its next renewal finds the lease gone, and it follows the
-new primary. A clean stop revokes the lease, so the successor is elected at once.
+new primary. A clean stop (``resign``, which the broker calls on SIGTERM before it drains its
+requests) shuts the fence and revokes the lease, so the successor is elected at once: the
+deletion wakes every member through the watch, not at its next step.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from tidemq_server.common.etcd import (
     EtcdError,
     KeyValue,
     LeaseLost,
+    WatchEvent,
     absent,
     mod_revision_is,
     put,
@@ -55,6 +62,7 @@ from tidemq_server.common.loop import BackgroundLoop, cancel_tasks
 log = logging.getLogger(__name__)
 
 KEY_ROOT = "/tidemq"  # every tidemq key in etcd starts with this
+SETTLE_POLL_S = 0.02  # a campaign re-reads the members this often while they settle (s)
 
 
 class RoleSeam(Protocol):
@@ -207,6 +215,10 @@ class Elector:
         self._watch: asyncio.Task[None] | None = None
         self._error = ""
         self._refused: Claim | None = None  # a primary claim older than our epoch (logged once)
+        # etcd revision at which the watch saw the primary key deleted (0: none seen since a
+        # primary was last read): members that published after it have settled
+        self.vanished = 0
+        self._resigning: asyncio.Task[None] | None = None
 
     # --- the fence ----------------------------------------------------------------------------
 
@@ -227,16 +239,29 @@ class Elector:
     def start(self) -> None:
         log.info("election for %s/%d through etcd %s (lease %d s)", self.keys.broker_name,
                  self.broker_id, ", ".join(self.client.endpoints), self.lease_ttl)
+        self._resigning = None
         self._steps.start()
         self._watch = asyncio.create_task(self._watch_group(), name="election-watch")
 
+    def resign(self) -> asyncio.Task[None]:
+        """Stop campaigning now, in the background (a broker told to stop, before it drains
+        its requests); ``stop`` awaits the same task."""
+        if self._resigning is None:
+            was_leading = self.leading
+            self.write_fence.lose()  # before anything else: nothing is acknowledged from here
+            self._resigning = asyncio.create_task(self._stop(was_leading),
+                                                  name="election-resign")
+        return self._resigning
+
     async def stop(self) -> None:
         """Stop campaigning; a leader gives its lease back so a successor is elected at once."""
+        await self.resign()
+
+    async def _stop(self, was_leading: bool) -> None:
         await self._steps.stop()
         await cancel_tasks(self._watch)
         self._watch = None
-        was_leading = self.leading
-        self.write_fence.lose()
+        self.write_fence.lose()  # a step that was running may have led again meanwhile
         if self.lease:
             with contextlib.suppress(EtcdError):
                 await self.client.revoke(self.lease)
@@ -268,11 +293,17 @@ class Elector:
         """Wake the steps whenever a key of the group changes (the primary's lease lapsing)."""
         while True:
             try:
-                async for _ in self.client.watch_prefix(self.keys.prefix + "primary"):
+                async for events in self.client.watch_prefix(self.keys.primary):
+                    self._saw(events)
                     self._steps.wakeup()
             except EtcdError as exc:
                 log.debug("watch ended: %s", exc)
             await asyncio.sleep(self.interval_s)
+
+    def _saw(self, events: list[WatchEvent]) -> None:
+        gone = [e.revision for e in events if e.kind == "DELETE" and e.key == self.keys.primary]
+        if gone:
+            self.vanished = max(self.vanished, *gone)
 
     # --- one step -----------------------------------------------------------------------------
 
@@ -283,6 +314,8 @@ class Elector:
         kv = await self.client.get(self.keys.primary)
         claim = Claim.decode(kv) if kv is not None else None
         if kv is not None and claim is not None:
+            if kv.mod_revision > self.vanished:  # not a read from before the vanishing
+                self.vanished = 0  # a primary again: the next vanishing is a new one
             if kv.lease == self.lease and claim.broker_id == self.broker_id:
                 return  # we lead, lease renewed above
             if claim.broker_id == self.broker_id:
@@ -364,11 +397,23 @@ class Elector:
         found = [Claim.decode(kv) for kv in await self.client.get_prefix(self.keys.members)]
         return [c for c in found if c is not None]
 
+    async def _settled(self) -> list[Claim]:
+        """The members, once each has published since the primary vanished (every live member
+        wakes on that deletion and publishes at once), or ``settle_s`` after asking when that
+        vanishing was not seen or a member stays silent."""
+        deadline = self.clock() + self.settle_s
+        while True:
+            kvs = await self.client.get_prefix(self.keys.members)
+            settled = self.vanished > 0 and all(kv.mod_revision > self.vanished for kv in kvs)
+            if settled or self.clock() >= deadline:
+                found = [Claim.decode(kv) for kv in kvs]
+                return [c for c in found if c is not None]
+            await asyncio.sleep(min(SETTLE_POLL_S, max(0.0, deadline - self.clock())))
+
     async def _campaign(self) -> None:
         """No primary: let every member publish its final offset, then the best one runs."""
-        await asyncio.sleep(self.settle_s)
         await self._publish()
-        best = best_member(await self.members())
+        best = best_member(await self._settled())
         if best is None or best.broker_id != self.broker_id:
             if best is not None:
                 log.info("no primary in %s: member %d (offset %d) is the most caught up, "

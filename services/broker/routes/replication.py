@@ -6,11 +6,19 @@
 - ``GET log``: raw log bytes from an offset, for comparing copies (acknowledges nothing).
 - ``GET epochs``, ``GET metadata``, ``GET status``: the epoch history, the topic table, and
   this broker's replication state.
-- ``POST role``: the role seam (promote / demote) for an operator or a failover controller.
+- ``POST role``: the role seam (promote / demote) for an operator or a failover controller;
+- ``POST restart``: this broker stops cleanly, as on SIGTERM (a primary hands its lead over at
+  once), for its supervisor (`tidemq up`, compose's restart policy, systemd) to start it
+  again: one step of `tidemq broker restart` (services/cli/brokers.py). ``status`` carries the
+  process id, and the request names it (``{pid}``): a request repeated after the restart, or
+  one not meant for this very process, stops nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -40,6 +48,7 @@ LogOffset = Annotated[int, Query(alias="from", ge=0, le=INT64_MAX,
                                  description="physical offset to read from")]
 MaxBytes = Annotated[int, Query(ge=1, le=64 * 1024 * 1024, description="bytes at most "
                                 "(the first record is sent whole even when larger)")]
+RESTART_AFTER_S = 0.05  # the answer to POST restart goes out before the stop begins (s)
 REFUSAL_CODES = {"not_primary": ErrorCode.NOT_PRIMARY, "out_of_range":
                  ErrorCode.OFFSET_OUT_OF_RANGE, "diverged": ErrorCode.OFFSET_OUT_OF_RANGE}
 
@@ -93,7 +102,18 @@ class StatusAnswer(BaseModel):
     deposed: bool
     last_offset: int
     epochs: list[list[int]]
+    pid: int = Field(description="this broker's process id (a restart changes it)")
     model_config = {"extra": "allow"}
+
+
+class RestartBody(StrictBody):
+    pid: StrictInt = Field(ge=1, description="the process to stop: the `pid` of this broker's "
+                                             "status (another one is refused)")
+
+
+class RestartAnswer(BaseModel):
+    restarting: bool
+    pid: int = Field(description="the process that stops (its successor has another pid)")
 
 
 class RoleBody(StrictBody):
@@ -179,8 +199,24 @@ async def metadata(request: Request) -> Response:
 async def status(request: Request) -> Response:
     broker = broker_of(request)
     answer: dict[str, Any] = {"enabled": broker.settings.replicated,
-                              **broker.replication.status()}
+                              **broker.replication.status(), "pid": os.getpid()}
     return reply(request, answer)
+
+
+@router.post("/restart", summary="Stop this broker cleanly for its supervisor to start it again",
+             openapi_extra=body_doc(RestartBody), response_model=RestartAnswer,
+             status_code=202, responses=errors(ErrorCode.BAD_REQUEST))
+async def restart(request: Request) -> Response:
+    body = await read_model(request, RestartBody)
+    pid = os.getpid()
+    if body.pid != pid:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"this broker's process is {pid}, not "
+                            f"{body.pid} (restarted already?): nothing stops")
+    if not getattr(request.app.state, "own_process", False):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "this broker runs inside another program "
+                            "(not `python -m tidemq_server.broker`): it cannot stop its process")
+    asyncio.get_running_loop().call_later(RESTART_AFTER_S, os.kill, pid, signal.SIGTERM)
+    return reply(request, {"restarting": True, "pid": pid}, status=202)
 
 
 @router.post("/role", openapi_extra=body_doc(RoleBody),
@@ -204,6 +240,6 @@ async def change_role(request: Request) -> Response:
     except StaleEpochError as exc:
         raise ProtocolError(ErrorCode.BAD_REQUEST, str(exc)) from exc
     answer: dict[str, Any] = {"enabled": broker.settings.replicated,
-                              **broker.replication.status()}
+                              **broker.replication.status(), "pid": os.getpid()}
     return reply(request, answer)
 

@@ -255,3 +255,63 @@ async def test_a_slow_promotion_keeps_its_lease(client: EtcdClient) -> None:
     finally:
         await first.stop()
         await second.stop()
+
+
+# A step interval (and settle) no wait below outlasts (s): a successor elected within such a wait
+# campaigned on the watch event and did not wait out a fixed settle (issue 32).
+SLOW_STEP_S = 3 * TIMEOUT_S
+
+
+def _slow_stepper(client: EtcdClient, role: FakeRole, group: str, broker_id: int) -> Elector:
+    """An elector whose own steps come only every ``SLOW_STEP_S`` (its lease outlasts them):
+    whatever it does sooner, a watch event made it do."""
+    return Elector(client, role, cluster="test", broker_name=group, broker_id=broker_id,
+                   address=f"http://127.0.0.1:{20000 + broker_id}", lease_s=2 * SLOW_STEP_S,
+                   margin_s=MARGIN_S, interval_s=SLOW_STEP_S, fence=role.fence)
+
+
+async def test_a_clean_stop_elects_the_successor_on_the_watch_event(client: EtcdClient) -> None:
+    """The revoke wakes the successor at once, and its campaign waits only until the live
+    members have published since the primary vanished, not a fixed settle."""
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    roles = [FakeRole(offset=10), FakeRole(offset=10)]
+    leader = Elector(client, roles[0], cluster="test", broker_name=group, broker_id=0,
+                     address="http://127.0.0.1:20000", lease_s=LONG_LEASE_S, margin_s=MARGIN_S,
+                     interval_s=INTERVAL_S, settle_s=0.0, fence=roles[0].fence)
+    leader.start()
+    successor = _slow_stepper(client, roles[1], group, 1)
+    try:
+        await wait_until_async(lambda: bool(roles[0].promoted))
+        successor.start()
+        await wait_until_async(lambda: bool(roles[1].demoted))
+        stopped = leader.resign()
+        assert not roles[0].fence()  # at once, before the revoke is even sent
+        await stopped
+        await wait_until_async(lambda: bool(roles[1].promoted), timeout=SLOW_STEP_S / 2,
+                               what="the successor elected well before its next step")
+        assert roles[1].promoted[0][0] == 2 and roles[1].fence()
+    finally:
+        await leader.stop()
+        await successor.stop()
+
+
+async def test_a_lapsed_lease_elects_the_successor_on_the_watch_event(
+        client: EtcdClient) -> None:
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    roles = [FakeRole(offset=10), FakeRole(offset=10)]
+    leader = Elector(client, roles[0], cluster="test", broker_name=group, broker_id=0,
+                     address="http://127.0.0.1:20000", lease_s=LEASE_S, margin_s=MARGIN_S,
+                     interval_s=INTERVAL_S, settle_s=0.0, fence=roles[0].fence)
+    leader.start()
+    successor = _slow_stepper(client, roles[1], group, 1)
+    try:
+        await wait_until_async(lambda: bool(roles[0].promoted))
+        successor.start()
+        await wait_until_async(lambda: bool(roles[1].demoted))
+        await _crash(leader)  # no revoke: the lease lapses in etcd
+        await wait_until_async(lambda: bool(roles[1].promoted), timeout=SLOW_STEP_S / 2,
+                               what="the successor elected when the lease lapsed")
+        assert roles[1].promoted[0][0] == 2
+    finally:
+        await leader.stop()
+        await successor.stop()
