@@ -112,7 +112,7 @@ def test_cli_cancel_with_topic(cluster: DelayCluster) -> None:
     runner = CliRunner()
     base = ["--broker", cluster.broker.url, "delay", "cancel"]
     refused = runner.invoke(app, [*base, mid])
-    assert refused.exit_code == 1 and "AMBIGUOUS_MESSAGE_ID" in refused.output
+    assert refused.exit_code == 4 and "AMBIGUOUS_MESSAGE_ID" in refused.output
     done = runner.invoke(app, [*base, mid, "--topic", b, "--json"])
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout) == {"message_id": mid, "state": "cancelled"}
