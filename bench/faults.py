@@ -10,13 +10,22 @@ and left UNKNOWN) and two consumer
 groups read, the nemeses run one after another, each healed before the next: every nemesis once
 with ``--quick`` (13 faults), three rounds without. Then the checker reads the history
 (bench/_faults/checker.py) and prints the violations, the timers' lateness and each fault's
-unavailability window. The exit status is 1 when any violation was found.
+unavailability window, with the work it saw (operations per kind, retries, failovers: a run
+below the minimums of bench/_faults/run.py is a violation, ``too_little_work``) and the
+operations that ended unknown. The exit status is 1 when any violation was found, 2 when the
+suite could not run here (not root, tools missing) unless ``--allow-skip`` makes that 0.
+``--short`` runs the short schedule of tests/bench/faults (seven faults, one per family).
+``--canaries`` runs the short schedule once per deliberate bug of bench/_faults/canaries/, each
+on a temporary copy of the tree, and exits 1 unless every one is caught by the check it names.
 ``--clock-limits`` runs only the clock steps tidemq does not survive (a primary's and a
 scheduler's wall clock; docs/reliability.md, "Known limits"): it shows what they cost.
 
 JSON keys: ``lost``, ``duplicates``, ``unexpected``, ``order_violations``, ``aborted_read``,
 ``early_timers``, ``late_p99_ms``, ``split_brain_acks``, ``unavailable_s_max``,
-``faults_injected`` (and the other checks and measures of the checker).
+``faults_injected``, ``skipped_by_group``, ``unverifiable``, ``offsets_forward``,
+``replica_divergence``, ``too_little_work``, ``work``, ``unknown``, ``unknown_never_read``,
+``app_errors``, ``app_wait_s_max`` (and the other checks and measures of the checker); with
+``--canaries``: ``canaries``, ``caught``, ``missed``.
 """
 
 from __future__ import annotations
@@ -28,13 +37,18 @@ import tempfile
 from pathlib import Path
 
 from bench._common import err, print_json
+from bench._faults.canary import load, run_one
+from bench._faults.canary import table as canary_table
 from bench._faults.checker import table
 from bench._faults.history import dump
-from bench._faults.nemesis import clock_limits, long_schedule
+from bench._faults.nemesis import clock_limits, long_schedule, short_schedule
 from bench._faults.netns import available
-from bench._faults.run import run
+from bench._faults.run import MINIMUMS, run
 
 LONG_DELAY_MS = 90_000  # one delayed message in ten waits up to this long (1.5 minutes)
+SKIPPED = 2  # the exit status of a run that could not start here
+# the quick schedule (13 faults) does about twice the short one's work
+QUICK_MINIMUMS = {k: 2 * v for k, v in MINIMUMS.items()}
 
 
 def main(argv: list[str]) -> int:
@@ -43,6 +57,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--clock-limits", action="store_true",
                     help="step the clocks of a primary and a scheduler (known limits)")
+    ap.add_argument("--short", action="store_true",
+                    help="the short schedule (one fault per family)")
+    ap.add_argument("--canaries", action="store_true",
+                    help="run the short schedule under each deliberate bug; all must be caught")
+    ap.add_argument("--allow-skip", action="store_true",
+                    help="exit 0 when the suite cannot run here (not root, tools missing)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the run's directory (logs, history) here")
     args = ap.parse_args(argv)
@@ -51,11 +71,15 @@ def main(argv: list[str]) -> int:
         err.print(f"faults: skipped: {why}")
         if args.json:
             print_json({"skipped": why})
-        return 0
-    schedule = clock_limits() if args.clock_limits else long_schedule(1 if args.quick else 3)
+        return 0 if args.allow_skip else SKIPPED
+    if args.canaries:
+        return canaries(args.json)
+    schedule = (clock_limits() if args.clock_limits else short_schedule() if args.short
+                else long_schedule(1 if args.quick else 3))
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="tidemq-faults-"))
     try:
-        done = run(schedule, workdir, long_delay_max_ms=LONG_DELAY_MS, log=err.print)
+        done = run(schedule, workdir, long_delay_max_ms=0 if args.short else LONG_DELAY_MS,
+                   log=err.print, minimums=MINIMUMS if args.short else QUICK_MINIMUMS)
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -69,6 +93,17 @@ def main(argv: list[str]) -> int:
     if args.json:
         print_json(done.result.to_json())
     return 0 if done.result.ok else 1
+
+
+def canaries(as_json: bool) -> int:
+    found = load()
+    err.print(f"faults: {len(found)} canaries, one short schedule each")
+    outcomes = [run_one(c, err.print) for c in found]
+    print(canary_table(outcomes))
+    if as_json:
+        print_json({"canaries": len(outcomes), "caught": sum(o.caught for o in outcomes),
+                    "missed": [o.canary.name for o in outcomes if not o.caught]})
+    return 0 if outcomes and all(o.caught for o in outcomes) else 1
 
 
 if __name__ == "__main__":

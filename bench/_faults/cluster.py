@@ -58,6 +58,9 @@ BROKER_FAST = {  # every broker
     "GRPC_PORT": "0", "LONG_POLL_MAX_MS": "1000", "RETENTION_INTERVAL_S": "1",
     "LOG_LEVEL": "info", "CHECK_HOLD_S": "5", "MAX_SEND_WAIT_MS": "2000",
 }
+# broker-b's small disk: no segment deleted under disk pressure (a full disk refuses writes
+# instead), so the final read holds every record of the run and nothing is unverifiable
+KEEP_EVERYTHING = {"DISK_HIGH_WATER_RATIO": "1"}
 REPLICATED = {  # broker-a's members
     "REPLICAS": "3", "LEASE_S": "5", "LEASE_MARGIN_S": "1", "ELECTION_INTERVAL_S": "0.5",
     "REPLICA_LAG_MAX_MS": "1500", "REPLICA_FETCH_WAIT_MS": "200", "REPLICA_RETRY_MS": "100",
@@ -190,7 +193,7 @@ class Cluster:
         sh("mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", f"{CLUSTER.lower()}", str(data_b))
         self.mounts.append(data_b)
         self.spawn(self.service("b0", "n4", "tidemq_server.broker", "TIDEMQ_BROKER_", 10911, {
-            **common, "BROKER_NAME": GROUP_B, "DATA_DIR": str(data_b),
+            **common, "BROKER_NAME": GROUP_B, "DATA_DIR": str(data_b), **KEEP_EVERYTHING,
             "SCHEDULER_URL": self.url("n4", 10931)}))
         for group, host in ((GROUP_A, "n5"), (GROUP_B, "n4")):
             side = {"BROKER_NAME": group, "NAMESERVERS": ",".join(self.nameservers),

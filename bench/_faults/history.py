@@ -8,20 +8,25 @@ service under libfaketime; the workload and controller never do).
 Operation kinds (``f``) and their fields besides ``type``/``invoke_ms``/``complete_ms``:
 
 - ``send``: ``id``, ``topic``, ``key`` (sharding key or None), ``seq`` (its order within the
-  key), ``group``/``address`` (who answered ok), ``queue``/``offset``;
+  key), ``group``/``address`` (who answered ok), ``queue``/``offset``; ``batch`` (how many
+  messages the request carried: one op per message);
 - ``delay``: ``id``, ``topic``, ``due_ms`` (by the cluster's clock: the earliest the message may
-  be delivered), ``address``;
+  be delivered), ``deliver_at_ms`` (the due time the broker's answer gave: the contract),
+  ``address``;
 - ``cancel``: ``id``; ``type`` ok = cancelled, fail = already delivered (409);
 - ``txn``: ``id``, ``topic``, ``intent`` ("commit" / "rollback": what the producer's local
   transaction decided and every check-back answers), ``end`` ("commit", "rollback", "unknown":
   what the producer sent first);
-- ``read``: ``id``, ``topic``, ``cgroup`` (consumer group), ``group``, ``queue``, ``offset``
-  (``type`` is always ok; ``complete_ms`` is when the consumer got it);
+- ``read``: ``id``, ``topic``, ``cgroup`` (consumer group), ``group``, ``queue``, ``offset``,
+  ``store_ms`` (the copy's ``store_timestamp_ms``: the broker's clock) (``type`` is always ok;
+  ``complete_ms`` is when the consumer got it);
 - ``commit_offset``: ``cgroup``, ``group``, ``topic``, ``queue``, ``offset``;
 - ``fetch_offset``: same fields: the committed offset a consumer read back.
 
 ``type``: ``ok`` (acknowledged), ``fail`` (definitely not done: a 4xx answer), ``info`` (unknown:
-a timeout, a 5xx after the request may have been written).
+a timeout, a 5xx after the request may have been written). ``attempts``: how many requests an
+operation took (more than one: it was retried); ``client`` "sdk": an operation of the SDK share
+(bench/_faults/sdk_share.py), whose retries the SDK hides.
 """
 
 from __future__ import annotations
@@ -59,6 +64,14 @@ class Op:
     end: str = ""
     cgroup: str = ""
     error: str = ""
+    deliver_at_ms: int = 0
+    store_ms: int = 0
+    attempts: int = 0
+    batch: int = 0
+    client: str = ""  # "sdk": sent through the tidemq SDK (else raw REST)
+    # the SDK's ``possible_duplicates`` grew during the call: it failed over to another group
+    # after an attempt whose answer was lost (its documented case of two copies, one per group)
+    possible_dup: bool = False
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items()
@@ -103,6 +116,8 @@ class Stored:
     offset: int
     key: str | None = None
     seq: int = 0
+    store_ms: int = 0  # its store_timestamp_ms (broker's clock)
+    address: str = ""  # the member read ("" : the group's primary)
 
 
 @dataclass
@@ -113,6 +128,12 @@ class History:
     final: list[Stored] = field(default_factory=list)
     end_ms: int = 0  # when the workload stopped (timers due later are not judged)
     crashed: list[str] = field(default_factory=list)  # services found dead after the run
+    # the final read's first stored offset per queue, ``"group/queue" → offset``: records below
+    # it are gone (retention) and can be judged neither delivered nor lost
+    min_offsets: dict[str, int] = field(default_factory=dict)
+    # the final read of every member of a replicated group, ``address → records``
+    replicas: dict[str, list[Stored]] = field(default_factory=dict)
+    cgroups: list[str] = field(default_factory=list)  # the consumer groups that subscribe
 
     def by_kind(self, f: str) -> Iterator[Op]:
         return (op for op in self.ops if op.f == f)
@@ -143,11 +164,15 @@ def dump(history: History, path: Path) -> None:
         "ops": [asdict(o) for o in history.ops], "roles": [asdict(r) for r in history.roles],
         "faults": [asdict(f) for f in history.faults],
         "final": [asdict(s) for s in history.final], "end_ms": history.end_ms,
-        "crashed": history.crashed}))
+        "crashed": history.crashed, "min_offsets": history.min_offsets,
+        "replicas": {a: [asdict(s) for s in rs] for a, rs in history.replicas.items()},
+        "cgroups": history.cgroups}))
 
 
 def load(path: Path) -> History:
     raw: dict[str, Any] = json.loads(path.read_text())
     return History([Op(**o) for o in raw["ops"]], [RoleSample(**r) for r in raw["roles"]],
                    [Fault(**f) for f in raw["faults"]], [Stored(**s) for s in raw["final"]],
-                   raw["end_ms"], raw.get("crashed", []))
+                   raw["end_ms"], raw.get("crashed", []), raw.get("min_offsets", {}),
+                   {a: [Stored(**s) for s in rs] for a, rs in raw.get("replicas", {}).items()},
+                   raw.get("cgroups", []))

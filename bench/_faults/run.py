@@ -13,12 +13,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench._faults.checker import Result, check
-from bench._faults.cluster import GROUP_A, GROUP_B, HOSTS, Cluster, tail
+from bench._faults.cluster import CLUSTER, GROUP_A, GROUP_B, HOSTS, Cluster, tail
+from bench._faults.etcdwatch import PrimaryWatch
 from bench._faults.history import (
     Fault,
     History,
@@ -30,13 +34,19 @@ from bench._faults.history import (
 )
 from bench._faults.nemesis import Nemesis
 from bench._faults.netns import Network
-from bench._faults.workload import Config
+from bench._faults.workload import CONSUMER_GROUPS, Config
 
 TOPIC = "FaultsT"
 QUEUES = 4
 WARMUP_S = 3.0  # the workload runs this long before the first fault
 GAP_S = 3.0  # after a fault is healed, before the next one
 DRAIN_S = 12.0  # after the last operation: timers come due, checks resolve, consumers read
+FINAL_READ_RETRIES = 3  # an empty answer that skips offsets is asked again this often
+# the least work a run must show to prove anything (``Result.work`` keys; the short schedule's
+# seven faults bring one failover of broker-a at least: its primary is killed)
+MINIMUMS: Mapping[str, int] = {"send": 1000, "delay": 100, "cancel": 10, "txn": 50,
+                               "read": 2000, "commit_offset": 50, "fetch_offset": 20,
+                               "retries": 5, "failovers": 1}
 
 
 @dataclass
@@ -76,10 +86,12 @@ class Monitor:
             self.done.wait(self.interval_s)
 
 
-def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 6,
-        long_delay_max_ms: int = 0, log: Any = print) -> Run:
+def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 8,
+        long_delay_max_ms: int = 0, log: Any = print,
+        minimums: Mapping[str, int] = MINIMUMS, sdk_writers: int = 2) -> Run:
     """``long_delay_max_ms``: one delayed message in ten waits up to this long (0: none; the
-    drain does not wait for them, the checker judges those due before the end)."""
+    drain waits for them, up to ``Config.timer_wait_max_s``). ``minimums``: the least work
+    the checker requires. ``sdk_writers``: writers of the SDK share (bench/_faults/sdk_share.py)."""
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     net = Network(HOSTS)
@@ -94,12 +106,13 @@ def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 6,
             f"{cluster.primary_a()}")
         monitor = Monitor(cluster)
         monitor.start()
+        watch = PrimaryWatch(cluster.url("n5", 2379), CLUSTER, GROUP_A).start()
         length = 60.0 * (len(schedule) + 1)  # at most: the controller stops it (stop file)
         history_path = workdir / "history.jsonl"
         stop = workdir / "stop"
         cfg = Config(nameservers=cluster.nameservers, groups=[GROUP_A, GROUP_B], topic=TOPIC,
                      out=str(history_path), duration_s=length, drain_s=DRAIN_S,
-                     writers=writers, stop_file=str(stop),
+                     writers=writers, stop_file=str(stop), sdk_writers=sdk_writers,
                      long_delay_max_ms=long_delay_max_ms)
         (workdir / "workload.json").write_text(json.dumps(asdict(cfg)))
         wl_log = open(workdir / "workload.log", "ab")
@@ -115,14 +128,20 @@ def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 6,
         end = now_ms()
         net.heal()
         monitor.done.set()
+        watch.done.set()
+        log(f"  etcd announced {len(watch.samples)} primaries of broker-a "
+            f"({watch.errors} watch errors)")
         crashed = _revive(cluster, log)
-        history = History(read_ops(history_path), monitor.samples, faults, [], end, crashed)
+        history = History(read_ops(history_path), monitor.samples + watch.samples, faults, [],
+                          end, crashed,
+                          cgroups=list(CONSUMER_GROUPS))
         dump(history, workdir / "history.json")  # kept for a look whatever follows
         if code != 0:
             raise RuntimeError(f"the workload failed ({code}):\n{tail(workdir / 'workload.log')}")
-        history.final = final_read(cluster)
+        history.final, history.min_offsets = final_read(cluster)
+        history.replicas = read_replicas(cluster, log)
         dump(history, workdir / "history.json")
-        result = check(history)
+        result = check(history, dict(minimums))
         return Run(history, result, workdir, time.monotonic() - began)
     finally:
         if monitor is not None:
@@ -177,29 +196,60 @@ def _inject(cluster: Cluster, schedule: list[Nemesis], log: Any) -> list[Fault]:
     return faults
 
 
-def final_read(cluster: Cluster) -> list[Stored]:
+def final_read(cluster: Cluster) -> tuple[list[Stored], dict[str, int]]:
     """Every record of the topic, read from each group's primary (after everything healed,
-    once the primary's high-water mark covers its log)."""
+    once the primary's high-water mark covers its log), and each queue's first stored offset
+    (``"group/queue" → offset``)."""
     out: list[Stored] = []
+    firsts: dict[str, int] = {}
     for group, name in ((GROUP_A, cluster.wait_primary_a(60)), (GROUP_B, "b0")):
-        url = cluster.procs[name].url
         for q in range(QUEUES):
-            offset = 0
-            while True:
-                resp = cluster.http.get(f"{url}/v1/topics/{TOPIC}/queues/{q}/messages",
-                                        params={"offset": offset, "max": 1024, "wait_ms": 0},
-                                        timeout=10)
-                resp.raise_for_status()
-                answer = resp.json()
-                for m in answer["messages"]:
-                    key, seq = _key_seq(m.get("body", ""))
-                    out.append(Stored(m["message_id"], TOPIC, group, q, m["queue_offset"],
-                                      key, seq))
-                done = not answer["messages"] and answer["next_offset"] >= answer["max_offset"]
-                if done or answer["next_offset"] <= offset:
-                    break
-                offset = answer["next_offset"]
+            records, first = read_queue(cluster, name, group, q)
+            out += records
+            firsts[f"{group}/{q}"] = first
+    return out, firsts
+
+
+def read_replicas(cluster: Cluster, log: Any) -> dict[str, list[Stored]]:
+    """Every member of broker-a read in full, to be compared record by record."""
+    out: dict[str, list[Stored]] = {}
+    for name in ("a0", "a1", "a2"):
+        try:
+            out[cluster.procs[name].url] = [
+                s for q in range(QUEUES) for s in read_queue(cluster, name, GROUP_A, q)[0]]
+        except httpx.HTTPError as exc:
+            log(f"  {name} could not be read for the replica comparison: {exc}")
     return out
+
+
+def read_queue(cluster: Cluster, name: str, group: str, q: int) -> tuple[list[Stored], int]:
+    """One queue of one member, from its first stored offset to its end: (records, first
+    offset). Every offset is asked for: an answer whose ``next_offset`` jumps past records it
+    did not return is asked again from the first one missing (the topic has no tags, so no
+    record is legitimately skipped)."""
+    url = cluster.procs[name].url
+    records: list[Stored] = []
+    offset, first, empty = 0, -1, 0
+    while True:
+        resp = cluster.http.get(f"{url}/v1/topics/{TOPIC}/queues/{q}/messages",
+                                params={"offset": offset, "max": 1024, "wait_ms": 0},
+                                timeout=10)
+        resp.raise_for_status()
+        answer = resp.json()
+        if first < 0:
+            first = int(answer["min_offset"])
+        for m in answer["messages"]:
+            key, seq = _key_seq(m.get("body", ""))
+            records.append(Stored(m["message_id"], TOPIC, group, q, m["queue_offset"], key,
+                                  seq, int(m.get("store_timestamp_ms") or 0), url))
+        if answer["messages"]:
+            offset, empty = answer["messages"][-1]["queue_offset"] + 1, 0
+            continue
+        if answer["next_offset"] >= answer["max_offset"] or answer["next_offset"] <= offset:
+            return records, first
+        empty += 1  # an empty answer that moves on: ask again before believing it
+        if empty >= FINAL_READ_RETRIES:
+            offset, empty = answer["next_offset"], 0
 
 
 def _key_seq(body: str) -> tuple[str | None, int]:

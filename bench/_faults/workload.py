@@ -1,7 +1,8 @@
 """The workload, run on the client host (its own namespace): ``python -m bench._faults.workload
 CONFIG.json``. It records every operation in the history file as it completes.
 
-Writers send plain messages (round robin over the broker groups), messages with a sharding key
+Writers send plain messages (round robin over the broker groups; one request in five a batch of
+4-16 messages), messages with a sharding key
 (each key owned by one writer, so its sends are sequential: ``seq`` is their order), delayed
 messages (some cancelled a little later) and transactions (committed, rolled back, or left
 UNKNOWN and answered by check-back with what the local transaction decided). Two consumer groups
@@ -27,11 +28,14 @@ from typing import Any
 import httpx
 
 from bench._faults.history import FAIL, INFO, OK, Op, now_ms, write_ops
+from bench._faults.sdk_share import SdkShare
 
 PRODUCER_GROUP = "faults-tx"
 CONSUMER_GROUPS = ("cg1", "cg2")
 RETRY_PAUSE_S = 0.25  # between two attempts of one operation (s)
 REQUEST_TIMEOUT_S = 3.0  # one HTTP request (s)
+BATCH = (4, 17)  # a batch send carries this many messages (range: low, high exclusive)
+TIMER_SLACK_S = 12.0  # the drain reads on this long past the last timer's due time (s)
 
 
 @dataclass
@@ -49,6 +53,8 @@ class Config:
     seed: int = 0
     pace_s: float = 0.05  # pause of a writer between operations (s)
     stop_file: str = ""  # operations stop once this file exists (the controller's word)
+    sdk_writers: int = 2  # writers using the tidemq SDK (bench/_faults/sdk_share.py)
+    timer_wait_max_s: float = 120.0  # the drain waits for due timers at most this long (s)
 
 
 class Recorder:
@@ -102,6 +108,8 @@ class Workload:
         self.routes = Routes(self.http, cfg.nameservers, cfg.topic)
         self.rng = random.Random(cfg.seed)
         self.intents: dict[str, str] = {}  # transaction message id → commit / rollback
+        self.timers: dict[str, int] = {}  # acknowledged, not cancelled timer → due (ms)
+        self.attempts = 0  # requests the last ``attempt`` made
         self.stop = asyncio.Event()
         self.reading = asyncio.Event()  # set once the consumers should stop
         self._rr = 0
@@ -110,11 +118,13 @@ class Workload:
     async def attempt(self, group: str | None, method: str, path: str, body: Any
                       ) -> tuple[str, dict[str, Any], str, str, str]:
         """(type, answer, group, address, last error) of a request retried until the
-        operation's deadline; ``group`` None: round robin over the groups."""
+        operation's deadline; ``group`` None: round robin over the groups. How many requests
+        it took is left in ``self.attempts``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.op_deadline_s
         error = "no route"
         force = False
+        self.attempts = 0
         while loop.time() < deadline:
             groups = await self.routes.refresh(force)
             if group is None and groups:
@@ -127,6 +137,7 @@ class Workload:
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
             address = route["address"]
+            self.attempts += 1
             try:
                 resp = await self.http.request(method, address + path, json=body)
             except httpx.HTTPError as exc:
@@ -148,7 +159,9 @@ class Workload:
         seqs: dict[str, int] = {}
         while not self.stop.is_set():
             roll = self.rng.random()
-            if roll < 0.45:
+            if roll < 0.2:
+                await self.send_batch(self.rng.randrange(*BATCH))
+            elif roll < 0.45:
                 await self.send(None, None, 0)
             elif roll < 0.65:
                 key = f"w{w}-k{self.rng.randrange(3)}"
@@ -172,7 +185,23 @@ class Workload:
         res = answer.get("results", [{}])[0] if kind == OK else {}
         self.rec.add(Op("send", kind, t0, now_ms(), id=mid, topic=self.cfg.topic, key=key,
                         seq=seq, group=group, address=address, queue=res.get("queue_id", -1),
-                        offset=res.get("queue_offset", -1), error=err))
+                        offset=res.get("queue_offset", -1), error=err, attempts=self.attempts))
+
+    async def send_batch(self, n: int) -> None:
+        """One request carrying ``n`` messages (one op each: acknowledged as a whole)."""
+        mids = [f"s-{uuid.uuid4().hex[:12]}" for _ in range(n)]
+        msgs = [{"message_id": mid, "body": json.dumps({"batch": n})} for mid in mids]
+        t0 = now_ms()
+        kind, answer, group, address, err = await self.attempt(
+            None, "POST", f"/v1/topics/{self.cfg.topic}/messages", {"messages": msgs})
+        results = answer.get("results", []) if kind == OK else []
+        t1, attempts = now_ms(), self.attempts
+        for i, mid in enumerate(mids):
+            res = results[i] if i < len(results) else {}
+            self.rec.add(Op("send", kind, t0, t1, id=mid, topic=self.cfg.topic, group=group,
+                            address=address, queue=res.get("queue_id", -1),
+                            offset=res.get("queue_offset", -1), error=err, attempts=attempts,
+                            batch=n))
 
     async def delay(self) -> None:
         mid = f"d-{uuid.uuid4().hex[:12]}"
@@ -185,10 +214,15 @@ class Workload:
             msg["deliver_at_ms"] = due = t0 + delay
         else:
             msg["delay_ms"], due = delay, t0 + delay  # the broker gets it at t0 or later
-        kind, _, group, address, err = await self.attempt(
+        kind, answer, group, address, err = await self.attempt(
             None, "POST", f"/v1/topics/{self.cfg.topic}/messages", {"messages": [msg]})
+        res = answer.get("results", [{}])[0] if kind == OK else {}
+        at = int(res.get("deliver_at_ms") or 0)
         self.rec.add(Op("delay", kind, t0, now_ms(), id=mid, topic=self.cfg.topic, due_ms=due,
-                        group=group, address=address, error=err))
+                        group=group, address=address, error=err, deliver_at_ms=at,
+                        attempts=self.attempts))
+        if kind == OK:
+            self.timers[mid] = at or due
         if kind != FAIL and self.rng.random() < 0.25:
             asyncio.get_running_loop().create_task(self.cancel(mid, group, delay))
 
@@ -198,7 +232,9 @@ class Workload:
         kind, _, _, address, err = await self.attempt(group, "DELETE",
                                                       f"/v1/messages/{mid}/schedule", None)
         self.rec.add(Op("cancel", kind, t0, now_ms(), id=mid, group=group, address=address,
-                        error=err))
+                        error=err, attempts=self.attempts))
+        if kind != FAIL:
+            self.timers.pop(mid, None)  # (maybe) cancelled: not waited for
 
     async def transaction(self) -> None:
         mid = f"t-{uuid.uuid4().hex[:12]}"
@@ -211,7 +247,8 @@ class Workload:
             {"producer_group": PRODUCER_GROUP, "topic": self.cfg.topic, "check_immunity_s": 2,
              "message": {"message_id": mid, "body": json.dumps({"intent": intent})}})
         self.rec.add(Op("txn", kind, t0, now_ms(), id=mid, topic=self.cfg.topic, intent=intent,
-                        end=end, group=group, address=address, error=err))
+                        end=end, group=group, address=address, error=err,
+                        attempts=self.attempts))
         if kind == OK:  # the end may fail too: the check-back answers with the intent
             await self.attempt(group, "POST", f"/v1/transactions/{answer['transaction_id']}/end",
                                {"producer_group": PRODUCER_GROUP, "action": end})
@@ -272,7 +309,8 @@ class Workload:
         t = now_ms()
         for m in answer["messages"]:
             self.rec.add(Op("read", OK, t, t, id=m["message_id"], topic=self.cfg.topic,
-                            cgroup=cgroup, group=group, queue=q, offset=m["queue_offset"]))
+                            cgroup=cgroup, group=group, queue=q, offset=m["queue_offset"],
+                            store_ms=int(m.get("store_timestamp_ms") or 0)))
         positions[(group, q)] = answer["next_offset"]
 
     async def _commit(self, cgroup: str, groups: dict[str, dict[str, Any]],
@@ -317,7 +355,9 @@ class Workload:
         await self.routes.refresh(force=True)
         consumers = [asyncio.create_task(self.consumer(g)) for g in CONSUMER_GROUPS]
         checks = asyncio.create_task(self.answer_checks())
+        sdk = SdkShare(self)
         writers = [asyncio.create_task(self.writer(w)) for w in range(self.cfg.writers)]
+        writers += [asyncio.create_task(sdk.writer(w)) for w in range(self.cfg.sdk_writers)]
         loop = asyncio.get_running_loop()
         until = loop.time() + self.cfg.duration_s
         stop = Path(self.cfg.stop_file) if self.cfg.stop_file else None
@@ -325,8 +365,15 @@ class Workload:
             await asyncio.sleep(0.2)
         self.stop.set()
         await asyncio.gather(*writers)
+        await sdk.close()
         self.rec.flush()
-        await asyncio.sleep(self.cfg.drain_s)
+        # read on for the drain, and until every timer acknowledged (and not cancelled) is
+        # due plus the drain's slack, so timers due near the end are judged, not skipped
+        latest = max(self.timers.values(), default=0) / 1000 + TIMER_SLACK_S
+        until = max(loop.time() + self.cfg.drain_s,
+                    loop.time() + min(latest - now_ms() / 1000, self.cfg.timer_wait_max_s))
+        while loop.time() < until:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
         self.reading.set()
         await asyncio.gather(*consumers, checks)
         self.rec.flush()

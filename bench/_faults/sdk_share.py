@@ -1,0 +1,147 @@
+"""The workload's SDK share: writers that use tidemq as an application does (``Producer.send``,
+``send_batch``, delayed messages by level and by ``delay_ms``, ``Producer.cancel_delayed``),
+beside the raw REST writers of bench/_faults/workload.py. Their operations go into the same
+history with ``client="sdk"``; a call that raised is recorded ``info`` (the application cannot
+tell whether it was stored) or ``fail`` (a definite refusal), and the checker counts both as
+``app_errors`` and each call's duration into ``app_wait_s_max`` per fault.
+
+The application chooses every message id and the history records that id: an SDK that
+re-sent under another id stores a copy no operation used (``unexpected``), and an answer naming
+another id is recorded ``info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from tidemq import (
+    AlreadyDeliveredError,
+    BadRequestError,
+    ConfigurationError,
+    Message,
+    Producer,
+    SendResult,
+    TidemqError,
+)
+
+from bench._faults.history import FAIL, INFO, OK, Op, now_ms
+
+if TYPE_CHECKING:
+    from bench._faults.workload import Workload
+
+SDK = "sdk"
+LEVEL_MS = {1: 1_000, 2: 5_000}  # the default delay levels the share uses (ms)
+DEFINITE = (ConfigurationError, BadRequestError, AlreadyDeliveredError)  # nothing was done
+
+
+class SdkShare:
+    def __init__(self, wl: Workload) -> None:
+        self.wl = wl
+        self.cfg = wl.cfg
+        self.rng = random.Random(wl.cfg.seed + 1)
+        self.producer = Producer(nameservers=self.cfg.nameservers)
+
+    async def writer(self, w: int) -> None:
+        await self.producer.start()
+        while not self.wl.stop.is_set():
+            roll = self.rng.random()
+            if roll < 0.4:
+                await self.send()
+            elif roll < 0.65:
+                await self.send_batch(self.rng.randrange(4, 17))
+            else:
+                await self.delayed()
+            await asyncio.sleep(self.cfg.pace_s)
+
+    async def close(self) -> None:
+        await self.producer.close()
+
+    def _kind(self, exc: BaseException) -> str:
+        return FAIL if isinstance(exc, DEFINITE) else INFO
+
+    async def send(self) -> None:
+        mid = f"p-{uuid.uuid4().hex[:12]}"
+        t0, dups = now_ms(), self.producer.possible_duplicates
+        try:
+            res = await self.producer.send(json.dumps({"sdk": 1}), topic=self.cfg.topic,
+                                           message_id=mid)
+        except TidemqError as exc:
+            self._record("send", self._kind(exc), t0, mid, error=repr(exc)[:200], dups=dups)
+            return
+        self._record("send", OK, t0, mid, res, dups=dups)
+
+    async def send_batch(self, n: int) -> None:
+        mids = [f"p-{uuid.uuid4().hex[:12]}" for _ in range(n)]
+        t0, dups = now_ms(), self.producer.possible_duplicates
+        try:
+            results = await self.producer.send_batch(
+                self.cfg.topic, [Message(json.dumps({"batch": n}), message_id=m) for m in mids])
+        except TidemqError as exc:
+            for mid in mids:
+                self._record("send", self._kind(exc), t0, mid, error=repr(exc)[:200], batch=n,
+                             dups=dups)
+            return
+        for mid, res in zip(mids, results, strict=True):
+            self._record("send", OK, t0, mid, res, batch=n, dups=dups)
+
+    async def delayed(self) -> None:
+        mid = f"q-{uuid.uuid4().hex[:12]}"
+        t0, dups = now_ms(), self.producer.possible_duplicates
+        if self.rng.random() < 0.5:
+            level = self.rng.choice(sorted(LEVEL_MS))
+            due, options = t0 + LEVEL_MS[level], {"delay_level": level}
+        else:
+            delay = self.rng.randrange(1000, self.cfg.delay_max_ms)
+            due, options = t0 + delay, {"delay_ms": delay}
+        try:
+            res = await self.producer.send(json.dumps({"sdk": "delay"}), topic=self.cfg.topic,
+                                           message_id=mid, **options)
+        except TidemqError as exc:
+            self._record("delay", self._kind(exc), t0, mid, error=repr(exc)[:200], due=due,
+                         dups=dups)
+            return
+        self._record("delay", OK, t0, mid, res, due=due, dups=dups)
+        self.wl.timers[mid] = max(due, res.deliver_at_ms or 0)
+        if self.rng.random() < 0.25:
+            spawn(self.cancel(mid, res.broker_name, due - t0))
+
+    async def cancel(self, mid: str, broker: str | None, delay_ms: int) -> None:
+        await asyncio.sleep(self.rng.uniform(0.1, 0.6) * delay_ms / 1000)
+        t0 = now_ms()
+        try:
+            await self.producer.cancel_delayed(self.cfg.topic, mid, broker_name=broker)
+        except AlreadyDeliveredError as exc:
+            self._record("cancel", FAIL, t0, mid, error=f"409 ALREADY_DELIVERED ({exc})"[:200])
+            return
+        except TidemqError as exc:
+            self._record("cancel", self._kind(exc), t0, mid, error=repr(exc)[:200])
+        else:
+            self._record("cancel", OK, t0, mid)
+        self.wl.timers.pop(mid, None)
+
+    def _record(self, f: str, kind: str, t0: int, mid: str, res: SendResult | None = None, *,
+                error: str = "", batch: int = 0, due: int = 0, dups: int = -1) -> None:
+        """One operation; ``dups``: the producer's ``possible_duplicates`` before the call."""
+        if res is not None and res.message_id != mid:
+            error, kind = f"the SDK answered for {res.message_id}, sent as {mid}", INFO
+        self.wl.rec.add(Op(
+            f, kind, t0, now_ms(), id=mid, topic=self.cfg.topic, group=getattr(
+                res, "broker_name", None) or "", queue=res.queue_id if res else -1,
+            offset=(res.queue_offset if res and res.queue_offset is not None else -1),
+            due_ms=due, deliver_at_ms=(res.deliver_at_ms or 0) if res else 0, error=error,
+            batch=batch, client=SDK,
+            possible_dup=0 <= dups < self.producer.possible_duplicates))
+
+
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)

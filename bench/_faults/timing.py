@@ -1,0 +1,116 @@
+"""The checker's judgements of time: timers against the broker's clock and contract, committed
+offsets read back (backwards or forwards), and each fault's unavailability window. Pure, like
+bench/_faults/checker.py, which calls them and documents each violation."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from bench._faults.history import FAIL, OK, History, Op
+
+if TYPE_CHECKING:
+    from bench._faults.checker import Result
+
+LATE_P99_LIMIT_MS = 5_000  # timers due outside fault windows: p99 of lateness at most this
+RECOVERY_MS = 20_000  # a fault's effects are looked for until this long after its heal
+ALREADY_DELIVERED = "ALREADY_DELIVERED"  # the cancel's 409 code
+
+
+def due_of(op: Op) -> int:
+    """The due time by the contract: what the broker's answer gave (never before what was
+    asked: ``due_ms`` is the client's clock at the send plus the delay, the earliest the broker
+    can have received it)."""
+    return max(op.deliver_at_ms, op.due_ms)
+
+
+def _in_fault(h: History, t_ms: int, family: str | None = None) -> bool:
+    return any(f.start_ms <= t_ms <= (f.heal_ms or h.end_ms) + RECOVERY_MS
+               and (family is None or f.family == family) for f in h.faults)
+
+
+def check_timers(h: History, r: Result, reads: list[Op], cancelled: set[str],
+                 sent: dict[str, Op]) -> None:
+    # each delivered timer's first copy: (store time by the broker's clock, read time)
+    first: dict[str, tuple[int, int]] = {}
+    for op in reads:
+        stamp = op.store_ms or op.complete_ms
+        if op.id not in first or stamp < first[op.id][0]:
+            first[op.id] = (stamp, op.complete_ms)
+    for s in h.final:
+        if s.store_ms and (s.id not in first or s.store_ms < first[s.id][0]):
+            first[s.id] = (s.store_ms, h.end_ms)
+    for mid, (stored, read) in sorted(first.items()):
+        found = sent.get(mid)
+        if found is None or found.f != "delay":
+            continue
+        due = due_of(found)
+        # a host whose wall clock a nemesis moved stamps wrong store times: while a clock
+        # fault lasts, the consumer's clock (never moved) judges instead
+        at = read if _in_fault(h, read, "clock") or _in_fault(h, stored, "clock") else stored
+        if at < due:
+            r.flag("early_timers", f"timer {mid} delivered at {at}, {due - at} ms before due")
+        else:
+            r.late_ms.append(at - due)
+            if not _in_fault(h, due):
+                r.late_calm_ms.append(at - due)
+        if mid in cancelled:
+            r.flag("after_cancel", f"timer {mid} delivered at {at} although cancelled")
+    for op in h.by_kind("cancel"):
+        found = sent.get(op.id)
+        if (op.type == FAIL and ALREADY_DELIVERED in op.error and found is not None
+                and op.complete_ms < due_of(found) and not _in_fault(h, op.complete_ms, "clock")):
+            r.flag("early_timers", f"timer {op.id}: cancel answered already delivered at "
+                                   f"{op.complete_ms}, {due_of(found) - op.complete_ms} ms "
+                                   "before due")
+    if r.late(0.99, calm=True) > LATE_P99_LIMIT_MS:
+        r.flag("late_timers", f"p99 lateness outside faults {r.late(0.99, calm=True)} ms > "
+                              f"{LATE_P99_LIMIT_MS} ms ({len(r.late_calm_ms)} timers)")
+
+
+def check_offsets(h: History, r: Result) -> None:
+    acked: dict[tuple[str, str, str, int], list[tuple[int, int]]] = defaultdict(list)
+    asked: dict[tuple[str, str, str, int], list[tuple[int, int]]] = defaultdict(list)
+    for op in h.by_kind("commit_offset"):
+        key = (op.cgroup, op.group, op.topic, op.queue)
+        if op.type == OK:
+            acked[key].append((op.complete_ms, op.offset))
+        if op.type != FAIL:  # an unknown commit may have landed
+            asked[key].append((op.invoke_ms, op.offset))
+    for op in h.by_kind("fetch_offset"):
+        if op.type != OK:
+            continue
+        key = (op.cgroup, op.group, op.topic, op.queue)
+        name = f"{op.cgroup} {op.group}/{op.topic}/{op.queue}"
+        before = [o for t, o in acked.get(key, []) if t < op.invoke_ms]
+        if before and op.offset < max(before):
+            r.flag("offsets_backwards", f"{name}: read back {op.offset} after {max(before)} "
+                                        "was committed")
+        most = max((o for t, o in asked.get(key, []) if t < op.complete_ms), default=0)
+        if op.offset > most:
+            r.flag("offsets_forward", f"{name}: read back {op.offset}, the group never "
+                                      f"committed past {most}")
+
+
+def check_unavailability(h: History, r: Result) -> None:
+    acks: dict[str, list[int]] = defaultdict(list)
+    for op in h.by_kind("send"):
+        if op.type == OK and op.group:
+            acks[op.group].append(op.complete_ms)
+    for times in acks.values():
+        times.sort()
+    # sends stop before the end (reads go on): no ack after the last send began means nothing
+    last = max((op.invoke_ms for op in h.by_kind("send")), default=h.end_ms)
+    for i, fault in enumerate(h.faults):
+        until = min(fault.heal_ms + RECOVERY_MS, last) if fault.heal_ms else last
+        worst = 0
+        for times in acks.values():
+            # gaps between acks from the fault's start, up to the first ack past the window
+            # (or the end of the run, when the group never acknowledged again)
+            after = [t for t in times if t > fault.start_ms]
+            inside = [t for t in after if t < until]
+            later = after[len(inside):len(inside) + 1] or [max(until, fault.start_ms)]
+            points = [fault.start_ms, *inside, *later]
+            worst = max(worst, max(b - a for a, b in itertools.pairwise(points)))
+        r.unavailable_s[f"{i + 1}. {fault.name}"] = worst / 1000
