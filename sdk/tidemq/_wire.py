@@ -205,14 +205,25 @@ class WireTransport:
                 await self._slots.acquire()
                 try:
                     conn = self._take(origin)
+                    closed_on_us = False  # a kept connection ended without an answer
                     if conn is not None:
                         try:
                             sent = True
                             return await self._exchange(conn, origin, method, data)
                         except _Closed:
-                            pass  # stale: the server closed it before reading this request
+                            # stale (the server closed it before reading this request), or the
+                            # server died after reading it: a new connection tells them apart
+                            closed_on_us = True
                     sent = False
-                    conn = await self._open(origin)
+                    try:
+                        conn = await self._open(origin)
+                    except WireConnectError as exc:
+                        if not closed_on_us:
+                            raise
+                        # no server any more: it may have processed the request before it died
+                        raise WireError("the server closed the connection without an answer "
+                                        "and accepts none now: the request may have been "
+                                        "processed") from exc
                     sent = True
                     try:
                         return await self._exchange(conn, origin, method, data)

@@ -290,3 +290,29 @@ def test_split_url() -> None:
     assert split_url("http://[::1]:80/a") == (("http", "::1", 80), "[::1]:80", "/a")
     with pytest.raises(ValueError):
         split_url("ftp://x/")
+
+
+async def test_a_kept_connection_closed_by_a_server_that_then_refuses_may_have_been_sent() -> None:
+    """A server killed after reading a request closes the kept connection without an answer and
+    refuses the next one: the request may have been processed (a send may be stored), so the
+    error says sent, never "nothing was sent" (the SDK would store it again elsewhere)."""
+    async def die_on_second(request: bytes, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> bool:
+        if b"/second" in request:
+            await server.__aexit__()  # stop listening, then end this connection unanswered
+            return False
+        writer.write(answer(b"{}"))
+        await writer.drain()
+        return True
+
+    server = Server(die_on_second)
+    await server.__aenter__()
+    wire = transport()
+    base = f"http://127.0.0.1:{server.port}"
+    await wire.request("GET", f"{base}/first", headers={}, content=None, params=None,
+                       timeout_s=5)
+    with pytest.raises(WireError) as cut:
+        await wire.request("POST", f"{base}/second", headers={}, content=b"x", params=None,
+                           timeout_s=5)
+    assert not isinstance(cut.value, WireConnectError) and cut.value.sent is True
+    await wire.aclose()
