@@ -234,8 +234,11 @@ class SendAttempts:
             log.warning("broker %s failed (%s); sends avoid it for %.1fs, then probe it",
                         broker, exc, self.health.wait_s(broker))
         self.tried.add(broker)
-        # a live group that may hold the message is preferred for a while: no second copy
-        sticky = kind is Outcome.MAYBE_STORED and self.elapsed_s() < self._stick_s
+        # a live group that may hold the message is preferred for a while: no second copy; so
+        # is a replicated one that may hold it, while its successor is elected (the successor
+        # has the copy, or the copy was never acknowledged and is gone)
+        sticky = self.elapsed_s() < self._stick_s and (
+            kind is Outcome.MAYBE_STORED or (replicated and broker in self.uncertain))
         if self.movable and not sticky and any(g not in self.tried for g in groups):
             log.debug("%s: %s on %s, trying another group", self.what, kind.value, broker)
             return Step.SELECT

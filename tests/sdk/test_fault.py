@@ -98,6 +98,24 @@ async def test_a_group_that_stops_taking_connections_is_left_at_once() -> None:
     assert attempts.duplicated_on("b")  # the residual risk, counted
 
 
+async def test_a_replicated_group_that_may_hold_the_send_is_waited_for_not_left() -> None:
+    """Its primary killed after reading the send: the successor holds the copy (or it was never
+    acknowledged and is gone), so the send waits for it instead of storing a second copy on
+    another group (the faults suite's open finding 1); past the stick window it moves."""
+    attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
+    refused = TransportError("refused", sent=False)
+    assert await attempts.after_failure(TransportError("reset"), "a", {"a", "b"},
+                                        replicated=True) is Step.SAME
+    assert await attempts.after_failure(refused, "a", {"a", "b"}, replicated=True) is Step.SAME
+    assert not attempts.duplicated_on("a")
+    late = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m",
+                        started=time.monotonic() - MAYBE_STORED_STICK_S)
+    assert await late.after_failure(TransportError("reset"), "a", {"a", "b"},
+                                    replicated=True) is Step.SAME
+    assert await late.after_failure(refused, "a", {"a", "b"}, replicated=True) is Step.SELECT
+    assert late.duplicated_on("b")
+
+
 async def test_not_stored_moves_at_once_and_no_copy_is_counted() -> None:
     attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
     busy = BrokerBusyError("BROKER_BUSY", "busy", 503)
