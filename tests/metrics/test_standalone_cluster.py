@@ -125,6 +125,8 @@ def test_spark_submit_and_the_sidecar_run_on_the_standalone_master(
     log = submit.stdout + submit.stderr
     assert submit.returncode == 0, log[-4000:]
     assert f"master {cluster.url}" in log, log[-4000:]  # not local[*]
+    print("\n".join(line for line in log.splitlines()
+                    if "tidemq_server.metrics" in line))  # the job's own lines (pytest -s)
     submitted = [a for a in cluster.apps() if a["name"] == "tidemq-metrics"]
     assert submitted, cluster.apps()
     assert counts((out / "metrics.prom").read_text()) == counts(local_text)
@@ -148,6 +150,8 @@ def test_spark_submit_and_the_sidecar_run_on_the_standalone_master(
             time.sleep(0.5)
         assert status["master"] == cluster.url and status["up"] is True
         assert len([a for a in cluster.apps() if a["name"] == "tidemq-metrics"]) == 2
+        print("master's applications:", [(a["id"], a["name"], a.get("state"))
+                                         for a in cluster.apps()])
         served = httpx.get(f"{sidecar.url}/metrics").text
         assert {k: v for k, v in counts(served).items()
                 if k[0].startswith("tidemq_transaction_")} == {
