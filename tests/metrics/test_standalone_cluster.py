@@ -125,8 +125,9 @@ def test_spark_submit_and_the_sidecar_run_on_the_standalone_master(
     log = submit.stdout + submit.stderr
     assert submit.returncode == 0, log[-4000:]
     assert f"master {cluster.url}" in log, log[-4000:]  # not local[*]
-    print("\n".join(line for line in log.splitlines()
-                    if "tidemq_server.metrics" in line))  # the job's own lines (pytest -s)
+    print("\n".join(line for line in log.splitlines()  # the job's own lines (pytest -s)
+                    if any(w in line for w in ("spark session ready", "query tidemq", "batch ",
+                                               "available-now run"))))
     submitted = [a for a in cluster.apps() if a["name"] == "tidemq-metrics"]
     assert submitted, cluster.apps()
     assert counts((out / "metrics.prom").read_text()) == counts(local_text)
