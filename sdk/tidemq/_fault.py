@@ -143,6 +143,10 @@ def outcome(exc: BaseException) -> Outcome:
         return Outcome.MAYBE_STORED if exc.sent else Outcome.NOT_STORED
     if isinstance(exc, TopicNotFoundError):
         return Outcome.NOT_STORED  # this broker lacks the topic; another group may have it
+    if isinstance(exc, NotEnoughReplicasError):
+        # the primary may have written it before its replicas failed to confirm: once they
+        # catch up (a healed partition) the copy counts, so another group must not store one
+        return Outcome.MAYBE_STORED
     if isinstance(exc, ServerError) and exc.status == _UNAVAILABLE_STATUS:
         return Outcome.NOT_STORED
     if isinstance(exc, TidemqError) and exc.retriable:

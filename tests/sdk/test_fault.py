@@ -10,6 +10,7 @@ from tidemq import (
     BadRequestError,
     BrokerBusyError,
     InternalServerError,
+    NotEnoughReplicasError,
     RequestTimeoutError,
     RetryPolicy,
     TopicNotFoundError,
@@ -114,6 +115,18 @@ async def test_a_replicated_group_that_may_hold_the_send_is_waited_for_not_left(
                                     replicated=True) is Step.SAME
     assert await late.after_failure(refused, "a", {"a", "b"}, replicated=True) is Step.SELECT
     assert late.duplicated_on("b")
+
+
+async def test_not_enough_replicas_may_have_stored_so_the_send_keeps_to_its_group() -> None:
+    """The primary wrote it, its replicas did not confirm (a partition): the copy becomes
+    visible once they catch up, so the retry stays with the group (its dedup meets it) instead
+    of storing a second copy elsewhere (seen by the faults suite's bridge partition)."""
+    lagging = NotEnoughReplicasError("NOT_ENOUGH_REPLICAS", "1 of 2 in sync", 503)
+    assert outcome(lagging) is Outcome.MAYBE_STORED
+    attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
+    assert await attempts.after_failure(lagging, "a", {"a", "b"}, replicated=True) is Step.SAME
+    assert await attempts.after_failure(lagging, "a", {"a", "b"}, replicated=True) is Step.SAME
+    assert not attempts.duplicated_on("a")
 
 
 async def test_not_stored_moves_at_once_and_no_copy_is_counted() -> None:
