@@ -35,7 +35,7 @@ from tidemq._exceptions import (
 )
 from tidemq._http import NO_RETRY, HttpClient, url
 from tidemq._message import validate_topic
-from tidemq._retry import gave_up
+from tidemq._retry import pause_after
 from tidemq._routes import BrokerRoute, RouteTable
 from tidemq.protocol import ErrorCode
 
@@ -111,12 +111,7 @@ class DelayedCancel:
                 raise server_error(ErrorCode.MESSAGE_NOT_FOUND,
                                    f"no broker group of topic {topic!r} ({', '.join(groups)}) "
                                    f"holds a delayed message {message_id!r}")
-            last = failed[-1]
-            pause = policy.backoff_s(attempt, getattr(last, "retry_after", None))
-            elapsed = time.monotonic() - started
-            why = policy.exhausted(attempt, elapsed, pause)
-            if why is not None:
-                raise gave_up(last, attempt, elapsed, why)
+            pause = pause_after(policy, failed[-1], attempt, time.monotonic() - started)
             self._routes.invalidate(topic)  # a failover names the group's new primary
             await asyncio.sleep(pause)
 

@@ -33,7 +33,7 @@ from tidemq._exceptions import (
 )
 from tidemq._fault import BrokerHealth, SendAttempts, Step, electing, primary_hint
 from tidemq._http import HttpClient, Transport
-from tidemq._retry import RetryPolicy, gave_up
+from tidemq._retry import RetryPolicy, pause_after
 from tidemq._routes import MessageQueue, RouteTable, TopicRoute
 from tidemq._validate import Endpoints, endpoints
 
@@ -132,15 +132,7 @@ class Client(ABC):
             try:
                 return await request(route)
             except TidemqError as exc:
-                elapsed = time.monotonic() - started
-                if not exc.retriable:
-                    gave_up(exc, attempt, elapsed)
-                    raise
-                pause = policy.backoff_s(attempt, getattr(exc, "retry_after", None))
-                why = policy.exhausted(attempt, elapsed, pause)
-                if why is not None:
-                    gave_up(exc, attempt, elapsed, why)
-                    raise
+                pause = pause_after(policy, exc, attempt, time.monotonic() - started)
                 hint = primary_hint(exc) if group is not None else None
                 if hint is not None and group is not None \
                         and self._routes.follow_primary(topic, group, hint):

@@ -55,8 +55,9 @@ from tidemq._exceptions import (
     WireTimeout,
     server_error,
 )
-from tidemq._retry import DEFAULT_RETRY, RetryPolicy, gave_up
+from tidemq._retry import DEFAULT_RETRY, RetryPolicy, pause_after
 from tidemq._retry import NO_RETRY as NO_RETRY  # re-exported: callers import it from here
+from tidemq._retry import gave_up as gave_up  # re-exported likewise
 from tidemq._transport import HttpTransport
 from tidemq._wire import WireTransport
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK, ProtocolError
@@ -253,15 +254,7 @@ class HttpClient:
             try:
                 return await self._once(method, target, body, params, binary, timeout_s, raw)
             except TidemqError as exc:
-                elapsed = self._clock() - started
-                if not exc.retriable:
-                    gave_up(exc, attempt, elapsed)
-                    raise
-                pause = policy.backoff_s(attempt, getattr(exc, "retry_after", None))
-                why = policy.exhausted(attempt, elapsed, pause)
-                if why is not None:
-                    gave_up(exc, attempt, elapsed, why)
-                    raise
+                pause = pause_after(policy, exc, attempt, self._clock() - started)
                 log.debug("%s %s failed (attempt %d): %s; retrying in %.3fs", method, target,
                           attempt, exc, pause)
                 await self._sleep(pause)

@@ -94,5 +94,18 @@ def gave_up(exc: TidemqError, attempts: int, elapsed_s: float, why: str | None =
     return exc
 
 
+def pause_after(policy: RetryPolicy, exc: TidemqError, attempts: int, elapsed_s: float) -> float:
+    """The pause before the next attempt of a call whose attempt number ``attempts`` failed
+    with ``exc`` ``elapsed_s`` into it; a failure that is not retriable, or a policy that is
+    exhausted, is raised instead, annotated by ``gave_up``."""
+    if not exc.retriable:
+        raise gave_up(exc, attempts, elapsed_s)
+    pause = policy.backoff_s(attempts, getattr(exc, "retry_after", None))
+    why = policy.exhausted(attempts, elapsed_s, pause)
+    if why is not None:
+        raise gave_up(exc, attempts, elapsed_s, why)
+    return pause
+
+
 NO_RETRY = RetryPolicy(max_attempts=1)
 DEFAULT_RETRY = RetryPolicy()
