@@ -30,9 +30,9 @@ from typing import Any
 import msgpack
 from tidemq._transport import TransportResponse
 from tidemq._wire import WireTransport
-from tidemq.protocol.batch import CONTENT_BATCH
-from tidemq.protocol.batch_read import split, validate
-from tidemq.protocol.stored import decode_stored
+from tidemq.protocol.records.stored import decode_stored
+from tidemq.protocol.records.v2 import CONTENT_BATCH
+from tidemq.protocol.records.v2_read import split, validate
 
 from tidemq_server.common.constants import TIMING_HEADER
 

@@ -17,7 +17,7 @@ the one least disturbed):
   SDK's ``unpackb`` + ``ReceivedMessage.from_wire``.
 
 The compiled build is the same source compiled with mypyc (from PyPI, part of mypy; gcc from
-Debian) into a scratch directory: ``tidemq.protocol.batch`` and ``batch_read``. It is measured
+Debian) into a scratch directory: ``tidemq.protocol.records.v2`` and ``v2_read``. It is measured
 in a child process importing that copy; the pure-Python modules stay the fallback. Both
 columns come from the same run, their children alternating; ``--no-compiled`` skips the build
 (it takes ~30 s).
@@ -44,7 +44,7 @@ from bench._common import Row, err, print_json, print_table
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 256
 BODY = 1024
-COMPILED = ("tidemq/protocol/batch.py", "tidemq/protocol/batch_read.py")
+COMPILED = ("tidemq/protocol/records/v2.py", "tidemq/protocol/records/v2_read.py")
 
 
 def best_us(fn: Callable[[], Any], records: int, rounds: int) -> float:
@@ -62,13 +62,13 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     """Every step's µs per record with the ``tidemq`` this process imports."""
     import msgpack
     from tidemq.protocol import ReceivedMessage, parse_messages
-    from tidemq.protocol import batch as v2
-    from tidemq.protocol.batch_read import validate
     from tidemq.protocol.message import OutgoingMessage
-    from tidemq.protocol.stored import append_group, decode_stored
+    from tidemq.protocol.records import v2 as v2
+    from tidemq.protocol.records.stored import append_group, decode_stored
+    from tidemq.protocol.records.v2_read import validate
 
     from tidemq_server.broker.messaging.convert import to_record, to_wire
-    from tidemq_server.broker.store import record as v1
+    from tidemq_server.broker.store.records import v1 as v1
 
     rng = random.Random(1)
     bodies = [rng.randbytes(BODY) for _ in range(64)]

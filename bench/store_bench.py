@@ -52,8 +52,8 @@ from pathlib import Path
 from struct import pack_into as struct_pack_into
 from typing import Any
 
-from tidemq.protocol.batch import CLIENT_PROPERTIES, BatchBuilder
-from tidemq.protocol.batch_read import validate
+from tidemq.protocol.records.v2 import CLIENT_PROPERTIES, BatchBuilder
+from tidemq.protocol.records.v2_read import validate
 
 from bench._common import Row, err, loop_name, print_json, print_table, progress, run
 from tidemq_server.broker.store import (
@@ -66,10 +66,10 @@ from tidemq_server.broker.store import (
     StoreConfig,
     tag_code,
 )
-from tidemq_server.broker.store import record as rec_fmt
-from tidemq_server.broker.store.batches import Batch
 from tidemq_server.broker.store.checkpoint import Checkpoint
-from tidemq_server.broker.store.record import encode_host
+from tidemq_server.broker.store.records import v1 as rec_fmt
+from tidemq_server.broker.store.records.v1 import encode_host
+from tidemq_server.broker.store.records.v2_own import Batch
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -1,7 +1,7 @@
 """The producer's side of stored-form batches: messages become the log's own bytes.
 
 A ``QueueBatch`` is the open batch of one (topic, queue): each message is encoded into it when
-it is added (``tidemq.protocol.batch``), so sending costs one ``finish``. A send request's body
+it is added (``tidemq.protocol.records.v2``), so sending costs one ``finish``. A send request's body
 (content type ``application/x-tidemq-batch``) is one or more finished batches back to back, all
 for the request's topic (``encode_request``: one batch per queue the request's messages go
 to). The broker answers per batch (``{"batches": [[queue_id, first queue offset, count]]}``),
@@ -9,7 +9,7 @@ or per message as a JSON send when it stored the request another way (a delayed 
 duplicate); ``results_of`` reads either.
 
 What a message says that the record has no field for rides in the properties the broker
-allows from a client (``tidemq.protocol.batch.CLIENT_PROPERTIES``): the sharding key. Delays
+allows from a client (``tidemq.protocol.records.v2.CLIENT_PROPERTIES``): the sharding key. Delays
 are record fields.
 """
 
@@ -31,7 +31,7 @@ from tidemq.protocol import (
     OutgoingMessage,
     SystemTopic,
 )
-from tidemq.protocol.batch import BatchBuilder, DelayKind
+from tidemq.protocol.records.v2 import BatchBuilder, DelayKind
 
 
 def delay_of(msg: OutgoingMessage) -> tuple[int, int]:

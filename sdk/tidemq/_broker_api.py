@@ -3,7 +3,7 @@ path.
 
 Message endpoints (pull, receive) speak msgpack; the rest JSON. Long polls get a timeout of
 their wait plus the client's normal request timeout. Pulls ask for the stored form: the records
-as the broker's log holds them (``tidemq.protocol.stored``), decoded lazily into
+as the broker's log holds them (``tidemq.protocol.records.stored``), decoded lazily into
 ``StoredMessage`` objects; a broker that answers with messages is read as before, and one that
 refuses the ``form`` field of a multi-queue pull is asked again without it from then on.
 """
@@ -18,8 +18,8 @@ from tidemq._exceptions import BadRequestError, ServerError, UnexpectedResponseE
 from tidemq._http import HttpClient, RetryPolicy, url
 from tidemq._routes import MessageQueue
 from tidemq.protocol import MAX_CONSUME_FAILURE_CHARS, ReceivedMessage
-from tidemq.protocol.batch_read import BatchError
-from tidemq.protocol.stored import decode_stored
+from tidemq.protocol.records.stored import decode_stored
+from tidemq.protocol.records.v2_read import BatchError
 from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
 

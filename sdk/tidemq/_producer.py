@@ -54,8 +54,8 @@ from tidemq._selector import QueueSelector
 from tidemq._tasks import finish_tasks
 from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import ErrorCode, OutgoingMessage
-from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.message import DEFAULT_LIMITS
+from tidemq.protocol.records.v2 import CONTENT_BATCH
 
 log = logging.getLogger("tidemq.producer")
 

@@ -83,7 +83,7 @@ from tidemq._transaction_checks import CheckPoller
 from tidemq._transaction_types import TransactionSendResult, TransactionState
 from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import OutgoingMessage, ReceivedMessage
-from tidemq.protocol.batch import CONTENT_BATCH
+from tidemq.protocol.records.v2 import CONTENT_BATCH
 
 log = logging.getLogger("tidemq.transactions")
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tidemq.protocol import CONTENT_JSON
-from tidemq.protocol.batch_read import as_messages
 from tidemq.protocol.codec import decode_payload, encode_payload, is_batch
+from tidemq.protocol.records.v2_read import as_messages
 
 Params = Mapping[str, str | int | float]
 

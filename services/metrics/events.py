@@ -1,4 +1,4 @@
-"""Validation of the transaction events the job reads (schema: ``tidemq.protocol.events``).
+"""Validation of the transaction events the job reads (schema: ``tidemq.protocol.records.events``).
 
 ``parse_event`` turns one record body into the row the data source emits: the event's fields,
 or, for a body that breaks the schema, empty fields and a ``MalformedReason`` — such a row is
@@ -12,7 +12,13 @@ from enum import StrEnum
 from typing import Any
 
 import orjson
-from tidemq.protocol.events import EVENT_FIELDS, INT_FIELDS, STRING_FIELDS, EventKind, EventSource
+from tidemq.protocol.records.events import (
+    EVENT_FIELDS,
+    INT_FIELDS,
+    STRING_FIELDS,
+    EventKind,
+    EventSource,
+)
 
 
 class MalformedReason(StrEnum):

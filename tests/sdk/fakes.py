@@ -29,8 +29,8 @@ from tidemq.protocol import (
     parse_messages,
     retry_topic,
 )
-from tidemq.protocol.batch import CONTENT_BATCH
-from tidemq.protocol.batch_read import as_messages
+from tidemq.protocol.records.v2 import CONTENT_BATCH
+from tidemq.protocol.records.v2_read import as_messages
 
 
 def request_payload(content: bytes, content_type: str | None) -> Any:

@@ -8,8 +8,8 @@ from tidemq._batch import QueueBatch, delay_of, encode_messages, encode_request,
 from tidemq._exceptions import UnexpectedResponseError
 from tidemq._message import Message, to_outgoing
 from tidemq.protocol import SHARDING_KEY, OutgoingMessage
-from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind, tag_code
-from tidemq.protocol.batch_read import BatchError, decode_record, split, validate
+from tidemq.protocol.records.v2 import CLIENT_PROPERTIES, DelayKind, tag_code
+from tidemq.protocol.records.v2_read import BatchError, decode_record, split, validate
 
 
 def test_sent_messages_become_records_the_broker_accepts() -> None:

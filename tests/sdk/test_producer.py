@@ -16,7 +16,7 @@ from tidemq import (
     RetryPolicy,
     TopicNotFoundError,
 )
-from tidemq.protocol.batch import CONTENT_BATCH
+from tidemq.protocol.records.v2 import CONTENT_BATCH
 
 from tests.sdk.fakes import Canned, FakeCluster
 

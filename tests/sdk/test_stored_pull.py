@@ -8,8 +8,8 @@ from tidemq._broker_api import BrokerApi, QueueAsk, _pull_result
 from tidemq._http import HttpClient
 from tidemq._routes import MessageQueue
 from tidemq.protocol import RETRY_TOPIC
-from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.stored import StoredMessage, append_group
+from tidemq.protocol.records.stored import StoredMessage, append_group
+from tidemq.protocol.records.v2 import BatchBuilder, fill
 
 from tests.sdk.fakes import FakeCluster
 

@@ -26,8 +26,8 @@ from tidemq import (
 )
 from tidemq.outbox import OutboxListener
 from tidemq.protocol import TRANSACTION_ID
-from tidemq.protocol.batch import CONTENT_BATCH
-from tidemq.protocol.batch_read import as_messages
+from tidemq.protocol.records.v2 import CONTENT_BATCH
+from tidemq.protocol.records.v2_read import as_messages
 
 BROKER = "http://broker.test"
 

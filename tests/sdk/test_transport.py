@@ -16,7 +16,7 @@ from tidemq import (
 )
 from tidemq._exceptions import WireConnectError, WireError
 from tidemq._http import NO_RETRY, HttpClient
-from tidemq.protocol.batch import CONTENT_BATCH
+from tidemq.protocol.records.v2 import CONTENT_BATCH
 
 NS = "http://ns.test:9876"
 BROKER = "http://broker.test:10911"

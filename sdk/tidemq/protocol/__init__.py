@@ -14,7 +14,6 @@ from tidemq.protocol.codec import (
     encode_payload,
 )
 from tidemq.protocol.codes import ErrorCode, ProtocolError
-from tidemq.protocol.events import EVENT_FIELDS, EventKind, EventSource, make_event
 from tidemq.protocol.message import (
     CONSUME_FAILURE,
     MAX_CONSUME_FAILURE_CHARS,
@@ -48,6 +47,7 @@ from tidemq.protocol.properties import (
     TRANSACTION_ID,
     UNIQ_KEY,
 )
+from tidemq.protocol.records.events import EVENT_FIELDS, EventKind, EventSource, make_event
 from tidemq.protocol.schedule import DELIVERY_FIELDS, DeliveryRow, DueRecord, IntakeRow
 from tidemq.protocol.topics import (
     Perm,

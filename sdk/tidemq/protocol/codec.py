@@ -7,8 +7,8 @@ from typing import Any, cast
 import msgpack
 import orjson
 
-from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.codes import ErrorCode, ProtocolError
+from tidemq.protocol.records.v2 import CONTENT_BATCH
 
 CONTENT_JSON = "application/json"
 CONTENT_MSGPACK = "application/msgpack"

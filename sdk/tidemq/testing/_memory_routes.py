@@ -33,8 +33,8 @@ from tidemq.protocol import (
     validate_client_id,
     validate_group_name,
 )
-from tidemq.protocol.batch_read import as_messages
 from tidemq.protocol.codec import is_batch
+from tidemq.protocol.records.v2_read import as_messages
 from tidemq.protocol.topics import RETRY_PREFIX
 from tidemq.testing._memory_simple import MemorySimple
 from tidemq.testing._memory_store import MemoryStore

@@ -1,5 +1,5 @@
 """The send path for producer-made batches (``application/x-tidemq-batch``): record format v2
-as the log stores it (``tidemq.protocol.batch``), appended without decoding a body.
+as the log stores it (``tidemq.protocol.records.v2``), appended without decoding a body.
 
 A request body is one or more batches, each for one queue of the request's topic. In order:
 
@@ -27,14 +27,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tidemq.protocol import ErrorCode, ProtocolError
-from tidemq.protocol.batch import CLIENT_PROPERTIES, DelayKind
-from tidemq.protocol.batch_read import BatchError, BatchSummary, decode_record, split, validate
 from tidemq.protocol.message import Limits
+from tidemq.protocol.records.v2 import CLIENT_PROPERTIES, DelayKind
+from tidemq.protocol.records.v2_read import BatchError, BatchSummary, decode_record, split, validate
 
 from tidemq_server.broker.messaging.dedup import DedupKey, Run
-from tidemq_server.broker.store import record as v1
-from tidemq_server.broker.store.batches import Batch
-from tidemq_server.broker.store.entry import store_properties
+from tidemq_server.broker.store.records import v1 as v1
+from tidemq_server.broker.store.records.entry import store_properties
+from tidemq_server.broker.store.records.v2_own import Batch
 from tidemq_server.broker.store.types import MessageRecord, PutStatus
 from tidemq_server.common.clock import now_ms
 from tidemq_server.common.logs import ids_wanted, note_message_ids

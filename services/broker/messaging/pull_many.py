@@ -209,7 +209,7 @@ class ManyPuller:
 
 def many_answer(answer: ManyAnswer, wire: Any, stored: bool = False) -> dict[str, Any]:
     """The body of ``POST /v1/pull``: one entry per queue with news (``stored``: its records
-    as one stored-form blob, ``tidemq.protocol.stored``, instead of ``messages``)."""
+    as one stored-form blob, ``tidemq.protocol.records.stored``, instead of ``messages``)."""
     queues: list[dict[str, Any]] = []
     for n in answer.news:
         entry: dict[str, Any] = {"topic": n.want.topic, "queue_id": n.want.queue_id}

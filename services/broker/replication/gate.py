@@ -23,7 +23,7 @@ from typing import Any
 from tidemq_server.broker.replication.quorum import Quorum
 from tidemq_server.broker.replication.role import BrokerRole
 from tidemq_server.broker.store.appender import Appender
-from tidemq_server.broker.store.batches import Batch
+from tidemq_server.broker.store.records.v2_own import Batch
 from tidemq_server.broker.store.types import MessageRecord, PutResult, PutStatus
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from tidemq_server.broker.store.batches import Batch
+from tidemq_server.broker.store.records.v2_own import Batch
 from tidemq_server.broker.store.types import MessageRecord, PutResult, PutStatus
 
 

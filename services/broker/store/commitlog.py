@@ -20,12 +20,13 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemq.protocol.batch import RECORD_FIXED
-from tidemq.protocol.batch_read import BatchSummary
+from tidemq.protocol.records.v2 import RECORD_FIXED
+from tidemq.protocol.records.v2_read import BatchSummary
 
-from tidemq_server.broker.store import entry, record
-from tidemq_server.broker.store.entry import read_record, salvage_batch, validate_entry
-from tidemq_server.broker.store.record import BLANK, BLANK_MAGIC, BLANK_SIZE, CorruptRecord
+from tidemq_server.broker.store.records import entry
+from tidemq_server.broker.store.records import v1 as record
+from tidemq_server.broker.store.records.entry import read_record, salvage_batch, validate_entry
+from tidemq_server.broker.store.records.v1 import BLANK, BLANK_MAGIC, BLANK_SIZE, CorruptRecord
 from tidemq_server.broker.store.types import StoredRecord
 from tidemq_server.common.files import fsync_dir
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidemq.protocol.batch_read import BatchSummary
+from tidemq.protocol.records.v2_read import BatchSummary
 
 from tidemq_server.broker.store.consume_queue import ConsumeQueue
 from tidemq_server.broker.store.index import Index, topic_key, unique_key

@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from tidemq.protocol.batch_read import BatchSummary
+from tidemq.protocol.records.v2_read import BatchSummary
 
-from tidemq_server.broker.store import record
-from tidemq_server.broker.store.entry import validate_entry
-from tidemq_server.broker.store.record import BLANK_SIZE, CorruptRecord
+from tidemq_server.broker.store.records import v1 as record
+from tidemq_server.broker.store.records.entry import validate_entry
+from tidemq_server.broker.store.records.v1 import BLANK_SIZE, CorruptRecord
 
 if TYPE_CHECKING:
     from tidemq_server.broker.store.store import MessageStore

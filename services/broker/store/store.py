@@ -14,17 +14,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tidemq.protocol.batch_read import BatchHead
+from tidemq.protocol.records.v2_read import BatchHead
 
-from tidemq_server.broker.store import record, replicated
+from tidemq_server.broker.store import replicated
 from tidemq_server.broker.store.checkpoint import Checkpoint, CorruptCheckpoint
 from tidemq_server.broker.store.commitlog import CLOSED, CommitLog
 from tidemq_server.broker.store.config import StoreConfig
 from tidemq_server.broker.store.dispatcher import Dispatcher
-from tidemq_server.broker.store.entry import record_in
 from tidemq_server.broker.store.index import Index, topic_key, unique_key
+from tidemq_server.broker.store.records import v1 as record
+from tidemq_server.broker.store.records.entry import record_in
+from tidemq_server.broker.store.records.stored import spans, stored_groups
 from tidemq_server.broker.store.retention import DiskSpace, Retention
-from tidemq_server.broker.store.stored_read import spans, stored_groups
 from tidemq_server.broker.store.types import (
     GetResult,
     GetStatus,
@@ -241,7 +242,7 @@ class MessageStore:
     def get_stored(self, topic: str, queue_id: int, offset: int, max_count: int,
                    tag_codes: frozenset[int] | None = None,
                    tags: frozenset[bytes] | None = None) -> GetResult:
-        """``get`` answered in stored form (``store/stored_read.py``): ``res.stored`` holds the
+        """``get`` answered in stored form (``store/records/stored.py``): ``res.stored`` holds the
         selected records as the log holds them, ``res.count`` how many; ``tags`` (exact tag
         bytes) rules out tag-code collisions."""
         res, wanted = self._select(topic, queue_id, offset, max_count, tag_codes)

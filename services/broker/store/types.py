@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 
 from tidemq.protocol import KEYS, TAGS, UNIQ_KEY
-from tidemq.protocol.batch import KEY_SEPARATOR as KEY_SEPARATOR
-from tidemq.protocol.batch import tag_code as tag_code  # the consume queue's tag slot value
+from tidemq.protocol.records.v2 import KEY_SEPARATOR as KEY_SEPARATOR
+from tidemq.protocol.records.v2 import tag_code as tag_code  # the consume queue's tag slot value
 
 KiB = 1024
 MiB = 1024 * KiB

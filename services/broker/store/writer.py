@@ -2,9 +2,9 @@
 
 Concurrent ``put`` calls enqueue requests; one task drains the queue, puts every waiting
 entry into one buffer, writes it with one ``pwrite``, dispatches the records and wakes
-long-pollers. Every entry is a record format v2 batch (``tidemq.protocol.batch``): a
+long-pollers. Every entry is a record format v2 batch (``tidemq.protocol.records.v2``): a
 producer's batch as it arrived (``append_batches``), or the batches ``append`` encodes a put's
-records into (``store/batches.py``). The writer fills each batch's broker part (physical
+records into (``store/records/v2_own.py``). The writer fills each batch's broker part (physical
 offset, queue offset of its first record, store time, hosts) in place, seals its header CRC
 and dispatches it from its summary.
 
@@ -38,14 +38,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tidemq.protocol.batch import fill
+from tidemq.protocol.records.v2 import fill
 
-from tidemq_server.broker.store import record
-from tidemq_server.broker.store.batches import Batch, encode_records
 from tidemq_server.broker.store.commitlog import CommitLog, StoreClosedError
 from tidemq_server.broker.store.config import FlushMode, StoreConfig
 from tidemq_server.broker.store.consume_queue import ConsumeQueue
 from tidemq_server.broker.store.dispatcher import Dispatcher, dispatchable
+from tidemq_server.broker.store.records import v1 as record
+from tidemq_server.broker.store.records.v2_own import Batch, encode_records
 from tidemq_server.broker.store.retention import DiskSpace
 from tidemq_server.broker.store.types import Appended, MessageRecord, PutResult, PutStatus
 

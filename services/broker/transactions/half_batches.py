@@ -1,5 +1,5 @@
 """Half messages as producer-made batches: ``POST /v1/transactions?producer_group=&topic=`` with
-``application/x-tidemq-batch`` (record format v2, ``tidemq.protocol.batch``).
+``application/x-tidemq-batch`` (record format v2, ``tidemq.protocol.records.v2``).
 
 The SDK builds each half record as the log stores a half copy: topic ``RMQ_SYS_TRANS_HALF_TOPIC``,
 queue 0, sys_flag 0 (a half copy is dispatched into the half queue the checker walks), and the
@@ -42,15 +42,15 @@ from tidemq.protocol import (
     ProtocolError,
     validate_group_name,
 )
-from tidemq.protocol.batch import KEY_SEPARATOR, RECORD, RECORD_FIXED, decode_properties
-from tidemq.protocol.batch_read import BatchError, BatchSummary, split, validate
 from tidemq.protocol.numbers import INT32_MAX
+from tidemq.protocol.records.v2 import KEY_SEPARATOR, RECORD, RECORD_FIXED, decode_properties
+from tidemq.protocol.records.v2_read import BatchError, BatchSummary, split, validate
 
 from tidemq_server.broker.messaging.intake import check_limits
 from tidemq_server.broker.messaging.send import appended_or_raise
-from tidemq_server.broker.store import record as v1
-from tidemq_server.broker.store.batches import Batch, encode_records
 from tidemq_server.broker.store.index import topic_key
+from tidemq_server.broker.store.records import v1 as v1
+from tidemq_server.broker.store.records.v2_own import Batch, encode_records
 from tidemq_server.broker.store.types import Appended, MessageRecord, PutResult
 from tidemq_server.broker.store.writer import RECORDS_BATCH_BYTES
 from tidemq_server.broker.transactions.model import HALF_TOPIC, TxInfo, event_record

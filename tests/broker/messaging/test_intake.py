@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from tidemq.protocol import ErrorCode, Limits, Perm, ProtocolError
-from tidemq.protocol.batch import U32, BatchBuilder, DelayKind, seal
-from tidemq.protocol.batch_read import validate
+from tidemq.protocol.records.v2 import U32, BatchBuilder, DelayKind, seal
+from tidemq.protocol.records.v2_read import validate
 
 from tests.broker.store.conftest import small_config
 from tidemq_server.broker.delays.routing import SCHEDULE_TOPIC, DelayRouter

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from tidemq._batch import encode_halves, encode_messages
 from tidemq.protocol import OutgoingMessage
-from tidemq.protocol.batch import CONTENT_BATCH
+from tidemq.protocol.records.v2 import CONTENT_BATCH
 
 from tests.support.broker import BrokerHandle, msgpack_post, run_broker, unique
 from tests.support.procs import RedisServer, free_port, wait_port

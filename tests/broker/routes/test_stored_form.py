@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import msgpack
 import pytest
-from tidemq.protocol.batch import CONTENT_BATCH, BatchBuilder
-from tidemq.protocol.stored import decode_stored
+from tidemq.protocol.records.stored import decode_stored
+from tidemq.protocol.records.v2 import CONTENT_BATCH, BatchBuilder
 
 from tests.support.broker import BrokerHandle, run_broker
 from tests.support.procs import RedisServer

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidemq_server.broker.store import record
 from tidemq_server.broker.store.commitlog import CommitLog
+from tidemq_server.broker.store.records import v1 as record
 from tidemq_server.broker.store.types import MessageRecord
 
 

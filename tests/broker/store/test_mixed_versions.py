@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.batch_read import validate
+from tidemq.protocol.records.v2 import BatchBuilder, fill
+from tidemq.protocol.records.v2_read import validate
 
 from tests.broker.store.conftest import make_record, small_config
-from tidemq_server.broker.store import MessageStore, commitlog, record, tag_code
+from tidemq_server.broker.store import MessageStore, commitlog, tag_code
+from tidemq_server.broker.store.records import v1 as record
 
 STORE_HOST = record.encode_host("10.0.0.1:10911")
 

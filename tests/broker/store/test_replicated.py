@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.batch_read import validate
+from tidemq.protocol.records.v2 import BatchBuilder, fill
+from tidemq.protocol.records.v2_read import validate
 
 from tests.broker.store.conftest import make_record, small_config
 from tidemq_server.broker.store import MessageStore, PutStatus, tag_code

@@ -14,7 +14,7 @@ import pytest
 
 from tests.broker.store.conftest import make_record
 from tidemq_server.broker.store import MessageStore, PutStatus
-from tidemq_server.broker.store.record import FIELD_RANGES, UnfitRecord, validate_fits
+from tidemq_server.broker.store.records.v1 import FIELD_RANGES, UnfitRecord, validate_fits
 
 
 @pytest.mark.parametrize(("field", "value"), [

@@ -20,7 +20,7 @@ from tidemq.protocol import (
     TRANSACTION_ID,
     OutgoingMessage,
 )
-from tidemq.protocol.batch import CONTENT_BATCH, BatchBuilder, DelayKind
+from tidemq.protocol.records.v2 import CONTENT_BATCH, BatchBuilder, DelayKind
 
 from tests.support.transactions import BrokerHandle, Cluster, delivered, events, pending, unique
 from tests.support.wait import wait_until

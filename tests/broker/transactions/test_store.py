@@ -192,9 +192,9 @@ async def test_a_half_from_a_producer_batch_is_rebuilt_from_the_log(store_dir: P
     re-put copy (a check) keeps that birth."""
     from tidemq._batch import encode_halves
     from tidemq.protocol import OutgoingMessage
-    from tidemq.protocol.batch_read import validate
+    from tidemq.protocol.records.v2_read import validate
 
-    from tidemq_server.broker.store.batches import Batch
+    from tidemq_server.broker.store.records.v2_own import Batch
 
     store = await MessageStore.open(StoreConfig(root=store_dir))
     try:

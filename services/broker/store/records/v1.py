@@ -26,7 +26,7 @@ Byte layout (big-endian), format version 1::
 A segment's unused tail starts with an 8-byte blank marker ``(remaining, BLANK_MAGIC)``.
 
 Format version 2 (the batch the producer builds and the log stores as it is) is laid out byte
-by byte in ``tidemq.protocol.batch``, the protocol module the SDK and the broker share; its
+by byte in ``tidemq.protocol.records.v2``, the protocol module the SDK and the broker share; its
 magic has this version's high half and its low half says 2.
 The CRC covers everything after itself, so a torn or overwritten record is always detected.
 """
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from tidemq.protocol import KEYS, UNIQ_KEY
-from tidemq.protocol.batch import decode_properties, encode_properties  # the v2 format's too
 from tidemq.protocol.numbers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
+from tidemq.protocol.records.v2 import decode_properties, encode_properties  # the v2 format's too
 
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord
 

@@ -1,10 +1,10 @@
 """Stored-form reads: the records a pull selects, served as the log holds them.
 
 ``stored_groups`` turns consume-queue spots ``(offset, size)`` into a stored-form answer blob
-(``tidemq.protocol.stored``: per batch touched, its header as stored then the selected records
-as stored). Neighbouring records share one ``pread`` (as ``MessageStore.read_many``), a batch's
-header is taken from the bytes already read when the span holds it (else read once per call),
-and nothing is decoded beyond what the checks need:
+(``tidemq.protocol.records.stored``: per batch touched, its header as stored then the selected
+records as stored). Neighbouring records share one ``pread`` (as ``MessageStore.read_many``),
+a batch's header is taken from the bytes already read when the span holds it (else read once
+per call), and nothing is decoded beyond what the checks need:
 
 - each record's CRC is checked (a record that fails is logged and left out: a corrupt record
   is never served), and it must point back at its batch (``batch_pos``);
@@ -19,12 +19,12 @@ import logging
 import struct
 import zlib
 
-from tidemq.protocol.batch import CRC_AT, CRC_FROM, HEADER_FIXED, PLACE_AT, RECORD_FIXED
-from tidemq.protocol.batch_read import BatchError, read_head
-from tidemq.protocol.stored import GROUP
+from tidemq.protocol.records.stored import GROUP
+from tidemq.protocol.records.v2 import CRC_AT, CRC_FROM, HEADER_FIXED, PLACE_AT, RECORD_FIXED
+from tidemq.protocol.records.v2_read import BatchError, read_head
 
-from tidemq_server.broker.store import record
-from tidemq_server.broker.store.entry import ReadBytes, as_group, read_head_of
+from tidemq_server.broker.store.records import v1 as record
+from tidemq_server.broker.store.records.entry import ReadBytes, as_group, read_head_of
 
 log = logging.getLogger(__name__)
 

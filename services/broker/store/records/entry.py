@@ -1,5 +1,5 @@
 """Log entries of either format: a version-1 record (``record.py``) or a version-2 batch
-(``tidemq.protocol.batch``), for the readers that will meet both in one commit log.
+(``tidemq.protocol.records.v2``), for the readers that will meet both in one commit log.
 
 Pure functions over buffers; the caller does the reading:
 
@@ -25,14 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tidemq.protocol import KEYS, TAGS, UNIQ_KEY
-from tidemq.protocol.batch import (
+from tidemq.protocol.records.stored import GROUP
+from tidemq.protocol.records.v2 import (
     HEADER_FIXED,
     KEY_SEPARATOR,
     MAX_TOPIC_BYTES,
     BatchBuilder,
     fill,
 )
-from tidemq.protocol.batch_read import (
+from tidemq.protocol.records.v2_read import (
     BatchError,
     BatchHead,
     BatchSummary,
@@ -43,10 +44,9 @@ from tidemq.protocol.batch_read import (
     validate,
     version_at,
 )
-from tidemq.protocol.stored import GROUP
 
-from tidemq_server.broker.store import record
-from tidemq_server.broker.store.record import CorruptRecord
+from tidemq_server.broker.store.records import v1 as record
+from tidemq_server.broker.store.records.v1 import CorruptRecord
 from tidemq_server.broker.store.types import StoredRecord, tag_code
 
 V1, V2 = 1, 2
@@ -221,7 +221,8 @@ def store_timestamp(read_bytes: ReadBytes, offset: int) -> int | None:
 
 def as_group(rec: StoredRecord) -> bytes:
     """A v1 record as one stored-form pull group: a one-record v2 batch with the record's own
-    queue offset, store time and hosts (``tidemq.protocol.stored`` decodes it as any other)."""
+    queue offset, store time and hosts (``tidemq.protocol.records.stored`` decodes it as any
+    other)."""
     props = {k: v for k, v in rec.properties.items() if k not in (UNIQ_KEY, TAGS, KEYS)}
     builder = BatchBuilder(rec.topic, rec.queue_id, rec.sys_flag)
     builder.add(rec.body, rec.message_id, tag=rec.tag, keys=rec.keys, properties=props,

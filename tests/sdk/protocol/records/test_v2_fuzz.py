@@ -8,9 +8,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.batch_read import BatchError, decode_record, split, validate
-from tidemq.protocol.stored import append_group, decode_stored
+from tidemq.protocol.records.stored import append_group, decode_stored
+from tidemq.protocol.records.v2 import BatchBuilder, fill
+from tidemq.protocol.records.v2_read import BatchError, decode_record, split, validate
 from tidemq.protocol.tags import tag_problem
 
 text = st.text(st.characters(blacklist_characters="\x00\x01\x02\x1f",

@@ -25,7 +25,9 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
-from tidemq.protocol.batch import (
+from tidemq.protocol.message import ReceivedMessage
+from tidemq.protocol.properties import RESERVED_PROPERTIES, RETRY_TOPIC
+from tidemq.protocol.records.v2 import (
     CRC_AT,
     CRC_FROM,
     HEADER_FIXED,
@@ -35,9 +37,7 @@ from tidemq.protocol.batch import (
     RECORD_FIXED,
     decode_properties,
 )
-from tidemq.protocol.batch_read import BatchError, Buffer, read_head
-from tidemq.protocol.message import ReceivedMessage
-from tidemq.protocol.properties import RESERVED_PROPERTIES, RETRY_TOPIC
+from tidemq.protocol.records.v2_read import BatchError, Buffer, read_head
 
 GROUP = struct.Struct(">I")
 BODY, REST = 1, 2  # a StoredMessage's lazy parts

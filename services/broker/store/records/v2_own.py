@@ -1,7 +1,7 @@
 """The broker's own records as format v2 batches: what the writer appends for every put.
 
-A producer's batch arrives in format v2 already (``tidemq.protocol.batch``); a record the broker
-makes itself (a send in JSON or msgpack, a commit copy, an op record, an event, a retry, a
+A producer's batch arrives in format v2 already (``tidemq.protocol.records.v2``); a record the
+broker makes itself (a send in JSON or msgpack, a commit copy, an op record, an event, a retry, a
 delayed message's copies) arrives as a ``MessageRecord``. ``encode_records`` turns a put's
 records into batches before the put is queued, so the writer handles one kind of entry:
 
@@ -23,11 +23,11 @@ import struct
 from dataclasses import dataclass
 
 from tidemq.protocol import KEYS, TAGS, UNIQ_KEY
-from tidemq.protocol.batch import HEADER_FIXED, NO_HOST, BatchBuilder, UnfitBatch
-from tidemq.protocol.batch_read import BatchHead, BatchSummary
+from tidemq.protocol.records.v2 import HEADER_FIXED, NO_HOST, BatchBuilder, UnfitBatch
+from tidemq.protocol.records.v2_read import BatchHead, BatchSummary
 
-from tidemq_server.broker.store import record
-from tidemq_server.broker.store.record import UnfitRecord
+from tidemq_server.broker.store.records import v1 as record
+from tidemq_server.broker.store.records.v1 import UnfitRecord
 from tidemq_server.broker.store.types import MessageRecord
 
 _OWN_FIELDS = (UNIQ_KEY, TAGS, KEYS)

@@ -1,5 +1,5 @@
 """Record format v2: what the producer encodes is what readers decode, and every bad batch is
-refused with an error naming the record and the field (tidemq.protocol.batch, batch_read)."""
+refused with an error naming the record and the field (tidemq.protocol.records.v2, v2_read)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import zlib
 
 import pytest
 from tidemq.protocol import ErrorCode
-from tidemq.protocol.batch import (
+from tidemq.protocol.message import Limits
+from tidemq.protocol.records.v2 import (
     HEADER_FIXED,
     MAGIC,
     MAGIC_BASE,
@@ -20,7 +21,7 @@ from tidemq.protocol.batch import (
     seal,
     tag_code,
 )
-from tidemq.protocol.batch_read import (
+from tidemq.protocol.records.v2_read import (
     BatchError,
     decode_record,
     read_head,
@@ -28,7 +29,6 @@ from tidemq.protocol.batch_read import (
     validate,
     version_at,
 )
-from tidemq.protocol.message import Limits
 
 HOST = b"\x0a\x00\x00\x01\x00\x00\x2a\x8f"  # 10.0.0.1:10911
 

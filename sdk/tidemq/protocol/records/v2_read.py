@@ -20,7 +20,10 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
-from tidemq.protocol.batch import (
+from tidemq.protocol.codes import ErrorCode, ProtocolError
+from tidemq.protocol.message import DEFAULT_LIMITS, Limits, OutgoingMessage, has_forbidden
+from tidemq.protocol.properties import SHARDING_KEY, is_reserved, reserved_text
+from tidemq.protocol.records.v2 import (
     BROKER_AT,
     CRC_AT,
     CRC_FROM,
@@ -36,9 +39,6 @@ from tidemq.protocol.batch import (
     DelayKind,
     decode_properties,
 )
-from tidemq.protocol.codes import ErrorCode, ProtocolError
-from tidemq.protocol.message import DEFAULT_LIMITS, Limits, OutgoingMessage, has_forbidden
-from tidemq.protocol.properties import SHARDING_KEY, is_reserved, reserved_text
 from tidemq.protocol.tags import TAG_MAX, tag_problem
 
 Buffer = bytes | bytearray | memoryview

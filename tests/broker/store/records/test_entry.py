@@ -1,5 +1,5 @@
-"""Log entries of either format (store/entry.py) and a v2 batch's dispatch: a message kept as a
-version-1 record or inside a version-2 batch reads back as the same StoredRecord."""
+"""Log entries of either format (store/records/entry.py) and a v2 batch's dispatch: a message
+kept as a version-1 record or inside a version-2 batch reads back as the same StoredRecord."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 from tidemq.protocol import ReceivedMessage
-from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.batch_read import BatchHead, validate
-from tidemq.protocol.stored import decode_stored
+from tidemq.protocol.records.stored import decode_stored
+from tidemq.protocol.records.v2 import BatchBuilder, fill
+from tidemq.protocol.records.v2_read import BatchHead, validate
 
 from tidemq_server.broker.messaging.convert import to_wire
-from tidemq_server.broker.store import record
 from tidemq_server.broker.store.dispatcher import Dispatcher
-from tidemq_server.broker.store.entry import (
+from tidemq_server.broker.store.index import Index, topic_key, unique_key
+from tidemq_server.broker.store.records import v1 as record
+from tidemq_server.broker.store.records.entry import (
     V1,
     V2,
     as_group,
@@ -24,8 +25,7 @@ from tidemq_server.broker.store.entry import (
     store_timestamp,
     validate_entry,
 )
-from tidemq_server.broker.store.index import Index, topic_key, unique_key
-from tidemq_server.broker.store.record import CorruptRecord
+from tidemq_server.broker.store.records.v1 import CorruptRecord
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord, SysFlag, tag_code
 
 STORE_HOST, BORN_HOST, STORE_MS = "10.0.0.1:10911", "192.168.1.2:5555", 1_767_225_601_000

@@ -1,4 +1,4 @@
-"""Stored-form pull answers (tidemq.protocol.stored): groups of stored records become
+"""Stored-form pull answers (tidemq.protocol.records.stored): groups of stored records become
 ReceivedMessages whose keys, properties and body are decoded only when first read."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 from tidemq.protocol import ReceivedMessage
-from tidemq.protocol.batch import BatchBuilder, fill
-from tidemq.protocol.batch_read import BatchError, validate
-from tidemq.protocol.stored import BODY, REST, StoredMessage, append_group, decode_stored
+from tidemq.protocol.records.stored import BODY, REST, StoredMessage, append_group, decode_stored
+from tidemq.protocol.records.v2 import BatchBuilder, fill
+from tidemq.protocol.records.v2_read import BatchError, validate
 
 
 def stored_batch(topic: str, queue_id: int, base_q: int, n: int, store_ms: int) -> bytearray:

@@ -1,6 +1,6 @@
 """Record format version 2: the batch the producer builds and the commit log stores as it is.
 
-Pure layout and encoding, no I/O (``batch_read`` decodes and validates). The producer writes a
+Pure layout and encoding, no I/O (``v2_read`` decodes and validates). The producer writes a
 batch once; the broker checks it, writes its own fields into the header's broker part (outside
 every producer checksum), appends it with one write and dispatches it from a summary; a pull
 serves the stored record bytes and the consumer decodes them.
@@ -72,7 +72,7 @@ from enum import IntEnum
 from tidemq.protocol.properties import SHARDING_KEY
 
 FORMAT_VERSION = 2
-MAGIC_BASE = 0x7D1E_0000  # shared with format version 1 (services/broker/store/record.py)
+MAGIC_BASE = 0x7D1E_0000  # shared with format version 1 (services/broker/store/records/v1.py)
 MAGIC = MAGIC_BASE | FORMAT_VERSION
 MAGIC_HIGH = 0xFFFF_0000  # the half of a magic that says "tidemq"
 CONTENT_BATCH = "application/x-tidemq-batch"  # a request body of one or more batches
@@ -158,7 +158,7 @@ def decode_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
 
 class UnfitBatch(ValueError):
     """A record or header field that the layout cannot hold (the encoder's error; the message
-    names the field). Readers raise ``batch_read.BatchError`` instead."""
+    names the field). Readers raise ``v2_read.BatchError`` instead."""
 
 
 class BatchBuilder:

@@ -4,7 +4,7 @@ import zlib
 
 import pytest
 
-from tidemq_server.broker.store import record
+from tidemq_server.broker.store.records import v1 as record
 from tidemq_server.broker.store.types import MessageRecord
 
 

@@ -1,4 +1,4 @@
-"""Stored-form reads (MessageStore.get_stored, store/stored_read.py): the records a pull selects
+"""Stored-form reads (MessageStore.get_stored, store/records/stored.py): the records a pull selects
 come back as the log holds them, grouped by batch, and decode to the same messages a decoded
 read gives; v1 records, tag filtering and corrupt records are handled on the way."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tidemq.protocol.stored import decode_stored
+from tidemq.protocol.records.stored import decode_stored
 
 from tests.broker.store.conftest import make_record, small_config
 from tests.broker.store.test_mixed_versions import append_v1
