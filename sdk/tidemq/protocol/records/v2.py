@@ -70,6 +70,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from enum import IntEnum
 
 from tidemq.protocol.properties import SHARDING_KEY
+from tidemq.protocol.records._compiled import core
 
 FORMAT_VERSION = 2
 MAGIC_BASE = 0x7D1E_0000  # shared with format version 1 (services/broker/store/records/v1.py)
@@ -216,17 +217,13 @@ class BatchBuilder:
             if code is None:
                 code = 0
         try:
-            fields = FIELDS.pack(flag, reconsume_times, born_timestamp, code, prepared_tx_offset,
-                                 delay_value, delay_kind, len(mid), len(tg), len(ks),
-                                 len(props), len(body))
+            size = append_record(buf, n, mid, tg, ks, props, body, flag, reconsume_times,
+                                 born_timestamp, code, prepared_tx_offset, delay_value,
+                                 delay_kind)
         except struct.error:
             raise UnfitBatch(_unfit(flag, reconsume_times, born_timestamp, code,
                                     prepared_tx_offset, delay_value, delay_kind, mid, tg, ks,
                                     props, body)) from None
-        tail = b"".join((fields, mid, tg, ks, props, body))
-        size = CRC_FROM + len(tail)
-        buf += LEAD.pack(size, pos, n, zlib.crc32(tail, zlib.crc32(PLACE.pack(pos, n))))
-        buf += tail
         self._count = n + 1
         return size
 
@@ -246,6 +243,22 @@ class BatchBuilder:
         U32.pack_into(buf, 4, MAGIC)
         seal(buf, 0)
         return bytes(buf)
+
+
+def append_record(buf: bytearray, ordinal: int, mid: bytes, tag: bytes, keys: bytes,
+                  props: bytes, body: bytes, flag: int, reconsume: int, born: int, code: int,
+                  prepared: int, delay_value: int, delay_kind: int) -> int:
+    """Append one record (its fields encoded, its CRC computed) at the end of ``buf``, the
+    batch being built; returns its size. struct.error when a field does not fit."""
+    pos = len(buf)
+    fields = FIELDS.pack(flag, reconsume, born, code, prepared, delay_value, delay_kind,
+                         len(mid), len(tag), len(keys), len(props), len(body))
+    tail = b"".join((fields, mid, tag, keys, props, body))
+    size = CRC_FROM + len(tail)
+    buf += LEAD.pack(size, pos, ordinal,
+                     zlib.crc32(tail, zlib.crc32(PLACE.pack(pos, ordinal))))
+    buf += tail
+    return size
 
 
 def _unfit(flag: int, reconsume: int, born: int, code: int, prepared: int,
@@ -289,3 +302,9 @@ def encode_batch(topic: str, queue_id: int, records: Iterable[Mapping[str, objec
     for rec in records:
         builder.add(**rec)  # type: ignore[arg-type]
     return builder.finish()
+
+
+append_record_py = append_record  # the reference (tests run it beside the compiled twin)
+if core is not None:  # the compiled twin (_crecords.pyx), falling back on the reference
+    core.use_writer(append_record_py)
+    append_record = core.append_record

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from tidemq.protocol.codes import ErrorCode, ProtocolError
 from tidemq.protocol.message import DEFAULT_LIMITS, Limits, OutgoingMessage, has_forbidden
 from tidemq.protocol.properties import SHARDING_KEY, is_reserved, reserved_text
+from tidemq.protocol.records._compiled import core
 from tidemq.protocol.records.v2 import (
     BROKER_AT,
     CRC_AT,
@@ -380,3 +381,10 @@ def as_messages(buf: Buffer) -> list[OutgoingMessage]:
                 value if kind == DelayKind.DELAY_MS else None,
                 value if kind == DelayKind.DELIVER_AT_MS else None))
     return out
+
+
+validate_py = validate  # the reference (tests run it beside the compiled twin)
+if core is not None:  # the compiled twin (_crecords.pyx), falling back on the reference
+    core.use_reader(validate_py, read_head, _strict, _validate_delay, BatchSummary,
+                    DEFAULT_LIMITS)
+    validate = core.validate

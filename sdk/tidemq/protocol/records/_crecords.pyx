@@ -1,0 +1,280 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled twin of the record format v2 hot paths (the pure-Python modules are the
+reference and the fallback; ``_compiled`` decides which one runs).
+
+Each function here has the name and the signature of its pure twin and gives the same result.
+It checks the common case only: whatever it does not accept (any error, any unusual input) is
+handed to the pure function, which raises the error the reference raises, so the errors are
+the reference's by construction. The pure modules bind their twins in with ``use_*`` (this
+module imports none of them: no import cycle).
+
+Layout offsets are those of ``v2.py``; tests/sdk/protocol/records/test_compiled.py runs both
+twins on the same inputs (the hypothesis fuzz included).
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+
+cdef extern from "zlib.h":
+    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int length) nogil
+
+
+# v2 layout (v2.py): a record's fixed part, its CRC span, the lead written by the producer
+cdef enum:
+    RECORD_FIXED = 67
+    PLACE_AT = 4
+    CRC_AT = 10
+    CRC_FROM = 14
+    MAX_U16 = 0xFFFF
+cdef Py_ssize_t MAX_U32 = 0xFFFFFFFF
+
+# the pure twins and the objects they share, bound by the pure modules (use_reader, use_writer)
+cdef object _validate_py = None
+cdef object _read_head = None
+cdef object _strict = None
+cdef object _validate_delay = None
+cdef object _summary = None
+cdef object _default_limits = None
+cdef object _append_record_py = None
+
+
+class _Reject(Exception):
+    """Not the common case: the pure twin decides (and raises its own error)."""
+
+
+def use_reader(validate_py, read_head, strict, validate_delay, summary, default_limits):
+    """Bind v2_read's pure functions: the fallback and the helpers ``validate`` shares."""
+    global _validate_py, _read_head, _strict, _validate_delay, _summary, _default_limits
+    _validate_py, _read_head, _strict = validate_py, read_head, strict
+    _validate_delay, _summary, _default_limits = validate_delay, summary, default_limits
+
+
+def use_writer(append_record_py):
+    """Bind v2's pure ``append_record`` (the fallback of this one)."""
+    global _append_record_py
+    _append_record_py = append_record_py
+
+
+cdef inline uint32_t _u32(const uint8_t *p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+
+cdef inline uint16_t _u16(const uint8_t *p) noexcept nogil:
+    return <uint16_t>((p[0] << 8) | p[1])
+
+
+cdef inline int64_t _i64(const uint8_t *p) noexcept nogil:
+    return <int64_t>((<uint64_t>_u32(p) << 32) | _u32(p + 4))
+
+
+cdef inline void _put_u32(uint8_t *p, uint32_t v) noexcept nogil:
+    p[0] = (v >> 24) & 0xFF
+    p[1] = (v >> 16) & 0xFF
+    p[2] = (v >> 8) & 0xFF
+    p[3] = v & 0xFF
+
+
+cdef inline void _put_u16(uint8_t *p, uint16_t v) noexcept nogil:
+    p[0] = (v >> 8) & 0xFF
+    p[1] = v & 0xFF
+
+
+cdef inline void _put_i64(uint8_t *p, int64_t v) noexcept nogil:
+    _put_u32(p, <uint32_t>((<uint64_t>v) >> 32))
+    _put_u32(p + 4, <uint32_t>(<uint64_t>v))
+
+
+cdef inline unsigned long _record_crc(const uint8_t *r, Py_ssize_t size) noexcept nogil:
+    """A record's CRC: bytes [4, 10) then [14, size)."""
+    return crc32(crc32(0, r + PLACE_AT, CRC_AT - PLACE_AT), r + CRC_FROM,
+                 <unsigned int>(size - CRC_FROM))
+
+
+cdef inline bint _ascii_alnum(const uint8_t *p, Py_ssize_t n) noexcept nogil:
+    """All of ``p[:n]`` ASCII letters or digits (n > 0)."""
+    cdef Py_ssize_t k
+    cdef uint8_t c
+    for k in range(n):
+        c = p[k]
+        if not ((48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122)):
+            return False
+    return n > 0
+
+
+def validate(buf, at=0, *, strict=True, offset=None, allowed=frozenset(), limits=None,
+             end=None):
+    """``v2_read.validate``, compiled: the same summary, or the reference's error."""
+    if limits is None:
+        limits = _default_limits
+    try:
+        return _validate(buf, at, strict, offset, allowed, limits, end)
+    except Exception:
+        pass
+    return _validate_py(buf, at, strict=strict, offset=offset, allowed=allowed, limits=limits,
+                        end=end)
+
+
+cdef object _validate(object buf, object at_obj, bint strict, object offset, object allowed,
+                      object limits, object end):
+    cdef const uint8_t[::1] mv = buf
+    cdef Py_ssize_t n = mv.shape[0]
+    cdef Py_ssize_t at = at_obj
+    cdef Py_ssize_t size, p, stop, rsize, var_at, tag_at, keys_at, i, count
+    cdef uint32_t pos, crc, body_len
+    cdef uint16_t ordinal, id_len, tag_len, keys_len, props_len
+    cdef int64_t code
+    cdef uint8_t kind
+    cdef int64_t payload = 0
+    cdef int64_t max_body, max_id
+    cdef const uint8_t *base
+    cdef const uint8_t *r
+    if at < 0 or n == 0:
+        raise _Reject()
+    head = _read_head(buf, at_obj, end)
+    size = head.size
+    count = head.count
+    if at + size > n:
+        raise _Reject()
+    if offset is not None and head.base_physical != offset:
+        raise _Reject()
+    if strict and count > limits.max_batch_messages:
+        raise _Reject()
+    max_body = limits.max_body_bytes
+    max_id = limits.max_message_id_chars
+    positions, sizes, codes, ids, keys, delayed = [], [], [], [], [], []
+    view = None
+    base = &mv[0]
+    p = at + head.records_at
+    stop = at + size
+    for i in range(count):
+        if stop - p < RECORD_FIXED:
+            raise _Reject()
+        r = base + p
+        rsize = _u32(r)
+        pos = _u32(r + 4)
+        ordinal = _u16(r + 8)
+        crc = _u32(r + 10)
+        code = _i64(r + 30)
+        kind = r[54]
+        id_len = _u16(r + 55)
+        tag_len = _u16(r + 57)
+        keys_len = _u16(r + 59)
+        props_len = _u16(r + 61)
+        body_len = _u32(r + 63)
+        if rsize > stop - p or rsize < RECORD_FIXED:
+            raise _Reject()
+        if (<int64_t>RECORD_FIXED + id_len + tag_len + keys_len + props_len + body_len
+                != rsize):
+            raise _Reject()
+        if pos != p - at or ordinal != i:
+            raise _Reject()
+        if _record_crc(r, rsize) != crc:
+            raise _Reject()
+        var_at = p + RECORD_FIXED
+        tag_at = var_at + id_len
+        keys_at = tag_at + tag_len
+        mid = PyUnicode_DecodeUTF8(<const char *>(base + var_at), id_len, NULL)
+        key = (PyUnicode_DecodeUTF8(<const char *>(base + keys_at), keys_len, NULL)
+               if keys_len else "")
+        if strict:
+            if (tag_len or code or keys_len or props_len or body_len > max_body
+                    or not 0 < len(mid) <= max_id
+                    or not (_ascii_alnum(base + var_at, id_len) or mid.isalnum())):
+                if view is None:
+                    view = memoryview(buf)
+                _strict(view, i, tag_at, keys_at, mid, code, key, props_len, body_len, limits,
+                        allowed)
+            payload += body_len + props_len
+        if kind:
+            delayed.append(i)
+        positions.append(p - at)
+        sizes.append(rsize)
+        codes.append(code)
+        ids.append(mid)
+        keys.append(key)
+        p += rsize
+    if p != stop:
+        raise _Reject()
+    if strict and payload > limits.max_batch_bytes:
+        raise _Reject()
+    if strict and delayed:
+        for i in delayed:
+            _validate_delay(buf, at + positions[i], i, limits)
+    return _summary(head, positions, sizes, codes, ids, keys, delayed, payload)
+
+
+def append_record(buf, ordinal, mid, tag, keys, props, body, flag, reconsume, born, code,
+                  prepared, delay_value, delay_kind):
+    """``v2.append_record``, compiled: the record appended to ``buf``, its size returned; what
+    does not fit (or is not bytes) goes to the reference, which raises its error."""
+    cdef int32_t c_flag, c_reconsume
+    cdef int64_t c_born, c_code, c_prepared, c_delay
+    cdef uint8_t c_kind
+    cdef uint16_t c_ordinal
+    cdef Py_ssize_t id_len, tag_len, keys_len, props_len, body_len, pos, size
+    cdef uint8_t *r
+    try:
+        if not (type(buf) is bytearray and type(mid) is bytes and type(tag) is bytes
+                and type(keys) is bytes and type(props) is bytes
+                and (type(body) is bytes or type(body) is bytearray)):
+            raise _Reject()
+        if not (type(ordinal) is int and type(flag) is int and type(reconsume) is int
+                and type(born) is int and type(code) is int and type(prepared) is int
+                and type(delay_value) is int and type(delay_kind) is int):
+            raise _Reject()  # a C conversion would take a float (struct refuses it)
+        c_ordinal = ordinal
+        c_flag = flag
+        c_reconsume = reconsume
+        c_born = born
+        c_code = code
+        c_prepared = prepared
+        c_delay = delay_value
+        c_kind = delay_kind
+        id_len, tag_len, keys_len, props_len = len(mid), len(tag), len(keys), len(props)
+        body_len = len(body)
+        size = RECORD_FIXED + id_len + tag_len + keys_len + props_len + body_len
+        if (id_len > MAX_U16 or tag_len > MAX_U16 or keys_len > MAX_U16
+                or props_len > MAX_U16 or body_len > MAX_U32 or size > MAX_U32):
+            raise _Reject()
+    except Exception:
+        return _append_record_py(buf, ordinal, mid, tag, keys, props, body, flag, reconsume,
+                                 born, code, prepared, delay_value, delay_kind)
+    pos = PyByteArray_GET_SIZE(buf)
+    if pos > MAX_U32:
+        return _append_record_py(buf, ordinal, mid, tag, keys, props, body, flag, reconsume,
+                                 born, code, prepared, delay_value, delay_kind)
+    PyByteArray_Resize(buf, pos + size)
+    r = <uint8_t *>PyByteArray_AS_STRING(buf) + pos
+    _put_u32(r, <uint32_t>size)
+    _put_u32(r + 4, <uint32_t>pos)
+    _put_u16(r + 8, c_ordinal)
+    _put_u32(r + 14, <uint32_t>c_flag)
+    _put_u32(r + 18, <uint32_t>c_reconsume)
+    _put_i64(r + 22, c_born)
+    _put_i64(r + 30, c_code)
+    _put_i64(r + 38, c_prepared)
+    _put_i64(r + 46, c_delay)
+    r[54] = c_kind
+    _put_u16(r + 55, <uint16_t>id_len)
+    _put_u16(r + 57, <uint16_t>tag_len)
+    _put_u16(r + 59, <uint16_t>keys_len)
+    _put_u16(r + 61, <uint16_t>props_len)
+    _put_u32(r + 63, <uint32_t>body_len)
+    cdef uint8_t *w = r + RECORD_FIXED
+    memcpy(w, <const char *>mid, id_len)
+    w += id_len
+    memcpy(w, <const char *>tag, tag_len)
+    w += tag_len
+    memcpy(w, <const char *>keys, keys_len)
+    w += keys_len
+    memcpy(w, <const char *>props, props_len)
+    w += props_len
+    if type(body) is bytes:
+        memcpy(w, <const char *>body, body_len)
+    else:
+        memcpy(w, PyByteArray_AS_STRING(body), body_len)
+    _put_u32(r + 10, <uint32_t>_record_crc(r, size))
+    return size
