@@ -4,11 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 
-.PHONY: up test test-unit bench bench-quick lint clean system-deps compose-up compose-test
+.PHONY: up test test-unit test-pure bench bench-quick lint clean system-deps compose-up compose-test
 
 # one distribution (pyproject.toml): the SDK, the services and, through the dev extra, the
-# server and metrics extras and the test tools; editable, so sources are used in place
-$(STAMP): pyproject.toml setup.py
+# server and metrics extras and the test tools; editable, so sources are used in place. The
+# install also compiles the record core (setup.py: Cython + gcc), again when its source changes.
+$(STAMP): pyproject.toml setup.py sdk/tidemq/protocol/records/_crecords.pyx
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip uninstall -q -y tidemq-services 2>/dev/null || true  # the former services dist
@@ -51,6 +52,12 @@ compose-up: $(STAMP)
 # The tests that start no real process (no redis-server, service, Spark or docker-compose).
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not integration" $(PYTEST_ARGS)
+
+# test-unit on the pure-Python record core (the compiled one disabled): the fallback a machine
+# without a compiler runs stays tested
+test-pure: $(STAMP)
+	TIDEMQ_PURE_PYTHON=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) \
+		-m "not integration" $(PYTEST_ARGS)
 
 # bench/install-peers.sh installs the peers measured beside tidemq (nats-server, nats-py,
 # hiredis); a peer that still cannot run is an error of the bench that needs it.

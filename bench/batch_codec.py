@@ -16,11 +16,13 @@ the one least disturbed):
   ``append_encoded``), its pull read (``record.decode`` + ``to_wire`` + ``packb``) and the
   SDK's ``unpackb`` + ``ReceivedMessage.from_wire``.
 
-The compiled build is the same source compiled with mypyc (from PyPI, part of mypy; gcc from
-Debian) into a scratch directory: ``tidemq.protocol.records.v2`` and ``v2_read``. It is measured
-in a child process importing that copy; the pure-Python modules stay the fallback. Both
-columns come from the same run, their children alternating; ``--no-compiled`` skips the build
-(it takes ~30 s).
+The compiled column is the Cython record core (``tidemq/protocol/records/_crecords.pyx``,
+built by ``pip install`` or ``python setup.py build_ext --inplace``); the pure column is the
+same code with ``TIDEMQ_PURE_PYTHON=1`` (the pure-Python reference). Each is measured in a
+child process, the two alternating in one run so that both see the same load;
+``--no-compiled`` measures the pure column only. A second table lists the compiled steps in
+the order they were compiled (payoff first). The JSON says ``compiled``: whether the compiled
+core was built and ran.
 """
 
 from __future__ import annotations
@@ -29,10 +31,8 @@ import argparse
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Callable
@@ -44,7 +44,7 @@ from bench._common import Row, err, print_json, print_table
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 256
 BODY = 1024
-COMPILED = ("tidemq/protocol/records/v2.py", "tidemq/protocol/records/v2_read.py")
+PURE_ENV = "TIDEMQ_PURE_PYTHON"  # tidemq/protocol/records/_compiled.py
 
 
 def best_us(fn: Callable[[], Any], records: int, rounds: int) -> float:
@@ -64,6 +64,7 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     from tidemq.protocol import ReceivedMessage, parse_messages
     from tidemq.protocol.message import OutgoingMessage
     from tidemq.protocol.records import v2 as v2
+    from tidemq.protocol.records._compiled import COMPILED
     from tidemq.protocol.records.stored import append_group, decode_stored
     from tidemq.protocol.records.v2_read import validate
 
@@ -74,7 +75,7 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     bodies = [rng.randbytes(BODY) for _ in range(64)]
     ids = [f"{rng.getrandbits(128):032x}" for _ in range(BATCH * batches)]
     n = BATCH * batches
-    out: dict[str, Any] = {"compiled": v2.__file__.endswith(".so")}
+    out: dict[str, Any] = {"compiled": COMPILED}
 
     def encode(rich: bool = False) -> list[bytes]:
         made = []
@@ -98,8 +99,12 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     out["v2_encode_rich"] = best_us(lambda: encode(True), n, rounds)
     out["v2_validate_strict"] = best_us(lambda: [validate(b) for b in raw], n, rounds)
     out["v2_validate_strict_rich"] = best_us(lambda: [validate(b) for b in rich], n, rounds)
-    out["v2_fill"] = best_us(lambda: [v2.fill(b, 0, 4096 * i, 100 * i, 1, host)
-                                      for i, b in enumerate(stored)], n, rounds)
+
+    def fill_all() -> None:
+        for i, b in enumerate(stored):
+            v2.fill(b, 0, 4096 * i, 100 * i, 1, host)
+
+    out["v2_fill"] = best_us(fill_all, n, rounds)
     out["v2_validate_stored"] = best_us(lambda: [validate(b, strict=False, offset=4096 * i)
                                               for i, b in enumerate(stored)], n, rounds)
     sums = [validate(b, strict=False) for b in stored]
@@ -162,23 +167,10 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     return out
 
 
-def compiled_copy(scratch: Path) -> tuple[Path | None, str]:
-    """A copy of the SDK package with the codec modules compiled by mypyc; (None, why) when
-    that cannot be built here."""
-    mypyc = Path(sys.executable).parent / "mypyc"
-    if not mypyc.exists() or shutil.which("gcc") is None:
-        return None, "mypyc (pip: mypy) or gcc (Debian: gcc) is not installed"
-    shutil.copytree(REPO / "sdk" / "tidemq", scratch / "tidemq")
-    proc = subprocess.run([str(mypyc), *COMPILED], cwd=scratch, capture_output=True, text=True)
-    if proc.returncode != 0:
-        return None, f"mypyc failed: {proc.stdout[-500:]}{proc.stderr[-500:]}"
-    return scratch, "mypyc"
-
-
-def child(path: Path | None, batches: int, rounds: int) -> dict[str, Any]:
+def child(pure: bool, batches: int, rounds: int) -> dict[str, Any]:
+    """One measuring child: the pure-Python reference (``pure``) or the compiled core."""
     env = dict(os.environ)
-    if path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(path), str(REPO)])
+    env[PURE_ENV] = "1" if pure else ""
     proc = subprocess.run([sys.executable, "-m", "bench.batch_codec", "--child", str(batches),
                            str(rounds)], cwd=REPO, env=env, capture_output=True, text=True,
                           check=True)
@@ -210,6 +202,19 @@ STEPS = [
 ]
 
 
+# the compiled steps, in the order they were compiled (the largest payoff first), and the
+# figure of STEPS that measures each
+COMPILED_STEPS = [
+    ("batch validation + CRC (broker, strict)", "v2_validate_strict"),
+    ("batch validation + CRC (broker, strict, rich)", "v2_validate_strict_rich"),
+    ("batch validation + CRC (recovery / replica)", "v2_validate_stored"),
+    ("SDK batch encoder (BatchBuilder)", "v2_encode"),
+    ("SDK batch encoder, rich", "v2_encode_rich"),
+    ("stored-form decoder (consumer, lazy)", "v2_decode_lazy"),
+    ("stored-form decoder + bodies", "v2_decode_bodies"),
+]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--child"]:
@@ -219,39 +224,46 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer batches and rounds")
     ap.add_argument("--json", action="store_true", help="one JSON object as the last line")
-    ap.add_argument("--no-compiled", action="store_true", help="pure Python only")
+    ap.add_argument("--no-compiled", action="store_true",
+                    help="the pure-Python reference only")
     opts = ap.parse_args(args)
     batches, rounds, repeats = (8, 3, 2) if opts.quick else (32, 5, 3)
     began = time.perf_counter()
     pure: dict[str, Any] = {}
     compiled: dict[str, Any] = {}
-    why = "--no-compiled"
-    with tempfile.TemporaryDirectory(prefix="tidemq-mypyc-") as scratch:
-        path = None
+    for i in range(repeats):  # alternated, so both columns see the same load
+        err.print(f"measuring, round {i + 1} of {repeats} ...")
+        keep_best(pure, child(True, batches, rounds))
         if not opts.no_compiled:
-            err.print("compiling the codec with mypyc ...")
-            path, why = compiled_copy(Path(scratch))
-        for i in range(repeats):  # alternated, so both columns see the same load
-            err.print(f"measuring, round {i + 1} of {repeats} ...")
-            keep_best(pure, child(None, batches, rounds))
-            if path is not None:
-                keep_best(compiled, child(path, batches, rounds))
-        if compiled and not compiled.get("compiled"):
-            compiled, why = {}, "the compiled copy was not imported"
+            keep_best(compiled, child(False, batches, rounds))
+    why = "--no-compiled" if opts.no_compiled else "Cython"
+    if compiled and not compiled.get("compiled"):
+        compiled, why = {}, "not built: pip install -e . (Cython, gcc)"
+    load = os.getloadavg()[0]
     rows = []
     for key, label in STEPS:
         ours, theirs = pure.get(key), compiled.get(key)
         rows.append(Row(label, ours, "µs/record", None if theirs is None or not ours
-                        else ours / theirs, "" if theirs is None else f"mypyc {theirs:.2f} µs"))
+                        else ours / theirs, "" if theirs is None else f"compiled {theirs:.3g} µs"))
     print_table(f"record format v2 codec, µs per record ({BATCH}-record batches of {BODY} B)",
-                rows, caption=f"value: pure Python; ratio: pure / compiled ({why}); best of "
-                f"{repeats} x {rounds} rounds over {batches * BATCH:,} records, the two builds "
-                f"alternating; load average "
-                f"{os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s")
+                rows, caption=f"value: pure Python (TIDEMQ_PURE_PYTHON=1); ratio: pure / compiled "
+                f"({why}); best of {repeats} x {rounds} rounds over {batches * BATCH:,} records, "
+                f"the two builds alternating; load average {load:.1f}; "
+                f"{time.perf_counter() - began:.0f} s")
+    steps = []
+    for n, (label, key) in enumerate(COMPILED_STEPS, 1):
+        ours, theirs = pure.get(key), compiled.get(key)
+        steps.append(Row(f"{n}. {label}", theirs, "µs/record",
+                         None if theirs is None or not ours else ours / theirs,
+                         "" if ours is None else f"pure {ours:.3g} µs"))
+    print_table("compiled record core, step by step (payoff order): µs per record", steps,
+                caption="value: compiled; ratio: pure / compiled (the speed-up); same run as "
+                "above")
     if opts.json:
         print_json({"bench": "batch_codec", "quick": opts.quick, "records": batches * BATCH,
-                    "pure_us_per_record": pure, "compiled_us_per_record": compiled or None,
-                    "compiled_with": why, "loadavg": os.getloadavg()[0]})
+                    "compiled": bool(compiled), "pure_us_per_record": pure,
+                    "compiled_us_per_record": compiled or None, "compiled_with": why,
+                    "loadavg": load})
     return 0
 
 

@@ -52,6 +52,7 @@ from pathlib import Path
 from struct import pack_into as struct_pack_into
 from typing import Any
 
+from tidemq.protocol.records._compiled import COMPILED
 from tidemq.protocol.records.v2 import CLIENT_PROPERTIES, BatchBuilder
 from tidemq.protocol.records.v2_read import validate
 
@@ -685,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
                      "64 MiB re-dispatch tail")
     if args.profile:
         notes.append("PROFILED RUN: figures include cProfile overhead")
+    notes.append(f"record core: {'compiled' if COMPILED else 'pure Python'}")
     print_table(f"tidemq store bench ({'quick' if args.quick else 'full'})", rows,
                 caption="\n".join(notes))
     prof.dump()
@@ -692,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print_json({
             "bench": "store", "quick": args.quick, "event_loop": loop,
+            "compiled": COMPILED,  # the compiled record core ran (else the pure-Python one)
             "baseline_records_per_s": b, "baseline_mb_per_s": base["mb_per_s"],
             "baseline_runs_records_per_s": [r["records_per_s"] for r in runs],
             "baseline_lean_records_per_s": lean["records_per_s"],

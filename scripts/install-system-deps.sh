@@ -12,6 +12,11 @@ if [ "${1:-}" = compose ]; then
     command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
     command -v bc >/dev/null 2>&1 || need+=(bc)  # the step times
 else
+    # the compiled record core (setup.py): a C compiler, Python's and zlib's headers
+    command -v gcc >/dev/null 2>&1 || need+=(gcc)
+    python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(
+        sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || need+=(python3-dev)
+    [ -f /usr/include/zlib.h ] || need+=(zlib1g-dev)
     command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
     command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)  # PySpark metrics job
     command -v promtool >/dev/null 2>&1 || need+=(prometheus)  # promtool: exposition and rule tests

@@ -32,6 +32,7 @@ from prometheus_client import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.codec import encode_payload, is_msgpack
+from tidemq.protocol.records._compiled import COMPILED
 
 from tidemq_server.common.auth import Gate
 from tidemq_server.common.auth.rest import AclMiddleware, account_of
@@ -203,6 +204,9 @@ def create_app(title: str, registry: CollectorRegistry, lifespan: Lifespan | Non
 
 #: When the service started (Unix seconds): the console shows each service's uptime from it.
 START_TIME_METRIC = "tidemq_service_start_time_seconds"
+#: 1 when this process runs the compiled record core (tidemq.protocol.records._crecords), 0 when
+#: the pure-Python one (not built, or TIDEMQ_PURE_PYTHON=1).
+RECORD_CORE_METRIC = "tidemq_record_core_compiled"
 
 
 def _record_start(registry: CollectorRegistry) -> None:
@@ -214,6 +218,8 @@ def _record_start(registry: CollectorRegistry) -> None:
     except ValueError:  # a second app on the same registry (tests): the first start stands
         return
     started.set(time.time())
+    Gauge(RECORD_CORE_METRIC, "1: the compiled record core runs; 0: the pure-Python one",
+          registry=registry).set(1 if COMPILED else 0)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from tidemq.protocol.records._compiled import COMPILED
 
 from tests.support.broker import BrokerHandle, run_broker
 from tests.support.procs import RedisServer
@@ -25,6 +26,8 @@ def test_healthz_metrics_and_docs(broker: BrokerHandle) -> None:
     for name in ("tidemq_broker_messages_put_total", "tidemq_broker_put_latency_seconds",
                  "tidemq_broker_store_commitlog_max_offset", "tidemq_broker_busy_rejections"):
         assert name in metrics
+    # the broker runs the record core this process runs (same build, same environment)
+    assert f"tidemq_record_core_compiled {1.0 if COMPILED else 0.0}" in metrics
     spec = broker.http.get("/openapi.json").json()
     send = spec["paths"]["/v1/topics/{topic}/messages"]["post"]
     schema = send["requestBody"]["content"]["application/json"]["schema"]

@@ -208,6 +208,16 @@ def test_the_tidemq_image_keeps_no_build_certificate_and_runs_as_tidemq() -> Non
     assert "_DATA_DIR=" in entrypoint and "setpriv --reuid=tidemq" in entrypoint
 
 
+def test_the_tidemq_image_compiles_the_record_core_in_its_build_stage_only() -> None:
+    """gcc and the headers build the compiled record core (setup.py) and the build fails
+    without it; the image that runs carries the extension, not the compiler."""
+    text = (DEPLOY / "images" / "tidemq" / "Dockerfile").read_text()
+    build, run = text.split("\nFROM debian:bookworm-slim\n")
+    for need in ("gcc", "python3-dev", "zlib1g-dev", "cython>=3.0", "COMPILED"):
+        assert need in build, need
+    assert "gcc" not in run and "-dev" not in run
+
+
 def test_every_published_port_moves_with_a_variable() -> None:
     ports = preflight().load()
     assert {p.service for p in ports} == {"nameserver-1", "nameserver-2", "broker-a", "broker-b",
