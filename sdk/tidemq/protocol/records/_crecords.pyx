@@ -278,3 +278,95 @@ def append_record(buf, ordinal, mid, tag, keys, props, body, flag, reconsume, bo
         memcpy(w, PyByteArray_AS_STRING(body), body_len)
     _put_u32(r + 10, <uint32_t>_record_crc(r, size))
     return size
+
+
+# --- the stored-form decoder (stored.py) ---------------------------------------------------------
+
+cdef object _decode_stored_py = None
+cdef object _stored_message = None
+cdef object _stored_read_head = None
+cdef object _lazy_all = None
+
+
+def use_stored(decode_stored_py, read_head, stored_message, lazy_all):
+    """Bind stored.py's pure ``decode_stored`` (the fallback), ``read_head``, the message class
+    and its lazy-parts value."""
+    global _decode_stored_py, _stored_read_head, _stored_message, _lazy_all
+    _decode_stored_py, _stored_read_head = decode_stored_py, read_head
+    _stored_message, _lazy_all = stored_message, lazy_all
+
+
+def decode_stored(blob, *, verify=True):
+    """``stored.decode_stored``, compiled: the same messages, or the reference's error."""
+    try:
+        return _decode_stored(blob, verify)
+    except Exception:
+        pass
+    return _decode_stored_py(blob, verify=verify)
+
+
+cdef object _decode_stored(object blob, bint verify):
+    cdef const uint8_t[::1] mv
+    cdef const uint8_t *base
+    cdef const uint8_t *r
+    cdef Py_ssize_t n, p, h, size, a, b
+    cdef uint32_t count, k
+    cdef uint16_t id_len, tag_len
+    cdef int64_t base_q
+    if type(blob) is not bytes:
+        blob = bytes(blob)  # a body is sliced from it: bytes, whatever the answer came as
+    out = []
+    n = len(blob)
+    if n == 0:
+        return out
+    mv = blob
+    base = &mv[0]
+    cls = _stored_message
+    lazy = _lazy_all
+    p = 0
+    while p < n:
+        if n - p < 4 + 65:
+            raise _Reject()
+        count = _u32(base + p)
+        h = p + 4
+        head = _stored_read_head(blob, h, whole=False)
+        p = h + head.records_at
+        base_q = head.base_queue_offset
+        store_ts = head.store_timestamp
+        topic = head.topic
+        qid = head.queue_id
+        for k in range(count):
+            if n - p < RECORD_FIXED:
+                raise _Reject()
+            r = base + p
+            size = _u32(r)
+            id_len = _u16(r + 55)
+            tag_len = _u16(r + 57)
+            if size > n - p or (<int64_t>RECORD_FIXED + id_len + tag_len + _u16(r + 59)
+                                + _u16(r + 61) + _u32(r + 63) != size):
+                raise _Reject()
+            if verify and _record_crc(r, size) != _u32(r + 10):
+                raise _Reject()
+            a = p + RECORD_FIXED
+            b = a + id_len
+            mid = PyUnicode_DecodeUTF8(<const char *>(base + a), id_len, NULL)
+            tag = (PyUnicode_DecodeUTF8(<const char *>(base + b), tag_len, NULL)
+                   if tag_len else None)
+            m = cls.__new__(cls)
+            m._src = blob
+            m._at = p
+            m._lazy = lazy
+            m.message_id = mid
+            m.topic = topic
+            m.queue_id = qid
+            m.queue_offset = base_q + _u16(r + 8)
+            m.tag = tag
+            m.born_timestamp_ms = _i64(r + 22)
+            m.store_timestamp_ms = store_ts
+            m.reconsume_times = <int32_t>_u32(r + 18)
+            m.receipt_handle = None
+            m.state = None
+            m.failure = None
+            out.append(m)
+            p += size
+    return out

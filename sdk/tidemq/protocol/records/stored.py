@@ -27,6 +27,7 @@ from typing import Any
 
 from tidemq.protocol.message import ReceivedMessage
 from tidemq.protocol.properties import RESERVED_PROPERTIES, RETRY_TOPIC
+from tidemq.protocol.records._compiled import core
 from tidemq.protocol.records.v2 import (
     CRC_AT,
     CRC_FROM,
@@ -215,3 +216,9 @@ def decode_stored(blob: Buffer, *, verify: bool = True) -> list[StoredMessage]:
         group += 1
     return out
 
+
+
+decode_stored_py = decode_stored  # the reference (tests run it beside the compiled twin)
+if core is not None:  # the compiled twin (_crecords.pyx), falling back on the reference
+    core.use_stored(decode_stored_py, read_head, StoredMessage, BODY | REST)
+    decode_stored = core.decode_stored
