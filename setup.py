@@ -5,10 +5,11 @@ pyproject.toml maps the import name ``tidemq_server`` to the folder ``services/`
 setuptools then needs every subpackage under its import name, so they are found here from the
 folders (a package added under services/ is packaged without editing a list).
 
-The compiled record core (``tidemq.protocol.records._crecords``, Cython, linked to zlib) is
-built when Cython and a C compiler are there (pyproject.toml's build requirements bring
-Cython; Debian's gcc, python3-dev and zlib1g-dev the rest). Without them the install still
-succeeds, with a warning, and the pure-Python modules run (they are the reference anyway).
+The compiled record core (``tidemq.protocol.records._crecords``, and the broker's index twin
+``tidemq_server.broker.store._cindex``; Cython, linked to zlib) is built when Cython and a C
+compiler are there (pyproject.toml's build requirements bring Cython; Debian's gcc,
+python3-dev and zlib1g-dev the rest). Without them the install still succeeds, with a warning,
+and the pure-Python modules run (they are the reference anyway).
 ``TIDEMQ_PURE_PYTHON=1`` at install time skips the build. Everything else is in pyproject.toml.
 """
 
@@ -24,9 +25,13 @@ from setuptools.command.build_ext import build_ext
 SERVER_FOLDER = "services"  # imported as tidemq_server
 SERVER_NAME = "tidemq_server"
 PURE_ENV = "TIDEMQ_PURE_PYTHON"  # as tidemq/protocol/records/_compiled.py reads it
-CORE = Extension("tidemq.protocol.records._crecords",
-                 ["sdk/tidemq/protocol/records/_crecords.pyx"], libraries=["z"],
-                 extra_compile_args=["-O2"])
+# the compiled twins: the SDK's record core, and the broker store's index entries
+TWINS = [
+    Extension("tidemq.protocol.records._crecords", ["sdk/tidemq/protocol/records/_crecords.pyx"],
+              libraries=["z"], extra_compile_args=["-O2"]),
+    Extension("tidemq_server.broker.store._cindex", ["services/broker/store/_cindex.pyx"],
+              libraries=["z"], extra_compile_args=["-O2"]),
+]
 
 
 def packages() -> list[str]:
@@ -65,7 +70,7 @@ def ext_modules() -> list[Extension]:
         warn("Cython is not installed")
         return []
     try:
-        return list(cythonize([CORE], language_level=3, quiet=True))
+        return list(cythonize(TWINS, language_level=3, quiet=True))
     except Exception as exc:  # a Cython too old (or too new) for the source
         warn(f"cythonize: {type(exc).__name__}: {exc}")
         return []

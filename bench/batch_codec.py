@@ -33,6 +33,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from collections.abc import Callable
@@ -157,6 +158,22 @@ def measure(batches: int, rounds: int) -> dict[str, Any]:
     out["v1_broker_pull"] = best_us(broker_pull, n, rounds)
     out["v1_sdk_pull"] = best_us(lambda: [[ReceivedMessage.from_wire(m) for m in msgpack.unpackb(
         a, raw=False)["messages"]] for a in answers], n, rounds)
+    # the broker's index: the unique key of every record put, then looked up (dedup, query)
+    from tidemq_server.broker.store.index import IndexFile, unique_key
+    with tempfile.TemporaryDirectory(prefix="tidemq-bench-index-") as scratch:
+        files = iter(range(1, 1_000_000))
+        keys = [unique_key(m) for m in ids]
+
+        def put() -> IndexFile:
+            f = IndexFile(Path(scratch) / f"{next(files):020d}", 2 * n, 2 * n, 1)
+            for i, k in enumerate(keys):
+                f.put(k, i * 1100, 5)
+            return f
+
+        out["index_put"] = best_us(put, n, rounds)
+        f = put()
+        out["index_lookup"] = best_us(lambda: [f.lookup(k, 0, 10) for k in keys], n, rounds)
+        f.close()
     body = bodies[0]
     out["crc32_1kib"] = best_us(lambda: [zlib.crc32(body) for _ in range(n)], n, rounds)
     try:  # the same CRC32 from ISA-L (PyPI isal), when installed: a drop-in candidate
@@ -197,6 +214,8 @@ STEPS = [
     ("v1_broker_send", "today: broker unpackb + parse + to_record + pack record"),
     ("v1_broker_pull", "today: broker record.decode + to_wire + packb"),
     ("v1_sdk_pull", "today: SDK unpackb + ReceivedMessage.from_wire"),
+    ("index_put", "broker index: put a record's unique key"),
+    ("index_lookup", "broker index: look a unique key up (dedup, query)"),
     ("crc32_1kib", "zlib.crc32 of 1 KiB (part of every CRC'd step)"),
     ("isal_crc32_1kib", "isal crc32 of 1 KiB (PyPI isal, when installed)"),
 ]
@@ -212,6 +231,8 @@ COMPILED_STEPS = [
     ("SDK batch encoder, rich", "v2_encode_rich"),
     ("stored-form decoder (consumer, lazy)", "v2_decode_lazy"),
     ("stored-form decoder + bodies", "v2_decode_bodies"),
+    ("index put (unique key)", "index_put"),
+    ("index lookup (unique key)", "index_lookup"),
 ]
 
 

@@ -29,8 +29,9 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
+
+from tidemq.protocol.records._compiled import load_twin
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,42 @@ def unique_key(message_id: str) -> str:
 
 def topic_key(topic: str, key: str) -> str:
     return topic + "\0" + key
+
+
+def write_entry(mm: mmap.mmap, entries_at: int, slots: int, count: int, key: str, phys: int,
+                delta: int) -> None:
+    """Write entry number ``count`` (``key``'s hash, ``phys``, ``delta`` ms since the file's
+    begin) chained to its slot's newest entry, and point the slot at it."""
+    h = zlib.crc32(key.encode("utf-8"))
+    slot_at = HEADER_SIZE + (h % slots) * SLOT_SIZE
+    (prev,) = SLOT.unpack_from(mm, slot_at)
+    ENTRY.pack_into(mm, entries_at + count * ENTRY_SIZE, h, phys, delta, prev)
+    SLOT.pack_into(mm, slot_at, count)
+
+
+def find_entries(mm: mmap.mmap, entries_at: int, slots: int, count: int, key: str,
+                 low: int, high: int) -> list[int]:
+    """The offsets of the entries (among the first ``count``) with ``key``'s hash whose delta
+    is in [low, high], newest first, along the key's slot chain."""
+    h = key_hash(key)
+    (i,) = SLOT.unpack_from(mm, HEADER_SIZE + (h % slots) * SLOT_SIZE)
+    out: list[int] = []
+    steps = 0
+    while 0 < i <= count and steps < MAX_CHAIN:
+        eh, phys, delta, prev = ENTRY.unpack_from(mm, entries_at + i * ENTRY_SIZE)
+        if eh == h and low <= delta <= high:
+            out.append(phys)
+        if prev >= i:
+            break  # chains only point backwards; anything else is damage
+        i, steps = prev, steps + 1
+    return out
+
+
+write_entry_py, find_entries_py = write_entry, find_entries  # the references (tests)
+_twin = load_twin("tidemq_server.broker.store._cindex")
+if _twin is not None:  # the compiled twins (_cindex.pyx), falling back on the references
+    _twin.use_index(write_entry_py, find_entries_py, HEADER_SIZE, MAX_CHAIN)
+    write_entry, find_entries = _twin.write_entry, _twin.find_entries
 
 
 class IndexFile:
@@ -122,15 +159,10 @@ class IndexFile:
             raise RuntimeError(f"index file {self.path.name} is sealed")
         if self.count + 1 >= self._reserved:
             self.reserve(1)
-        h = zlib.crc32(key.encode("utf-8"))
-        mm = self.mm
-        slot_at = HEADER_SIZE + (h % self.slots) * SLOT_SIZE
-        (prev,) = SLOT.unpack_from(mm, slot_at)
         count = self.count = self.count + 1
         delta = store_ms - self.begin_ms
-        ENTRY.pack_into(mm, self._entries_at + count * ENTRY_SIZE, h, phys,
-                        delta if delta > 0 else 0, prev)
-        SLOT.pack_into(mm, slot_at, count)
+        write_entry(self.mm, self._entries_at, self.slots, count, key, phys,
+                    delta if delta > 0 else 0)
         if store_ms > self.end_ms:
             self.end_ms = store_ms
         if phys > self.end_phys:
@@ -150,18 +182,10 @@ class IndexFile:
         the next flush)."""
         self.sealed = False
 
-    def lookup(self, key: str, begin_ms: int, end_ms: int) -> Iterator[int]:
+    def lookup(self, key: str, begin_ms: int, end_ms: int) -> list[int]:
         """Commit log offsets of entries with the key's hash in the time range, newest first."""
-        h = key_hash(key)
-        (i,) = SLOT.unpack_from(self.mm, HEADER_SIZE + (h % self.slots) * SLOT.size)
-        steps = 0
-        while 0 < i <= self.count and steps < MAX_CHAIN:
-            eh, phys, delta, prev = ENTRY.unpack_from(self.mm, self._entries_at + i * ENTRY_SIZE)
-            if eh == h and begin_ms <= self.begin_ms + delta <= end_ms:
-                yield phys
-            if prev >= i:
-                break  # chains only point backwards; anything else is damage
-            i, steps = prev, steps + 1
+        return find_entries(self.mm, self._entries_at, self.slots, self.count, key,
+                            begin_ms - self.begin_ms, end_ms - self.begin_ms)
 
     def flush(self) -> None:
         self.write_header()

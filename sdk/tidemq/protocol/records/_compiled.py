@@ -1,6 +1,9 @@
 """Which record core runs: the compiled twin (``_crecords``, Cython, built by ``pip install``
 when a C compiler is there) or the pure-Python modules (the reference, always present).
 
+The broker's store has a twin of its own (``tidemq_server.broker.store._cindex``: index entries),
+loaded by ``load_twin`` under the same switch.
+
 ``TIDEMQ_PURE_PYTHON=1`` (any value but "" and "0") keeps the pure modules even when the
 extension is built: the suite runs once that way too (``make test-pure``). ``COMPILED`` says
 which one this process runs; the benches' JSON and the broker's ``/metrics``
@@ -9,21 +12,23 @@ which one this process runs; the benches' JSON and the broker's ``/metrics``
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
 PURE_ENV = "TIDEMQ_PURE_PYTHON"  # set (not "" or "0"): the pure-Python record core only
 
 
-def _load() -> ModuleType | None:
+def load_twin(name: str) -> ModuleType | None:
+    """The compiled module ``name`` (a pure module's twin), or None when it is not built or
+    the environment asks for pure Python."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None
     try:
-        from tidemq.protocol.records import _crecords
+        return importlib.import_module(name)
     except ImportError:  # not built (no compiler at install time): the pure modules run
         return None
-    return _crecords
 
 
-core: ModuleType | None = _load()
+core: ModuleType | None = load_twin("tidemq.protocol.records._crecords")
 COMPILED = core is not None  # the compiled twin replaces the hot functions

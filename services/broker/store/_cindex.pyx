@@ -1,0 +1,135 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled twins of index.py's entry functions (``write_entry``, ``find_entries``): the
+per-key work of every index put and lookup (the unique key of every record, each of its keys,
+dedup's lookups) without struct calls. Same rule as ``tidemq.protocol.records._crecords``:
+the common case here, anything else handed to the pure reference (bound by ``use_index``),
+which raises its own error. Layout: index.py (slots u32, entries hash u32, offset i64, delta
+i32, prev u32, big-endian). tests/broker/store/test_index_compiled.py compares the twins.
+"""
+
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+
+cdef extern from "zlib.h":
+    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int length) nogil
+
+
+cdef enum:
+    SLOT_SIZE = 4
+    ENTRY_SIZE = 20
+
+cdef object _write_entry_py = None
+cdef object _find_entries_py = None
+cdef Py_ssize_t _header_size = 40
+cdef Py_ssize_t _max_chain = 100_000
+
+
+class _Reject(Exception):
+    """Not the common case: the pure twin decides (and raises its own error)."""
+
+
+def use_index(write_entry_py, find_entries_py, header_size, max_chain):
+    """Bind index.py's references and the layout's constants."""
+    global _write_entry_py, _find_entries_py, _header_size, _max_chain
+    _write_entry_py, _find_entries_py = write_entry_py, find_entries_py
+    _header_size, _max_chain = header_size, max_chain
+
+
+cdef inline uint32_t _u32(const uint8_t *p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+
+cdef inline void _put_u32(uint8_t *p, uint32_t v) noexcept nogil:
+    p[0] = (v >> 24) & 0xFF
+    p[1] = (v >> 16) & 0xFF
+    p[2] = (v >> 8) & 0xFF
+    p[3] = v & 0xFF
+
+
+cdef inline uint32_t _key_hash(object key) except? 0:
+    """crc32 of the key's utf-8 (raises for a str that has no utf-8: a lone surrogate)."""
+    cdef Py_ssize_t n
+    cdef const char *raw = PyUnicode_AsUTF8AndSize(key, &n)
+    return <uint32_t>crc32(0, <const unsigned char *>raw, <unsigned int>n)
+
+
+def write_entry(mm, entries_at, slots, count, key, phys, delta):
+    """``index.write_entry``, compiled."""
+    cdef uint8_t[::1] mv
+    cdef Py_ssize_t c_at, c_slots, c_count, slot_at, entry_at
+    cdef int64_t c_phys
+    cdef int32_t c_delta
+    cdef uint32_t h
+    cdef uint8_t *e
+    try:
+        if not (type(key) is str and type(entries_at) is int and type(slots) is int
+                and type(count) is int and type(phys) is int and type(delta) is int):
+            raise _Reject()
+        c_at, c_slots, c_count, c_phys, c_delta = entries_at, slots, count, phys, delta
+        if c_slots <= 0 or c_count < 0 or c_count > 0xFFFFFFFF or c_at < 0:
+            raise _Reject()
+        mv = mm
+        h = _key_hash(key)
+        slot_at = _header_size + (h % c_slots) * SLOT_SIZE
+        entry_at = c_at + c_count * ENTRY_SIZE
+        if slot_at + SLOT_SIZE > mv.shape[0] or entry_at + ENTRY_SIZE > mv.shape[0]:
+            raise _Reject()
+    except Exception:
+        return _write_entry_py(mm, entries_at, slots, count, key, phys, delta)
+    e = &mv[0] + entry_at
+    _put_u32(e, h)
+    _put_u32(e + 4, <uint32_t>((<uint64_t>c_phys) >> 32))
+    _put_u32(e + 8, <uint32_t>(<uint64_t>c_phys))
+    _put_u32(e + 12, <uint32_t>c_delta)
+    memmove4(e + 16, &mv[0] + slot_at)  # prev: the slot's newest entry so far
+    _put_u32(&mv[0] + slot_at, <uint32_t>c_count)
+
+
+cdef inline void memmove4(uint8_t *dst, const uint8_t *src) noexcept nogil:
+    dst[0] = src[0]
+    dst[1] = src[1]
+    dst[2] = src[2]
+    dst[3] = src[3]
+
+
+def find_entries(mm, entries_at, slots, count, key, low, high):
+    """``index.find_entries``, compiled."""
+    cdef const uint8_t[::1] mv
+    cdef Py_ssize_t c_at, c_slots, n, slot_at, steps
+    cdef int64_t c_low, c_high, c_count
+    cdef uint32_t h, i, prev
+    cdef int32_t delta
+    cdef const uint8_t *e
+    try:
+        if not (type(key) is str and type(entries_at) is int and type(slots) is int
+                and type(count) is int and type(low) is int and type(high) is int):
+            raise _Reject()
+        c_at, c_slots, c_count, c_low, c_high = entries_at, slots, count, low, high
+        if c_slots <= 0 or c_at < 0:
+            raise _Reject()
+        mv = mm
+        n = mv.shape[0]
+        h = _key_hash(key)
+        slot_at = _header_size + (h % c_slots) * SLOT_SIZE
+        if slot_at + SLOT_SIZE > n:
+            raise _Reject()
+        out = []
+        i = _u32(&mv[0] + slot_at)
+        steps = 0
+        while 0 < i and i <= c_count and steps < _max_chain:
+            if c_at + <Py_ssize_t>i * ENTRY_SIZE + ENTRY_SIZE > n:
+                raise _Reject()
+            e = &mv[0] + c_at + <Py_ssize_t>i * ENTRY_SIZE
+            delta = <int32_t>_u32(e + 12)
+            if _u32(e) == h and c_low <= delta <= c_high:
+                out.append(<int64_t>((<uint64_t>_u32(e + 4) << 32) | _u32(e + 8)))
+            prev = _u32(e + 16)
+            if prev >= i:
+                break  # chains only point backwards; anything else is damage
+            i = prev
+            steps += 1
+        return out
+    except Exception:
+        pass
+    return _find_entries_py(mm, entries_at, slots, count, key, low, high)

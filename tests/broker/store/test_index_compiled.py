@@ -1,0 +1,81 @@
+"""The index's compiled twins (store/_cindex.pyx) against index.py's references: the same puts
+write the same bytes (or raise the same error), the same lookups answer the same offsets, on
+hypothesis-made keys, offsets, deltas and damaged chains; and an IndexFile answers alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tidemq_server.broker.store import index
+from tidemq_server.broker.store.index import ENTRY_SIZE, HEADER_SIZE, IndexFile, unique_key
+
+compiled = pytest.mark.skipif(index.write_entry is index.write_entry_py,
+                              reason="the compiled index twin is not built or is disabled")
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLOTS, ENTRIES = 7, 40
+ENTRIES_AT = HEADER_SIZE + SLOTS * 4
+SIZE = ENTRIES_AT + (ENTRIES + 1) * ENTRY_SIZE
+
+
+def result(call: Callable[..., Any], *args: Any) -> Any:
+    """What ``call(*args)`` answers, or its error as (type, message)."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+keys = st.text(max_size=12) | st.sampled_from(["U\0abc", "Orders\0k1", "\ud800", "é" * 5])
+puts = st.lists(st.tuples(keys, st.integers(-(2**64), 2**64) | st.integers(0, 2**40),
+                          st.integers(-(2**32), 2**32) | st.integers(0, 1000),
+                          st.integers(-2, ENTRIES + 3)), max_size=30)
+
+
+@compiled
+@FUZZ
+@given(ops=puts, junk=st.lists(st.tuples(st.integers(0, SIZE - 1), st.integers(0, 255)),
+                                max_size=6),
+       lows=st.lists(st.tuples(keys, st.integers(-5, 500), st.integers(-5, 2000)), max_size=8))
+def test_puts_and_lookups_agree(ops: list[tuple[str, int, int, int]],
+                                junk: list[tuple[int, int]],
+                                lows: list[tuple[str, int, int]]) -> None:
+    ref, got = bytearray(SIZE), bytearray(SIZE)
+    for key, phys, delta, count in ops:
+        a = result(index.write_entry_py, ref, ENTRIES_AT, SLOTS, count, key, phys, delta)
+        b = result(index.write_entry, got, ENTRIES_AT, SLOTS, count, key, phys, delta)
+        assert a == b
+        assert got == ref
+    for at, value in junk:  # damage: chains that loop, point forward or out of the file
+        ref[at] = got[at] = value
+    for key, low, high in lows + [(k, 0, 2000) for k, *_ in ops]:
+        for count in (ENTRIES, 3, 2**40):
+            assert result(index.find_entries, got, ENTRIES_AT, SLOTS, count, key, low,
+                          high) == result(index.find_entries_py, ref, ENTRIES_AT, SLOTS, count,
+                                          key, low, high)
+
+
+@compiled
+def test_an_index_file_answers_alike_with_either_twin(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def fill(name: str) -> tuple[bytes, list[list[int]]]:
+        f = IndexFile(tmp_path / name, 64, 500, 1_000)
+        for i in range(400):
+            f.put(unique_key(f"id{i % 150}"), i * 1024, 1_000 + i)
+        found = [f.lookup(unique_key(f"id{i}"), 1_000 + i, 1_300) for i in range(160)]
+        f.flush()
+        raw = bytes(f.mm)
+        f.close()
+        return raw, found
+
+    compiled_file = fill("00000000000000001000")
+    monkeypatch.setattr(index, "write_entry", index.write_entry_py)
+    monkeypatch.setattr(index, "find_entries", index.find_entries_py)
+    reference = fill("00000000000000002000")
+    assert compiled_file[1] == reference[1] and any(compiled_file[1])
+    assert compiled_file[0][HEADER_SIZE:] == reference[0][HEADER_SIZE:]
