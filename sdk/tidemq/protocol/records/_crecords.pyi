@@ -4,7 +4,8 @@ from typing import Any
 
 def use_reader(validate_py: Callable[..., Any], read_head: Callable[..., Any],
                strict: Callable[..., None], validate_delay: Callable[..., None],
-               summary: type, default_limits: object) -> None: ...
+               summary: type, default_limits: object, is_reserved: Callable[[str], bool],
+               tag_max: int) -> None: ...
 def use_writer(append_record_py: Callable[..., int]) -> None: ...
 def validate(buf: bytes | bytearray | memoryview, at: int = 0, *, strict: bool = True,
              offset: int | None = None, allowed: frozenset[str] = ..., limits: Any = None,

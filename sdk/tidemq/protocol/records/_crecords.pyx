@@ -38,6 +38,8 @@ cdef object _strict = None
 cdef object _validate_delay = None
 cdef object _summary = None
 cdef object _default_limits = None
+cdef object _is_reserved = None
+cdef Py_ssize_t _tag_max = 0
 cdef object _append_record_py = None
 
 
@@ -45,11 +47,14 @@ class _Reject(Exception):
     """Not the common case: the pure twin decides (and raises its own error)."""
 
 
-def use_reader(validate_py, read_head, strict, validate_delay, summary, default_limits):
+def use_reader(validate_py, read_head, strict, validate_delay, summary, default_limits,
+               is_reserved, tag_max):
     """Bind v2_read's pure functions: the fallback and the helpers ``validate`` shares."""
     global _validate_py, _read_head, _strict, _validate_delay, _summary, _default_limits
+    global _is_reserved, _tag_max
     _validate_py, _read_head, _strict = validate_py, read_head, strict
     _validate_delay, _summary, _default_limits = validate_delay, summary, default_limits
+    _is_reserved, _tag_max = is_reserved, tag_max
 
 
 def use_writer(append_record_py):
@@ -102,6 +107,88 @@ cdef inline bint _ascii_alnum(const uint8_t *p, Py_ssize_t n) noexcept nogil:
         if not ((48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122)):
             return False
     return n > 0
+
+
+cdef inline bint _has_forbidden(const uint8_t *p, Py_ssize_t n) noexcept nogil:
+    """A control character a name or value may not hold (\\x00 \\x01 \\x02 \\x1f): in utf-8
+    these bytes are those characters and nothing else."""
+    cdef Py_ssize_t k
+    cdef uint8_t c
+    for k in range(n):
+        c = p[k]
+        if c == 0 or c == 1 or c == 2 or c == 0x1F:
+            return True
+    return False
+
+
+cdef bint _keys_ok(const uint8_t *p, Py_ssize_t n) noexcept nogil:
+    """Keys joined by \\x1f, each 1-1024 bytes without control characters: what the strict
+    check takes for sure (1024 bytes hold at most 1024 characters)."""
+    cdef Py_ssize_t k, start = 0
+    cdef uint8_t c
+    for k in range(n + 1):
+        c = p[k] if k < n else 0x1F
+        if c == 0x1F:
+            if k == start or k - start > 1024:
+                return False
+            start = k + 1
+        elif c == 0 or c == 1 or c == 2:
+            return False
+    return True
+
+
+cdef bint _properties_ok(const uint8_t *p, Py_ssize_t n, object allowed) except -1:
+    """name \\x01 value \\x02 pairs, names non-empty, no other control characters, no
+    reserved name unless ``allowed``: what the strict check takes for sure (utf-8 errors
+    raise, and the reference then decides)."""
+    cdef Py_ssize_t k, start = 0, sep = -1
+    cdef uint8_t c
+    PyUnicode_DecodeUTF8(<const char *>p, n, NULL)
+    if n == 0 or p[n - 1] != 2:
+        return False
+    for k in range(n):
+        c = p[k]
+        if c == 1:
+            if sep >= 0 or k == start:
+                return False
+            sep = k
+        elif c == 2:
+            if sep < 0:
+                return False
+            name = PyUnicode_DecodeUTF8(<const char *>(p + start), sep - start, NULL)
+            if name not in allowed and _is_reserved(name):
+                return False
+            start, sep = k + 1, -1
+        elif c == 0 or c == 0x1F:
+            return False
+    return True
+
+
+cdef bint _strict_ok(const uint8_t *r, Py_ssize_t id_len, Py_ssize_t tag_len,
+                     Py_ssize_t keys_len, Py_ssize_t props_len, int64_t body_len, int64_t code,
+                     object mid, object limits, object allowed) except -1:
+    """Whether the reference's strict check (``v2_read._strict``) surely passes this record;
+    False: let it decide (and name the error)."""
+    cdef const uint8_t *var = r + 67
+    cdef const uint8_t *tag = var + id_len
+    if body_len > limits.max_body_bytes or not 0 < len(mid) <= limits.max_message_id_chars:
+        return False
+    if _has_forbidden(var, id_len):
+        return False
+    if tag_len:
+        if tag_len > _tag_max or not _ascii_alnum(tag, tag_len):
+            return False
+        if code != <int64_t>crc32(0, tag, <unsigned int>tag_len) + 1:
+            return False
+    elif code:
+        return False
+    if keys_len and not _keys_ok(tag + tag_len, keys_len):
+        return False
+    if props_len:
+        if props_len > limits.max_properties_bytes:
+            return False
+        return _properties_ok(tag + tag_len + keys_len, props_len, allowed)
+    return True
 
 
 def validate(buf, at=0, *, strict=True, offset=None, allowed=frozenset(), limits=None,
@@ -182,7 +269,9 @@ cdef object _validate(object buf, object at_obj, bint strict, object offset, obj
         if strict:
             if (tag_len or code or keys_len or props_len or body_len > max_body
                     or not 0 < len(mid) <= max_id
-                    or not (_ascii_alnum(base + var_at, id_len) or mid.isalnum())):
+                    or not (_ascii_alnum(base + var_at, id_len) or mid.isalnum())) and \
+                    not _strict_ok(r, id_len, tag_len, keys_len, props_len, body_len, code, mid,
+                                   limits, allowed):
                 if view is None:
                     view = memoryview(buf)
                 _strict(view, i, tag_at, keys_at, mid, code, key, props_len, body_len, limits,

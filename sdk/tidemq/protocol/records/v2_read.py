@@ -386,5 +386,5 @@ def as_messages(buf: Buffer) -> list[OutgoingMessage]:
 validate_py = validate  # the reference (tests run it beside the compiled twin)
 if core is not None:  # the compiled twin (_crecords.pyx), falling back on the reference
     core.use_reader(validate_py, read_head, _strict, _validate_delay, BatchSummary,
-                    DEFAULT_LIMITS)
+                    DEFAULT_LIMITS, is_reserved, TAG_MAX)
     validate = core.validate

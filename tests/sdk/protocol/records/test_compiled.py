@@ -91,18 +91,25 @@ def test_validate_agrees_on_every_limit(spec: Spec, limits: Limits,
 @FUZZ
 @given(kind=st.integers(0, 5), value=st.integers(-(2**40), 2**40),
        mid=st.text(min_size=0, max_size=70), tag=st.none() | st.text(max_size=8),
-       props=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=2),
-       at=st.integers(-80, 80))
-def test_validate_agrees_on_what_a_strict_check_refuses(kind: int, value: int, mid: str,
-                                                        tag: str | None, props: dict[str, str],
-                                                        at: int) -> None:
-    """Delays, ids, tags and properties a client may not send (the encoder takes them), and
-    batches read at odd places in a larger buffer."""
+       props=st.dictionaries(st.text(max_size=8) | st.sampled_from(
+           ["TIDE_X", "TIDE_", "UNIQ_KEY", "TAGS", "KEYS", "region", "x\x01y"]),
+           st.text(max_size=8), max_size=3),
+       keys=st.lists(st.text(max_size=8) | st.sampled_from(["", "k" * 1024, "k" * 1025,
+                                                            "é" * 600, "a\x1fb"]), max_size=3),
+       tag_code=st.none() | st.integers(0, 2**33),
+       at=st.integers(-80, 80), allowed=st.sampled_from([frozenset(), frozenset({"TIDE_X"})]))
+def test_validate_agrees_on_what_a_strict_check_refuses(
+        kind: int, value: int, mid: str, tag: str | None, props: dict[str, str],
+        keys: list[str], tag_code: int | None, at: int, allowed: frozenset[str]) -> None:
+    """Delays, ids, tags, keys and properties a client may not send (the encoder takes them),
+    and batches read at odd places in a larger buffer."""
     b = BatchBuilder("Orders", 1)
-    b.add(b"body", "ok1")
-    b.add(b"x", mid, tag=tag, properties=props, delay_kind=kind, delay_value=value)
+    b.add(b"body", "ok1", tag="Paid", keys=["k1", "k2"], properties={"region": "eu"})
+    b.add(b"x", mid, tag=tag, keys=keys, properties=props, delay_kind=kind, delay_value=value,
+          code=tag_code)
     raw = b.finish()
     both_validate(raw)
+    both_validate(raw, allowed=allowed, limits=Limits(max_properties_bytes=20))
     padded = bytes(80) + raw + bytes(16)
     both_validate(padded, 80 + at)
     both_validate(padded, 80, end=80 + len(raw))
