@@ -6,7 +6,7 @@ setuptools then needs every subpackage under its import name, so they are found 
 folders (a package added under services/ is packaged without editing a list).
 
 The compiled record core (``tidemq.protocol.records._crecords``, and the broker's index twin
-``tidemq_server.broker.store._cindex``; Cython, linked to zlib) is built when Cython and a C
+``tidemq_server.broker.store._cstore``; Cython, linked to zlib) is built when Cython and a C
 compiler are there (pyproject.toml's build requirements bring Cython; Debian's gcc,
 python3-dev and zlib1g-dev the rest). Without them the install still succeeds, with a warning,
 and the pure-Python modules run (they are the reference anyway).
@@ -29,7 +29,7 @@ PURE_ENV = "TIDEMQ_PURE_PYTHON"  # as tidemq/protocol/records/_compiled.py reads
 TWINS = [
     Extension("tidemq.protocol.records._crecords", ["sdk/tidemq/protocol/records/_crecords.pyx"],
               libraries=["z"], extra_compile_args=["-O2"]),
-    Extension("tidemq_server.broker.store._cindex", ["services/broker/store/_cindex.pyx"],
+    Extension("tidemq_server.broker.store._cstore", ["services/broker/store/_cstore.pyx"],
               libraries=["z"], extra_compile_args=["-O2"]),
 ]
 

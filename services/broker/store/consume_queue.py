@@ -18,11 +18,28 @@ import os
 import struct
 from pathlib import Path
 
+from tidemq.protocol.records._compiled import load_twin
+
 from tidemq_server.common.files import FdPool
 
 UNIT = struct.Struct(">qiq")
 UNIT_SIZE = UNIT.size  # 20
 
+
+
+def pack_units(base: int, positions: list[int], sizes: list[int], codes: list[int]) -> bytes:
+    """The units of a batch's records: record i at ``base + positions[i]``, ``sizes[i]`` bytes,
+    tag slot ``codes[i]`` (a ``BatchSummary``'s lists), back to back."""
+    pack = UNIT.pack
+    return b"".join([pack(base + p, size, code)
+                     for p, size, code in zip(positions, sizes, codes, strict=True)])
+
+
+pack_units_py = pack_units  # the reference (tests run it beside the compiled twin)
+_twin = load_twin("tidemq_server.broker.store._cstore")
+if _twin is not None:  # the compiled twin (_cstore.pyx), falling back on the reference
+    _twin.use_units(pack_units_py)
+    pack_units = _twin.pack_units
 
 class ConsumeQueue:
     def __init__(self, directory: Path, topic: str, queue_id: int, units_per_file: int) -> None:
@@ -74,6 +91,18 @@ class ConsumeQueue:
         self._pending += UNIT.pack(phys, size, tag)
         if queue_offset + 1 > self.max_offset:
             self.max_offset = queue_offset + 1
+
+    def append_units(self, queue_offset: int, units: bytes) -> None:
+        """``append`` for a run of packed units (``pack_units``) from ``queue_offset`` on."""
+        if not self._pending:
+            self._pending_start = queue_offset
+        elif self._pending_start + len(self._pending) // UNIT_SIZE != queue_offset:
+            self.write_pending()
+            self._pending_start = queue_offset
+        self._pending += units
+        end = queue_offset + len(units) // UNIT_SIZE
+        if end > self.max_offset:
+            self.max_offset = end
 
     def write_pending(self) -> None:
         data = memoryview(self._pending)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tidemq.protocol.records.v2_read import BatchSummary
 
-from tidemq_server.broker.store.consume_queue import ConsumeQueue
+from tidemq_server.broker.store.consume_queue import ConsumeQueue, pack_units
 from tidemq_server.broker.store.index import Index, topic_key, unique_key
 from tidemq_server.broker.store.types import KEY_SEPARATOR, SysFlag
 
@@ -74,13 +74,20 @@ class Dispatcher:
         ``base_queue_offset + i``."""
         head = summary.head
         topic = head.topic
-        cq = self.queue(topic, head.queue_id) if dispatchable(head.sys_flag) else None
-        base, first, store_ms = head.base_physical, head.base_queue_offset, head.store_timestamp
-        dispatch_to = self.dispatch_to
-        for i, (pos, size, code, uniq, keys) in enumerate(zip(
-                summary.positions, summary.sizes, summary.tag_codes, summary.message_ids,
-                summary.keys, strict=True)):
-            dispatch_to(cq, topic, first + i, base + pos, size, code, store_ms, uniq, keys)
+        base, store_ms = head.base_physical, head.store_timestamp
+        if dispatchable(head.sys_flag):  # the batch's units in one run
+            cq = self.queue(topic, head.queue_id)
+            cq.append_units(head.base_queue_offset, pack_units(
+                base, summary.positions, summary.sizes, summary.tag_codes))
+            self.touched.add((topic, cq.queue_id))
+        put = self.index.put
+        for pos, uniq, keys in zip(summary.positions, summary.message_ids, summary.keys,
+                                   strict=True):
+            if uniq:
+                put(unique_key(uniq), base + pos, store_ms)
+            if keys:
+                for key in keys.split(KEY_SEPARATOR):
+                    put(topic_key(topic, key), base + pos, store_ms)
 
     def write_pending(self) -> set[tuple[str, int]]:
         """Put buffered units into their files; return (and forget) the queues that grew."""

@@ -89,8 +89,8 @@ def find_entries(mm: mmap.mmap, entries_at: int, slots: int, count: int, key: st
 
 
 write_entry_py, find_entries_py = write_entry, find_entries  # the references (tests)
-_twin = load_twin("tidemq_server.broker.store._cindex")
-if _twin is not None:  # the compiled twins (_cindex.pyx), falling back on the references
+_twin = load_twin("tidemq_server.broker.store._cstore")
+if _twin is not None:  # the compiled twins (_cstore.pyx), falling back on the references
     _twin.use_index(write_entry_py, find_entries_py, HEADER_SIZE, MAX_CHAIN)
     write_entry, find_entries = _twin.write_entry, _twin.find_entries
 

@@ -1,8 +1,8 @@
 """Which record core runs: the compiled twin (``_crecords``, Cython, built by ``pip install``
 when a C compiler is there) or the pure-Python modules (the reference, always present).
 
-The broker's store has a twin of its own (``tidemq_server.broker.store._cindex``: index entries),
-loaded by ``load_twin`` under the same switch.
+The broker's store has twins of its own (``tidemq_server.broker.store._cstore``: index entries,
+consume-queue units), loaded by ``load_twin`` under the same switch.
 
 ``TIDEMQ_PURE_PYTHON=1`` (any value but "" and "0") keeps the pure modules even when the
 extension is built: the suite runs once that way too (``make test-pure``). ``COMPILED`` says

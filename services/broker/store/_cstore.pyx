@@ -1,14 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The compiled twins of index.py's entry functions (``write_entry``, ``find_entries``): the
-per-key work of every index put and lookup (the unique key of every record, each of its keys,
-dedup's lookups) without struct calls. Same rule as ``tidemq.protocol.records._crecords``:
+"""The compiled twins of the store's per-record functions: index.py's ``write_entry`` and
+``find_entries`` (the unique key of every record, each of its keys, dedup's lookups) and
+consume_queue.py's ``pack_units`` (a batch's consume-queue units), without struct calls. Same rule as ``tidemq.protocol.records._crecords``:
 the common case here, anything else handed to the pure reference (bound by ``use_index``),
 which raises its own error. Layout: index.py (slots u32, entries hash u32, offset i64, delta
 i32, prev u32, big-endian). tests/broker/store/test_index_compiled.py compares the twins.
 """
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
 cdef extern from "zlib.h":
@@ -133,3 +134,50 @@ def find_entries(mm, entries_at, slots, count, key, low, high):
     except Exception:
         pass
     return _find_entries_py(mm, entries_at, slots, count, key, low, high)
+
+
+cdef object _pack_units_py = None
+
+
+def use_units(pack_units_py):
+    """Bind consume_queue.py's reference."""
+    global _pack_units_py
+    _pack_units_py = pack_units_py
+
+
+def pack_units(base, positions, sizes, codes):
+    """``consume_queue.pack_units``, compiled: 20-byte units (offset i64, size i32, tag i64)."""
+    cdef Py_ssize_t n, k
+    cdef int64_t c_base, phys, code
+    cdef int32_t size
+    cdef uint8_t *u
+    try:
+        if not (type(base) is int and type(positions) is list and type(sizes) is list
+                and type(codes) is list):
+            raise _Reject()
+        n = len(positions)
+        if len(sizes) != n or len(codes) != n:
+            raise _Reject()
+        c_base = base
+        out = PyBytes_FromStringAndSize(NULL, n * ENTRY_SIZE)
+        u = <uint8_t *>PyBytes_AS_STRING(out)
+        for k in range(n):
+            p, s, c = positions[k], sizes[k], codes[k]
+            if not (type(p) is int and type(s) is int and type(c) is int):
+                raise _Reject()
+            phys = p
+            if (phys > 0 and c_base > INT64_MAX - phys) or (phys < 0 and c_base < INT64_MIN - phys):
+                raise _Reject()
+            phys += c_base
+            size = s
+            code = c
+            _put_u32(u, <uint32_t>((<uint64_t>phys) >> 32))
+            _put_u32(u + 4, <uint32_t>(<uint64_t>phys))
+            _put_u32(u + 8, <uint32_t>size)
+            _put_u32(u + 12, <uint32_t>((<uint64_t>code) >> 32))
+            _put_u32(u + 16, <uint32_t>(<uint64_t>code))
+            u += ENTRY_SIZE
+        return out
+    except Exception:
+        pass
+    return _pack_units_py(base, positions, sizes, codes)

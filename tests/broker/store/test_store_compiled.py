@@ -1,6 +1,7 @@
-"""The index's compiled twins (store/_cindex.pyx) against index.py's references: the same puts
+"""The store's compiled twins (store/_cstore.pyx) against their references: the same index puts
 write the same bytes (or raise the same error), the same lookups answer the same offsets, on
-hypothesis-made keys, offsets, deltas and damaged chains; and an IndexFile answers alike."""
+hypothesis-made keys, offsets, deltas and damaged chains, and an IndexFile answers alike; a
+batch's consume-queue units pack alike."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidemq_server.broker.store import index
+from tidemq_server.broker.store import consume_queue, index
 from tidemq_server.broker.store.index import ENTRY_SIZE, HEADER_SIZE, IndexFile, unique_key
 
 compiled = pytest.mark.skipif(index.write_entry is index.write_entry_py,
@@ -79,3 +80,30 @@ def test_an_index_file_answers_alike_with_either_twin(tmp_path: Path,
     reference = fill("00000000000000002000")
     assert compiled_file[1] == reference[1] and any(compiled_file[1])
     assert compiled_file[0][HEADER_SIZE:] == reference[0][HEADER_SIZE:]
+
+
+i64 = st.integers(-(2**63), 2**63 - 1) | st.integers(-(2**64), 2**64) | st.integers(0, 2**40)
+
+
+@pytest.mark.skipif(consume_queue.pack_units is consume_queue.pack_units_py,
+                    reason="the compiled store twin is not built or is disabled")
+@FUZZ
+@given(base=i64, units=st.lists(st.tuples(st.integers(0, 2**31) | i64,
+                                          st.integers(-(2**31), 2**31 - 1) | i64, i64),
+                                max_size=20),
+       odd=st.sampled_from(["", "short", "bool", "float"]))
+def test_consume_queue_units_pack_alike(base: int, units: list[tuple[int, int, int]],
+                                        odd: str) -> None:
+    positions, sizes, codes = ([u[k] for u in units] for k in range(3))
+    if odd == "short" and units:
+        codes = codes[:-1]
+    if odd == "bool":
+        sizes = [*sizes, True]
+        positions, codes = [*positions, 1], [*codes, False]
+    got = result(consume_queue.pack_units, base, positions, sizes, codes)
+    ref = result(consume_queue.pack_units_py, base, positions, sizes, codes)
+    assert got == ref
+    if odd == "float":
+        half: Any = 0.5
+        assert result(consume_queue.pack_units, half, positions, sizes, codes) == result(
+            consume_queue.pack_units_py, half, positions, sizes, codes)
