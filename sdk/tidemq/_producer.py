@@ -9,18 +9,15 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Self, TypedDict, Unpack
+from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
+from typing import Self, TypedDict, Unpack
 
 from tidemq import _validate as V
 from tidemq._auth import Credentials
-from tidemq._batch import encode_request, results_of, send_result
+from tidemq._batch import encode_request, results_of
 from tidemq._batcher import Coalescer
-from tidemq._cancel import DelayedCancel
-from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
     PRODUCER_BROKER_BACKOFF_MAX_S,
@@ -35,10 +32,8 @@ from tidemq._exceptions import (
     TopicNotFoundError,
     TransportError,
     UnexpectedResponseError,
-    UnsupportedMediaTypeError,
     server_error,
 )
-from tidemq._fault import SendAttempts, Step
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
 from tidemq._message import (
     Message,
@@ -51,15 +46,13 @@ from tidemq._message import (
 )
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
+from tidemq._send import Body, Sender, as_message
 from tidemq._tasks import finish_tasks
-from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import ErrorCode, OutgoingMessage
 from tidemq.protocol.batch import CONTENT_BATCH
 from tidemq.protocol.message import DEFAULT_LIMITS
 
 log = logging.getLogger("tidemq.producer")
-
-Body = bytes | str | JsonModel  # a pydantic model is sent as its JSON
 
 
 class SendOptions(TypedDict, total=False):
@@ -83,7 +76,7 @@ _BARE_BODIES = (bytes, str)  # exact types ``_outgoing`` takes without a Message
 _BARE_OPTIONS = frozenset({"topic", "message_id", "properties"})  # ... and the options with them
 
 
-class Producer(DelayedCancel, Client):
+class Producer(Sender):
     """Sends messages to the brokers serving a topic; an async context manager.
 
     Concurrent ``send`` calls for one (broker, topic) are gathered into one request; each
@@ -162,15 +155,11 @@ class Producer(DelayedCancel, Client):
                                     max_messages=max_batch, max_bytes=max_batch_bytes,
                                     max_in_flight=max_in_flight)
         self._close_timeout_s = close_timeout_s
-        self._msgpack_only: set[str] = set()  # brokers that answered 415 to record batches
         self._group_of: dict[str, str] = {}  # broker address → its group (broker_name)
         self._valid_topics: set[str] = set()
         self._oneway: set[asyncio.Task[SendResult]] = set()
         self._started = False
         self._closed = False
-        self.failovers = 0  # messages stored on another group than the first one tried
-        # ... of which an earlier group may have stored a copy too (its answer was lost)
-        self.possible_duplicates = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -200,21 +189,7 @@ class Producer(DelayedCancel, Client):
         message_id) override its fields.
         """
         topic, out, route = await self._prepare(message, options, "send")
-        started = time.monotonic()
-        if route.electing():
-            return await self._deliver(topic, out, route, started=started)
-        # the first attempt here (most sends need no other), the rest in _deliver
-        explicit = out.queue_id
-        queue = self._selector.select(route, sharding_key=out.sharding_key, queue_id=explicit,
-                                      health=self._health, reshard=self._ordered_failover)
-        out.queue_id = queue.queue_id
-        try:
-            result = await self._coalescer.submit(queue.address, topic, out)
-        except TidemqError as exc:
-            return await self._deliver(topic, out, route, failed=(explicit, queue, exc),
-                                       started=started)
-        self._stored(queue, None, 1)
-        return result
+        return await self._deliver(topic, out, route)
 
     async def send_oneway(self, message: Message | Body, **options: Unpack[SendOptions]) -> None:
         """Queue one message without waiting for the broker; a failure is only logged.
@@ -244,7 +219,7 @@ class Producer(DelayedCancel, Client):
         if isinstance(messages, bytes | str | Message) or not isinstance(messages, Iterable):
             raise ConfigurationError(f"send_batch: messages must be a list of messages or "
                                      f"bodies, got {type(messages).__name__}")
-        outs = [to_outgoing(self._as_message(_of_batch(topic, i, m), {"topic": topic}))
+        outs = [to_outgoing(as_message(_of_batch(topic, i, m), {"topic": topic}))
                 for i, m in enumerate(messages)]
         if not outs:
             return []
@@ -258,16 +233,11 @@ class Producer(DelayedCancel, Client):
         explicit = [m.queue_id for m in outs]
         pinned = any(q is not None or m.sharding_key is not None
                      for q, m in zip(explicit, outs, strict=True))
-        attempts: SendAttempts | None = None
-        step, broker = Step.SELECT, None
-        started = time.monotonic()
-        while True:
-            route = await self._routes.write_route(topic, self._give_up_at(started))
-            if step is Step.SELECT or broker is None:
-                broker = self._batch_broker(route, outs, explicit,
-                                            attempts.tried if attempts else ())
-            else:
-                broker = self._retarget(route, broker)
+
+        def pick(route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
+            return self._batch_broker(route, outs, explicit, avoid)
+
+        async def submit(route: TopicRoute, broker: MessageQueue) -> list[SendResult]:
             for m, queue_id in zip(outs, explicit, strict=True):
                 # a keyed message takes the queue send() gives its key (over the whole
                 # route, which _batch_broker checked lands on this broker); others round robin
@@ -276,25 +246,20 @@ class Producer(DelayedCancel, Client):
                 m.queue_id = self._selector.select(
                     route, sharding_key=m.sharding_key, queue_id=queue_id,
                     broker=None if keyed else broker.address).queue_id
-            try:
-                results = await self._post(broker.address, topic, outs)
-            except TidemqError as exc:
-                if attempts is None:
-                    attempts = SendAttempts(self._health, self._http.retry, movable=not pinned,
-                                            first=broker.broker_name, started=started,
-                                            what=f"batch of {len(outs)} to {topic!r}")
-                step = await self._send_failed(topic, route, broker.broker_name, attempts, exc)
-                continue
-            if len(results) != len(outs):
-                raise UnexpectedResponseError(
-                    f"sent {len(outs)} messages to {topic!r}, got {len(results)} results")
-            self._stored(broker, attempts, len(outs))
-            return results
+            return await self._post(broker.address, topic, outs)
+
+        results, _ = await self._send_over(
+            topic, pick, submit, movable=not pinned, what=f"batch of {len(outs)} to {topic!r}",
+            started=time.monotonic(), count=len(outs))
+        if len(results) != len(outs):
+            raise UnexpectedResponseError(
+                f"sent {len(outs)} messages to {topic!r}, got {len(results)} results")
+        return results
 
     # -- internals ---------------------------------------------------------------------------
 
     def _batch_broker(self, route: TopicRoute, outs: list[OutgoingMessage],
-                      explicit: list[int | None], avoid: set[str] | tuple[()]) -> MessageQueue:
+                      explicit: list[int | None], avoid: Collection[str]) -> MessageQueue:
         """The one broker of a batch: that of its keyed messages, else the next usable one."""
         keyed = [self._selector.select(route, sharding_key=m.sharding_key, queue_id=q)
                  for m, q in zip(outs, explicit, strict=True)
@@ -336,90 +301,29 @@ class Producer(DelayedCancel, Client):
             return topic, body_to_outgoing(
                 message, message_id=options.get("message_id"),  # type: ignore[arg-type]
                 properties=options.get("properties"))
-        msg = self._as_message(message, options)
-        topic = msg.topic
-        if not topic:
-            raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
-        if topic not in self._valid_topics:
-            validate_topic(topic, self._valid_topics)
+        topic, msg = self._message(message, options)
         return topic, to_outgoing(msg)
 
-    async def _deliver(
-        self, topic: str, out: OutgoingMessage, route: TopicRoute | None = None,
-        failed: tuple[int | None, MessageQueue, TidemqError] | None = None,
-        started: float | None = None,
-    ) -> SendResult:
-        """Send one message through the coalescer, failing over as ``tidemq._fault`` says.
+    async def _deliver(self, topic: str, out: OutgoingMessage, route: TopicRoute | None = None
+                       ) -> SendResult:
+        """Send one message through the coalescer, failing over as ``tidemq._fault`` says
+        (``Sender._send_over``); ``route``: the topic's route when the caller just looked it
+        up. The deadline runs from here."""
+        explicit = out.queue_id
+        reshard = self._ordered_failover
 
-        ``route``: the topic's route when the caller just looked it up; ``failed``: the
-        caller's first attempt failed: the message's own queue id (None: any), the queue
-        tried (over ``route``) and the error; ``started``: when the send began (its deadline
-        runs from there).
-        """
-        if started is None:
-            started = time.monotonic()
-        attempts: SendAttempts | None = None
-        step = Step.SELECT
-        queue: MessageQueue | None = None
-        error: TidemqError | None = None
-        if failed is None:
-            explicit = out.queue_id
-        else:
-            explicit, queue, error = failed
-        while True:
-            if error is None:
-                if route is None or route.electing():
-                    route = await self._routes.write_route(topic, self._give_up_at(started))
-                if step is Step.SELECT or queue is None:
-                    queue = self._selector.select(
-                        route, sharding_key=out.sharding_key, queue_id=explicit,
-                        health=self._health, avoid=attempts.tried if attempts else (),
-                        reshard=self._ordered_failover)
-                else:
-                    queue = self._retarget(route, queue)
-                out.queue_id = queue.queue_id
-                try:
-                    result = await self._coalescer.submit(queue.address, topic, out)
-                except TidemqError as exc:
-                    error = exc
-                else:
-                    self._stored(queue, attempts, 1)
-                    return result
-            assert route is not None and queue is not None  # set with every error
-            if attempts is None:
-                movable = explicit is None and (out.sharding_key is None
-                                                or self._ordered_failover)
-                attempts = SendAttempts(self._health, self._http.retry, movable=movable,
-                                        first=queue.broker_name, started=started,
-                                        what=f"message {out.message_id}")
-            step = await self._send_failed(topic, route, queue.broker_name, attempts, error)
-            route, error = None, None  # asked again: the failure may have changed it
+        def pick(route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
+            return self._selector.select(route, sharding_key=out.sharding_key, queue_id=explicit,
+                                         health=self._health, avoid=avoid, reshard=reshard)
 
-    def _stored(self, queue: MessageQueue, attempts: SendAttempts | None, count: int) -> None:
-        """Book-keeping after a send was stored on ``queue``'s broker."""
-        if self._health and self._health.succeeded(queue.broker_name):
-            log.info("broker %s answers again; sends use it again", queue.broker_name)
-        if attempts is None:
-            return
-        if attempts.first != queue.broker_name:
-            self.failovers += count
-        if attempts.duplicated_on(queue.broker_name):
-            self.possible_duplicates += count
-            log.debug("%s stored on %s after an answer from %s was lost: that group may hold a "
-                     "copy too", attempts.what, queue.broker_name,
-                     ", ".join(sorted(attempts.uncertain - {queue.broker_name})))
+        def submit(route: TopicRoute, queue: MessageQueue) -> Awaitable[SendResult]:
+            out.queue_id = queue.queue_id
+            return self._coalescer.submit(queue.address, topic, out)
 
-    @staticmethod
-    def _as_message(message: Message | Body, overrides: Mapping[str, Any]) -> Message:
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if isinstance(message, Message):
-            return dataclasses.replace(message, **given) if given else message
-        if isinstance(message, bytes | bytearray | memoryview | str):
-            return Message(body=message if isinstance(message, str) else bytes(message), **given)
-        if (body := model_body(message)) is not None:
-            return Message(body=body, **given)
-        raise ConfigurationError(f"send: expected a Message, bytes, str or a pydantic model, "
-                                 f"got {type(message).__name__}")
+        result, _ = await self._send_over(
+            topic, pick, submit, movable=explicit is None and (out.sharding_key is None or reshard),
+            what=f"message {out.message_id}", started=time.monotonic(), route=route)
+        return result
 
     def _require_open(self) -> None:
         if self._closed:
@@ -437,33 +341,18 @@ class Producer(DelayedCancel, Client):
     async def _post(
         self, broker: str, topic: str, messages: list[OutgoingMessage],
     ) -> list[SendResult]:
-        """``POST /v1/topics/{topic}/messages``: record format v2 batches (the log's own
-        bytes), or msgpack to a broker that does not take them (415); one result per
-        message, in order."""
+        """``POST /v1/topics/{topic}/messages`` as record format v2 batches (the log's own
+        bytes); one result per message, in order."""
         target = url(broker, "v1", "topics", topic, "messages")
         group = self._group_of.get(broker) or self._group_name(broker, topic)
-        try:  # no retries here: _deliver / send_batch decide where a failed send goes
-            if broker not in self._msgpack_only:
-                content, where = encode_request(topic, messages, int(time.time() * 1000))
-                try:
-                    answer = await self._http.call_raw("POST", target, content, CONTENT_BATCH,
-                                                       retry=NO_RETRY)
-                except UnsupportedMediaTypeError:
-                    log.info("broker %s does not take record batches: sending msgpack", broker)
-                    self._msgpack_only.add(broker)
-                else:
-                    return results_of(answer, topic, messages, where, group)
-            if broker in self._msgpack_only:
-                answer = await self._http.call(
-                    "POST", target, body={"messages": [m.to_wire(binary=True) for m in messages]},
-                    binary=True, retry=NO_RETRY)
+        content, where = encode_request(topic, messages, int(time.time() * 1000))
+        try:  # no retries here: the send path decides where a failed send goes
+            answer = await self._http.call_raw("POST", target, content, CONTENT_BATCH,
+                                               retry=NO_RETRY)
         except (TopicNotFoundError, TransportError):
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise
-        try:
-            return [send_result(r, topic, group) for r in answer["results"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UnexpectedResponseError(f"malformed send answer from {broker}: {exc!r}") from exc
+        return results_of(answer, topic, messages, where, group)
 
 
 def _of_batch(topic: str, index: int, message: Message | Body) -> Message | Body:

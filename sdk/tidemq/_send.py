@@ -1,0 +1,137 @@
+"""The one send path of the producers: a message in, select a queue, submit, retry on failure.
+
+``Producer.send`` / ``send_oneway`` (one message through the coalescer), ``Producer.send_batch``
+(one request to one broker) and ``TransactionProducer.send`` (a half message through its
+batcher) differ only in what they pick and what they submit; everything else is here, once:
+
+- ``as_message``: what a caller gives (a ``Message``, bytes, str or a pydantic model, and keyword
+  overrides) as a ``Message``; ``Sender._message`` adds the topic checks;
+- ``Sender._send_over``: ``pick(route, avoid)`` a queue, ``submit(route, queue)`` to it; on a
+  failure ``tidemq._fault.SendAttempts`` decides (same broker again, another group, a pause, or
+  give up), the route is asked for again and a NOT_PRIMARY answer naming a new primary is
+  followed (``_send_failed``). The first attempt takes the route the caller looked up; the
+  deadline runs from ``started``, the send's first attempt. On success the broker's health is
+  cleared and ``failovers`` / ``possible_duplicates`` are counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, TypeVar
+
+from tidemq._cancel import DelayedCancel
+from tidemq._client import Client
+from tidemq._exceptions import ConfigurationError, TidemqError
+from tidemq._fault import SendAttempts, Step, electing, primary_hint
+from tidemq._message import Message, validate_topic
+from tidemq._routes import MessageQueue, TopicRoute
+from tidemq._selector import QueueSelector
+from tidemq._typed import JsonModel, model_body
+
+log = logging.getLogger("tidemq.producer")
+
+T = TypeVar("T")
+
+Body = bytes | str | JsonModel  # a pydantic model is sent as its JSON
+
+#: ``pick(route, avoid)``: the queue of the next attempt, avoiding the groups named
+Pick = Callable[[TopicRoute, Collection[str]], MessageQueue]
+#: ``submit(route, queue)``: one attempt at ``queue`` (``route``: the route it was picked from)
+Submit = Callable[[TopicRoute, MessageQueue], Awaitable[T]]
+
+
+def as_message(message: Message | Body, overrides: Mapping[str, Any], *,
+               copy: bool = False) -> Message:
+    """``message`` as a ``Message`` with each override given (not None) in place of its field;
+    ``copy``: never the caller's own ``Message`` (the sender fills fields in)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if isinstance(message, Message):
+        return dataclasses.replace(message, **given) if given or copy else message
+    if isinstance(message, bytes | bytearray | memoryview | str):
+        return Message(body=message if isinstance(message, str) else bytes(message), **given)
+    if (body := model_body(message)) is not None:
+        return Message(body=body, **given)
+    raise ConfigurationError(f"send: expected a Message, bytes, str or a pydantic model, "
+                             f"got {type(message).__name__}")
+
+
+class Sender(DelayedCancel, Client):
+    """A client that stores messages (the producers): the path its sends share (module
+    docstring), and ``cancel_delayed`` (``tidemq._cancel``)."""
+
+    _selector: QueueSelector
+    _valid_topics: set[str]
+    failovers = 0  # messages stored on another group than the first one tried
+    # ... of which an earlier group may have stored a copy too (its answer was lost)
+    possible_duplicates = 0
+
+    def _message(self, message: Message | Body, overrides: Mapping[str, Any], *,
+                 copy: bool = False) -> tuple[str, Message]:
+        """The topic and ``Message`` of a send (``as_message``), its topic checked."""
+        msg = as_message(message, overrides, copy=copy)
+        topic = msg.topic
+        if not topic:
+            raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
+        if topic not in self._valid_topics:
+            validate_topic(topic, self._valid_topics)
+        return topic, msg
+
+    async def _send_over(
+        self, topic: str, pick: Pick, submit: Submit[T], *, movable: bool, what: str,
+        started: float, route: TopicRoute | None = None, count: int = 1,
+    ) -> tuple[T, MessageQueue]:
+        """Send ``count`` messages (one request, or one coalesced message) failing over as
+        ``tidemq._fault`` says; the answer and the queue that took it. ``movable``: the send
+        may go to another group (no explicit queue, no sharding key kept in order); ``what``
+        names it in logs and errors; ``route``: the topic's route when the caller just looked
+        it up (the first attempt uses it unless its groups are electing)."""
+        attempts: SendAttempts | None = None
+        step = Step.SELECT
+        queue: MessageQueue | None = None
+        while True:
+            if route is None or route.electing():
+                route = await self._routes.write_route(topic, self._give_up_at(started))
+            if step is Step.SELECT or queue is None:
+                queue = pick(route, attempts.tried if attempts else ())
+            else:
+                queue = self._retarget(route, queue)
+            try:
+                result = await submit(route, queue)
+            except TidemqError as exc:
+                if attempts is None:
+                    attempts = SendAttempts(self._health, self._http.retry, movable=movable,
+                                            first=queue.broker_name, started=started, what=what)
+                step = await self._send_failed(topic, route, queue.broker_name, attempts, exc)
+                route = None  # asked again: the failure may have changed it
+                continue
+            self._sent(queue, attempts, count)
+            return result, queue
+
+    async def _send_failed(self, topic: str, route: TopicRoute, broker_name: str,
+                           attempts: SendAttempts, exc: TidemqError) -> Step:
+        """A send to group ``broker_name`` failed: what to do next (``tidemq._fault``). An
+        electing group's route is asked for again (the nameservers name the new primary), and a
+        NOT_PRIMARY answer naming a primary the route knows is followed at once."""
+        replicated = route.replicated(broker_name)
+        if electing(exc, replicated):
+            self._routes.invalidate(topic)
+        hint = primary_hint(exc)
+        moved = hint is not None and self._routes.follow_primary(topic, broker_name, hint)
+        return await attempts.after_failure(exc, broker_name, route.write_groups(),
+                                            replicated=replicated, moved=moved)
+
+    def _sent(self, queue: MessageQueue, attempts: SendAttempts | None, count: int) -> None:
+        """Book-keeping after ``count`` messages were stored on ``queue``'s broker."""
+        if self._health and self._health.succeeded(queue.broker_name):
+            log.info("broker %s answers again; sends use it again", queue.broker_name)
+        if attempts is None:
+            return
+        if attempts.first != queue.broker_name:
+            self.failovers += count
+        if attempts.duplicated_on(queue.broker_name):
+            self.possible_duplicates += count
+            log.debug("%s stored on %s after an answer from %s was lost: that group may hold a "
+                      "copy too", attempts.what, queue.broker_name,
+                      ", ".join(sorted(attempts.uncertain - {queue.broker_name})))
