@@ -11,7 +11,8 @@ batcher) differ only in what they pick and what they submit; everything else is 
   give up), the route is asked for again and a NOT_PRIMARY answer naming a new primary is
   followed (``_send_failed``). The first attempt takes the route the caller looked up; the
   deadline runs from ``started``, the send's first attempt. On success the broker's health is
-  cleared and ``failovers`` / ``possible_duplicates`` are counted.
+  cleared and ``failovers`` / ``possible_duplicates`` are counted. ``Producer.send`` makes
+  its first attempt itself (the hot path: no closures) and hands a failure to ``_send_over``.
 """
 
 from __future__ import annotations
@@ -81,33 +82,39 @@ class Sender(DelayedCancel, Client):
     async def _send_over(
         self, topic: str, pick: Pick, submit: Submit[T], *, movable: bool, what: str,
         started: float, route: TopicRoute | None = None, count: int = 1,
+        failed: tuple[MessageQueue, TidemqError] | None = None,
     ) -> tuple[T, MessageQueue]:
         """Send ``count`` messages (one request, or one coalesced message) failing over as
         ``tidemq._fault`` says; the answer and the queue that took it. ``movable``: the send
         may go to another group (no explicit queue, no sharding key kept in order); ``what``
         names it in logs and errors; ``route``: the topic's route when the caller just looked
-        it up (the first attempt uses it unless its groups are electing)."""
+        it up (the first attempt uses it unless its groups are electing); ``failed``: the
+        caller made the first attempt itself (``Producer.send``, the hot path), at this queue
+        over ``route``, and it failed with this error."""
         attempts: SendAttempts | None = None
         step = Step.SELECT
-        queue: MessageQueue | None = None
+        queue, error = failed if failed is not None else (None, None)
         while True:
-            if route is None or route.electing():
-                route = await self._routes.write_route(topic, self._give_up_at(started))
-            if step is Step.SELECT or queue is None:
-                queue = pick(route, attempts.tried if attempts else ())
-            else:
-                queue = self._retarget(route, queue)
-            try:
-                result = await submit(route, queue)
-            except TidemqError as exc:
-                if attempts is None:
-                    attempts = SendAttempts(self._health, self._http.retry, movable=movable,
-                                            first=queue.broker_name, started=started, what=what)
-                step = await self._send_failed(topic, route, queue.broker_name, attempts, exc)
-                route = None  # asked again: the failure may have changed it
-                continue
-            self._sent(queue, attempts, count)
-            return result, queue
+            if error is None:
+                if route is None or route.electing():
+                    route = await self._routes.write_route(topic, self._give_up_at(started))
+                if step is Step.SELECT or queue is None:
+                    queue = pick(route, attempts.tried if attempts else ())
+                else:
+                    queue = self._retarget(route, queue)
+                try:
+                    result = await submit(route, queue)
+                except TidemqError as exc:
+                    error = exc
+                else:
+                    self._sent(queue, attempts, count)
+                    return result, queue
+            assert route is not None and queue is not None  # set with every error
+            if attempts is None:
+                attempts = SendAttempts(self._health, self._http.retry, movable=movable,
+                                        first=queue.broker_name, started=started, what=what)
+            step = await self._send_failed(topic, route, queue.broker_name, attempts, error)
+            route, error = None, None  # asked again: the failure may have changed it
 
     async def _send_failed(self, topic: str, route: TopicRoute, broker_name: str,
                            attempts: SendAttempts, exc: TidemqError) -> Step:
