@@ -46,7 +46,7 @@ from tidemq._message import (
 )
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
-from tidemq._send import Body, Sender, as_message
+from tidemq._send import Body, Sender, Shipment, as_message
 from tidemq._tasks import finish_tasks
 from tidemq.protocol import ErrorCode, OutgoingMessage
 from tidemq.protocol.batch import CONTENT_BATCH
@@ -245,27 +245,8 @@ class Producer(Sender):
                                f"{total} bytes exceeds {limits.max_batch_messages} messages or "
                                f"{limits.max_batch_bytes} bytes; split it")
         await self.start()
-        explicit = [m.queue_id for m in outs]
-        pinned = any(q is not None or m.sharding_key is not None
-                     for q, m in zip(explicit, outs, strict=True))
-
-        def pick(route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
-            return self._batch_broker(route, outs, explicit, avoid)
-
-        async def submit(route: TopicRoute, broker: MessageQueue) -> list[SendResult]:
-            for m, queue_id in zip(outs, explicit, strict=True):
-                # a keyed message takes the queue send() gives its key (over the whole
-                # route, which _batch_broker checked lands on this broker); others round robin
-                # over this broker's queues
-                keyed = m.sharding_key is not None or queue_id is not None
-                m.queue_id = self._selector.select(
-                    route, sharding_key=m.sharding_key, queue_id=queue_id,
-                    broker=None if keyed else broker.address).queue_id
-            return await self._post(broker.address, topic, outs)
-
-        results, _ = await self._send_over(
-            topic, pick, submit, movable=not pinned, what=f"batch of {len(outs)} to {topic!r}",
-            started=time.monotonic(), count=len(outs))
+        results, _ = await self._send_over(topic, _Batch(self, topic, outs),
+                                           started=time.monotonic())
         if len(results) != len(outs):
             raise UnexpectedResponseError(
                 f"sent {len(outs)} messages to {topic!r}, got {len(results)} results")
@@ -330,22 +311,10 @@ class Producer(Sender):
         caller's first attempt (at that queue, over ``route``) failed with that error, and
         ``explicit`` is the message's own queue id (None: any); ``started``: when the send
         began (its deadline runs from there; default now)."""
-        if failed is None:
-            explicit = out.queue_id
-
-        def pick(route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
-            return self._pick_one(route, out, explicit, avoid)
-
-        def submit(route: TopicRoute, queue: MessageQueue) -> Awaitable[SendResult]:
-            out.queue_id = queue.queue_id
-            return self._coalescer.submit(queue.address, topic, out)
-
+        shipment = _One(self, topic, out, out.queue_id if failed is None else explicit)
         result, _ = await self._send_over(
-            topic, pick, submit,
-            movable=explicit is None and (out.sharding_key is None or self._ordered_failover),
-            what=f"message {out.message_id}",
-            started=time.monotonic() if started is None else started, route=route,
-            failed=failed)
+            topic, shipment, started=time.monotonic() if started is None else started,
+            route=route, failed=failed)
         return result
 
     def _pick_one(self, route: TopicRoute, out: OutgoingMessage, explicit: int | None,
@@ -383,6 +352,64 @@ class Producer(Sender):
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise
         return results_of(answer, topic, messages, where, group)
+
+
+class _One(Shipment[SendResult]):
+    """One message, through the coalescer (``explicit``: its own queue id, None: any)."""
+
+    __slots__ = ("explicit", "out", "producer", "topic")
+
+    def __init__(self, producer: Producer, topic: str, out: OutgoingMessage,
+                 explicit: int | None) -> None:
+        self.producer, self.topic, self.out, self.explicit = producer, topic, out, explicit
+
+    @property
+    def movable(self) -> bool:
+        return self.explicit is None and (self.out.sharding_key is None
+                                          or self.producer._ordered_failover)
+
+    def what(self) -> str:
+        return f"message {self.out.message_id}"
+
+    def pick(self, route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
+        return self.producer._pick_one(route, self.out, self.explicit, avoid)
+
+    def submit(self, route: TopicRoute, queue: MessageQueue) -> Awaitable[SendResult]:
+        self.out.queue_id = queue.queue_id
+        return self.producer._coalescer.submit(queue.address, self.topic, self.out)
+
+
+class _Batch(Shipment[list[SendResult]]):
+    """The messages of ``send_batch``: one request to one broker."""
+
+    __slots__ = ("count", "explicit", "outs", "producer", "topic")
+
+    def __init__(self, producer: Producer, topic: str, outs: list[OutgoingMessage]) -> None:
+        self.producer, self.topic, self.outs = producer, topic, outs
+        self.explicit = [m.queue_id for m in outs]  # their own queue ids (None: any)
+        self.count = len(outs)
+
+    @property
+    def movable(self) -> bool:
+        return not any(q is not None or m.sharding_key is not None
+                       for q, m in zip(self.explicit, self.outs, strict=True))
+
+    def what(self) -> str:
+        return f"batch of {self.count} to {self.topic!r}"
+
+    def pick(self, route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
+        return self.producer._batch_broker(route, self.outs, self.explicit, avoid)
+
+    def submit(self, route: TopicRoute, broker: MessageQueue) -> Awaitable[list[SendResult]]:
+        select = self.producer._selector.select
+        for m, queue_id in zip(self.outs, self.explicit, strict=True):
+            # a keyed message takes the queue send() gives its key (over the whole route,
+            # which _batch_broker checked lands on this broker); others round robin over this
+            # broker's queues
+            keyed = m.sharding_key is not None or queue_id is not None
+            m.queue_id = select(route, sharding_key=m.sharding_key, queue_id=queue_id,
+                                broker=None if keyed else broker.address).queue_id
+        return self.producer._post(broker.address, self.topic, self.outs)
 
 
 def _of_batch(topic: str, index: int, message: Message | Body) -> Message | Body:

@@ -71,7 +71,7 @@ from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
 from tidemq._message import Message, has_delay, to_outgoing
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
-from tidemq._send import Body, Sender
+from tidemq._send import Body, Sender, Shipment
 from tidemq._tasks import finish_tasks
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
@@ -239,24 +239,12 @@ class TransactionProducer(Sender):
             raise LocalTransactionError(result) from error
         return result
 
-    async def _store_half(self, topic: str, immunity: float | None, out: OutgoingMessage
-                          ) -> tuple[str, MessageQueue]:
+    def _store_half(self, topic: str, immunity: float | None, out: OutgoingMessage
+                    ) -> Awaitable[tuple[str, MessageQueue]]:
         """Store the half message on a group, failing over like ``Producer.send`` (the rule is
         in ``tidemq._fault``); the transaction id and the queue that holds it."""
-        explicit = out.queue_id
-
-        def pick(route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
-            return self._selector.select(route, sharding_key=out.sharding_key, queue_id=explicit,
-                                         health=self._health, avoid=avoid)
-
-        def submit(route: TopicRoute, queue: MessageQueue) -> Awaitable[str]:
-            out.queue_id = queue.queue_id
-            self._checks.add_broker(queue.address)
-            return self._batcher.half(queue.address, (topic, immunity), out)
-
-        return await self._send_over(
-            topic, pick, submit, movable=explicit is None and out.sharding_key is None,
-            what=f"half message {out.message_id}", started=time.monotonic())
+        return self._send_over(topic, _Half(self, topic, immunity, out),
+                               started=time.monotonic())
 
     async def _end(self, topic: str, queue: MessageQueue, item: EndItem) -> str:
         """End a transaction at the group holding its half (``queue``'s), at that group's
@@ -376,6 +364,34 @@ class TransactionProducer(Sender):
             raise UnexpectedResponseError(f"malformed end answer from {broker}: {exc!r}") \
                 from exc
         return out
+
+
+class _Half(Shipment[str]):
+    """A half message, through the transaction batcher: its answer is the transaction id."""
+
+    __slots__ = ("explicit", "immunity", "out", "producer", "topic")
+
+    def __init__(self, producer: TransactionProducer, topic: str, immunity: float | None,
+                 out: OutgoingMessage) -> None:
+        self.producer, self.topic, self.immunity, self.out = producer, topic, immunity, out
+        self.explicit = out.queue_id  # its own queue id (None: any)
+
+    @property
+    def movable(self) -> bool:
+        return self.explicit is None and self.out.sharding_key is None
+
+    def what(self) -> str:
+        return f"half message {self.out.message_id}"
+
+    def pick(self, route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
+        return self.producer._selector.select(
+            route, sharding_key=self.out.sharding_key, queue_id=self.explicit,
+            health=self.producer._health, avoid=avoid)
+
+    def submit(self, route: TopicRoute, queue: MessageQueue) -> Awaitable[str]:
+        self.out.queue_id = queue.queue_id
+        self.producer._checks.add_broker(queue.address)
+        return self.producer._batcher.half(queue.address, (self.topic, self.immunity), self.out)
 
 
 def _log_end_failure(future: asyncio.Future[str]) -> None:
