@@ -192,8 +192,8 @@ class Producer(Sender):
         if route.electing():
             return await self._deliver(topic, out, route)
         # the first attempt here (most sends need no other), the rest on the send path: this
-        # is _deliver's first step without its closures and frames, which cost ~10 µs of CPU
-        # a send (most of it garbage collection; bench.produce_consume, issue 30)
+        # is _deliver's first step without its shipment object and two frames (the hot path:
+        # with closures there, bench.produce_consume measured ~10 µs more CPU a send)
         started = time.monotonic()
         explicit = out.queue_id
         queue = self._pick_one(route, out, explicit, ())
