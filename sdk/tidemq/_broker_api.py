@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemq._exceptions import BadRequestError, ServerError, UnexpectedResponseError, server_error
+from tidemq._exceptions import ServerError, UnexpectedResponseError, server_error
 from tidemq._http import HttpClient, RetryPolicy, url
 from tidemq._routes import MessageQueue
 from tidemq.protocol import MAX_CONSUME_FAILURE_CHARS, ReceivedMessage
@@ -88,7 +88,6 @@ class BrokerApi:
 
     def __init__(self, http: HttpClient) -> None:
         self.http = http
-        self._messages_only: set[str] = set()  # brokers whose multi-queue pull has no "form"
 
     def _long_poll_timeout(self, wait_ms: int) -> float:
         return wait_ms / 1000.0 + self.http.timeout_s
@@ -117,23 +116,11 @@ class BrokerApi:
         body: dict[str, Any] = {
             "queues": [{"topic": a.queue.topic, "queue_id": a.queue.queue_id,
                         "offset": a.offset, "tags": a.tags} for a in asks],
-            "max": max_messages, "wait_ms": wait_ms}
+            "max": max_messages, "wait_ms": wait_ms, "form": "stored"}
         if group:
             body["group"] = group
-        if broker not in self._messages_only:
-            body["form"] = "stored"
-        target = url(broker, "v1", "pull")
-        timeout_s = self._long_poll_timeout(wait_ms)
-        try:
-            answer = await self.http.call("POST", target, body=body, binary=True,
-                                          timeout_s=timeout_s, retry=retry)
-        except BadRequestError as exc:
-            if "form" not in body or "'form'" not in exc.message:
-                raise
-            self._messages_only.add(broker)  # a broker from before the stored form
-            del body["form"]
-            answer = await self.http.call("POST", target, body=body, binary=True,
-                                          timeout_s=timeout_s, retry=retry)
+        answer = await self.http.call("POST", url(broker, "v1", "pull"), body=body, binary=True,
+                                      timeout_s=self._long_poll_timeout(wait_ms), retry=retry)
         out: list[tuple[MessageQueue, PullResult | ServerError]] = []
         try:
             entries = answer["queues"]

@@ -14,9 +14,6 @@ hand-back to the retry topic. An error of one queue in the answer (topic gone, o
 range) is that queue's alone; a failed request (broker unreachable, 503) backs the broker off as
 before. A queue added while a poll is held cancels that poll so the next one names it.
 
-A broker that does not know ``POST /v1/pull`` (an older version: 404 or 405 without an API code)
-is pulled queue by queue, each queue in a loop of its own, as before.
-
 Ordered consumers keep one loop per queue: each queue's messages must run one at a time, and
 waiting for one queue's handler must not hold the others back.
 """
@@ -40,7 +37,6 @@ log = logging.getLogger("tidemq.consumer")
 
 _PAUSED_WAIT_MS = 100  # poll hold while a queue sits out for flow control
 _IDLE_PAUSE_S = 0.05  # no queue is ready: look again after this
-_LEGACY = ("HTTP_404", "HTTP_405")  # codes of a broker without POST /v1/pull
 
 
 class BrokerPuller:
@@ -60,16 +56,12 @@ class BrokerPuller:
         self._asked: frozenset[MessageQueue] = frozenset()  # the queues of the poll out
         self._nudge = asyncio.Event()
         self._rotate = 0  # the queue the next poll names first (fair share of MAX_PULL_TOTAL)
-        self.legacy = False  # the broker pulls queue by queue
         self.failures = 0
 
     def __len__(self) -> int:
         return len(self._queues)
 
     def add(self, puller: QueuePuller) -> None:
-        if self.legacy:
-            puller.start()
-            return
         puller.shared = self._detach
         self._queues[puller.queue] = puller
         if self._task is None:
@@ -112,8 +104,6 @@ class BrokerPuller:
                     await self._failed(exc)
                     continue
                 await self._answered(poll.result())
-            if self.legacy:
-                return
         finally:
             if self._poll is not None:
                 self._poll.cancel()
@@ -175,11 +165,6 @@ class BrokerPuller:
             await puller.deliver(result)
 
     async def _failed(self, exc: TidemqError) -> None:
-        if isinstance(exc, ServerError) and exc.code in _LEGACY:
-            log.info("broker %s has no multi-queue pull: pulling its queues one by one",
-                     self.address)
-            self._to_legacy()
-            return
         self.failures += 1
         if self._on_route_error and isinstance(exc, TopicNotFoundError | TransportError):
             for topic in sorted({q.topic for q in self._queues}):
@@ -193,10 +178,3 @@ class BrokerPuller:
         log.log(logging.WARNING if loud else logging.DEBUG, "pull from %s failed (%d in a "
                 "row): %s", self.address, self.failures, exc)
         await asyncio.sleep(_PULL_BACKOFF.backoff_s(min(self.failures, 10)))
-
-    def _to_legacy(self) -> None:
-        self.legacy = True
-        pullers, self._queues = list(self._queues.values()), {}
-        for p in pullers:
-            p.shared = None
-            p.start()

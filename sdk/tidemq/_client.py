@@ -4,12 +4,11 @@ A client builds its HTTP client, route table and broker health with ``_connect``
 runs once: the client's own ``_shutdown`` (finishing its work, bounded), then the connections
 are released even when that failed. ``async with client`` starts it and closes it on the way out.
 
-The senders (``Producer``, ``TransactionProducer``) share the retry step of a failed send here
-(``_send_failed``, ``_retarget``, ``_give_up_at``): ``tidemq._fault`` decides, this wires it to
-the route table (route refresh, following a named primary). Any other idempotent call to the
-brokers of a topic (e.g. cancelling a delayed message) goes through ``_retry_call``: one attempt
-per route, retried with back-off until the policy's one deadline, the route asked for again
-after a failure that may mean it changed.
+The senders (``Producer``, ``TransactionProducer``) send through ``tidemq._send``, which uses
+``_retarget`` and ``_give_up_at`` from here. Any other idempotent call to the brokers of a topic
+(e.g. ending a transaction) goes through ``_retry_call``: one attempt per route, retried with
+back-off until the policy's one deadline, the route asked for again after a failure that may
+mean it changed.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from tidemq._exceptions import (
     TidemqError,
     TransportError,
 )
-from tidemq._fault import BrokerHealth, SendAttempts, Step, electing, primary_hint
+from tidemq._fault import BrokerHealth, primary_hint
 from tidemq._http import HttpClient, Transport
 from tidemq._retry import RetryPolicy, pause_after
 from tidemq._routes import MessageQueue, RouteTable, TopicRoute
@@ -98,19 +97,6 @@ class Client(ABC):
         """When a call that began at ``started`` (``time.monotonic()``) stops retrying."""
         deadline = self._http.retry.deadline_s
         return started + deadline if deadline is not None else float("inf")
-
-    async def _send_failed(self, topic: str, route: TopicRoute, broker_name: str,
-                           attempts: SendAttempts, exc: TidemqError) -> Step:
-        """A send to group ``broker_name`` failed: what to do next (``tidemq._fault``). An
-        electing group's route is asked for again (the nameservers name the new primary), and a
-        NOT_PRIMARY answer naming a primary the route knows is followed at once."""
-        replicated = route.replicated(broker_name)
-        if electing(exc, replicated):
-            self._routes.invalidate(topic)
-        hint = primary_hint(exc)
-        moved = hint is not None and self._routes.follow_primary(topic, broker_name, hint)
-        return await attempts.after_failure(exc, broker_name, route.write_groups(),
-                                            replicated=replicated, moved=moved)
 
     async def _retry_call(self, topic: str, request: Callable[[TopicRoute], Awaitable[T]], *,
                           what: str, group: str | None = None) -> T:

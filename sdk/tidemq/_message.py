@@ -158,7 +158,7 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
         raise _body_too_large(body, limits)
     message_id = _valid_id(message.message_id, limits)
     keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
-    if message.delay_level or message.delay_ms is not None or message.deliver_at_ms is not None:
+    if has_delay(message):
         _validate_delay(message, limits)
     if message.queue_id is not None and message.queue_id < 0:
         raise server_error(ErrorCode.BAD_REQUEST, f"queue_id: must be >= 0, got "
@@ -171,6 +171,12 @@ def to_outgoing(message: Message, limits: Limits = DEFAULT_LIMITS) -> OutgoingMe
                           message.delay_ms, message.deliver_at_ms)
     _validate_properties(out, limits)
     return out
+
+
+def has_delay(message: Message | OutgoingMessage) -> bool:
+    """Whether ``message`` is delayed: a delay level, ``delay_ms`` or ``deliver_at_ms``."""
+    return bool(message.delay_level) or message.delay_ms is not None \
+        or message.deliver_at_ms is not None
 
 
 def body_to_outgoing(body: bytes | str, limits: Limits = DEFAULT_LIMITS, *,

@@ -1,44 +1,29 @@
-"""Tag expressions: ``*`` (every message) or ``tagA || tagB`` (any of those tags).
+"""``TagExpression``: ``*`` (every message) or ``tagA || tagB`` (any of those tags).
 
-The broker filters by tag hash, so a hash collision can let a foreign tag through; consumers
-confirm each message here. As in RocketMQ, a message without a tag matches only ``*``.
+The protocol's expression (``tidemq.protocol.tags``: one parser for the SDK and the broker), with
+the SDK's error: a subscription the broker would refuse raises ``ConfigurationError`` here. The
+broker filters by tag hash, so a hash collision can let a foreign tag through; consumers confirm
+each message with ``matches``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Self
 
+from tidemq import protocol
 from tidemq._exceptions import ConfigurationError
-from tidemq.protocol import ProtocolError
-from tidemq.protocol.tags import parse_tag_expression
-
-ALL = "*"
+from tidemq.protocol.tags import TagExpression as _Expression
 
 
-@dataclass(frozen=True, slots=True)
-class TagExpression:
+class TagExpression(_Expression):
     """A parsed tag expression; ``tags`` is None for ``*``."""
 
-    tags: frozenset[str] | None
+    __slots__ = ()
 
     @classmethod
-    def parse(cls, expression: str | None) -> TagExpression:
-        """Parse ``*``, ``""``/None (both: every message) or ``a || b || c``; the broker's
-        rule (tidemq.protocol.tags), so a subscription it would refuse fails here."""
+    def parse(cls, expression: str | None, where: str = "subscription") -> Self:
+        """Parse ``*``, ``""``/None (both: every message) or ``a || b || c``."""
         try:
-            return cls(parse_tag_expression(expression, "subscription"))
-        except ProtocolError as exc:
+            return super().parse(expression, where)
+        except protocol.ProtocolError as exc:
             raise ConfigurationError(exc.message) from None
-
-    @property
-    def matches_all(self) -> bool:
-        return self.tags is None
-
-    def matches(self, tag: str | None) -> bool:
-        if self.tags is None:
-            return True
-        return tag is not None and tag in self.tags
-
-    def __str__(self) -> str:
-        """The normalized wire form: ``*`` or sorted tags joined by `` || ``."""
-        return ALL if self.tags is None else " || ".join(sorted(self.tags))

@@ -37,13 +37,12 @@ end-transaction: faster, and a lost end is resolved by a check all the same.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Any, Protocol, Self
 from urllib.parse import urlencode
 
@@ -51,8 +50,6 @@ from tidemq import _hooks
 from tidemq import _validate as V
 from tidemq._auth import Credentials
 from tidemq._batch import encode_halves
-from tidemq._cancel import DelayedCancel
-from tidemq._client import Client
 from tidemq._constants import (
     CLOSE_TIMEOUT_S,
     PRODUCER_BROKER_BACKOFF_MAX_S,
@@ -60,7 +57,6 @@ from tidemq._constants import (
     ROUTE_REFRESH_INTERVAL_S,
 )
 from tidemq._exceptions import (
-    BadRequestError,
     ClientClosedError,
     ConfigurationError,
     LocalTransactionError,
@@ -69,19 +65,17 @@ from tidemq._exceptions import (
     TopicNotFoundError,
     TransportError,
     UnexpectedResponseError,
-    UnsupportedMediaTypeError,
     server_error,
 )
-from tidemq._fault import SendAttempts, Step
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
-from tidemq._message import Message, to_outgoing, validate_topic
+from tidemq._message import Message, has_delay, to_outgoing
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
+from tidemq._send import Body, Sender, Shipment
 from tidemq._tasks import finish_tasks
 from tidemq._transaction_batch import EndItem, HalfGroup, TxBatcher
 from tidemq._transaction_checks import CheckPoller
 from tidemq._transaction_types import TransactionSendResult, TransactionState
-from tidemq._typed import JsonModel, model_body
 from tidemq.protocol import OutgoingMessage, ReceivedMessage
 from tidemq.protocol.records.v2 import CONTENT_BATCH
 
@@ -101,7 +95,7 @@ class TransactionListener(Protocol):
     async def check_local_transaction(self, message: ReceivedMessage) -> TransactionState: ...
 
 
-class TransactionProducer(DelayedCancel, Client):
+class TransactionProducer(Sender):
     """Transactional sends for one producer group; an async context manager.
 
     ``nameservers`` / ``broker_url`` are given as to ``Producer`` (neither:
@@ -161,12 +155,9 @@ class TransactionProducer(DelayedCancel, Client):
         self._valid_topics: set[str] = set()
         self._started = False
         self._closed = False
-        self._msgpack_only: set[str] = set()  # brokers that do not take half batches
         self._txid_prefix = uuid.uuid4().hex[:16]  # transaction ids of half batches
         self._txid_seq = itertools.count(1)
         self._ending: set[asyncio.Future[str]] = set()  # ends nobody awaits (wait_for_end=False)
-        # half messages stored on a group after an earlier group may have stored them too
-        self.possible_duplicates = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -196,7 +187,7 @@ class TransactionProducer(DelayedCancel, Client):
 
     async def send(
         self,
-        message: Message | bytes | str | JsonModel,
+        message: Message | Body,
         arg: Any = None,
         *,
         topic: str | None = None,
@@ -216,30 +207,19 @@ class TransactionProducer(DelayedCancel, Client):
         failed end is reported in ``end_error`` (a check resolves it)."""
         if self._closed:
             raise ClientClosedError("the transaction producer is closed")
-        overrides: dict[str, Any] = dict(topic=topic, tag=tag, keys=keys, properties=properties,
-                                         sharding_key=sharding_key, message_id=message_id)
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if isinstance(message, bytes | str):
-            msg = Message(body=message, **given)
-        elif isinstance(message, Message):  # a copy: the message id is filled in below
-            msg = dataclasses.replace(message, **given)
-        elif (body := model_body(message)) is not None:
-            msg = Message(body=body, **given)
-        else:
-            raise ConfigurationError(f"send: expected a Message, bytes, str or a pydantic "
-                                     f"model, got {type(message).__name__}")
-        if not msg.topic:
-            raise ConfigurationError("send: no topic (pass topic=... or Message(topic=...))")
-        validate_topic(msg.topic, self._valid_topics)
+        overrides = dict(topic=topic, tag=tag, keys=keys, properties=properties,
+                         sharding_key=sharding_key, message_id=message_id)
+        # a copy of a Message: the message id is filled in below
+        topic, msg = self._message(message, overrides, copy=True)
         out = to_outgoing(msg)
         msg.message_id = out.message_id
         await self.start()
         immunity = check_immunity_s if check_immunity_s is not None else self.check_immunity_s
-        txid, queue = await self._store_half(msg.topic, immunity, out)
+        txid, queue = await self._store_half(topic, immunity, out)
         state, error = await self._execute(msg, arg, txid)
         end_error: TidemqError | None = None
         # the end (and any check answer) goes to the group holding the half message
-        ending = self._end(msg.topic, queue, (txid, state.value, False))
+        ending = self._end(topic, queue, (txid, state.value, False))
         if not self.wait_for_end:
             task = asyncio.ensure_future(ending)
             self._ending.add(task)
@@ -253,46 +233,18 @@ class TransactionProducer(DelayedCancel, Client):
                 log.warning("transaction %s: ending with %s failed: %s (the broker will check "
                             "it)", txid, state.value, exc)
         assert out.message_id is not None
-        result = TransactionSendResult(out.message_id, txid, msg.topic, state, queue.address,
+        result = TransactionSendResult(out.message_id, txid, topic, state, queue.address,
                                        error, end_error, queue.broker_name)
         if error is not None:
             raise LocalTransactionError(result) from error
         return result
 
-    async def _store_half(self, topic: str, immunity: float | None, out: OutgoingMessage
-                          ) -> tuple[str, MessageQueue]:
+    def _store_half(self, topic: str, immunity: float | None, out: OutgoingMessage
+                    ) -> Awaitable[tuple[str, MessageQueue]]:
         """Store the half message on a group, failing over like ``Producer.send`` (the rule is
         in ``tidemq._fault``); the transaction id and the queue that holds it."""
-        explicit = out.queue_id
-        attempts: SendAttempts | None = None
-        step, queue = Step.SELECT, None
-        started = time.monotonic()
-        while True:
-            route = await self._routes.write_route(topic, self._give_up_at(started))
-            if step is Step.SELECT or queue is None:
-                queue = self._selector.select(route, sharding_key=out.sharding_key,
-                                              queue_id=explicit, health=self._health,
-                                              avoid=attempts.tried if attempts else ())
-            else:
-                queue = self._retarget(route, queue)
-            out.queue_id = queue.queue_id
-            self._checks.add_broker(queue.address)
-            try:
-                txid = await self._batcher.half(queue.address, (topic, immunity), out)
-            except TidemqError as exc:
-                if attempts is None:
-                    attempts = SendAttempts(
-                        self._health, self._http.retry, first=queue.broker_name,
-                        movable=explicit is None and out.sharding_key is None,
-                        what=f"half message {out.message_id}", started=started)
-                step = await self._send_failed(topic, route, queue.broker_name, attempts, exc)
-                continue
-            if self._health and self._health.succeeded(queue.broker_name):
-                log.info("broker %s answers again; half messages use it again",
-                         queue.broker_name)
-            if attempts is not None and attempts.duplicated_on(queue.broker_name):
-                self.possible_duplicates += 1
-            return txid, queue
+        return self._send_over(topic, _Half(self, topic, immunity, out),
+                               started=time.monotonic())
 
     async def _end(self, topic: str, queue: MessageQueue, item: EndItem) -> str:
         """End a transaction at the group holding its half (``queue``'s), at that group's
@@ -339,15 +291,8 @@ class TransactionProducer(DelayedCancel, Client):
                                                  "ends": wire_ends}, retry=NO_RETRY)
             return [], self._end_results(answer, broker)
         topic, immunity = group
-        if broker not in self._msgpack_only and not any(_delayed(m) for m in messages):
-            try:
-                return await self._post_batch(broker, topic, immunity, messages, wire_ends)
-            except (UnsupportedMediaTypeError, BadRequestError) as exc:
-                # a broker from before half batches: 415, or 400 for the query parameters
-                if isinstance(exc, BadRequestError) and "unknown query parameter" not in str(exc):
-                    raise
-                log.info("broker %s does not take half batches: sending msgpack", broker)
-                self._msgpack_only.add(broker)  # the ends (if any) go again: idempotent
+        if not any(has_delay(m) for m in messages):  # a half batch has no delay fields
+            return await self._post_batch(broker, topic, immunity, messages, wire_ends)
         body: dict[str, Any] = {"producer_group": self.group, "topic": topic,
                                 "messages": [m.to_wire(binary=True) for m in messages]}
         if immunity is not None:
@@ -421,8 +366,32 @@ class TransactionProducer(DelayedCancel, Client):
         return out
 
 
-def _delayed(msg: OutgoingMessage) -> bool:
-    return bool(msg.delay_level) or msg.delay_ms is not None or msg.deliver_at_ms is not None
+class _Half(Shipment[str]):
+    """A half message, through the transaction batcher: its answer is the transaction id."""
+
+    __slots__ = ("explicit", "immunity", "out", "producer", "topic")
+
+    def __init__(self, producer: TransactionProducer, topic: str, immunity: float | None,
+                 out: OutgoingMessage) -> None:
+        self.producer, self.topic, self.immunity, self.out = producer, topic, immunity, out
+        self.explicit = out.queue_id  # its own queue id (None: any)
+
+    @property
+    def movable(self) -> bool:
+        return self.explicit is None and self.out.sharding_key is None
+
+    def what(self) -> str:
+        return f"half message {self.out.message_id}"
+
+    def pick(self, route: TopicRoute, avoid: Collection[str]) -> MessageQueue:
+        return self.producer._selector.select(
+            route, sharding_key=self.out.sharding_key, queue_id=self.explicit,
+            health=self.producer._health, avoid=avoid)
+
+    def submit(self, route: TopicRoute, queue: MessageQueue) -> Awaitable[str]:
+        self.out.queue_id = queue.queue_id
+        self.producer._checks.add_broker(queue.address)
+        return self.producer._batcher.half(queue.address, (self.topic, self.immunity), self.out)
 
 
 def _log_end_failure(future: asyncio.Future[str]) -> None:

@@ -86,8 +86,9 @@ def test_tag_filter() -> None:
         TagFilter.parse("a || b ||")
     f = TagFilter.parse(" a ||b ")
     assert f.tags == {"a", "b"} and f.codes == {tag_code("a"), tag_code("b")}
-    assert f.matches(stored(props={"TAGS": "a"})) and not f.matches(stored(props={"TAGS": "ab"}))
-    assert not f.matches(stored())
+    assert f.matches(stored(props={"TAGS": "a"}).tag)
+    assert not f.matches(stored(props={"TAGS": "ab"}).tag) and not f.matches(stored().tag)
+    assert TagFilter.parse(" a ||b ") == f and isinstance(TagFilter.parse("a"), TagFilter)
 
 
 def test_retry_destination_parts() -> None:

@@ -63,10 +63,6 @@ class Canned:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class NotFoundError(Exception):
-    """A path this fake broker does not serve: FastAPI's plain 404 (no API code)."""
-
-
 class FakeBroker:
     """One broker's state."""
 
@@ -75,8 +71,6 @@ class FakeBroker:
         self.address = address
         self.long_poll_cap_s = long_poll_cap_s
         self.filter_tags = True  # False: let every tag through, as a tag-hash collision would
-        self.multi_pull = True  # False: an older broker without POST /v1/pull (404, no code)
-        self.refuses_form = False  # True: POST /v1/pull refuses its "form" field (400)
         self.queues: dict[str, list[list[dict[str, Any]]]] = {}
         self.dedup: dict[tuple[str, str], dict[str, Any]] = {}
         self.members: dict[str, dict[str, float]] = {}  # group → client → last heartbeat
@@ -128,8 +122,6 @@ class FakeBroker:
         if parts[:2] == ["v1", "topics"] and parts[3] == "queues":
             return await self._pull(parts[2], int(parts[4]), params)
         if parts == ["v1", "pull"] and method == "POST":
-            if not self.multi_pull:
-                raise NotFoundError
             return await self._pull_many(body)
         if parts[:2] == ["v1", "groups"]:
             return self._group(method, parts[2], parts[3:], params, body)
@@ -193,11 +185,7 @@ class FakeBroker:
 
     async def _pull_many(self, body: Any) -> Any:
         """``POST /v1/pull``: the queues with news; when none has any, one capped wait. It
-        answers messages whatever ``form`` asks (as a broker may); ``refuses_form``: the
-        field is refused, as a broker from before the stored form does."""
-        if "form" in body and self.refuses_form:
-            raise ProtocolError(ErrorCode.BAD_REQUEST,
-                                "unknown field 'form': not part of this request")
+        answers messages whatever ``form`` asks (as a broker may)."""
         limit = body.get("max", 32)
         wait_ms = int(body.get("wait_ms", 0))
         for attempt in range(2):
@@ -318,7 +306,7 @@ class FakeCluster:
         self.requests: list[Recorded] = []
         self._canned: list[tuple[str, Canned]] = []
         self._lose: list[str] = []
-        self.batches_refused = False  # True: a send of record batches is 415 (an older broker)
+        self.batches_refused = False  # True: a send of record batches is 415
         self.transport = httpx.MockTransport(self._serve)
 
     @property
@@ -376,8 +364,6 @@ class FakeCluster:
                 answer = await self.brokers[origin].handle(request.method, parts, params, body)
         except ProtocolError as exc:
             return self._answer(exc.code.http_status, exc.to_wire(), "application/json")
-        except NotFoundError:
-            return self._answer(404, {"detail": "Not Found"}, "application/json")
         for i, prefix in enumerate(self._lose):
             if path.startswith(prefix):
                 del self._lose[i]

@@ -15,6 +15,7 @@ from tidemq import (
     Producer,
     RetryPolicy,
     TopicNotFoundError,
+    UnsupportedMediaTypeError,
 )
 from tidemq.protocol.records.v2 import CONTENT_BATCH
 
@@ -54,16 +55,16 @@ async def test_concurrent_sends_are_coalesced_and_each_caller_gets_its_own_resul
     assert len({r.message_id for r in results}) == 100
 
 
-async def test_a_broker_without_record_batches_gets_msgpack(cluster: FakeCluster) -> None:
+async def test_sends_are_record_batches_only(cluster: FakeCluster) -> None:
+    """No fallback to another form (issue 30): brokers of this repository take record batches,
+    so a 415 is an error of its own, raised at once (not retriable) and nothing else is sent."""
     cluster.batches_refused = True
     async with _producer(cluster) as producer:
-        first = await producer.send(b"one", topic="orders")
-        second = await producer.send(b"two", topic="orders")
+        with pytest.raises(UnsupportedMediaTypeError):
+            await producer.send(b"one", topic="orders")
     kinds = [r.content_type for r in cluster.requests_to("/v1/topics/orders/messages")]
-    assert kinds == [CONTENT_BATCH, "application/msgpack", "application/msgpack"]
-    stored = cluster.broker.queues["orders"]
-    assert stored[first.queue_id][first.queue_offset]["body"] == b"one"
-    assert stored[second.queue_id][second.queue_offset]["body"] == b"two"
+    assert kinds == [CONTENT_BATCH]
+    assert cluster.broker.all_messages("orders") == []
 
 
 async def test_max_batch_bounds_a_request(cluster: FakeCluster) -> None:

@@ -62,23 +62,6 @@ async def test_messages_reach_the_handler_and_offsets_are_committed(cluster: Fak
     assert cluster.requests_to(f"/v1/groups/g1/members/{consumer.client_id}", "DELETE")
 
 
-async def test_a_broker_without_the_multi_queue_pull_is_pulled_queue_by_queue(
-        cluster: FakeCluster) -> None:
-    cluster.broker.multi_pull = False
-    _fill(cluster, 5)
-    received: list[bytes] = []
-
-    async def handler(message: ReceivedMessage) -> None:
-        received.append(message.body)
-
-    async with _consumer(cluster, handler, subscriptions={"orders": "a || b"}):
-        await wait_until_async(lambda: len(received) == 20)
-    pulls = cluster.requests_to("/v1/topics/orders/queues/")
-    assert pulls[0].params["tags"] == "a || b" and pulls[0].params["group"] == "g1"
-    assert len(cluster.requests_to("/v1/pull", "POST")) == 1  # asked once, then per queue
-    assert sorted(received) == sorted(f"{q}-{i}".encode() for q in range(4) for i in range(5))
-
-
 async def test_consumption_resumes_at_the_committed_offset(cluster: FakeCluster) -> None:
     _fill(cluster, 5)
     for q in range(4):

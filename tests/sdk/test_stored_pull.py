@@ -4,14 +4,10 @@ before; a broker refusing the multi-queue pull's ``form`` field is asked without
 
 from __future__ import annotations
 
-from tidemq._broker_api import BrokerApi, QueueAsk, _pull_result
-from tidemq._http import HttpClient
-from tidemq._routes import MessageQueue
+from tidemq._broker_api import _pull_result
 from tidemq.protocol import RETRY_TOPIC
 from tidemq.protocol.records.stored import StoredMessage, append_group
 from tidemq.protocol.records.v2 import BatchBuilder, fill
-
-from tests.sdk.fakes import FakeCluster
 
 
 def blob(topic: str, first_offset: int, n: int) -> bytes:
@@ -43,22 +39,3 @@ def test_a_stored_answer_decodes_into_lazy_messages() -> None:
     assert res.messages[1].body == b"body 1" and res.messages[1].properties == {}
     plain = _pull_result({**answer, "stored": blob("Orders", 0, 2)}, "q", "Orders")
     assert plain.origin_topics == {} and plain.messages[0]._lazy  # nothing decoded yet
-
-
-async def test_a_broker_refusing_the_form_field_is_asked_without_it() -> None:
-    cluster = FakeCluster()
-    cluster.broker.queues["T"] = [[]]
-    cluster.broker.put("T", 0, b"hi", message_id="x")
-    cluster.broker.refuses_form = True
-    http = HttpClient(transport=cluster.transport)
-    api = BrokerApi(http)
-    queue = MessageQueue("broker-0", "T", 0, cluster.broker_url)
-    try:
-        for _ in range(2):
-            (got,) = await api.pull_many(cluster.broker_url, [QueueAsk(queue, 0, "*")],
-                                         max_messages=8, wait_ms=0, group=None)
-            assert got[1].messages[0].message_id == "x"  # type: ignore[union-attr]
-    finally:
-        await http.aclose()
-    forms = [("form" in r.body) for r in cluster.requests_to("/v1/pull")]
-    assert forms == [True, False, False]  # refused once, then asked without it

@@ -142,7 +142,7 @@ async def test_failures_go_to_the_retry_topic_then_the_dlq() -> None:
 
 def _handed_back(broker: TestBroker, group: str, times: int) -> bool:
     """The ``times``-th hand-back of a message waits out its back-off."""
-    return broker.store.scheduled(f"%RETRY%{group}")["pending"] == 1 and \
+    return broker.store.pending_delays(f"%RETRY%{group}")["pending"] == 1 and \
         len(broker.messages(f"%RETRY%{group}")) == times - 1
 
 

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from tidemq import (
+    BadRequestError,
     LocalTransactionError,
     LocalTransactionFailed,
     Message,
@@ -35,6 +36,7 @@ BROKER = "http://broker.test"
 class FakeTxBroker:
     def __init__(self) -> None:
         self.halves: list[dict[str, Any]] = []  # one per request
+        self.kinds: list[str] = []  # ... and its content type
         self.ends: list[dict[str, Any]] = []
         self.heartbeats = 0
         self.checks: list[dict[str, Any]] = []  # handed out once, then empty polls
@@ -55,6 +57,7 @@ class FakeTxBroker:
             return self._answer(request, {"name": "orders", "queues": 4, "perm": "rw"})
         if path == "/v1/transactions":
             self.halves.append(body)
+            self.kinds.append(request.headers.get("content-type", ""))
             answer: dict[str, Any] = {"transactions": [  # a batch's ids are the producer's
                 {"transaction_id": m.get("properties", {}).get(TRANSACTION_ID)
                  or f"tx{next(self._ids)}", "message_id": m["message_id"]}
@@ -141,27 +144,37 @@ async def test_concurrent_sends_and_ends_share_batch_requests() -> None:
     assert fake.left  # close() left the group at once
 
 
-class OldTxBroker(FakeTxBroker):
-    """A broker from before half batches: a batch body's query parameters are refused."""
+class RefusingTxBroker(FakeTxBroker):
+    """A broker refusing a half batch's query parameters (400), as one from before half
+    batches did."""
+
+    refused = 0
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/transactions" and request.url.params:
-            self.refused = getattr(self, "refused", 0) + 1
+            self.refused += 1
             return httpx.Response(400, json={
                 "code": "BAD_REQUEST", "message": "producer_group: unknown query parameter; "
                 "this endpoint takes no query parameters"})
         return await super().__call__(request)
 
 
-async def test_a_broker_without_half_batches_gets_msgpack() -> None:
-    fake = OldTxBroker()
+async def test_a_half_message_is_a_batch_record_and_a_delayed_one_msgpack() -> None:
+    fake = FakeTxBroker()
     async with producer(fake, Listener()) as p:
-        first = await p.send("m0", "commit", topic="orders")
-        second = await p.send("m1", "commit", topic="orders")
-    assert fake.refused == 1  # asked once; then msgpack for that broker
-    assert [len(h["messages"]) for h in fake.halves] == [1, 1]
-    assert {e["transaction_id"] for body in fake.ends for e in body["ends"]} == \
-        {first.transaction_id, second.transaction_id}
+        await p.send("m0", "commit", topic="orders")
+        await p.send(Message("m1", delay_ms=60_000), "commit", topic="orders")
+    assert fake.kinds == [CONTENT_BATCH, "application/msgpack"]  # a half record has no delay
+    assert fake.halves[1]["messages"][0]["delay_ms"] == 60_000
+
+
+async def test_a_refused_half_batch_is_not_sent_another_way() -> None:
+    """No fallback (issue 30): brokers of this repository take half batches."""
+    fake = RefusingTxBroker()
+    async with producer(fake, Listener()) as p:
+        with pytest.raises(BadRequestError, match="unknown query parameter"):
+            await p.send("m0", "commit", topic="orders")
+    assert fake.refused == 1 and fake.halves == []
 
 
 async def test_ends_nobody_waits_for_ride_with_the_next_half_messages() -> None:

@@ -12,10 +12,10 @@ from tidemq import (
     ConfigurationError,
     ConsumeResult,
     Message,
-    Producer,
     ReceivedMessage,
     Router,
 )
+from tidemq._send import as_message
 
 
 class OrderPaid(BaseModel):
@@ -160,7 +160,7 @@ def test_registrations_that_cannot_work_fail_at_once() -> None:
 
 
 def test_a_model_is_sent_as_its_json() -> None:
-    message = Producer._as_message(OrderPaid(order_id=7, amount=1.5), {"topic": "Orders"})
+    message = as_message(OrderPaid(order_id=7, amount=1.5), {"topic": "Orders"})
     assert message == Message(body=b'{"order_id":7,"amount":1.5}', topic="Orders")
     with pytest.raises(ConfigurationError, match="a pydantic model"):
-        Producer._as_message(object(), {"topic": "Orders"})
+        as_message(object(), {"topic": "Orders"})  # type: ignore[arg-type]

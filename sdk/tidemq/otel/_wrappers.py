@@ -22,6 +22,7 @@ from tidemq import _validate as V
 from tidemq._exceptions import LocalTransactionError
 from tidemq._message import Message, new_message_id
 from tidemq._producer import Producer
+from tidemq._send import as_message
 from tidemq._simple_consumer import SimpleConsumer
 from tidemq._transaction import TransactionProducer
 from tidemq.otel import _attributes as A
@@ -140,7 +141,7 @@ def _traced_send_batch(tracer: trace.Tracer, shapes: A.Shapes,
                         span.add_link(origin)
                     outgoing.append(m)
                 else:
-                    outgoing.append(self._as_message(m, {"properties": {**own, **carried}}))
+                    outgoing.append(as_message(m, {"properties": {**own, **carried}}))
             return await original(self, topic, outgoing)
         except Exception as exc:
             failed(span, exc)

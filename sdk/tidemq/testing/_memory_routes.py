@@ -185,7 +185,7 @@ class MemoryTransport:
         if what == "messages":
             return self._messages(method, rest, query)
         if what == "scheduled" and method == "GET" and not rest:
-            return self.store.scheduled(query.get("topic"))
+            return self.store.pending_delays(query.get("topic"))
         raise _NotFound
 
     async def _topics(self, method: str, rest: list[str], query: dict[str, str], body: Any,

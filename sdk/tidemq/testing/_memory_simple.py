@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError
-from tidemq.testing._memory_store import MAX_PULL, MemoryStore, Stored, tag_set
+from tidemq.protocol.tags import TagExpression
+from tidemq.testing._memory_store import MAX_PULL, MemoryStore, Stored
 
 
 @dataclass(slots=True)
@@ -42,7 +43,7 @@ class MemorySimple:
         topic = self.store.topic(topic_name)
         state = self.groups.setdefault(group, SimpleGroup())
         now = self.store.clock.now_ms
-        wanted = tag_set(tags)
+        wanted = TagExpression.parse(tags)
         out: list[dict[str, Any]] = []
         limit = max(1, min(limit, MAX_PULL))
         for receipt in sorted(state.receipts.values(), key=lambda r: r.visible_ms):
@@ -55,7 +56,7 @@ class MemorySimple:
             while cursor < len(queue) and len(out) < limit:
                 copy = queue[cursor]
                 cursor += 1
-                if wanted is None or copy.tag in wanted:
+                if wanted.matches(copy.tag):
                     receipt = Receipt(copy, "", 0)
                     state.receipts[(copy.topic, copy.queue_id, copy.queue_offset)] = receipt
                     out.append(self._hand_out(group, receipt, invisible_ms, now))

@@ -29,6 +29,7 @@ from tidemq.protocol import (
     retry_topic,
     validate_topic_name,
 )
+from tidemq.protocol.tags import TagExpression
 from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
 # -- defaults (each with its unit) -------------------------------------------------------------
@@ -87,12 +88,13 @@ class Stored:
 
 
 @dataclass(slots=True)
-class Waiting:
-    """A delayed message until it is due: delivered, or cancelled before."""
+class Delay:
+    """A delayed message (or a retry's back-off) until it is due: delivered, or cancelled
+    before."""
 
     copy: Stored  # as it will be stored (its queue offset is set on delivery)
     due_ms: int
-    level: int  # 0: delay_ms / deliver_at_ms
+    delay_level: int  # 0: delay_ms / deliver_at_ms
     state: str = "scheduled"  # "scheduled", "delivered" or "cancelled"
 
 
@@ -120,7 +122,7 @@ class MemoryStore:
         self.max_reconsume_times = max_reconsume_times
         self.topics: dict[str, Topic] = {}
         self.dedup: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}  # → (stored at, result)
-        self.waiting: dict[tuple[str, str], Waiting] = {}  # (topic, message id)
+        self.delays: dict[tuple[str, str], Delay] = {}  # (topic, message id)
         self.states: dict[str, tuple[str, Stored]] = {}  # message id → (state, newest copy)
         self.members: dict[str, dict[str, float]] = {}  # group → client id → last beat (s)
         self.offsets: dict[tuple[str, str, int], int] = {}  # (group, topic, queue) → offset
@@ -233,7 +235,7 @@ class MemoryStore:
             self.append(copy)
             return {"message_id": copy.message_id, "queue_id": copy.queue_id,
                     "queue_offset": copy.queue_offset}
-        self.waiting[(copy.topic, copy.message_id)] = Waiting(copy, due[0], due[1])
+        self.delays[(copy.topic, copy.message_id)] = Delay(copy, due[0], due[1])
         self.states[copy.message_id] = ("scheduled", copy)
         return {"message_id": copy.message_id, "queue_id": copy.queue_id, "queue_offset": None,
                 "state": "scheduled", "deliver_at_ms": due[0]}
@@ -243,9 +245,9 @@ class MemoryStore:
             del self.dedup[key]
 
     def deliver_due(self) -> int:
-        """Store every waiting message whose time has come, earliest first; how many."""
+        """Store every delayed message whose time has come, earliest first; how many."""
         now = self.clock.now_ms
-        due = sorted((w for w in self.waiting.values()
+        due = sorted((w for w in self.delays.values()
                       if w.state == "scheduled" and w.due_ms <= now), key=lambda w: w.due_ms)
         for w in due:
             w.state = "delivered"
@@ -256,7 +258,7 @@ class MemoryStore:
     def cancel(self, message_id: str, topic: str | None) -> dict[str, Any]:
         """``DELETE /v1/messages/{id}/schedule``; a 409 AMBIGUOUS_MESSAGE_ID comes back as the
         answer dict itself (no ErrorCode of it in this SDK version) under ``"error"``."""
-        found = [w for (t, mid), w in self.waiting.items()  # not a retry's back-off
+        found = [w for (t, mid), w in self.delays.items()  # not a retry's back-off
                  if mid == message_id and (topic is None or t == topic)
                  and not is_system_topic(t)]
         if not found:
@@ -266,24 +268,25 @@ class MemoryStore:
             return {"error": {"code": "AMBIGUOUS_MESSAGE_ID", "message": f"message id "
                               f"{message_id!r} is delayed in topics "
                               f"{sorted(w.copy.topic for w in found)}: name one with ?topic="}}
-        waiting = found[0]
-        if waiting.state == "delivered":
+        delay = found[0]
+        if delay.state == "delivered":
             raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
                                 f"message {message_id!r} was delivered already")
-        waiting.state = "cancelled"
-        self.states[message_id] = ("cancelled", waiting.copy)
+        delay.state = "cancelled"
+        self.states[message_id] = ("cancelled", delay.copy)
         return {"message_id": message_id, "state": "cancelled"}
 
-    def scheduled(self, topic: str | None) -> dict[str, Any]:
-        pending = [w for w in self.waiting.values() if w.state == "scheduled"
+    def pending_delays(self, topic: str | None) -> dict[str, Any]:
+        """``GET /v1/scheduled``: the delays not yet due (and not cancelled)."""
+        pending = [w for w in self.delays.values() if w.state == "scheduled"
                    and (topic is None or w.copy.topic == topic)]
         by_level = {str(n): 0 for n in range(1, len(self.delay_levels_ms) + 1)}
         for w in pending:
-            if w.level:
-                by_level[str(w.level)] += 1
+            if w.delay_level:
+                by_level[str(w.delay_level)] += 1
         return {"pending": len(pending),
                 "next_due_ms": min((w.due_ms for w in pending), default=None),
-                "by_level": by_level, "timers": sum(1 for w in pending if not w.level)}
+                "by_level": by_level, "timers": sum(1 for w in pending if not w.delay_level)}
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -298,12 +301,12 @@ class MemoryStore:
             raise ProtocolError(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} is above "
                                 f"max_offset {len(queue)} of {topic_name}#{queue_id}")
         offset = max(offset, 0)
-        wanted = tag_set(tags)
+        wanted = TagExpression.parse(tags)
         out = []
         next_offset = offset
         for m in queue[offset:offset + max(1, min(limit, MAX_PULL))]:
             next_offset = m.queue_offset + 1
-            if wanted is None or m.tag in wanted:
+            if wanted.matches(m.tag):
                 out.append(m.wire())
         return {"messages": out, "next_offset": next_offset, "min_offset": 0,
                 "max_offset": len(queue)}
@@ -380,7 +383,7 @@ class MemoryStore:
                                                   len(self.delay_levels_ms))
         if level:
             due = self.clock.now_ms + self.delay_levels_ms[level - 1]
-            self.waiting[(destination, message_id)] = Waiting(copy, due, level)
+            self.delays[(destination, message_id)] = Delay(copy, due, level)
         else:
             self.append(copy)
         return destination
@@ -389,9 +392,9 @@ class MemoryStore:
         """The copy a retry continues from: the group's own newest retry copy (delivered or
         waiting), else the message's newest plain copy."""
         own = retry_topic(group)
-        waiting = self.waiting.get((own, message_id))
-        if waiting is not None and waiting.state == "scheduled":
-            return waiting.copy
+        delay = self.delays.get((own, message_id))
+        if delay is not None and delay.state == "scheduled":
+            return delay.copy
         copies = [m for name, t in self.topics.items()
                   if name == own or not is_system_topic(name)
                   for q in t.queues for m in q if m.message_id == message_id]
@@ -399,10 +402,3 @@ class MemoryStore:
             raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND, f"no message with message_id "
                                 f"{message_id!r} is stored on this broker")
         return max(copies, key=lambda m: (m.topic == own, m.reconsume_times, m.store_ms))
-
-def tag_set(expression: str) -> set[str] | None:
-    """The tags a subscription expression selects; None for every message (``*``)."""
-    expression = (expression or "*").strip()
-    if expression == "*":
-        return None
-    return {t.strip() for t in expression.split("||") if t.strip()}

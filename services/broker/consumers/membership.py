@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tidemq.protocol import ErrorCode, ProtocolError
-from tidemq.protocol.tags import parse_tag_expression
+from tidemq.protocol.tags import TagExpression
 
 from tidemq_server.common.constants import CONSUMER_EXPIRY_S, PRODUCER_EXPIRY_S
 from tidemq_server.common.loop import BackgroundLoop
@@ -131,17 +131,13 @@ class GroupRegistry(_Liveness):
 
     def subscriptions(self, group: str) -> dict[str, str]:
         """Topic → tag expression over all live members (tags of differing members united)."""
-        merged: dict[str, set[str] | None] = {}  # None = every tag ("*")
+        merged: dict[str, TagExpression] = {}
         for member in self._live(group).values():
             for topic, expression in member.subscriptions.items():
-                tags = parse_tags(expression)
-                current = merged.get(topic, set())
-                if tags is None or current is None:
-                    merged[topic] = None
-                else:
-                    merged[topic] = current | tags
-        return {t: "*" if tags is None else " || ".join(sorted(tags))
-                for t, tags in sorted(merged.items())}
+                tags = TagExpression.parse(expression)
+                current = merged.get(topic)
+                merged[topic] = tags if current is None else current.union(tags)
+        return {t: str(tags) for t, tags in sorted(merged.items())}
 
     def mode(self, group: str) -> str | None:
         """Consume mode of the group (its most recent heartbeat), None when it has no member."""
@@ -171,13 +167,6 @@ class ProducerRegistry(_Liveness):
 
     def is_live(self, group: str, client_id: str) -> bool:
         return client_id in self._live(group)
-
-
-def parse_tags(expression: str | None) -> set[str] | None:
-    """``"a || b"`` → {"a", "b"}; ``"*"``, empty or None → None (every tag); BAD_REQUEST
-    naming the expression when it is neither (tidemq.protocol.tags)."""
-    tags = parse_tag_expression(expression)
-    return None if tags is None else set(tags)
 
 
 class GroupExpiryLoop(BackgroundLoop):

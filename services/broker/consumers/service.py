@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidemq.protocol import ErrorCode, ProtocolError, validate_group_name, validate_topic_name
-from tidemq.protocol.tags import parse_tag_expression
+from tidemq.protocol.tags import TagExpression
 
 from tidemq_server.broker.consumers.membership import GroupRegistry
 from tidemq_server.broker.consumers.offsets import OffsetStore
@@ -43,7 +43,7 @@ class ConsumerService:
         validate_group_name(group)
         for topic, expression in subscriptions.items():
             validate_topic_name(topic)
-            parse_tag_expression(expression, f"subscriptions[{topic!r}]")
+            TagExpression.parse(expression, f"subscriptions[{topic!r}]")
         return self.groups.heartbeat(group, client_id, subscriptions, mode)
 
     def leave(self, group: str, client_id: str) -> None:

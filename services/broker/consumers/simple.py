@@ -35,11 +35,11 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 from tidemq.protocol import ErrorCode, ProtocolError
 
-from tidemq_server.broker.consumers.membership import parse_tags
 from tidemq_server.broker.consumers.offsets import OffsetStore, unavailable
 from tidemq_server.broker.consumers.receipts import Receipt, decode_receipt, encode_receipt
 from tidemq_server.broker.messaging.longpoll import PullHold
-from tidemq_server.broker.store.types import GetResult, GetStatus, StoredRecord, tag_code
+from tidemq_server.broker.messaging.pull import TagFilter
+from tidemq_server.broker.store.types import GetResult, GetStatus, StoredRecord
 from tidemq_server.common.constants import inflight_key, receive_cursor_key
 from tidemq_server.common.redis import connect_redis, text
 
@@ -182,8 +182,8 @@ class SimpleConsumerService:
         queues = list(dict.fromkeys(queue_ids))
         if not queues:
             return []
-        wanted = parse_tags(tags)
-        codes = None if wanted is None else frozenset(tag_code(t) for t in wanted)
+        expression = TagFilter.parse(tags)
+        wanted, codes = expression.tags, expression.codes
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         keys = [(topic, q) for q in queues]
@@ -198,8 +198,9 @@ class SimpleConsumerService:
                     left = min(left, (earliest - self.clock_ms()) / 1000)
                 await watch.wait(max(left, MIN_POLL_S))
 
-    async def _attempt(self, group: str, topic: str, queues: list[int], wanted: set[str] | None,
-                       codes: frozenset[int] | None, max_count: int, invisible_ms: int,
+    async def _attempt(self, group: str, topic: str, queues: list[int],
+                       wanted: frozenset[str] | None, codes: frozenset[int] | None,
+                       max_count: int, invisible_ms: int,
                        ) -> tuple[list[Received], int | None]:
         key = (group, topic)
         async with self._lock(key):
@@ -212,7 +213,7 @@ class SimpleConsumerService:
                 raise
 
     async def _attempt_locked(self, state: _TopicState, group: str, topic: str,
-                              queues: list[int], wanted: set[str] | None,
+                              queues: list[int], wanted: frozenset[str] | None,
                               codes: frozenset[int] | None, max_count: int, invisible_ms: int,
                               ) -> tuple[list[Received], int | None]:
         now = self.clock_ms()
@@ -271,8 +272,9 @@ class SimpleConsumerService:
         self.delivered += len(out)
         return out, (None if out else state.earliest(set(queues)))
 
-    def _take(self, topic: str, queue_id: int, cursor: int, want: int, wanted: set[str] | None,
-              codes: frozenset[int] | None, inflight: dict[tuple[int, int], _Inflight],
+    def _take(self, topic: str, queue_id: int, cursor: int, want: int,
+              wanted: frozenset[str] | None, codes: frozenset[int] | None,
+              inflight: dict[tuple[int, int], _Inflight],
               ) -> tuple[list[StoredRecord], int]:
         """Up to ``want`` matching records from ``cursor``; returns them and the new cursor.
 

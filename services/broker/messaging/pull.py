@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 
 from tidemq.protocol import ErrorCode, ProtocolError, validate_topic_name
+from tidemq.protocol.tags import TagExpression
 
-from tidemq_server.broker.consumers.membership import parse_tags
 from tidemq_server.broker.messaging.longpoll import PullHold
 from tidemq_server.broker.messaging.topics import TopicConfig, TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
@@ -25,16 +25,11 @@ DEFAULT_PULL = 32  # messages per pull when a request names no max
 WAIT_SLICE_S = 5.0  # a held pull re-reads its queue at least this often (belt and braces)
 
 
-@dataclass(frozen=True, slots=True)
-class TagFilter:
-    """A subscription expression: ``*`` (everything) or ``tagA || tagB`` (exact tags)."""
+class TagFilter(TagExpression):
+    """A subscription's tag expression (``TagFilter.parse``: the protocol's one parser) in the
+    store's terms: the tag codes of the consume queue and the exact tags of a stored record."""
 
-    tags: frozenset[str] | None  # None: every message
-
-    @classmethod
-    def parse(cls, expression: str | None) -> TagFilter:
-        tags = parse_tags(expression)
-        return cls(None if tags is None else frozenset(tags))
+    __slots__ = ()
 
     @property
     def codes(self) -> frozenset[int] | None:
@@ -44,9 +39,6 @@ class TagFilter:
     def raw(self) -> frozenset[bytes] | None:
         """The exact tags as a stored record holds them (utf-8)."""
         return None if self.tags is None else frozenset(t.encode("utf-8") for t in self.tags)
-
-    def matches(self, record: StoredRecord) -> bool:
-        return self.tags is None or record.tag in self.tags
 
 
 @dataclass(slots=True)
@@ -125,7 +117,7 @@ class PullService:
                 res = self._get(topic, queue_id, offset, max_count, tags, stored)
         records = res.records
         if tags.tags is not None and records:
-            records = [r for r in records if tags.matches(r)]
+            records = [r for r in records if tags.matches(r.tag)]
         if not internal:
             self.metrics.observe_pull(topic, len(records) or res.count)
             if group:

@@ -183,7 +183,7 @@ class ManyPuller:
                 continue
             records = res.records
             if want.tags.tags is not None and records:
-                records = [r for r in records if want.tags.matches(r)]
+                records = [r for r in records if want.tags.matches(r.tag)]
             item.records, item.next_offset = records, res.next_offset
             item.stored, item.count = res.stored, res.count
             item.min_offset, item.max_offset = res.min_offset, res.max_offset

@@ -13,7 +13,6 @@ from tidemq_server.broker.consumers.membership import (
     GroupExpiryLoop,
     GroupRegistry,
     ProducerRegistry,
-    parse_tags,
 )
 
 
@@ -91,14 +90,6 @@ def test_producer_registry(clock: FakeClock) -> None:
     assert reg.live("P") == ["p1"] and not reg.is_live("P", "p2")
     assert reg.expire() == [("P", "p2")]
     assert reg.leave("P", "p1") and reg.live("P") == [] and reg.groups() == []
-
-
-def test_parse_tags() -> None:
-    assert parse_tags("*") is None
-    assert parse_tags("") is None
-    assert parse_tags(None) is None
-    assert parse_tags("a || b ||c") == {"a", "b", "c"}
-    assert parse_tags("a || *") is None
 
 
 async def test_expiry_loop_drops_and_logs(clock: FakeClock, caplog: pytest.LogCaptureFixture,
