@@ -24,7 +24,9 @@ JSON keys: ``lost``, ``duplicates``, ``unexpected``, ``order_violations``, ``abo
 ``early_timers``, ``late_p99_ms``, ``split_brain_acks``, ``unavailable_s_max``,
 ``faults_injected``, ``skipped_by_group``, ``unverifiable``, ``offsets_forward``,
 ``replica_divergence``, ``too_little_work``, ``work``, ``unknown``, ``unknown_never_read``,
-``app_errors``, ``app_wait_s_max`` (and the other checks and measures of the checker); with
+``app_errors``, ``app_wait_s_max``, ``failover_s_p50``, ``failover_s_max`` (seconds from a
+fault that brought broker-a a new primary to its first acknowledgement; ``failover_s`` per
+fault) (and the other checks and measures of the checker); with
 ``--canaries``: ``canaries``, ``caught``, ``missed``.
 """
 

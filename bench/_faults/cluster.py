@@ -8,8 +8,9 @@
     n7         nameserver-1
     c1         the workload (clients)
 
-Short intervals (lease 5 s, election step 0.5 s, check scan 1 s) keep failovers and
-check-backs within seconds. A process runs as ``ip netns exec <host> …``; its log is
+broker-a's members run with the broker's own lease, margin and election step (2 s, 0.5 s, 0.5 s:
+services/broker/settings.py), so the failovers measured are the product's; short check scans (1
+s) keep check-backs within seconds. A process runs as ``ip netns exec <host> …``; its log is
 ``<workdir>/<name>.log``. A service may run under libfaketime (wall clock moved by the clock
 nemesis through a file; the monotonic clock untouched, as an NTP step leaves it).
 """
@@ -61,8 +62,8 @@ BROKER_FAST = {  # every broker
 # broker-b's small disk: no segment deleted under disk pressure (a full disk refuses writes
 # instead), so the final read holds every record of the run and nothing is unverifiable
 KEEP_EVERYTHING = {"DISK_HIGH_WATER_RATIO": "1"}
-REPLICATED = {  # broker-a's members
-    "REPLICAS": "3", "LEASE_S": "5", "LEASE_MARGIN_S": "1", "ELECTION_INTERVAL_S": "0.5",
+REPLICATED = {  # broker-a's members (lease, margin and election step: the broker's defaults)
+    "REPLICAS": "3",
     "REPLICA_LAG_MAX_MS": "1500", "REPLICA_FETCH_WAIT_MS": "200", "REPLICA_RETRY_MS": "100",
     "SYNC_ACK_TIMEOUT_MS": "2000",
 }
