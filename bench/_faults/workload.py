@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import sys
 import uuid
@@ -390,6 +391,11 @@ def _json(resp: httpx.Response) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     cfg = Config(**json.loads(Path(argv[0]).read_text()))
+    # the SDK share's retry decisions, timestamped in workload.log: which answer made a send
+    # stay with its group or move to another one (what a duplicate across groups is traced by)
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tidemq.fault").setLevel(logging.DEBUG)
     random.seed(cfg.seed)
     asyncio.run(Workload(cfg).run())
 

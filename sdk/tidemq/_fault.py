@@ -248,7 +248,8 @@ class SendAttempts:
         sticky = self.elapsed_s() < self._stick_s and (
             kind is Outcome.MAYBE_STORED or (replicated and broker in self.uncertain))
         if self.movable and not sticky and any(g not in self.tried for g in groups):
-            log.debug("%s: %s on %s, trying another group", self.what, kind.value, broker)
+            log.debug("%s: %s on %s (%s), trying another group", self.what, kind.value, broker,
+                      exc)
             return Step.SELECT
         if not exc.retriable:
             raise gave_up(exc, made, self.elapsed_s())
