@@ -45,12 +45,13 @@ from bench._faults.checker import table
 from bench._faults.history import dump
 from bench._faults.nemesis import clock_limits, long_schedule, short_schedule
 from bench._faults.netns import available
-from bench._faults.run import MINIMUMS, run
+from bench._faults.run import MINIMUMS, SDK_MINIMUMS, run
 
 LONG_DELAY_MS = 90_000  # one delayed message in ten waits up to this long (1.5 minutes)
 SKIPPED = 2  # the exit status of a run that could not start here
 # the quick schedule (13 faults) does about twice the short one's work
-QUICK_MINIMUMS = {k: 2 * v for k, v in MINIMUMS.items()}
+SHORT_MINIMUMS = {**MINIMUMS, **SDK_MINIMUMS}
+QUICK_MINIMUMS = {k: 2 * v for k, v in SHORT_MINIMUMS.items()}
 
 
 def main(argv: list[str]) -> int:
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> int:
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="tidemq-faults-"))
     try:
         done = run(schedule, workdir, long_delay_max_ms=0 if args.short else LONG_DELAY_MS,
-                   log=err.print, minimums=MINIMUMS if args.short else QUICK_MINIMUMS)
+                   log=err.print, minimums=SHORT_MINIMUMS if args.short else QUICK_MINIMUMS)
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)

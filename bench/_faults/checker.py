@@ -303,6 +303,10 @@ def _work(h: History, r: Result, seen: set[str], minimums: dict[str, int]) -> No
     for op in h.ops:
         if op.type == OK:
             r.work[op.f] = r.work.get(op.f, 0) + 1
+            if op.f == "read" and op.client:  # per consumer group of the SDK share
+                r.work[f"read_{op.cgroup}"] = r.work.get(f"read_{op.cgroup}", 0) + 1
+            elif op.client:  # the SDK share's own count of each kind
+                r.work[f"{op.client}_{op.f}"] = r.work.get(f"{op.client}_{op.f}", 0) + 1
         elif op.type == INFO:
             r.unknown[op.f] = r.unknown.get(op.f, 0) + 1
             r.unknown_never_read += op.f in WRITES and op.id not in seen

@@ -357,6 +357,9 @@ class Workload:
         consumers = [asyncio.create_task(self.consumer(g)) for g in CONSUMER_GROUPS]
         checks = asyncio.create_task(self.answer_checks())
         sdk = SdkShare(self)
+        if self.cfg.sdk_writers:  # the SDK share's consumer groups read from the start too
+            consumers += [asyncio.create_task(sdk.push_reader()),
+                          asyncio.create_task(sdk.simple_reader())]
         writers = [asyncio.create_task(self.writer(w)) for w in range(self.cfg.writers)]
         writers += [asyncio.create_task(sdk.writer(w)) for w in range(self.cfg.sdk_writers)]
         loop = asyncio.get_running_loop()
