@@ -369,7 +369,7 @@ class Workload:
             await asyncio.sleep(0.2)
         self.stop.set()
         await asyncio.gather(*writers)
-        await sdk.close()
+        await sdk.close_producer()
         self.rec.flush()
         # read on for the drain, and until every timer acknowledged (and not cancelled) is
         # due plus the drain's slack, so timers due near the end are judged, not skipped
@@ -380,6 +380,7 @@ class Workload:
             await asyncio.sleep(0.2)
         self.reading.set()
         await asyncio.gather(*consumers, checks)
+        await sdk.close()  # its transactional producer answered check-backs until now
         self.rec.flush()
         await self.http.aclose()
 
