@@ -45,12 +45,12 @@ from bench._faults.checker import table
 from bench._faults.history import dump
 from bench._faults.nemesis import clock_limits, long_schedule, short_schedule
 from bench._faults.netns import available
-from bench._faults.run import MINIMUMS, SDK_MINIMUMS, run
+from bench._faults.run import GRPC_MINIMUMS, MINIMUMS, SDK_MINIMUMS, run
 
 LONG_DELAY_MS = 90_000  # one delayed message in ten waits up to this long (1.5 minutes)
 SKIPPED = 2  # the exit status of a run that could not start here
 # the quick schedule (13 faults) does about twice the short one's work
-SHORT_MINIMUMS = {**MINIMUMS, **SDK_MINIMUMS}
+SHORT_MINIMUMS = {**MINIMUMS, **SDK_MINIMUMS, **GRPC_MINIMUMS}
 QUICK_MINIMUMS = {k: 2 * v for k, v in SHORT_MINIMUMS.items()}
 
 

@@ -44,6 +44,7 @@ MASTER = "tidemq"
 TMPFS_MB = 48  # broker-b's data directory (the disk nemesis fills it)
 SEGMENT_BYTES = 64 * 1024  # small segments: sealed ones exist for the file nemesis
 STATUS_PATH = "/internal/v1/replication/status"
+GRPC_PORT = 10912  # every broker's gRPC door (the workload's gRPC share)
 FAKETIME_GLOB = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime, any architecture
 
 
@@ -56,7 +57,7 @@ def faketime_lib() -> str:
 
 BROKER_FAST = {  # every broker
     "REGISTER_INTERVAL_S": "1", "FLUSH_INTERVAL_MS": "50", "SEGMENT_BYTES": str(SEGMENT_BYTES),
-    "GRPC_PORT": "0", "LONG_POLL_MAX_MS": "1000", "RETENTION_INTERVAL_S": "1",
+    "GRPC_PORT": str(GRPC_PORT), "LONG_POLL_MAX_MS": "1000", "RETENTION_INTERVAL_S": "1",
     "LOG_LEVEL": "info", "CHECK_HOLD_S": "5", "MAX_SEND_WAIT_MS": "2000",
 }
 # broker-b's small disk: no segment deleted under disk pressure (a full disk refuses writes
@@ -104,6 +105,11 @@ class Cluster:
     @property
     def nameservers(self) -> list[str]:
         return [self.url("n7", 9876), self.url("n4", 9876)]
+
+    @property
+    def grpc_endpoints(self) -> str:
+        """Every broker's gRPC door, in the official client's form ("host:port;...")."""
+        return ";".join(f"{self.ip(h)}:{GRPC_PORT}" for h in ("n4", *A_HOSTS))
 
     @property
     def redis_url(self) -> str:

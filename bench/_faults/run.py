@@ -53,6 +53,8 @@ MINIMUMS: Mapping[str, int] = {"send": 1000, "delay": 100, "cancel": 10, "txn": 
 SDK_MINIMUMS: Mapping[str, int] = {"sdk_send": 200, "sdk_delay": 20, "sdk_cancel": 3,
                                    "sdk_txn": 20, "read_cg-push": 500, "read_cg-simple": 500}
 SDK_READS = {f"read_{g}" for g in SDK_GROUPS}
+# ... and of the gRPC share (the official RocketMQ 5 client), when it runs
+GRPC_MINIMUMS: Mapping[str, int] = {"grpc_send": 50}
 
 
 @dataclass
@@ -94,12 +96,14 @@ class Monitor:
 
 def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 8,
         long_delay_max_ms: int = 0, log: Any = print,
-        minimums: Mapping[str, int] = {**MINIMUMS, **SDK_MINIMUMS}, sdk_writers: int = 2
-        ) -> Run:
+        minimums: Mapping[str, int] = {**MINIMUMS, **SDK_MINIMUMS, **GRPC_MINIMUMS},
+        sdk_writers: int = 2, grpc: bool = True) -> Run:
     """``long_delay_max_ms``: one delayed message in ten waits up to this long (0: none; the
     drain waits for them, up to ``Config.timer_wait_max_s``). ``minimums``: the least work
     the checker requires (those of the SDK share are dropped without it). ``sdk_writers``: writers
-    of the SDK share (bench/_faults/sdk_share.py; none: no SDK consumer groups either)."""
+    of the SDK share (bench/_faults/sdk_share.py; none: no SDK consumer groups either).
+    ``grpc``: a writer sends through the official RocketMQ 5 client
+    (bench/_faults/grpc_share.py)."""
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     net = Network(HOSTS)
@@ -121,6 +125,7 @@ def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 8,
         cfg = Config(nameservers=cluster.nameservers, groups=[GROUP_A, GROUP_B], topic=TOPIC,
                      out=str(history_path), duration_s=length, drain_s=DRAIN_S,
                      writers=writers, stop_file=str(stop), sdk_writers=sdk_writers,
+                     grpc_endpoints=cluster.grpc_endpoints if grpc else "",
                      long_delay_max_ms=long_delay_max_ms)
         (workdir / "workload.json").write_text(json.dumps(asdict(cfg)))
         wl_log = open(workdir / "workload.log", "ab")
@@ -150,7 +155,8 @@ def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 8,
         history.replicas = read_replicas(cluster, log)
         dump(history, workdir / "history.json")
         least = {k: v for k, v in minimums.items()
-                 if sdk_writers or not (k.startswith("sdk_") or k in SDK_READS)}
+                 if (sdk_writers or not (k.startswith("sdk_") or k in SDK_READS))
+                 and (grpc or not k.startswith("grpc_"))}
         result = check(history, least)
         return Run(history, result, workdir, time.monotonic() - began)
     finally:

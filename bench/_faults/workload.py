@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from bench._faults.grpc_share import GrpcShare
 from bench._faults.history import FAIL, INFO, OK, Op, now_ms, write_ops
 from bench._faults.sdk_share import SdkShare
 
@@ -56,6 +57,7 @@ class Config:
     stop_file: str = ""  # operations stop once this file exists (the controller's word)
     sdk_writers: int = 2  # writers using the tidemq SDK (bench/_faults/sdk_share.py)
     timer_wait_max_s: float = 120.0  # the drain waits for due timers at most this long (s)
+    grpc_endpoints: str = ""  # the brokers' gRPC doors ("host:port;..."; "" = no gRPC share)
 
 
 class Recorder:
@@ -362,6 +364,8 @@ class Workload:
                           asyncio.create_task(sdk.simple_reader())]
         writers = [asyncio.create_task(self.writer(w)) for w in range(self.cfg.writers)]
         writers += [asyncio.create_task(sdk.writer(w)) for w in range(self.cfg.sdk_writers)]
+        if self.cfg.grpc_endpoints:  # the official RocketMQ 5 client (bench/_faults/grpc_share.py)
+            writers.append(asyncio.create_task(GrpcShare(self, self.cfg.grpc_endpoints).writer()))
         loop = asyncio.get_running_loop()
         until = loop.time() + self.cfg.duration_s
         stop = Path(self.cfg.stop_file) if self.cfg.stop_file else None
