@@ -66,6 +66,9 @@ def main(argv: list[str]) -> int:
                     help="run the short schedule under each deliberate bug; all must be caught")
     ap.add_argument("--allow-skip", action="store_true",
                     help="exit 0 when the suite cannot run here (not root, tools missing)")
+    ap.add_argument("--lease-s", type=float, default=None,
+                    help="broker-a's lease in seconds (default: the broker's own, 2 s); a "
+                         "longer one on a loaded machine, where 2 s lapses by itself")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the run's directory (logs, history) here")
     args = ap.parse_args(argv)
@@ -82,7 +85,8 @@ def main(argv: list[str]) -> int:
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="tidemq-faults-"))
     try:
         done = run(schedule, workdir, long_delay_max_ms=0 if args.short else LONG_DELAY_MS,
-                   log=err.print, minimums=SHORT_MINIMUMS if args.short else QUICK_MINIMUMS)
+                   log=err.print, minimums=SHORT_MINIMUMS if args.short else QUICK_MINIMUMS,
+                   lease_s=args.lease_s)
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -97,13 +97,13 @@ class Monitor:
 def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 8,
         long_delay_max_ms: int = 0, log: Any = print,
         minimums: Mapping[str, int] = {**MINIMUMS, **SDK_MINIMUMS, **GRPC_MINIMUMS},
-        sdk_writers: int = 2, grpc: bool = True) -> Run:
+        sdk_writers: int = 2, grpc: bool = True, lease_s: float | None = None) -> Run:
     """``long_delay_max_ms``: one delayed message in ten waits up to this long (0: none; the
     drain waits for them, up to ``Config.timer_wait_max_s``). ``minimums``: the least work
     the checker requires (those of the SDK share are dropped without it). ``sdk_writers``: writers
     of the SDK share (bench/_faults/sdk_share.py; none: no SDK consumer groups either).
     ``grpc``: a writer sends through the official RocketMQ 5 client
-    (bench/_faults/grpc_share.py)."""
+    (bench/_faults/grpc_share.py). ``lease_s``: broker-a's lease (None: the broker's default)."""
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     net = Network(HOSTS)
@@ -111,7 +111,7 @@ def run(schedule: list[Nemesis], workdir: Path, *, writers: int = 8,
     monitor: Monitor | None = None
     try:
         net.up()
-        cluster = Cluster(net, workdir).start()
+        cluster = Cluster(net, workdir, lease_s=lease_s).start()
         _settle(cluster)
         cluster.create_topic(TOPIC, QUEUES)
         log(f"cluster up in {time.monotonic() - began:.0f} s; primary of broker-a: "
