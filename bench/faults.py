@@ -4,21 +4,24 @@ Run ``python -m bench.faults [--quick] [--json]`` as root (network namespaces).
 
 Hosts are Linux network namespaces on a bridge of their own (bench/_faults/netns.py): broker-a's
 three copies on n1-n3, broker-b on n4, etcd and Redis (with Sentinel) on n5/n6, nameservers on
-n7 and n4, the workload on c1. While the workload sends (plain and sharding-key messages, delayed
-messages of 1-6 s and one in ten up to 90 s, some cancelled, transactions committed, rolled back
-and left UNKNOWN) and two consumer
-groups read, the nemeses run one after another, each healed before the next: every nemesis once
-with ``--quick`` (13 faults), three rounds without. Then the checker reads the history
-(bench/_faults/checker.py) and prints the violations, the timers' lateness and each fault's
-unavailability window, with the work it saw (operations per kind, retries, failovers: a run
-below the minimums of bench/_faults/run.py is a violation, ``too_little_work``) and the
-operations that ended unknown. The exit status is 1 when any violation was found, 2 when the
-suite could not run here (not root, tools missing) unless ``--allow-skip`` makes that 0.
+n7 and n4, the workload on c1. While the workload sends (plain and sharding-key messages,
+delayed messages of 1-6 s and one in ten up to 90 s, some cancelled, transactions committed,
+rolled back and left UNKNOWN; beside the raw client, the SDK — sends, batches, delays, cancels,
+transactions — and the official RocketMQ 5 client over gRPC) and consumer groups read (two raw,
+a PushConsumer and a SimpleConsumer), the nemeses run one after another, each healed before the
+next: every nemesis once with ``--quick`` (13 faults), three rounds without. Then the checker
+reads the history (bench/_faults/checker.py) and prints the violations, the timers' lateness and
+each fault's unavailability window, with the work it saw (operations per kind, retries,
+failovers: a run below the minimums of bench/_faults/run.py is a violation, ``too_little_work``)
+and the operations that ended unknown. The exit status is 1 when any violation was found, 2 when
+the suite could not run here (not root, tools missing) unless ``--allow-skip`` makes that 0.
 ``--short`` runs the short schedule of tests/bench/faults (seven faults, one per family).
 ``--canaries`` runs the short schedule once per deliberate bug of bench/_faults/canaries/, each
 on a temporary copy of the tree, and exits 1 unless every one is caught by the check it names.
-``--clock-limits`` runs only the clock steps tidemq does not survive (a primary's and a
-scheduler's wall clock; docs/reliability.md, "Known limits"): it shows what they cost.
+``--lease-s`` sets broker-a's lease (default: the broker's own, 2 s; a longer one where a loaded
+machine makes 2 s lapse by itself). ``--clock-limits`` runs only the clock steps tidemq does not
+survive (a primary's and a scheduler's wall clock; docs/reliability.md, "Known limits"): it
+shows what they cost.
 
 JSON keys: ``lost``, ``duplicates``, ``unexpected``, ``order_violations``, ``aborted_read``,
 ``early_timers``, ``late_p99_ms``, ``split_brain_acks``, ``unavailable_s_max``,
