@@ -122,6 +122,8 @@ class LevelWalker:
         log.warning("levels: level %d's queue ends at offset %d, below the saved progress %d "
                     "(a new or cut-back broker store): walking it from %d", qid + 1, end,
                     self.offsets.get(qid, 0), end)
+        for k in [k for k in self.passed if k[0] == qid and k[1] >= end]:
+            del self.passed[k]  # those offsets will hold other messages
         stale = [k for k in self.cancelled if k[0] == qid and k[1] >= end]
         for k in stale:
             del self.cancelled[k]
@@ -184,7 +186,8 @@ class LevelWalker:
             if offset < self.offsets.get(qid, 0):
                 # skipped as cancelled (a repeated cancel: the first answer was lost), or
                 # delivered
-                return "already_cancelled" if (qid, offset) in self.passed else "delivered"
+                skipped = self.passed.get((qid, offset)) == message_id
+                return "already_cancelled" if skipped else "delivered"
             self.cancelled[(qid, offset)] = (due, message_id)
             await self.progress.add_cancel(qid, offset, due, message_id)
             self.metrics.cancelled.labels("level").inc()
