@@ -6,6 +6,8 @@ Sentinel): the checker finds no violation in the history, and the run did the mi
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,9 @@ def test_the_short_schedule_keeps_every_promise(tmp_path: Path) -> None:
     schedule = short_schedule()
     # with the SDK share (its writers, its transactions, its push and simple consumer groups)
     done = run(schedule, tmp_path / "faults")
+    keep = os.environ.get("TIDEMQ_FAULTS_KEEP")  # a failed run's logs and history, kept there
+    if keep and not done.result.ok:  # (pytest's own temporary directories are rotated away)
+        shutil.copytree(done.workdir, Path(keep) / tmp_path.name, dirs_exist_ok=True)
     report = table(done.result, done.history)
     examples = "\n".join(f"{kind}: {e}" for kind, ex in done.result.examples.items()
                          for e in ex)
