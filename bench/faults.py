@@ -4,27 +4,32 @@ Run ``python -m bench.faults [--quick] [--json]`` as root (network namespaces).
 
 Hosts are Linux network namespaces on a bridge of their own (bench/_faults/netns.py): broker-a's
 three copies on n1-n3, broker-b on n4, etcd and Redis (with Sentinel) on n5/n6, nameservers on
-n7 and n4, the workload on c1. While the workload sends (plain and sharding-key messages, delayed
-messages of 1-6 s and one in ten up to 90 s, some cancelled, transactions committed, rolled back
-and left UNKNOWN) and two consumer
-groups read, the nemeses run one after another, each healed before the next: every nemesis once
-with ``--quick`` (13 faults), three rounds without. Then the checker reads the history
-(bench/_faults/checker.py) and prints the violations, the timers' lateness and each fault's
-unavailability window, with the work it saw (operations per kind, retries, failovers: a run
-below the minimums of bench/_faults/run.py is a violation, ``too_little_work``) and the
-operations that ended unknown. The exit status is 1 when any violation was found, 2 when the
-suite could not run here (not root, tools missing) unless ``--allow-skip`` makes that 0.
+n7 and n4, the workload on c1. While the workload sends (plain and sharding-key messages,
+delayed messages of 1-6 s and one in ten up to 90 s, some cancelled, transactions committed,
+rolled back and left UNKNOWN; beside the raw client, the SDK — sends, batches, delays, cancels,
+transactions — and the official RocketMQ 5 client over gRPC) and consumer groups read (two raw,
+a PushConsumer and a SimpleConsumer), the nemeses run one after another, each healed before the
+next: every nemesis once with ``--quick`` (13 faults), three rounds without. Then the checker
+reads the history (bench/_faults/checker.py) and prints the violations, the timers' lateness and
+each fault's unavailability window, with the work it saw (operations per kind, retries,
+failovers: a run below the minimums of bench/_faults/run.py is a violation, ``too_little_work``)
+and the operations that ended unknown. The exit status is 1 when any violation was found, 2 when
+the suite could not run here (not root, tools missing) unless ``--allow-skip`` makes that 0.
 ``--short`` runs the short schedule of tests/bench/faults (seven faults, one per family).
 ``--canaries`` runs the short schedule once per deliberate bug of bench/_faults/canaries/, each
 on a temporary copy of the tree, and exits 1 unless every one is caught by the check it names.
-``--clock-limits`` runs only the clock steps tidemq does not survive (a primary's and a
-scheduler's wall clock; docs/reliability.md, "Known limits"): it shows what they cost.
+``--lease-s`` sets broker-a's lease (default: the broker's own, 2 s; a longer one where a loaded
+machine makes 2 s lapse by itself). ``--clock-limits`` runs only the clock steps tidemq does not
+survive (a primary's and a scheduler's wall clock; docs/reliability.md, "Known limits"): it
+shows what they cost.
 
 JSON keys: ``lost``, ``duplicates``, ``unexpected``, ``order_violations``, ``aborted_read``,
 ``early_timers``, ``late_p99_ms``, ``split_brain_acks``, ``unavailable_s_max``,
 ``faults_injected``, ``skipped_by_group``, ``unverifiable``, ``offsets_forward``,
 ``replica_divergence``, ``too_little_work``, ``work``, ``unknown``, ``unknown_never_read``,
-``app_errors``, ``app_wait_s_max`` (and the other checks and measures of the checker); with
+``app_errors``, ``app_wait_s_max``, ``failover_s_p50``, ``failover_s_max`` (seconds from a
+fault that brought broker-a a new primary to its first acknowledgement; ``failover_s`` per
+fault) (and the other checks and measures of the checker); with
 ``--canaries``: ``canaries``, ``caught``, ``missed``.
 """
 
@@ -43,12 +48,13 @@ from bench._faults.checker import table
 from bench._faults.history import dump
 from bench._faults.nemesis import clock_limits, long_schedule, short_schedule
 from bench._faults.netns import available
-from bench._faults.run import MINIMUMS, run
+from bench._faults.run import GRPC_MINIMUMS, MINIMUMS, SDK_MINIMUMS, run
 
 LONG_DELAY_MS = 90_000  # one delayed message in ten waits up to this long (1.5 minutes)
 SKIPPED = 2  # the exit status of a run that could not start here
 # the quick schedule (13 faults) does about twice the short one's work
-QUICK_MINIMUMS = {k: 2 * v for k, v in MINIMUMS.items()}
+SHORT_MINIMUMS = {**MINIMUMS, **SDK_MINIMUMS, **GRPC_MINIMUMS}
+QUICK_MINIMUMS = {k: 2 * v for k, v in SHORT_MINIMUMS.items()}
 
 
 def main(argv: list[str]) -> int:
@@ -63,6 +69,9 @@ def main(argv: list[str]) -> int:
                     help="run the short schedule under each deliberate bug; all must be caught")
     ap.add_argument("--allow-skip", action="store_true",
                     help="exit 0 when the suite cannot run here (not root, tools missing)")
+    ap.add_argument("--lease-s", type=float, default=None,
+                    help="broker-a's lease in seconds (default: the broker's own, 2 s); a "
+                         "longer one on a loaded machine, where 2 s lapses by itself")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the run's directory (logs, history) here")
     args = ap.parse_args(argv)
@@ -79,7 +88,8 @@ def main(argv: list[str]) -> int:
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="tidemq-faults-"))
     try:
         done = run(schedule, workdir, long_delay_max_ms=0 if args.short else LONG_DELAY_MS,
-                   log=err.print, minimums=MINIMUMS if args.short else QUICK_MINIMUMS)
+                   log=err.print, minimums=SHORT_MINIMUMS if args.short else QUICK_MINIMUMS,
+                   lease_s=args.lease_s)
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)

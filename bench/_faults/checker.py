@@ -44,10 +44,11 @@ Violations (each a count, with examples):
   failovers) not reached: a run that exercised too little proves nothing.
 
 Measures: timer lateness p50/p99/max, per fault the longest time any broker group acknowledged
-no send while it lasted (its unavailability window), operations that ended unknown per kind and
-how many of those sends were never read (``unknown_never_read``: fine, an unknown send may not
-have been stored), and the work done (``work``: acknowledged operations per kind, retries,
-failovers).
+no send while it lasted (its unavailability window), per fault that brought a new primary the
+time from its start to the new primary's first acknowledgement (``failover_s``), operations that
+ended unknown per kind and how many of those sends were never read (``unknown_never_read``:
+fine, an unknown send may not have been stored), and the work done (``work``: acknowledged
+operations per kind, retries, failovers).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from typing import Any
 from bench._faults.history import FAIL, INFO, OK, History, Op
 from bench._faults.timing import (
     RECOVERY_MS,
+    check_failovers,
     check_offsets,
     check_timers,
     check_unavailability,
@@ -96,6 +98,9 @@ class Result:
     app_errors: int = 0  # SDK calls that raised (what the application saw)
     sdk_possible_duplicates: int = 0  # copies in two groups the SDK counted as possible
     app_wait_s: dict[str, float] = field(default_factory=dict)  # fault → longest SDK call
+    # fault that brought a new primary → seconds from its start to the group's first
+    # acknowledgement by the new primary
+    failover_s: dict[str, float] = field(default_factory=dict)
 
     def flag(self, kind: str, example: str, n: int = 1) -> None:
         self.counts[kind] += n
@@ -113,6 +118,12 @@ class Result:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
+    def failover(self, q: float) -> float:
+        ordered = sorted(self.failover_s.values())
+        if not ordered:
+            return 0.0
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
     def to_json(self) -> dict[str, Any]:
         return {**self.counts, "late_p50_ms": self.late(0.5), "late_p99_ms": self.late(0.99),
                 "late_calm_p99_ms": self.late(0.99, calm=True),
@@ -123,7 +134,9 @@ class Result:
                 "work": dict(self.work), "app_errors": self.app_errors,
                 "sdk_possible_duplicates": self.sdk_possible_duplicates,
                 "app_wait_s_max": round(max(self.app_wait_s.values(), default=0.0), 1),
-                "app_wait_s": dict(self.app_wait_s)}
+                "app_wait_s": dict(self.app_wait_s),
+                "failover_s_p50": self.failover(0.5), "failover_s_max": self.failover(1.0),
+                "failover_s": dict(self.failover_s)}
 
 
 def check(h: History, minimums: dict[str, int] | None = None) -> Result:
@@ -174,6 +187,7 @@ def check(h: History, minimums: dict[str, int] | None = None) -> Result:
     check_offsets(h, r)
     _replicas(h, r)
     check_unavailability(h, r)
+    check_failovers(h, r)
     _work(h, r, stored_ids | read_ids, minimums or {})
     _application(h, r)
     return r
@@ -289,6 +303,10 @@ def _work(h: History, r: Result, seen: set[str], minimums: dict[str, int]) -> No
     for op in h.ops:
         if op.type == OK:
             r.work[op.f] = r.work.get(op.f, 0) + 1
+            if op.f == "read" and op.client:  # per consumer group of the SDK share
+                r.work[f"read_{op.cgroup}"] = r.work.get(f"read_{op.cgroup}", 0) + 1
+            elif op.client:  # the SDK share's own count of each kind
+                r.work[f"{op.client}_{op.f}"] = r.work.get(f"{op.client}_{op.f}", 0) + 1
         elif op.type == INFO:
             r.unknown[op.f] = r.unknown.get(op.f, 0) + 1
             r.unknown_never_read += op.f in WRITES and op.id not in seen
@@ -329,11 +347,18 @@ def table(r: Result, h: History) -> str:
               f"ended unknown: {unknown}; unknown writes never read: {r.unknown_never_read}; "
               f"SDK calls that raised: {r.app_errors}, copies in two groups it announced "
               f"(possible_duplicates): {r.sdk_possible_duplicates}",
-              f"{'fault':<40}{'family':<11}{'lasted s':>9}{'unavail s':>10}{'app wait s':>11}"]
+              f"failovers p50/max {r.failover(0.5)}/{r.failover(1.0)} s",
+              f"{'fault':<40}{'family':<11}{'lasted s':>9}{'unavail s':>10}{'app wait s':>11}"
+              f"{'failover s':>11}"]
     for i, fault in enumerate(h.faults):
         name = f"{i + 1}. {fault.name}"
         lasted = (fault.heal_ms - fault.start_ms) / 1000 if fault.heal_ms else 0.0
         lines.append(f"{name[:39]:<40}{fault.family:<11}{lasted:>9.1f}"
-                     f"{r.unavailable_s.get(name, 0.0):>10.1f}{r.app_wait_s.get(name, 0.0):>11.1f}")
+                     f"{r.unavailable_s.get(name, 0.0):>10.1f}{r.app_wait_s.get(name, 0.0):>11.1f}"
+                     f"{_seconds(r.failover_s.get(name)):>11}")
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 

@@ -114,3 +114,34 @@ def check_unavailability(h: History, r: Result) -> None:
             points = [fault.start_ms, *inside, *later]
             worst = max(worst, max(b - a for a, b in itertools.pairwise(points)))
         r.unavailable_s[f"{i + 1}. {fault.name}"] = worst / 1000
+
+
+def check_failovers(h: History, r: Result) -> None:
+    """Per fault that brought a new primary (an epoch of a replicated group newer than the
+    newest before the fault, announced or sampled before the next fault began and at most
+    ``RECOVERY_MS`` after the heal): the time from the fault's start to the group's first
+    acknowledgement by a primary of a newer epoch, after that epoch was first seen. A group
+    that never acknowledged again counts until the last acknowledgement of the run."""
+    primaries = sorted((s for s in h.roles if s.role == "primary"), key=lambda s: s.t_ms)
+    acks = sorted((op for op in h.ops if op.type == OK and op.f in ("send", "delay", "txn")
+                   and op.address), key=lambda op: op.complete_ms)
+    last = acks[-1].complete_ms if acks else h.end_ms
+    for i, fault in enumerate(h.faults):
+        nxt = h.faults[i + 1].start_ms if i + 1 < len(h.faults) else h.end_ms
+        until = min(nxt, (fault.heal_ms or h.end_ms) + RECOVERY_MS)
+        for group in sorted({s.group for s in primaries}):
+            mine = [s for s in primaries if s.group == group]
+            before = max((s.epoch for s in mine if s.t_ms < fault.start_ms), default=0)
+            new = [s for s in mine if s.epoch > before and fault.start_ms <= s.t_ms < until]
+            if not new:
+                continue
+            seen: dict[str, int] = {}  # a newer primary's address → when first seen as such
+            for s in mine:
+                if s.epoch > before:
+                    seen.setdefault(s.address, s.t_ms)
+            back = next((op.complete_ms for op in acks if op.group == group
+                         and op.address in seen and op.complete_ms >= seen[op.address]
+                         and op.complete_ms >= fault.start_ms), last)
+            name = f"{i + 1}. {fault.name}"
+            r.failover_s[name] = max(r.failover_s.get(name, 0.0),
+                                     max(0, back - fault.start_ms) / 1000)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import sys
 import uuid
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from bench._faults.grpc_share import GrpcShare
 from bench._faults.history import FAIL, INFO, OK, Op, now_ms, write_ops
 from bench._faults.sdk_share import SdkShare
 
@@ -55,6 +57,7 @@ class Config:
     stop_file: str = ""  # operations stop once this file exists (the controller's word)
     sdk_writers: int = 2  # writers using the tidemq SDK (bench/_faults/sdk_share.py)
     timer_wait_max_s: float = 120.0  # the drain waits for due timers at most this long (s)
+    grpc_endpoints: str = ""  # the brokers' gRPC doors ("host:port;..."; "" = no gRPC share)
 
 
 class Recorder:
@@ -356,8 +359,13 @@ class Workload:
         consumers = [asyncio.create_task(self.consumer(g)) for g in CONSUMER_GROUPS]
         checks = asyncio.create_task(self.answer_checks())
         sdk = SdkShare(self)
+        if self.cfg.sdk_writers:  # the SDK share's consumer groups read from the start too
+            consumers += [asyncio.create_task(sdk.push_reader()),
+                          asyncio.create_task(sdk.simple_reader())]
         writers = [asyncio.create_task(self.writer(w)) for w in range(self.cfg.writers)]
         writers += [asyncio.create_task(sdk.writer(w)) for w in range(self.cfg.sdk_writers)]
+        if self.cfg.grpc_endpoints:  # the official RocketMQ 5 client (bench/_faults/grpc_share.py)
+            writers.append(asyncio.create_task(GrpcShare(self, self.cfg.grpc_endpoints).writer()))
         loop = asyncio.get_running_loop()
         until = loop.time() + self.cfg.duration_s
         stop = Path(self.cfg.stop_file) if self.cfg.stop_file else None
@@ -365,7 +373,7 @@ class Workload:
             await asyncio.sleep(0.2)
         self.stop.set()
         await asyncio.gather(*writers)
-        await sdk.close()
+        await sdk.close_producer()
         self.rec.flush()
         # read on for the drain, and until every timer acknowledged (and not cancelled) is
         # due plus the drain's slack, so timers due near the end are judged, not skipped
@@ -376,6 +384,7 @@ class Workload:
             await asyncio.sleep(0.2)
         self.reading.set()
         await asyncio.gather(*consumers, checks)
+        await sdk.close()  # its transactional producer answered check-backs until now
         self.rec.flush()
         await self.http.aclose()
 
@@ -390,6 +399,11 @@ def _json(resp: httpx.Response) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     cfg = Config(**json.loads(Path(argv[0]).read_text()))
+    # the SDK share's retry decisions, timestamped in workload.log: which answer made a send
+    # stay with its group or move to another one (what a duplicate across groups is traced by)
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tidemq.fault").setLevel(logging.DEBUG)
     random.seed(cfg.seed)
     asyncio.run(Workload(cfg).run())
 

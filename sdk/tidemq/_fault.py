@@ -10,7 +10,9 @@ others keep avoiding the broker. A success forgets everything.
 ``SendAttempts`` decides what a failed send (one message, or one batch) does next:
 
 - nothing was stored — no connection could be opened, the broker answered 503 (busy,
-  unavailable, disk full) or does not have the topic: try another group at once;
+  unavailable, disk full) or does not have the topic: try another group at once (503
+  NOT_PRIMARY and NOT_ENOUGH_REPLICAS excepted: a primary answers them also for a record it
+  wrote before its fence shut or its replicas failed to confirm it — "maybe stored");
 - it may have been stored — the request was sent and the answer was lost (timeout, reset,
   500/502/504): send it to the *same* broker once more right away. The broker answers a repeated
   ``message_id`` with the first result (within its dedup window, across its restarts), so a
@@ -143,9 +145,11 @@ def outcome(exc: BaseException) -> Outcome:
         return Outcome.MAYBE_STORED if exc.sent else Outcome.NOT_STORED
     if isinstance(exc, TopicNotFoundError):
         return Outcome.NOT_STORED  # this broker lacks the topic; another group may have it
-    if isinstance(exc, NotEnoughReplicasError):
-        # the primary may have written it before its replicas failed to confirm: once they
-        # catch up (a healed partition) the copy counts, so another group must not store one
+    if isinstance(exc, NotEnoughReplicasError | NotPrimaryError):
+        # the primary may have written it before its replicas failed to confirm, or before its
+        # fence shut (a lease renewal late: the write gate answers NOT_PRIMARY after the
+        # write): once the copies catch up the record counts, so another group must not store
+        # one; the retry keeps to the group, whose successor's dedup meets it
         return Outcome.MAYBE_STORED
     if isinstance(exc, ServerError) and exc.status == _UNAVAILABLE_STATUS:
         return Outcome.NOT_STORED
@@ -244,7 +248,8 @@ class SendAttempts:
         sticky = self.elapsed_s() < self._stick_s and (
             kind is Outcome.MAYBE_STORED or (replicated and broker in self.uncertain))
         if self.movable and not sticky and any(g not in self.tried for g in groups):
-            log.debug("%s: %s on %s, trying another group", self.what, kind.value, broker)
+            log.debug("%s: %s on %s (%s), trying another group", self.what, kind.value, broker,
+                      exc)
             return Step.SELECT
         if not exc.retriable:
             raise gave_up(exc, made, self.elapsed_s())

@@ -8,9 +8,11 @@ consume queue's tag slot). Per level with due records:
    covering them, or after a failed request;
 3. the level's offset moves to the batch's end and the intent is cleared, in one transaction.
 
-Cancels of level messages are kept in Redis (and memory) until the walk passes them. A cancel
-and a delivery of the same message are decided on this event loop with no await between the
-check and the change, so exactly one of them wins.
+Cancels of level messages are kept in Redis (and memory) until the walk passes them; the walk
+then remembers the ones it skipped (memory, the last ``PASSED_CANCELS_MAX``), so that a cancel
+asked again — its first answer lost, e.g. the broker failed to record it — answers "already
+cancelled", not "delivered". A cancel and a delivery of the same message are decided on this
+event loop with no await between the check and the change, so exactly one of them wins.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import msgpack
@@ -32,6 +35,9 @@ log = logging.getLogger(__name__)
 
 MAX_PER_LEVEL = 1024
 RETRY_S = 0.5
+# cancelled level messages the walk skipped, remembered for a repeated cancel (entries; the
+# oldest forgotten first: a cancel repeated that much later answers "delivered")
+PASSED_CANCELS_MAX = 100_000
 
 
 class LevelWalker:
@@ -46,6 +52,8 @@ class LevelWalker:
         self.offsets: dict[int, int] = {}
         self.intents: dict[int, int] = {}  # level → end of a batch that may be stored already
         self.cancelled: dict[tuple[int, int], tuple[int, str]] = {}  # (level, offset) → (due, id)
+        # cancelled ones the walk skipped: (level, offset) → id
+        self.passed: OrderedDict[tuple[int, int], str] = OrderedDict()
         self.sending: dict[int, tuple[int, int, asyncio.Event]] = {}  # level → (start, end, done)
         self.max_offsets: dict[int, int] = {}
         self.next_due: dict[int, int | None] = {}
@@ -114,6 +122,8 @@ class LevelWalker:
         log.warning("levels: level %d's queue ends at offset %d, below the saved progress %d "
                     "(a new or cut-back broker store): walking it from %d", qid + 1, end,
                     self.offsets.get(qid, 0), end)
+        for k in [k for k in self.passed if k[0] == qid and k[1] >= end]:
+            del self.passed[k]  # those offsets will hold other messages
         stale = [k for k in self.cancelled if k[0] == qid and k[1] >= end]
         for k in stale:
             del self.cancelled[k]
@@ -140,7 +150,9 @@ class LevelWalker:
             self.intents.pop(qid, None)
             passed = [k for k in self.cancelled if k[0] == qid and k[1] < end]
             for k in passed:
-                del self.cancelled[k]
+                self.passed[k] = self.cancelled.pop(k)[1]
+            while len(self.passed) > PASSED_CANCELS_MAX:
+                self.passed.popitem(last=False)
             await self.progress.drop_cancels(passed)
         finally:
             del self.sending[qid]
@@ -172,7 +184,10 @@ class LevelWalker:
                 await sending[2].wait()  # in a delivery in flight: it will be delivered
                 continue
             if offset < self.offsets.get(qid, 0):
-                return "delivered"
+                # skipped as cancelled (a repeated cancel: the first answer was lost), or
+                # delivered
+                skipped = self.passed.get((qid, offset)) == message_id
+                return "already_cancelled" if skipped else "delivered"
             self.cancelled[(qid, offset)] = (due, message_id)
             await self.progress.add_cancel(qid, offset, due, message_id)
             self.metrics.cancelled.labels("level").inc()

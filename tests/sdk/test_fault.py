@@ -11,6 +11,7 @@ from tidemq import (
     BrokerBusyError,
     InternalServerError,
     NotEnoughReplicasError,
+    NotPrimaryError,
     RequestTimeoutError,
     RetryPolicy,
     TopicNotFoundError,
@@ -126,6 +127,21 @@ async def test_not_enough_replicas_may_have_stored_so_the_send_keeps_to_its_grou
     attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
     assert await attempts.after_failure(lagging, "a", {"a", "b"}, replicated=True) is Step.SAME
     assert await attempts.after_failure(lagging, "a", {"a", "b"}, replicated=True) is Step.SAME
+    assert not attempts.duplicated_on("a")
+
+
+async def test_not_primary_may_have_stored_so_the_send_keeps_to_its_group() -> None:
+    """The primary wrote the batch, then its fence shut before the replicas confirmed it (a
+    lease renewal late under packet loss) and the gate answered NOT_PRIMARY; the primary kept
+    its lease and the copy became visible. Moving to another group stored it twice (12-message
+    SDK batches in the faults suite's lossy-link fault, open finding 1): the send keeps to its
+    group, following the successor, and counts no copy elsewhere."""
+    deposed = NotPrimaryError("NOT_PRIMARY", "this broker no longer holds the primary's lease",
+                              503)
+    assert outcome(deposed) is Outcome.MAYBE_STORED
+    attempts = SendAttempts(health(FakeClock()), POLICY, movable=True, first="a", what="m")
+    assert await attempts.after_failure(deposed, "a", {"a", "b"}, replicated=True) is Step.SAME
+    assert await attempts.after_failure(deposed, "a", {"a", "b"}, replicated=True) is Step.SAME
     assert not attempts.duplicated_on("a")
 
 

@@ -280,9 +280,25 @@ class TransactionService:
                           ) -> list[dict[str, Any]]:
         taken = await self.locks.acquire(e.txid for e in ends)
         try:
+            await self._settle_unseen(ends)
             return await self._end(group, ends)
         finally:
             self.locks.release(taken)
+
+    async def _settle_unseen(self, ends: list[EndRequest]) -> None:
+        """A transaction loaded while the log held more than a quorum had confirmed (after a
+        failed write here, or on a promoted replica) may have its end up there, unseen by the
+        load: decide only once the write gate settles that part of the log (a writable primary
+        whose quorum holds it; NOT_ENOUGH_REPLICAS / NOT_PRIMARY otherwise, and the client
+        retries), so that ``ensure`` sees it. Else a retried commit wrote a second commit copy,
+        and the quorum confirmed both (the faults suite: a committed transaction stored twice)."""
+        unseen = 0
+        for req in ends:
+            info = self.table.ensure(req.txid)
+            if info is not None and info.unseen is not None:
+                unseen = max(unseen, info.unseen[1])
+        if unseen:
+            appended_or_raise(PutResult(await self.appender.settle(unseen)))
 
     async def _end(self, group: str | None, ends: list[EndRequest]) -> list[dict[str, Any]]:
         now = now_ms()
