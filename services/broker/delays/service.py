@@ -59,14 +59,13 @@ from tidemq_server.broker.delays.routing import (
     is_waiting,
 )
 from tidemq_server.broker.delays.scheduler_client import SchedulerClient
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.internal import records_of
 from tidemq_server.broker.messaging.pull import PullService, TagFilter
 from tidemq_server.broker.messaging.query import MessageState
-from tidemq_server.broker.messaging.send import SendService, appended_or_raise
 from tidemq_server.broker.messaging.topics import TopicManager
-from tidemq_server.broker.store.appender import Appender
 from tidemq_server.broker.store.store import MessageStore
-from tidemq_server.broker.store.types import MessageRecord, PutResult, StoredRecord, tag_code
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord, tag_code
 from tidemq_server.common.clock import now_ms
 from tidemq_server.common.constants import SCHEDULER_FLOOR_OWNER
 
@@ -156,14 +155,13 @@ class DelayLookup:
 
 
 class DelayService:
-    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
-                 sender: SendService, delay_router: DelayRouter, scheduler: SchedulerClient | None,
+    def __init__(self, store: MessageStore, ingest: Ingest, topics: TopicManager,
+                 delay_router: DelayRouter, scheduler: SchedulerClient | None,
                  broker_name: str, pulls: PullService) -> None:
         self.store = store
-        self.appender = appender  # cancel records (deliveries go through ``sender``)
+        self.ingest = ingest  # deliveries and cancel records
         self.pulls = pulls
         self.topics = topics
-        self.sender = sender
         self.delay_router = delay_router
         self.scheduler = scheduler
         self.broker_name = broker_name
@@ -277,10 +275,10 @@ class DelayService:
             else:
                 keep.append(r)
         if settle:  # a copy above the high-water mark counts once a quorum holds it
-            appended_or_raise(PutResult(await self.appender.settle(settle)))
+            await self.ingest.settle(settle)
         duplicates = len(records) - len(keep)
         if keep:
-            await self.sender.put_records(keep, [False] * len(keep), now_ms())
+            await self.ingest.put_records(keep, [False] * len(keep), now_ms())
         self.delivered += len(keep)
         self.duplicates += duplicates
         return {"stored": len(keep), "duplicates": duplicates}
@@ -432,7 +430,7 @@ class DelayService:
         record = MessageRecord(topic=CANCELS_TOPIC, queue_id=0, body=b"",
                                properties=props, born_timestamp=now_ms())
         await self.topics.ensure_system(CANCELS_TOPIC, 1)
-        appended_or_raise(await self.appender.append([record]))
+        await self.ingest.write([record], counted=False)
 
     async def scheduled(self, topic: str | None) -> dict[str, Any]:
         if topic:

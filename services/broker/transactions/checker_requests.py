@@ -43,6 +43,7 @@ from tidemq.protocol import (
 from tidemq.protocol.message import reject_unknown
 from tidemq.protocol.numbers import INT64_MAX, integer
 
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.pull import PullService, TagFilter
 from tidemq_server.broker.messaging.query import MessageState
 from tidemq_server.broker.messaging.topics import WriteGuard
@@ -83,9 +84,10 @@ _STATE_VIEW = {TxState.HALF: MessageState.HALF, TxState.COMMITTED: MessageState.
 
 
 class CheckerRequests:
-    def __init__(self, service: TransactionService, broker_name: str,
+    def __init__(self, service: TransactionService, ingest: Ingest, broker_name: str,
                  pulls: PullService | None = None, guard: WriteGuard | None = None) -> None:
         self.tx = service
+        self.ingest = ingest  # the actions' writes
         self.pulls = pulls  # holds a halves request at the end of the queue (None: no hold)
         self.guard = guard  # asked before deciding: only a writable primary decides
         self.store = service.store
@@ -235,7 +237,7 @@ class CheckerRequests:
             return results
         records.extend(op_records(ops, now))
         try:
-            appended = await tx.write(records)
+            appended = await self.ingest.write(records)
         except BaseException:
             for _, info, _, _ in copies:
                 tx.forget(info.txid)

@@ -9,7 +9,12 @@
   own task, so a client that disconnects mid-write cannot leave memory behind the log. Ending
   again with the same action answers the same state; a different action → 409
   TRANSACTION_ALREADY_ENDED.
+- ``begin_batches``: half messages as producer-made batches (checked by ``ingest/halves.py``):
+  the common case appends the batches as they came with their ``half`` events (one group
+  commit); a retried half answers its first transaction id and the rest are re-encoded.
 - ``poll_checks``: the long poll producers answer checks from (``CheckChannel``).
+
+Every write goes through ``Ingest`` (ingest/writes.py).
 
 The checker's side (scan pages, check/discard actions, restart rebuild, message states) is in
 ``checker_requests.py``; the records and their properties in ``model.py``.
@@ -20,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import Counter
 from tidemq.protocol import (
+    BORN_MS,
     TAGS,
     TRANSACTION_ID,
     ErrorCode,
@@ -35,24 +40,19 @@ from tidemq.protocol import (
     ProtocolError,
     parse_messages,
 )
-from tidemq.protocol.numbers import INT32_MAX, shown
+from tidemq.protocol.batch_read import BatchError, BatchSummary
 
 from tidemq_server.broker.consumers.membership import ProducerRegistry
+from tidemq_server.broker.ingest.halves import BatchHalf, batch_answer, parse_halves
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.convert import new_message_id, to_wire
-from tidemq_server.broker.messaging.send import SendService, appended_or_raise
+from tidemq_server.broker.messaging.send import SendService
 from tidemq_server.broker.messaging.topics import TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
-from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.store.index import topic_key
 from tidemq_server.broker.store.store import MessageStore
-from tidemq_server.broker.store.types import (
-    Appended,
-    MessageRecord,
-    PutResult,
-    StoredRecord,
-    tag_code,
-)
+from tidemq_server.broker.store.types import Appended, MessageRecord, StoredRecord, tag_code
 from tidemq_server.broker.transactions.check_channel import CheckChannel
-from tidemq_server.broker.transactions.half_batches import HalfBatches
 from tidemq_server.broker.transactions.model import (
     DISCARD_TOPIC,
     EVENTS_TOPIC,
@@ -72,8 +72,10 @@ from tidemq_server.broker.transactions.model import (
 from tidemq_server.broker.transactions.requests import (
     MAX_ENDS,
     EndRequest,
+    batch_target,
     delayed_message,
     half_record,
+    parse_begin,
     parse_end,
     parse_ends,
     parse_group,
@@ -92,13 +94,13 @@ HALF_CACHE_BYTES = 64 * 1024 * 1024  # bodies of recent half records kept for th
 
 
 class TransactionService:
-    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+    def __init__(self, store: MessageStore, ingest: Ingest, topics: TopicManager,
                  sender: SendService, producers: ProducerRegistry, metrics: BrokerMetrics, *,
                  reject: bool, dedup_window_s: float, dedup_max_entries: int,
                  check_hold_s: float, max_ended: int,
                  half_cache_bytes: int = HALF_CACHE_BYTES) -> None:
         self.store = store
-        self.appender = appender
+        self.ingest = ingest  # every write
         self.topics = topics
         self.sender = sender
         self.producers = producers
@@ -124,7 +126,6 @@ class TransactionService:
                                  registry=metrics.registry)
         for kind in EventKind:
             self.events.labels(kind.value)
-        self.batches = HalfBatches(self)  # half messages as producer-made batches
 
     async def start(self) -> None:
         """Nothing to open: the system topics are created with the first half message."""
@@ -148,11 +149,7 @@ class TransactionService:
 
     async def write(self, records: list[MessageRecord]) -> list[Appended]:
         """One store write; ProtocolError (BROKER_BUSY, DISK_FULL, ...) when it fails."""
-        started = time.perf_counter()
-        result = await self.appender.append(records)
-        self.metrics.put_requests.labels(result.status.value).inc()
-        self.metrics.put_latency.observe(time.perf_counter() - started)
-        return appended_or_raise(result)
+        return await self.ingest.write(records)
 
     def count(self, records: list[MessageRecord]) -> None:
         kinds = collections.Counter(r.properties.get(TAGS, "") for r in records
@@ -172,23 +169,7 @@ class TransactionService:
     async def begin(self, payload: Any, host: str) -> dict[str, Any]:
         """``POST /v1/transactions``: store half messages; the answer of docs/api.md."""
         self.require_enabled()
-        if not isinstance(payload, dict):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "the body must be an object")
-        group = parse_group(payload)
-        assert group is not None
-        topic = payload.get("topic")
-        if not isinstance(topic, str):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "topic must be a string")
-        single = "message" in payload
-        if single == ("messages" in payload):
-            raise ProtocolError(ErrorCode.BAD_REQUEST,
-                                "give either message (one) or messages (a list), not both")
-        immunity = payload.get("check_immunity_s")
-        if immunity is not None and (isinstance(immunity, bool)
-                                     or not isinstance(immunity, int | float)
-                                     or not 0 <= immunity <= INT32_MAX):  # NaN fails too
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"check_immunity_s must be a number of "
-                                f"seconds from 0 to {INT32_MAX}, got {shown(immunity)}")
+        group, topic, single, immunity = parse_begin(payload)
         cfg = await self.sender.writable_topic(topic)
         await self.ensure_topics()
         msgs = parse_messages({"messages": [payload["message"]] if single
@@ -248,7 +229,7 @@ class TransactionService:
             records.append(record)
             records.append(event_record(EventKind.HALF, EventSource.PRODUCER, info, now))
         if settle:  # acknowledged on the same terms as a fresh write (quorum, primary)
-            appended_or_raise(PutResult(await self.appender.settle(settle)))
+            await self.ingest.settle(settle)
         if not records:
             return txids
         try:
@@ -265,6 +246,82 @@ class TransactionService:
             self.dedup.remember(topic, info.message_id, info.txid, now)
         self.count(records)
         return txids
+
+    async def begin_batches(self, group: str | None, topic: str | None, raw: bytes,
+                            host: str) -> dict[str, Any]:
+        """``POST /v1/transactions?producer_group=&topic=`` with half batches."""
+        self.require_enabled()
+        group, topic = batch_target(group, topic)
+        cfg = await self.sender.writable_topic(topic)
+        summaries, halves = parse_halves(group, topic, raw, cfg.queues, self.sender.limits)
+        await self.ensure_topics()
+        now = now_ms()
+        taken = await self.locks.acquire([*("m\0" + h.message_id for h in halves),
+                                          *(h.txid for h in halves)])
+        try:
+            txids = await self._store_batch_halves(group, topic, raw, summaries, halves, host,
+                                                   now)
+        finally:
+            self.locks.release(taken)
+        return batch_answer(txids, halves)
+
+    def _in_use(self, txid: str) -> bool:
+        """Does a transaction ``txid`` exist already (memory, else the half queue's index)?"""
+        if self.table.get(txid) is not None:
+            return True
+        return bool(self.store.index.lookup(topic_key(HALF_TOPIC, txid))) \
+            and self.table.ensure(txid) is not None
+
+    async def _store_batch_halves(self, group: str, topic: str, raw: bytes,
+                                  summaries: list[BatchSummary], halves: list[BatchHalf],
+                                  host: str, now: int) -> list[str]:
+        known: dict[int, str] = {}  # half → the transaction id its message id has already
+        settle = 0
+        for n, h in enumerate(halves):
+            found = self.dedup.lookup(topic, h.message_id, now)
+            if found is not None:
+                known[n] = found[0]
+                settle = max(settle, found[1])
+            elif self._in_use(h.txid):
+                raise BatchError("properties.TRANSACTION_ID", f"{h.txid!r} is already in use "
+                                 "by another transaction", h.index, batch=h.batch)
+        if settle:  # acknowledged on the same terms as a fresh write (quorum, primary)
+            await self.ingest.settle(settle)
+        fresh = [h for n, h in enumerate(halves) if n not in known]
+        infos = [TxInfo(txid=h.txid, message_id=h.message_id, group=group, topic=topic,
+                        first_offset=-1, latest_offset=-1, latest_size=0, check_times=0,
+                        born_ms=now) for h in fresh]
+        events = [event_record(EventKind.HALF, EventSource.PRODUCER, i, now) for i in infos]
+        try:
+            if not known:  # the batches as they came and the events, in one group commit
+                appended = await self.ingest.write_batches(
+                    self.ingest.batches_of(raw, summaries, host), events)
+                places = [(a.physical_offset + pos, size, a.store_timestamp)
+                          for a, s in zip(appended, summaries, strict=False)
+                          for pos, size in zip(s.positions, s.sizes, strict=True)]
+            elif fresh:  # the rare path (some halves were retries): the fresh ones re-encoded
+                for h in fresh:
+                    h.host = host
+                records = [h.record() for h in fresh]
+                written = await self.write([*records, *events])
+                places = [(a.physical_offset, a.size, a.store_timestamp)
+                          for a in written[:len(records)]]
+            else:
+                places = []
+        except ProtocolError:
+            self.dedup.mark_incomplete(now)  # the halves may be in the log: a retry looks
+            raise
+        for h, info, (offset, size, stored_ms) in zip(fresh, infos, places, strict=True):
+            info.first_offset = info.latest_offset = offset
+            info.latest_size = size
+            info.born_ms = stored_ms  # as a load from the log finds it (model.born_ms_of)
+            self.table.put(info)
+            h.size, h.host = size, host
+            h.properties[BORN_MS] = str(stored_ms)  # for its re-put copies (model.half_copy)
+            self.cache.add(info.txid, h)
+            self.dedup.remember(topic, info.message_id, info.txid, now)
+        self.count(events)
+        return [known.get(n, h.txid) for n, h in enumerate(halves)]
 
     # --- ending --------------------------------------------------------------------------------
 
