@@ -1,25 +1,24 @@
 """Transactional messages, producer side: half messages, end-transaction, the check channel.
 
 - ``begin``: validate like a send, store each message as a half copy (invisible) plus a ``half``
-  event in one store write; a retried half (same topic and message id in the dedup window)
-  answers its first transaction id.
+  event in one store write (``halves.py``); a retried half (same topic and message id in the
+  dedup window) answers its first transaction id.
+- ``begin_batches``: half messages as producer-made batches (checked by ``ingest/halves.py``,
+  stored by ``halves.py``): the common case appends the batches as they came with their
+  ``half`` events (one group commit); a retried half answers its first transaction id and the
+  rest are re-encoded.
 - ``end``: under the transactions' locks, decide each end against the durable state (commit:
   commit copy + op record + event; rollback: op record + event; unknown: event only), write
-  everything of a batch in ONE ``Appender.append``, then update memory. The write runs as its
+  everything of a batch in ONE store write, then update memory. The write runs as its
   own task, so a client that disconnects mid-write cannot leave memory behind the log. Ending
   again with the same action answers the same state; a different action → 409
   TRANSACTION_ALREADY_ENDED.
-- ``begin_batches``: half messages as producer-made batches (checked by ``ingest/halves.py``):
-  the common case appends the batches as they came with their ``half`` events (one group
-  commit); a retried half answers its first transaction id and the rest are re-encoded.
 - ``poll_checks``: the long poll producers answer checks from (``CheckChannel``).
 
-Every write goes through ``Ingest`` (ingest/writes.py).
-
+Every write goes through ``Ingest`` (ingest/writes.py), the broker's one write path.
 The checker's side (scan pages, check/discard actions, restart rebuild, message states) is in
 ``checker_requests.py``; the records and their properties in ``model.py``.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -30,29 +29,26 @@ from typing import Any
 
 from prometheus_client import Counter
 from tidemq.protocol import (
-    BORN_MS,
     TAGS,
     TRANSACTION_ID,
     ErrorCode,
     EventKind,
-    EventSource,
     OutgoingMessage,
     ProtocolError,
     parse_messages,
 )
-from tidemq.protocol.batch_read import BatchError, BatchSummary
 
 from tidemq_server.broker.consumers.membership import ProducerRegistry
-from tidemq_server.broker.ingest.halves import BatchHalf, batch_answer, parse_halves
+from tidemq_server.broker.ingest.halves import batch_answer, parse_halves
 from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.convert import new_message_id, to_wire
 from tidemq_server.broker.messaging.send import SendService
 from tidemq_server.broker.messaging.topics import TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
-from tidemq_server.broker.store.index import topic_key
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.store.types import Appended, MessageRecord, StoredRecord, tag_code
 from tidemq_server.broker.transactions.check_channel import CheckChannel
+from tidemq_server.broker.transactions.halves import HalfWriter
 from tidemq_server.broker.transactions.model import (
     DISCARD_TOPIC,
     EVENTS_TOPIC,
@@ -65,7 +61,6 @@ from tidemq_server.broker.transactions.model import (
     commit_copy,
     event_for,
     event_record,
-    new_transaction_id,
     op_records,
     user_keys,
 )
@@ -74,7 +69,6 @@ from tidemq_server.broker.transactions.requests import (
     EndRequest,
     batch_target,
     delayed_message,
-    half_record,
     parse_begin,
     parse_end,
     parse_ends,
@@ -126,6 +120,7 @@ class TransactionService:
                                  registry=metrics.registry)
         for kind in EventKind:
             self.events.labels(kind.value)
+        self.halves = HalfWriter(store, ingest, self.table, self.cache, self.dedup, self.count)
 
     async def start(self) -> None:
         """Nothing to open: the system topics are created with the first half message."""
@@ -146,6 +141,7 @@ class TransactionService:
         starts empty and loads on demand; the half dedup consults the index for one window."""
         self.table = TxTable(self.store, self.max_ended)
         self.dedup = HalfDedup(self.store, self.dedup_window_ms, self.dedup_max_entries, now)
+        self.halves.use(self.table, self.dedup)
 
     async def write(self, records: list[MessageRecord]) -> list[Appended]:
         """One store write; ProtocolError (BROKER_BUSY, DISK_FULL, ...) when it fails."""
@@ -186,7 +182,7 @@ class TransactionService:
         mids = [mid for _, _, mid in plan]
         taken = await self.locks.acquire("m\0" + m for m in mids)
         try:
-            store = self._store_halves(group, topic, plan, immunity, host, now)
+            store = self.halves.store_messages(group, topic, plan, immunity, host, now)
             if ends:  # ends riding along (the SDK's coalescing): written in the same group commit
                 txids, ended = await asyncio.gather(store, self.end(group, ends))
             else:
@@ -200,53 +196,6 @@ class TransactionService:
             answer["results"] = ended
         return answer
 
-    async def _store_halves(self, group: str, topic: str,
-                            plan: list[tuple[OutgoingMessage, int, str]],
-                            immunity: float | None, host: str, now: int) -> list[str]:
-        txids: list[str] = []
-        records: list[MessageRecord] = []
-        fresh: list[tuple[int, TxInfo]] = []  # (index of the half record, its info)
-        seen: dict[str, str] = {}
-        settle = 0  # end of the newest half found in the log (perhaps never acknowledged)
-        for msg, queue_id, mid in plan:
-            known = seen.get(mid)
-            if known is None and msg.message_id:
-                found = self.dedup.lookup(topic, mid, now)
-                if found is not None:
-                    known, end = found
-                    settle = max(settle, end)
-            if known is not None:
-                txids.append(known)
-                continue
-            txid = new_transaction_id()
-            seen[mid] = txid
-            txids.append(txid)
-            record = half_record(msg, group, topic, queue_id, mid, txid, immunity, host,
-                                 now)
-            info = TxInfo(txid=txid, message_id=mid, group=group, topic=topic, first_offset=-1,
-                          latest_offset=-1, latest_size=0, check_times=0, born_ms=now)
-            fresh.append((len(records), info))
-            records.append(record)
-            records.append(event_record(EventKind.HALF, EventSource.PRODUCER, info, now))
-        if settle:  # acknowledged on the same terms as a fresh write (quorum, primary)
-            await self.ingest.settle(settle)
-        if not records:
-            return txids
-        try:
-            appended = await self.write(records)
-        except ProtocolError:
-            self.dedup.mark_incomplete(now)  # the halves may be in the log: a retry looks
-            raise
-        for i, info in fresh:
-            where = appended[i]
-            info.first_offset = info.latest_offset = where.physical_offset
-            info.latest_size = where.size
-            self.table.put(info)
-            self.cache.add(info.txid, records[i])
-            self.dedup.remember(topic, info.message_id, info.txid, now)
-        self.count(records)
-        return txids
-
     async def begin_batches(self, group: str | None, topic: str | None, raw: bytes,
                             host: str) -> dict[str, Any]:
         """``POST /v1/transactions?producer_group=&topic=`` with half batches."""
@@ -259,69 +208,11 @@ class TransactionService:
         taken = await self.locks.acquire([*("m\0" + h.message_id for h in halves),
                                           *(h.txid for h in halves)])
         try:
-            txids = await self._store_batch_halves(group, topic, raw, summaries, halves, host,
-                                                   now)
+            txids = await self.halves.store_batches(group, topic, raw, summaries, halves,
+                                                    host, now)
         finally:
             self.locks.release(taken)
         return batch_answer(txids, halves)
-
-    def _in_use(self, txid: str) -> bool:
-        """Does a transaction ``txid`` exist already (memory, else the half queue's index)?"""
-        if self.table.get(txid) is not None:
-            return True
-        return bool(self.store.index.lookup(topic_key(HALF_TOPIC, txid))) \
-            and self.table.ensure(txid) is not None
-
-    async def _store_batch_halves(self, group: str, topic: str, raw: bytes,
-                                  summaries: list[BatchSummary], halves: list[BatchHalf],
-                                  host: str, now: int) -> list[str]:
-        known: dict[int, str] = {}  # half → the transaction id its message id has already
-        settle = 0
-        for n, h in enumerate(halves):
-            found = self.dedup.lookup(topic, h.message_id, now)
-            if found is not None:
-                known[n] = found[0]
-                settle = max(settle, found[1])
-            elif self._in_use(h.txid):
-                raise BatchError("properties.TRANSACTION_ID", f"{h.txid!r} is already in use "
-                                 "by another transaction", h.index, batch=h.batch)
-        if settle:  # acknowledged on the same terms as a fresh write (quorum, primary)
-            await self.ingest.settle(settle)
-        fresh = [h for n, h in enumerate(halves) if n not in known]
-        infos = [TxInfo(txid=h.txid, message_id=h.message_id, group=group, topic=topic,
-                        first_offset=-1, latest_offset=-1, latest_size=0, check_times=0,
-                        born_ms=now) for h in fresh]
-        events = [event_record(EventKind.HALF, EventSource.PRODUCER, i, now) for i in infos]
-        try:
-            if not known:  # the batches as they came and the events, in one group commit
-                appended = await self.ingest.write_batches(
-                    self.ingest.batches_of(raw, summaries, host), events)
-                places = [(a.physical_offset + pos, size, a.store_timestamp)
-                          for a, s in zip(appended, summaries, strict=False)
-                          for pos, size in zip(s.positions, s.sizes, strict=True)]
-            elif fresh:  # the rare path (some halves were retries): the fresh ones re-encoded
-                for h in fresh:
-                    h.host = host
-                records = [h.record() for h in fresh]
-                written = await self.write([*records, *events])
-                places = [(a.physical_offset, a.size, a.store_timestamp)
-                          for a in written[:len(records)]]
-            else:
-                places = []
-        except ProtocolError:
-            self.dedup.mark_incomplete(now)  # the halves may be in the log: a retry looks
-            raise
-        for h, info, (offset, size, stored_ms) in zip(fresh, infos, places, strict=True):
-            info.first_offset = info.latest_offset = offset
-            info.latest_size = size
-            info.born_ms = stored_ms  # as a load from the log finds it (model.born_ms_of)
-            self.table.put(info)
-            h.size, h.host = size, host
-            h.properties[BORN_MS] = str(stored_ms)  # for its re-put copies (model.half_copy)
-            self.cache.add(info.txid, h)
-            self.dedup.remember(topic, info.message_id, info.txid, now)
-        self.count(events)
-        return [known.get(n, h.txid) for n, h in enumerate(halves)]
 
     # --- ending --------------------------------------------------------------------------------
 
