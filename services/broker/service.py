@@ -27,7 +27,7 @@ from tidemq_server.broker.consumers.offsets import OffsetStore
 from tidemq_server.broker.consumers.retry import RetryService
 from tidemq_server.broker.consumers.service import ConsumerService
 from tidemq_server.broker.consumers.simple import SimpleConsumerService
-from tidemq_server.broker.delays.routing import DelayRouter, delay_view
+from tidemq_server.broker.delays.routing import DelayRouter
 from tidemq_server.broker.delays.scheduler_client import SchedulerClient
 from tidemq_server.broker.delays.service import DelayLookup, DelayService
 from tidemq_server.broker.ingest.dedup import DedupCache
@@ -50,6 +50,7 @@ from tidemq_server.broker.replication.epochs import EpochFile
 from tidemq_server.broker.replication.manager import ReplicationManager
 from tidemq_server.broker.replication.role import BrokerRole, always, static_role
 from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.broker.states import delay_view
 from tidemq_server.broker.store.appender import Appender
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.transactions.checker_requests import CheckerRequests

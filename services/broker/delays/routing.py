@@ -34,7 +34,6 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
-from tidemq_server.broker.messaging.query import MessageState
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord
 
 SCHEDULE_TOPIC = SystemTopic.SCHEDULE.value
@@ -174,27 +173,6 @@ def as_delivered_view(record: StoredRecord) -> StoredRecord:
     qid = _int(props.get(REAL_QID))
     return dataclasses.replace(record, topic=props.get(REAL_TOPIC, record.topic),
                                queue_id=record.queue_id if qid is None else qid)
-
-
-def delay_view(copies: list[StoredRecord]) -> tuple[StoredRecord, MessageState] | None:
-    """``(copy to show, SCHEDULED | CANCELLED)`` when the newest copy that matters is a
-    waiting copy or a cancel record; None when delays have no say (a ``QueryService`` view).
-
-    Copies in other system topics (transaction half/op records) do not matter here.
-    """
-    waiting: StoredRecord | None = None
-    for rec in reversed(copies):
-        if rec.topic == CANCELS_TOPIC:
-            shown = next((c for c in reversed(copies) if is_waiting(c)), None)
-            return as_delivered_view(shown or rec), MessageState.CANCELLED
-        if is_waiting(rec):
-            waiting = rec
-            break
-        if is_consumable(rec.topic):
-            return None  # delivered (or never delayed): a real, retry or DLQ copy is newest
-    if waiting is None:
-        return None
-    return as_delivered_view(waiting), MessageState.SCHEDULED
 
 
 def _int(value: str | None) -> int | None:

@@ -55,15 +55,14 @@ from tidemq_server.broker.delays.routing import (
     WAITING_PROPERTIES,
     DelayRouter,
     due_of,
-    is_consumable,
     is_waiting,
 )
 from tidemq_server.broker.delays.scheduler_client import SchedulerClient
 from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.internal import records_of
 from tidemq_server.broker.messaging.pull import PullService, TagFilter
-from tidemq_server.broker.messaging.query import MessageState
 from tidemq_server.broker.messaging.topics import TopicManager
+from tidemq_server.broker.states import delay_standing
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord, tag_code
 from tidemq_server.common.clock import now_ms
@@ -129,29 +128,9 @@ class DelayLookup:
 
     def standing(self, message_id: str, topic: str | None = None) -> dict[str, Any] | None:
         """For a repeated send of a delayed message to ``topic`` (``DelayRouter.standing``):
-        ``{state: "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its
-        delivered copy; None while it waits. Read from the store: repeated sends are rare.
-        The same id in another topic is another message."""
-        copies = self.store.find_by_unique_key(message_id)
-        if topic is not None:
-            mine = by_topic(copies).get(topic)
-            if mine is None or mine.standing in (Standing.PENDING, Standing.PLAIN):
-                return None
-            if mine.standing is Standing.CANCELLED:
-                return {"state": MessageState.CANCELLED.value}
-            return {"state": MessageState.STORED.value, "queue_id": mine.newest.queue_id,
-                    "queue_offset": mine.newest.queue_offset}
-        newest = _newest_that_matters(copies)
-        if newest is None or is_waiting(newest):
-            return None
-        if newest.topic == CANCELS_TOPIC:
-            return {"state": MessageState.CANCELLED.value}
-        real = next((c.properties.get(REAL_TOPIC) for c in copies if is_waiting(c)), None)
-        delivered = next((c for c in copies if c.topic == real), None)
-        if delivered is None:
-            return None
-        return {"state": MessageState.STORED.value, "queue_id": delivered.queue_id,
-                "queue_offset": delivered.queue_offset}
+        ``states.delay_standing`` of its copies, read from the store (repeated sends are
+        rare)."""
+        return delay_standing(self.store.find_by_unique_key(message_id), topic)
 
 
 class DelayService:
@@ -440,14 +419,3 @@ class DelayService:
     async def histogram(self, by: str) -> dict[str, Any]:
         """Pending timers by hour or day of due time, as the scheduler counts them."""
         return await self._require_scheduler().histogram(by)
-
-
-def _newest_that_matters(copies: list[StoredRecord]) -> StoredRecord | None:
-    """The newest waiting copy, cancel record, or delivered/plain copy (transaction records
-    and other system copies do not decide whether a delayed message can be cancelled)."""
-    for rec in reversed(copies):
-        if rec.topic == CANCELS_TOPIC or is_waiting(rec):
-            return rec
-        if is_consumable(rec.topic):
-            return rec
-    return None
