@@ -18,7 +18,7 @@ For the scheduler (``/internal/v1/schedule/*``, token required):
 - ``cancels``: the ids of ``TIDE_SYS_TIMER_CANCELS``, read back by a scheduler rebuilding its
   timer log.
 
-For clients: ``cancel`` and ``scheduled`` (docs/api.md) ask the scheduler, which decides; a
+For clients: ``cancel`` and ``pending_delays`` (docs/api.md) ask the scheduler, which decides; a
 successful cancel is also written to ``TIDE_SYS_TIMER_CANCELS`` so the message's state reads
 ``cancelled`` from the broker's own store.
 """
@@ -50,8 +50,8 @@ from tidemq.protocol import (
 from tidemq_server.broker.delays.copies import Standing, by_topic, choose, delivered, settled
 from tidemq_server.broker.delays.routing import (
     CANCELS_TOPIC,
+    DELAY_LEVEL_TOPIC,
     INTAKE_TOPIC,
-    SCHEDULE_TOPIC,
     WAITING_PROPERTIES,
     DelayRouter,
     due_of,
@@ -149,7 +149,7 @@ class DelayService:
         self.cancelled = 0
 
     async def start(self) -> None:
-        await self.topics.ensure_system(SCHEDULE_TOPIC)
+        await self.topics.ensure_system(DELAY_LEVEL_TOPIC)
         await self.topics.ensure_system(INTAKE_TOPIC)
         await self.topics.ensure_system(CANCELS_TOPIC, 1)
 
@@ -161,7 +161,7 @@ class DelayService:
     def info(self) -> dict[str, Any]:
         router = self.delay_router
         return {"broker_name": self.broker_name, "delay_levels_ms": list(router.levels_ms),
-                "max_delay_ms": router.max_delay_ms, "schedule_topic": SCHEDULE_TOPIC,
+                "max_delay_ms": router.max_delay_ms, "schedule_topic": DELAY_LEVEL_TOPIC,
                 "intake_topic": INTAKE_TOPIC}
 
     def levels_due(self, offsets: dict[int, int], now: int, max_count: int) -> dict[str, Any]:
@@ -171,7 +171,7 @@ class DelayService:
         out: dict[int, dict[str, Any]] = {}
         min_phys = self.store.log.min_offset
         for qid in range(len(self.delay_router.levels_ms)):
-            cq = self.store.dispatcher.queues.get((SCHEDULE_TOPIC, qid))
+            cq = self.store.dispatcher.queues.get((DELAY_LEVEL_TOPIC, qid))
             lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
             offset = min(max(offsets.get(qid, 0), lo), hi)
             spots: list[tuple[int, int]] = []
@@ -305,7 +305,7 @@ class DelayService:
         by_queue: dict[int, int] = {}
         level_due: int | None = None
         for qid in range(len(self.delay_router.levels_ms)):
-            n, due = self._count(SCHEDULE_TOPIC, qid, offsets.get(qid, 0), topic,
+            n, due = self._count(DELAY_LEVEL_TOPIC, qid, offsets.get(qid, 0), topic,
                                  {o for q, o in skip if q == qid}, first_only=True)
             by_queue[qid] = n
             if due is not None:
@@ -376,7 +376,7 @@ class DelayService:
         newest = mine.newest if mine is not None else None
         if newest is not None:
             hint["due_ms"] = due_of(newest)
-            if newest.topic == SCHEDULE_TOPIC:
+            if newest.topic == DELAY_LEVEL_TOPIC:
                 hint["level"] = int(newest.properties.get(DELAY, newest.queue_id + 1))
                 hint["queue_offset"] = newest.queue_offset
             else:
@@ -411,7 +411,9 @@ class DelayService:
         await self.topics.ensure_system(CANCELS_TOPIC, 1)
         await self.ingest.write([record], counted=False)
 
-    async def scheduled(self, topic: str | None) -> dict[str, Any]:
+    async def pending_delays(self, topic: str | None) -> dict[str, Any]:
+        """``GET /v1/scheduled``: the delays waiting (of ``topic``), as the scheduler counts
+        them."""
         if topic:
             validate_topic_name(topic)
         return await self._require_scheduler().scheduled(topic or None)

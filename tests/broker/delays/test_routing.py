@@ -15,8 +15,8 @@ from tidemq.protocol import (
 
 from tidemq_server.broker.consumers.retry import latest_copy
 from tidemq_server.broker.delays.routing import (
+    DELAY_LEVEL_TOPIC,
     INTAKE_TOPIC,
-    SCHEDULE_TOPIC,
     DelayRouter,
 )
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord
@@ -55,7 +55,7 @@ def test_waiting_copies_keep_the_message_whole() -> None:
     rec = MessageRecord(topic="Orders", queue_id=3, body=b"b", properties={"UNIQ_KEY": "m",
                         "TAGS": "t", "KEYS": "k"}, tag_code=7, flag=1, born_timestamp=5)
     level = d.route_record(rec, NOW, delay_level=3)
-    assert (level.topic, level.queue_id, level.tag_code) == (SCHEDULE_TOPIC, 2, NOW + 3000)
+    assert (level.topic, level.queue_id, level.tag_code) == (DELAY_LEVEL_TOPIC, 2, NOW + 3000)
     assert level.properties[REAL_TOPIC] == "Orders" and level.properties[REAL_QID] == "3"
     assert level.properties[DELAY] == "3" and level.properties["TAGS"] == "t"
     timer = d.route_record(rec, NOW, delay_ms=90_000)
@@ -74,6 +74,6 @@ def _stored(topic: str, props: dict[str, str], n: int = 0) -> StoredRecord:
 
 def test_a_retry_waiting_out_its_back_off_is_the_groups_copy() -> None:
     delivered = _stored("Orders", {}, 3)
-    retry_wait = _stored(SCHEDULE_TOPIC, {REAL_TOPIC: "%RETRY%g"}, 5)
+    retry_wait = _stored(DELAY_LEVEL_TOPIC, {REAL_TOPIC: "%RETRY%g"}, 5)
     assert latest_copy([delivered, retry_wait], "g") is retry_wait
     assert latest_copy([delivered, retry_wait], "other") is delivered

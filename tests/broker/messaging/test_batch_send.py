@@ -15,7 +15,7 @@ from tidemq.protocol.batch import U32, BatchBuilder, DelayKind, seal
 from tidemq.protocol.batch_read import validate
 
 from tests.broker.store.conftest import small_config
-from tidemq_server.broker.delays.routing import SCHEDULE_TOPIC, DelayRouter
+from tidemq_server.broker.delays.routing import DELAY_LEVEL_TOPIC, DelayRouter
 from tidemq_server.broker.ingest.dedup import DedupCache, Placed, RunPlaces
 from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.send import SendService
@@ -165,7 +165,7 @@ async def test_a_delayed_record_waits_and_the_others_are_stored(sent: Any) -> No
     now, later = answer["results"]
     assert (now["queue_id"], now["queue_offset"]) == (3, 0)
     assert later["queue_offset"] is None and later["state"] == "scheduled"
-    assert [r.message_id for r in store.get(SCHEDULE_TOPIC, 1, 0, 10).records] == ["p2"]
+    assert [r.message_id for r in store.get(DELAY_LEVEL_TOPIC, 1, 0, 10).records] == ["p2"]
     b = BatchBuilder("T", 3)
     b.add(b"x", "p3", delay_kind=DelayKind.DELIVER_AT_MS, delay_value=now_ms() + 10**12)
     with pytest.raises(ProtocolError) as err:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tidemq.protocol import UNIQ_KEY, ErrorCode, Limits, Perm, ProtocolError
 
-from tidemq_server.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
+from tidemq_server.broker.delays.routing import DELAY_LEVEL_TOPIC, INTAKE_TOPIC, DelayRouter
 from tidemq_server.broker.ingest.dedup import DedupCache, Placed
 from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.send import SendService
@@ -203,7 +203,7 @@ async def test_delayed_messages_are_stored_as_waiting_copies(service: Any) -> No
                              {"body": "level", "delay_level": 2},
                              {"body": "timer", "delay_ms": 60_000}), "")
     assert [(r.topic, r.body) for r in store.records] == [
-        ("T", b"now"), ("T", b"past"), (SCHEDULE_TOPIC, b"level"), (INTAKE_TOPIC, b"timer")]
+        ("T", b"now"), ("T", b"past"), (DELAY_LEVEL_TOPIC, b"level"), (INTAKE_TOPIC, b"timer")]
     for bad in ({"delay_level": 3}, {"delay_ms": Limits().max_delay_ms + 1},
                 {"delay_level": 1, "delay_ms": 5}):
         with pytest.raises(ProtocolError) as err:
