@@ -22,8 +22,8 @@ from tidemq.protocol import (
 from tidemq.protocol.message import reject_unknown
 from tidemq.protocol.numbers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, integer
 
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.convert import new_message_id
-from tidemq_server.broker.messaging.send import SendService
 from tidemq_server.broker.messaging.topics import TopicConfig, TopicManager
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord, tag_code
@@ -95,10 +95,10 @@ def _body(obj: dict[str, Any]) -> bytes:
 
 
 class InternalService:
-    def __init__(self, store: MessageStore, topics: TopicManager, sender: SendService) -> None:
+    def __init__(self, store: MessageStore, topics: TopicManager, ingest: Ingest) -> None:
         self.store = store
         self.topics = topics
-        self.sender = sender
+        self.ingest = ingest
 
     async def _topic(self, name: str) -> TopicConfig:
         validate_topic_name(name)
@@ -153,7 +153,7 @@ class InternalService:
                 raise ProtocolError(ErrorCode.BAD_REQUEST,
                                     f"queue_id {record.queue_id} does not exist: topic "
                                     f"{cfg.name!r} has queues 0-{cfg.queues - 1}")
-        placed = await self.sender.put_records(records, [dedup] * len(records), now)
+        placed = await self.ingest.put_records(records, [dedup] * len(records), now)
         return [{"message_id": r.properties[UNIQ_KEY], "topic": r.topic,
                  "queue_id": p.queue_id, "queue_offset": p.queue_offset}
                 for r, p in zip(records, placed, strict=True)]

@@ -3,8 +3,9 @@ order, handing each its collaborators through its constructor; nothing is rewire
 (tests/broker/test_service.py keeps it so). ``stop`` closes the parts in reverse.
 
 The write pipeline (store/appender.py) is chosen here, once: the store's group-commit writer,
-wrapped by the replication gate when the group replicates, is the ``Appender`` every service
-that stores records holds. A role change reaches replication and the state derived from the log
+wrapped by the replication gate when the group replicates, is the ``Appender`` of the one
+``Ingest`` (ingest/writes.py) every service that stores records holds: the broker's one write
+path. A role change reaches replication and the state derived from the log
 through this class (``RoleHooks``, given to the role at construction).
 
 The routes reach the parts through ``Broker``; nothing here handles HTTP. Sending touches only
@@ -26,11 +27,12 @@ from tidemq_server.broker.consumers.offsets import OffsetStore
 from tidemq_server.broker.consumers.retry import RetryService
 from tidemq_server.broker.consumers.service import ConsumerService
 from tidemq_server.broker.consumers.simple import SimpleConsumerService
-from tidemq_server.broker.delays.routing import DelayRouter, delay_view
+from tidemq_server.broker.delays.routing import DelayRouter
 from tidemq_server.broker.delays.scheduler_client import SchedulerClient
 from tidemq_server.broker.delays.service import DelayLookup, DelayService
+from tidemq_server.broker.ingest.dedup import DedupCache
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.internal import InternalService
-from tidemq_server.broker.messaging.dedup import DedupCache
 from tidemq_server.broker.messaging.longpoll import PullHold
 from tidemq_server.broker.messaging.pull import PullService
 from tidemq_server.broker.messaging.query import QueryService
@@ -48,6 +50,7 @@ from tidemq_server.broker.replication.epochs import EpochFile
 from tidemq_server.broker.replication.manager import ReplicationManager
 from tidemq_server.broker.replication.role import BrokerRole, always, static_role
 from tidemq_server.broker.settings import BrokerSettings
+from tidemq_server.broker.states import delay_view
 from tidemq_server.broker.store.appender import Appender
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.transactions.checker_requests import CheckerRequests
@@ -68,6 +71,7 @@ class Broker:
     topics: TopicManager
     replication: ReplicationManager
     appender: Appender
+    ingest: Ingest
     offsets: OffsetStore
     simple: SimpleConsumerService
     sender: SendService
@@ -121,34 +125,35 @@ class Broker:
         await self.offsets.start()
         self.simple = SimpleConsumerService(store, s.redis_url, s.cluster, self.hold,
                                             self.offsets)
-        # --- the services that store records, each holding the appender -------------------
+        # --- the one write path, and the services that store records through it ------------
         lookup = DelayLookup(store)
         router = DelayRouter(s.delay_levels_ms, s.max_delay_ms,
                              on_first_delay=lookup.hold_for_scheduler, lookup=lookup.standing)
         dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
+        self.ingest = ingest = Ingest(store, self.appender, dedup, self.metrics, router.waiting)
         self.sender = SendService(
-            store, self.appender, topics, dedup, self.metrics, s.limits(), router,
+            ingest, topics, s.limits(), router,
             auto_create_queues=s.default_queues if s.auto_create_topics else None)
         self.pulls = PullService(store, topics, self.hold, self.metrics, s.long_poll_max_ms)
-        self.retries = RetryService(store, self.appender, topics, self.metrics,
+        self.retries = RetryService(store, ingest, topics, self.metrics,
                                     s.max_reconsume_times, router,
                                     backoff=s.retry_backoff and bool(s.scheduler_url))
         scheduler = (SchedulerClient(s.scheduler_url, s.token, s.scheduler_timeout_s)
                      if s.scheduler_url else None)
-        self.delays = DelayService(store, self.appender, topics, self.sender, router,
-                                   scheduler, s.broker_name, self.pulls)
+        self.delays = DelayService(store, ingest, topics, router, scheduler, s.broker_name,
+                                   self.pulls)
         await self.delays.start()
         self.consumers = ConsumerService(store, topics, self.groups, self.offsets,
                                          self.simple, self.pulls, s.long_poll_max_ms)
-        self.internal = InternalService(store, topics, self.sender)
+        self.internal = InternalService(store, topics, ingest)
         self.transactions = TransactionService(
-            store, self.appender, topics, self.sender, self.producers, self.metrics,
+            store, ingest, topics, self.sender, self.producers, self.metrics,
             reject=s.reject_transactions, dedup_window_s=s.dedup_window_s,
             dedup_max_entries=s.dedup_max_entries, check_hold_s=s.check_hold_s,
             max_ended=s.max_ended_transactions)
         await self.transactions.start()
-        self.checker_requests = CheckerRequests(self.transactions, s.broker_name, self.pulls,
-                                                guard=role if s.replicated else None)
+        self.checker_requests = CheckerRequests(self.transactions, ingest, s.broker_name,
+                                                self.pulls, guard=role if s.replicated else None)
         self.checker_requests.start_rebuild()
         # waiting / cancelled delays first, then transactions, then a plain message's state
         self.queries = QueryService(store, topics,
@@ -244,7 +249,7 @@ class Broker:
         restart (the dedup maps consult the index for a window; the transaction table starts
         empty and loads from the log; pending transactions are found again)."""
         now = now_ms()
-        self.sender.dedup.mark_incomplete(now)
+        self.ingest.dedup.mark_incomplete(now)
         self.transactions.reload(now)
         await self.checker_requests.rebuild_again()
 
@@ -261,7 +266,7 @@ class Broker:
     def stats(self) -> dict[str, float]:
         return {
             "topics": float(len(self.topics)),
-            "dedup_entries": float(len(self.sender.dedup)),
+            "dedup_entries": float(len(self.ingest.dedup)),
             "held_pulls": float(self.hold.waiter_count()),
             "held_pulls_woken": float(self.hold.notified),
             "offset_commit_round_trips": float(self.offsets.round_trips),

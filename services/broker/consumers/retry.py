@@ -27,10 +27,9 @@ from tidemq.protocol import (
 )
 
 from tidemq_server.broker.delays.routing import WAITING_PROPERTIES, DelayRouter, is_waiting
-from tidemq_server.broker.messaging.send import appended_or_raise
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.topics import TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
-from tidemq_server.broker.store.appender import Appender
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord, tag_code
 from tidemq_server.common.clock import now_ms
@@ -63,11 +62,11 @@ def latest_copy(copies: list[StoredRecord], group: str) -> StoredRecord:
 
 
 class RetryService:
-    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+    def __init__(self, store: MessageStore, ingest: Ingest, topics: TopicManager,
                  metrics: BrokerMetrics, max_reconsume_times: int,
                  delay_router: DelayRouter | None = None, backoff: bool = False) -> None:
         self.store = store
-        self.appender = appender
+        self.ingest = ingest
         self.topics = topics
         self.metrics = metrics
         self.max_reconsume_times = max_reconsume_times
@@ -117,7 +116,7 @@ class RetryService:
         level = delay_level or (retry_delay_level(times) if self.backoff else 0)
         if not dead and level and router is not None:
             record = router.route_record(record, now_ms(), delay_level=min(level, levels))
-        appended_or_raise(await self.appender.append([record]))
+        await self.ingest.write([record], counted=False)
         self.metrics.retries.labels("dlq" if dead else "retry").inc()
         if dead:
             log.info("message %s of group %s reconsumed %d times (max %d): moved to %s",

@@ -34,13 +34,12 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.topics import DLQ_PREFIX, RETRY_PREFIX
 
-from tidemq_server.broker.messaging.query import MessageState
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord
 
-SCHEDULE_TOPIC = SystemTopic.SCHEDULE.value
+DELAY_LEVEL_TOPIC = SystemTopic.SCHEDULE.value
 INTAKE_TOPIC = SystemTopic.TIMER_INTAKE.value
 CANCELS_TOPIC = SystemTopic.TIMER_CANCELS.value
-DELAY_TOPICS = frozenset({SCHEDULE_TOPIC, INTAKE_TOPIC})
+DELAY_TOPICS = frozenset({DELAY_LEVEL_TOPIC, INTAKE_TOPIC})
 
 #: What a waiting copy adds to a message (a half message keeps its delay in DELAY, DELAY_MS or
 #: TIMER_DELIVER_MS alone); a delivered copy carries none of them.
@@ -60,8 +59,8 @@ class DelayRouter:
         self.on_first_delay = on_first_delay  # e.g. hold retention for the scheduler
         # the standing of a delayed message by id (delays/service.py's ``DelayLookup``)
         self.lookup = lookup
-        self.routed_levels = 0
-        self.routed_timers = 0
+        self.delays_by_level = 0
+        self.delays_by_time = 0
 
     # --- validation ---------------------------------------------------------------------------
     def due_for(self, now_ms: int, *, delay_level: int = 0, delay_ms: int | None = None,
@@ -136,11 +135,11 @@ class DelayRouter:
         props[TIMER_DELIVER_MS] = str(due_ms)
         if level:
             props[DELAY] = str(level)
-            self.routed_levels += 1
+            self.delays_by_level += 1
         else:
-            self.routed_timers += 1
+            self.delays_by_time += 1
         return MessageRecord(
-            topic=SCHEDULE_TOPIC if level else INTAKE_TOPIC, queue_id=level - 1 if level else 0,
+            topic=DELAY_LEVEL_TOPIC if level else INTAKE_TOPIC, queue_id=level - 1 if level else 0,
             body=record.body, properties=props, tag_code=due_ms, flag=record.flag,
             sys_flag=record.sys_flag, born_timestamp=record.born_timestamp,
             born_host=record.born_host, reconsume_times=record.reconsume_times,
@@ -174,27 +173,6 @@ def as_delivered_view(record: StoredRecord) -> StoredRecord:
     qid = _int(props.get(REAL_QID))
     return dataclasses.replace(record, topic=props.get(REAL_TOPIC, record.topic),
                                queue_id=record.queue_id if qid is None else qid)
-
-
-def delay_view(copies: list[StoredRecord]) -> tuple[StoredRecord, MessageState] | None:
-    """``(copy to show, SCHEDULED | CANCELLED)`` when the newest copy that matters is a
-    waiting copy or a cancel record; None when delays have no say (a ``QueryService`` view).
-
-    Copies in other system topics (transaction half/op records) do not matter here.
-    """
-    waiting: StoredRecord | None = None
-    for rec in reversed(copies):
-        if rec.topic == CANCELS_TOPIC:
-            shown = next((c for c in reversed(copies) if is_waiting(c)), None)
-            return as_delivered_view(shown or rec), MessageState.CANCELLED
-        if is_waiting(rec):
-            waiting = rec
-            break
-        if is_consumable(rec.topic):
-            return None  # delivered (or never delayed): a real, retry or DLQ copy is newest
-    if waiting is None:
-        return None
-    return as_delivered_view(waiting), MessageState.SCHEDULED
 
 
 def _int(value: str | None) -> int | None:

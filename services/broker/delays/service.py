@@ -18,7 +18,7 @@ For the scheduler (``/internal/v1/schedule/*``, token required):
 - ``cancels``: the ids of ``TIDE_SYS_TIMER_CANCELS``, read back by a scheduler rebuilding its
   timer log.
 
-For clients: ``cancel`` and ``scheduled`` (docs/api.md) ask the scheduler, which decides; a
+For clients: ``cancel`` and ``pending_delays`` (docs/api.md) ask the scheduler, which decides; a
 successful cancel is also written to ``TIDE_SYS_TIMER_CANCELS`` so the message's state reads
 ``cancelled`` from the broker's own store.
 """
@@ -50,23 +50,21 @@ from tidemq.protocol import (
 from tidemq_server.broker.delays.copies import Standing, by_topic, choose, delivered, settled
 from tidemq_server.broker.delays.routing import (
     CANCELS_TOPIC,
+    DELAY_LEVEL_TOPIC,
     INTAKE_TOPIC,
-    SCHEDULE_TOPIC,
     WAITING_PROPERTIES,
     DelayRouter,
     due_of,
-    is_consumable,
     is_waiting,
 )
 from tidemq_server.broker.delays.scheduler_client import SchedulerClient
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.internal import records_of
 from tidemq_server.broker.messaging.pull import PullService, TagFilter
-from tidemq_server.broker.messaging.query import MessageState
-from tidemq_server.broker.messaging.send import SendService, appended_or_raise
 from tidemq_server.broker.messaging.topics import TopicManager
-from tidemq_server.broker.store.appender import Appender
+from tidemq_server.broker.states import delay_standing
 from tidemq_server.broker.store.store import MessageStore
-from tidemq_server.broker.store.types import MessageRecord, PutResult, StoredRecord, tag_code
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord, tag_code
 from tidemq_server.common.clock import now_ms
 from tidemq_server.common.constants import SCHEDULER_FLOOR_OWNER
 
@@ -130,40 +128,19 @@ class DelayLookup:
 
     def standing(self, message_id: str, topic: str | None = None) -> dict[str, Any] | None:
         """For a repeated send of a delayed message to ``topic`` (``DelayRouter.standing``):
-        ``{state: "cancelled"}``, or ``{state: "stored", queue_id, queue_offset}`` of its
-        delivered copy; None while it waits. Read from the store: repeated sends are rare.
-        The same id in another topic is another message."""
-        copies = self.store.find_by_unique_key(message_id)
-        if topic is not None:
-            mine = by_topic(copies).get(topic)
-            if mine is None or mine.standing in (Standing.PENDING, Standing.PLAIN):
-                return None
-            if mine.standing is Standing.CANCELLED:
-                return {"state": MessageState.CANCELLED.value}
-            return {"state": MessageState.STORED.value, "queue_id": mine.newest.queue_id,
-                    "queue_offset": mine.newest.queue_offset}
-        newest = _newest_that_matters(copies)
-        if newest is None or is_waiting(newest):
-            return None
-        if newest.topic == CANCELS_TOPIC:
-            return {"state": MessageState.CANCELLED.value}
-        real = next((c.properties.get(REAL_TOPIC) for c in copies if is_waiting(c)), None)
-        delivered = next((c for c in copies if c.topic == real), None)
-        if delivered is None:
-            return None
-        return {"state": MessageState.STORED.value, "queue_id": delivered.queue_id,
-                "queue_offset": delivered.queue_offset}
+        ``states.delay_standing`` of its copies, read from the store (repeated sends are
+        rare)."""
+        return delay_standing(self.store.find_by_unique_key(message_id), topic)
 
 
 class DelayService:
-    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
-                 sender: SendService, delay_router: DelayRouter, scheduler: SchedulerClient | None,
+    def __init__(self, store: MessageStore, ingest: Ingest, topics: TopicManager,
+                 delay_router: DelayRouter, scheduler: SchedulerClient | None,
                  broker_name: str, pulls: PullService) -> None:
         self.store = store
-        self.appender = appender  # cancel records (deliveries go through ``sender``)
+        self.ingest = ingest  # deliveries and cancel records
         self.pulls = pulls
         self.topics = topics
-        self.sender = sender
         self.delay_router = delay_router
         self.scheduler = scheduler
         self.broker_name = broker_name
@@ -172,7 +149,7 @@ class DelayService:
         self.cancelled = 0
 
     async def start(self) -> None:
-        await self.topics.ensure_system(SCHEDULE_TOPIC)
+        await self.topics.ensure_system(DELAY_LEVEL_TOPIC)
         await self.topics.ensure_system(INTAKE_TOPIC)
         await self.topics.ensure_system(CANCELS_TOPIC, 1)
 
@@ -184,7 +161,7 @@ class DelayService:
     def info(self) -> dict[str, Any]:
         router = self.delay_router
         return {"broker_name": self.broker_name, "delay_levels_ms": list(router.levels_ms),
-                "max_delay_ms": router.max_delay_ms, "schedule_topic": SCHEDULE_TOPIC,
+                "max_delay_ms": router.max_delay_ms, "schedule_topic": DELAY_LEVEL_TOPIC,
                 "intake_topic": INTAKE_TOPIC}
 
     def levels_due(self, offsets: dict[int, int], now: int, max_count: int) -> dict[str, Any]:
@@ -194,7 +171,7 @@ class DelayService:
         out: dict[int, dict[str, Any]] = {}
         min_phys = self.store.log.min_offset
         for qid in range(len(self.delay_router.levels_ms)):
-            cq = self.store.dispatcher.queues.get((SCHEDULE_TOPIC, qid))
+            cq = self.store.dispatcher.queues.get((DELAY_LEVEL_TOPIC, qid))
             lo, hi = (cq.min_offset, cq.max_offset) if cq else (0, 0)
             offset = min(max(offsets.get(qid, 0), lo), hi)
             spots: list[tuple[int, int]] = []
@@ -277,10 +254,10 @@ class DelayService:
             else:
                 keep.append(r)
         if settle:  # a copy above the high-water mark counts once a quorum holds it
-            appended_or_raise(PutResult(await self.appender.settle(settle)))
+            await self.ingest.settle(settle)
         duplicates = len(records) - len(keep)
         if keep:
-            await self.sender.put_records(keep, [False] * len(keep), now_ms())
+            await self.ingest.put_records(keep, [False] * len(keep), now_ms())
         self.delivered += len(keep)
         self.duplicates += duplicates
         return {"stored": len(keep), "duplicates": duplicates}
@@ -328,7 +305,7 @@ class DelayService:
         by_queue: dict[int, int] = {}
         level_due: int | None = None
         for qid in range(len(self.delay_router.levels_ms)):
-            n, due = self._count(SCHEDULE_TOPIC, qid, offsets.get(qid, 0), topic,
+            n, due = self._count(DELAY_LEVEL_TOPIC, qid, offsets.get(qid, 0), topic,
                                  {o for q, o in skip if q == qid}, first_only=True)
             by_queue[qid] = n
             if due is not None:
@@ -399,7 +376,7 @@ class DelayService:
         newest = mine.newest if mine is not None else None
         if newest is not None:
             hint["due_ms"] = due_of(newest)
-            if newest.topic == SCHEDULE_TOPIC:
+            if newest.topic == DELAY_LEVEL_TOPIC:
                 hint["level"] = int(newest.properties.get(DELAY, newest.queue_id + 1))
                 hint["queue_offset"] = newest.queue_offset
             else:
@@ -432,9 +409,11 @@ class DelayService:
         record = MessageRecord(topic=CANCELS_TOPIC, queue_id=0, body=b"",
                                properties=props, born_timestamp=now_ms())
         await self.topics.ensure_system(CANCELS_TOPIC, 1)
-        appended_or_raise(await self.appender.append([record]))
+        await self.ingest.write([record], counted=False)
 
-    async def scheduled(self, topic: str | None) -> dict[str, Any]:
+    async def pending_delays(self, topic: str | None) -> dict[str, Any]:
+        """``GET /v1/scheduled``: the delays waiting (of ``topic``), as the scheduler counts
+        them."""
         if topic:
             validate_topic_name(topic)
         return await self._require_scheduler().scheduled(topic or None)
@@ -442,14 +421,3 @@ class DelayService:
     async def histogram(self, by: str) -> dict[str, Any]:
         """Pending timers by hour or day of due time, as the scheduler counts them."""
         return await self._require_scheduler().histogram(by)
-
-
-def _newest_that_matters(copies: list[StoredRecord]) -> StoredRecord | None:
-    """The newest waiting copy, cancel record, or delivered/plain copy (transaction records
-    and other system copies do not decide whether a delayed message can be cancelled)."""
-    for rec in reversed(copies):
-        if rec.topic == CANCELS_TOPIC or is_waiting(rec):
-            return rec
-        if is_consumable(rec.topic):
-            return rec
-    return None

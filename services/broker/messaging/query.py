@@ -1,8 +1,9 @@
 """Message queries: by id (with its state), by key, by topic and time range.
 
-``message_state`` is the one place a plain message's state is computed from its copies (every
-copy a stored message); transactions and delays add their own views (``MessageView``) with their
-own states.
+``MessageState`` names every state a message can be in; ``message_state`` is the rule for a
+plain message (every copy a stored message). The rules for delayed and transactional messages
+are views (``MessageView``) in ``tidemq_server.broker.states``, the one place the other rules
+live; the composition root hands them to ``QueryService``.
 
 Copies a consumer group sent back (retry topic, DLQ, or waiting out a retry back-off; they carry
 ``RETRY_TOPIC``) never stand for the message: a lookup by id shows the original and lists those

@@ -60,7 +60,7 @@ async def cancel(
 async def scheduled(request: Request,
                     topic: Annotated[str | None, Query(description="only this topic")] = None,
                     ) -> Response:
-    return reply(request, await broker_of(request).delays.scheduled(topic))
+    return reply(request, await broker_of(request).delays.pending_delays(topic))
 
 
 # --- for the scheduler ---------------------------------------------------------------------------

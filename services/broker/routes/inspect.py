@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.message import reject_unknown
 
-from tidemq_server.broker.messaging.trace import trace
 from tidemq_server.broker.routes._common import body_doc, broker_of, read_payload
 from tidemq_server.broker.routes.answers import PendingTransaction
 from tidemq_server.broker.routes.raw_ids import path_id
+from tidemq_server.broker.trace import trace
 from tidemq_server.broker.transactions import resolve as resolving
 from tidemq_server.broker.transactions.service import parse_group
 from tidemq_server.common.answers import Histogram

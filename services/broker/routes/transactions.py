@@ -103,7 +103,7 @@ async def begin(
     broker.transactions.require_enabled()
     if is_batch(request.headers.get("content-type")):  # the SDK's half batches (format v2)
         raw = await read_raw(request, broker.sender.max_request_bytes)
-        return reply(request, await broker.transactions.batches.begin(
+        return reply(request, await broker.transactions.begin_batches(
             producer_group, topic, raw, client_host(request)))
     if producer_group is not None or topic is not None:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "producer_group and topic are query "

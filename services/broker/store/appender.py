@@ -2,10 +2,10 @@
 
 ::
 
-    SendService ─┐
-    TransactionService (and the checker's actions) ─┤
-    DelayService (deliveries, cancels) ─┼──► Appender.append(records) ──► PutResult
-    RetryService ─┘            SendService (a producer's batches) ──► Appender.append_batches
+    SendService, TransactionService, the checker's actions, DelayService (deliveries,
+    cancels), RetryService, InternalService
+        ──► Ingest (ingest/writes.py) ──► Appender.append(records) ──► PutResult
+                                      ──► Appender.append_batches(producer-made batches)
 
 The composition root (``services/broker/service.py``, ``Broker.start``) picks the appender once:
 
@@ -18,7 +18,8 @@ The composition root (``services/broker/service.py``, ``Broker.start``) picks th
   it answers.
 
 Outcomes the caller expects (busy, disk full, not primary, ...) come back as the result's
-``PutStatus``; ``messaging.send.appended_or_raise`` turns them into the client's error.
+``PutStatus``; ``ingest.outcome.appended_or_raise`` turns them into the client's error. Only
+``Ingest`` (ingest/writes.py, the broker's one write path) calls an appender.
 """
 
 from __future__ import annotations

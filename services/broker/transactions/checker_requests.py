@@ -28,25 +28,24 @@ from typing import Any
 
 from tidemq.protocol import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
-    KEYS,
     PGROUP,
     REAL_QID,
     REAL_TOPIC,
-    TRAN_MSG,
     TRANSACTION_ID,
     ErrorCode,
     EventKind,
     EventSource,
     ProtocolError,
-    is_system_topic,
 )
 from tidemq.protocol.message import reject_unknown
 from tidemq.protocol.numbers import INT64_MAX, integer
 
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.pull import PullService, TagFilter
 from tidemq_server.broker.messaging.query import MessageState
 from tidemq_server.broker.messaging.topics import WriteGuard
-from tidemq_server.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
+from tidemq_server.broker.states import transaction_view
+from tidemq_server.broker.store.types import MessageRecord, StoredRecord
 from tidemq_server.broker.transactions.check_channel import CheckTicket
 from tidemq_server.broker.transactions.model import (
     HALF_TOPIC,
@@ -61,7 +60,6 @@ from tidemq_server.broker.transactions.model import (
     discard_copy,
     event_record,
     half_copy,
-    is_commit_copy,
     op_records,
 )
 from tidemq_server.broker.transactions.service import TransactionService
@@ -83,9 +81,10 @@ _STATE_VIEW = {TxState.HALF: MessageState.HALF, TxState.COMMITTED: MessageState.
 
 
 class CheckerRequests:
-    def __init__(self, service: TransactionService, broker_name: str,
+    def __init__(self, service: TransactionService, ingest: Ingest, broker_name: str,
                  pulls: PullService | None = None, guard: WriteGuard | None = None) -> None:
         self.tx = service
+        self.ingest = ingest  # the actions' writes
         self.pulls = pulls  # holds a halves request at the end of the queue (None: no hold)
         self.guard = guard  # asked before deciding: only a writable primary decides
         self.store = service.store
@@ -235,7 +234,7 @@ class CheckerRequests:
             return results
         records.extend(op_records(ops, now))
         try:
-            appended = await tx.write(records)
+            appended = await self.ingest.write(records)
         except BaseException:
             for _, info, _, _ in copies:
                 tx.forget(info.txid)
@@ -329,35 +328,10 @@ class CheckerRequests:
 
     def message_view(self, copies: list[StoredRecord]
                      ) -> tuple[StoredRecord, MessageState] | None:
-        """The copy to show and the state of a transactional message; None for others (and
-        for a committed one routed elsewhere, e.g. delayed: the delay view decides)."""
-        tx = [c for c in copies if c.properties.get(TRAN_MSG) == "true"]
-        if not tx:
-            return None
-        txid = tx[-1].properties.get(TRANSACTION_ID, "")
-        commits = [c for c in tx if is_commit_copy(c, txid)]
-        if commits:
-            last = commits[-1]
-            return None if is_system_topic(last.topic) else (last, MessageState.COMMITTED)
-        info = self.tx.table.ensure(txid)
-        halves = [c for c in tx if c.topic == HALF_TOPIC and
-                  c.properties.get(TRANSACTION_ID) == txid]
-        if info is None or not halves:
-            return None
-        shown = halves[-1]
-        shown = dataclasses.replace(shown, topic=info.topic,
-                                    queue_id=int(shown.properties.get(REAL_QID, "0") or 0),
-                                    queue_offset=0,
-                                    properties={k: v for k, v in shown.properties.items()
-                                                if k != KEYS} | _keys_prop(shown, txid))
-        return shown, _STATE_VIEW[info.state]
+        """``states.transaction_view`` against this broker's transaction table."""
+        return transaction_view(copies, self.tx.table.ensure)
 
 
 _OUTCOME = {"check": "checked", "defer": "deferred", "discard": "discarded"}
 _ACTIONS_FIELDS = frozenset({"actions"})
 _ACTION_FIELDS = frozenset({"transaction_id", "physical_offset", "action"})
-
-
-def _keys_prop(record: StoredRecord, txid: str) -> dict[str, str]:
-    keys = [k for k in record.keys if k != txid]
-    return {KEYS: KEY_SEPARATOR.join(keys)} if keys else {}

@@ -1,8 +1,10 @@
 """What producers send about transactions, parsed and turned into records (no I/O).
 
-``parse_end``/``parse_ends``/``parse_group``: the bodies of the end endpoints (and of ends riding
-along with half messages); ``half_record``: the half copy of a validated message;
-``delayed_message``: the delay a half message asked for, applied from its commit.
+``parse_begin``/``batch_target``: what a half-message request names (JSON/msgpack body, or query
+parameters beside half batches); ``parse_end``/``parse_ends``/``parse_group``: the bodies of the
+end endpoints (and of ends riding along with half messages); ``half_record``: the half copy of
+a validated message; ``delayed_message``: the delay a half message asked for, applied from its
+commit.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tidemq.protocol import (
     validate_group_name,
 )
 from tidemq.protocol.message import reject_unknown
+from tidemq.protocol.numbers import INT32_MAX, shown
 
 from tidemq_server.broker.messaging.convert import to_record
 from tidemq_server.broker.store.types import KEY_SEPARATOR, MessageRecord, StoredRecord
@@ -103,6 +106,42 @@ def parse_group(payload: Any, required: bool = True) -> str | None:
     if not isinstance(group, str):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "producer_group must be a string")
     return validate_group_name(group)
+
+
+def parse_begin(payload: Any) -> tuple[str, str, bool, float | None]:
+    """A ``POST /v1/transactions`` body: its producer group, topic, whether it holds one
+    ``message`` (else ``messages``) and its ``check_immunity_s``; 400 BAD_REQUEST when
+    malformed (the messages themselves are parsed as a send's)."""
+    if not isinstance(payload, dict):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "the body must be an object")
+    group = parse_group(payload)
+    assert group is not None
+    topic = payload.get("topic")
+    if not isinstance(topic, str):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "topic must be a string")
+    single = "message" in payload
+    if single == ("messages" in payload):
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            "give either message (one) or messages (a list), not both")
+    immunity = payload.get("check_immunity_s")
+    if immunity is not None and (isinstance(immunity, bool)
+                                 or not isinstance(immunity, int | float)
+                                 or not 0 <= immunity <= INT32_MAX):  # NaN fails too
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"check_immunity_s must be a number of "
+                            f"seconds from 0 to {INT32_MAX}, got {shown(immunity)}")
+    return group, topic, single, immunity
+
+
+def batch_target(group: str | None, topic: str | None) -> tuple[str, str]:
+    """The producer group and topic of half batches (query parameters), both required."""
+    if group is None:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "producer_group is required (a query "
+                            "parameter with a batch body)")
+    group = validate_group_name(group)
+    if topic is None:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "topic is required (a query parameter "
+                            "with a batch body)")
+    return group, topic
 
 
 def half_record(msg: OutgoingMessage, group: str, topic: str, queue_id: int, mid: str,

@@ -1,26 +1,29 @@
 """Transactional messages, producer side: half messages, end-transaction, the check channel.
 
 - ``begin``: validate like a send, store each message as a half copy (invisible) plus a ``half``
-  event in one store write; a retried half (same topic and message id in the dedup window)
-  answers its first transaction id.
+  event in one store write (``halves.py``); a retried half (same topic and message id in the
+  dedup window) answers its first transaction id.
+- ``begin_batches``: half messages as producer-made batches (checked by ``ingest/halves.py``,
+  stored by ``halves.py``): the common case appends the batches as they came with their
+  ``half`` events (one group commit); a retried half answers its first transaction id and the
+  rest are re-encoded.
 - ``end``: under the transactions' locks, decide each end against the durable state (commit:
   commit copy + op record + event; rollback: op record + event; unknown: event only), write
-  everything of a batch in ONE ``Appender.append``, then update memory. The write runs as its
+  everything of a batch in ONE store write, then update memory. The write runs as its
   own task, so a client that disconnects mid-write cannot leave memory behind the log. Ending
   again with the same action answers the same state; a different action → 409
   TRANSACTION_ALREADY_ENDED.
 - ``poll_checks``: the long poll producers answer checks from (``CheckChannel``).
 
+Every write goes through ``Ingest`` (ingest/writes.py), the broker's one write path.
 The checker's side (scan pages, check/discard actions, restart rebuild, message states) is in
 ``checker_requests.py``; the records and their properties in ``model.py``.
 """
-
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,29 +33,22 @@ from tidemq.protocol import (
     TRANSACTION_ID,
     ErrorCode,
     EventKind,
-    EventSource,
     OutgoingMessage,
     ProtocolError,
     parse_messages,
 )
-from tidemq.protocol.numbers import INT32_MAX, shown
 
 from tidemq_server.broker.consumers.membership import ProducerRegistry
+from tidemq_server.broker.ingest.halves import batch_answer, parse_halves
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.convert import new_message_id, to_wire
-from tidemq_server.broker.messaging.send import SendService, appended_or_raise
+from tidemq_server.broker.messaging.send import SendService
 from tidemq_server.broker.messaging.topics import TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
-from tidemq_server.broker.store.appender import Appender
 from tidemq_server.broker.store.store import MessageStore
-from tidemq_server.broker.store.types import (
-    Appended,
-    MessageRecord,
-    PutResult,
-    StoredRecord,
-    tag_code,
-)
+from tidemq_server.broker.store.types import Appended, MessageRecord, StoredRecord, tag_code
 from tidemq_server.broker.transactions.check_channel import CheckChannel
-from tidemq_server.broker.transactions.half_batches import HalfBatches
+from tidemq_server.broker.transactions.halves import HalfWriter
 from tidemq_server.broker.transactions.model import (
     DISCARD_TOPIC,
     EVENTS_TOPIC,
@@ -65,15 +61,15 @@ from tidemq_server.broker.transactions.model import (
     commit_copy,
     event_for,
     event_record,
-    new_transaction_id,
     op_records,
     user_keys,
 )
 from tidemq_server.broker.transactions.requests import (
     MAX_ENDS,
     EndRequest,
+    batch_target,
     delayed_message,
-    half_record,
+    parse_begin,
     parse_end,
     parse_ends,
     parse_group,
@@ -92,13 +88,13 @@ HALF_CACHE_BYTES = 64 * 1024 * 1024  # bodies of recent half records kept for th
 
 
 class TransactionService:
-    def __init__(self, store: MessageStore, appender: Appender, topics: TopicManager,
+    def __init__(self, store: MessageStore, ingest: Ingest, topics: TopicManager,
                  sender: SendService, producers: ProducerRegistry, metrics: BrokerMetrics, *,
                  reject: bool, dedup_window_s: float, dedup_max_entries: int,
                  check_hold_s: float, max_ended: int,
                  half_cache_bytes: int = HALF_CACHE_BYTES) -> None:
         self.store = store
-        self.appender = appender
+        self.ingest = ingest  # every write
         self.topics = topics
         self.sender = sender
         self.producers = producers
@@ -124,7 +120,7 @@ class TransactionService:
                                  registry=metrics.registry)
         for kind in EventKind:
             self.events.labels(kind.value)
-        self.batches = HalfBatches(self)  # half messages as producer-made batches
+        self.halves = HalfWriter(store, ingest, self.table, self.cache, self.dedup, self.count)
 
     async def start(self) -> None:
         """Nothing to open: the system topics are created with the first half message."""
@@ -145,14 +141,11 @@ class TransactionService:
         starts empty and loads on demand; the half dedup consults the index for one window."""
         self.table = TxTable(self.store, self.max_ended)
         self.dedup = HalfDedup(self.store, self.dedup_window_ms, self.dedup_max_entries, now)
+        self.halves.use(self.table, self.dedup)
 
     async def write(self, records: list[MessageRecord]) -> list[Appended]:
         """One store write; ProtocolError (BROKER_BUSY, DISK_FULL, ...) when it fails."""
-        started = time.perf_counter()
-        result = await self.appender.append(records)
-        self.metrics.put_requests.labels(result.status.value).inc()
-        self.metrics.put_latency.observe(time.perf_counter() - started)
-        return appended_or_raise(result)
+        return await self.ingest.write(records)
 
     def count(self, records: list[MessageRecord]) -> None:
         kinds = collections.Counter(r.properties.get(TAGS, "") for r in records
@@ -172,23 +165,7 @@ class TransactionService:
     async def begin(self, payload: Any, host: str) -> dict[str, Any]:
         """``POST /v1/transactions``: store half messages; the answer of docs/api.md."""
         self.require_enabled()
-        if not isinstance(payload, dict):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "the body must be an object")
-        group = parse_group(payload)
-        assert group is not None
-        topic = payload.get("topic")
-        if not isinstance(topic, str):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "topic must be a string")
-        single = "message" in payload
-        if single == ("messages" in payload):
-            raise ProtocolError(ErrorCode.BAD_REQUEST,
-                                "give either message (one) or messages (a list), not both")
-        immunity = payload.get("check_immunity_s")
-        if immunity is not None and (isinstance(immunity, bool)
-                                     or not isinstance(immunity, int | float)
-                                     or not 0 <= immunity <= INT32_MAX):  # NaN fails too
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"check_immunity_s must be a number of "
-                                f"seconds from 0 to {INT32_MAX}, got {shown(immunity)}")
+        group, topic, single, immunity = parse_begin(payload)
         cfg = await self.sender.writable_topic(topic)
         await self.ensure_topics()
         msgs = parse_messages({"messages": [payload["message"]] if single
@@ -205,7 +182,7 @@ class TransactionService:
         mids = [mid for _, _, mid in plan]
         taken = await self.locks.acquire("m\0" + m for m in mids)
         try:
-            store = self._store_halves(group, topic, plan, immunity, host, now)
+            store = self.halves.store_messages(group, topic, plan, immunity, host, now)
             if ends:  # ends riding along (the SDK's coalescing): written in the same group commit
                 txids, ended = await asyncio.gather(store, self.end(group, ends))
             else:
@@ -219,52 +196,23 @@ class TransactionService:
             answer["results"] = ended
         return answer
 
-    async def _store_halves(self, group: str, topic: str,
-                            plan: list[tuple[OutgoingMessage, int, str]],
-                            immunity: float | None, host: str, now: int) -> list[str]:
-        txids: list[str] = []
-        records: list[MessageRecord] = []
-        fresh: list[tuple[int, TxInfo]] = []  # (index of the half record, its info)
-        seen: dict[str, str] = {}
-        settle = 0  # end of the newest half found in the log (perhaps never acknowledged)
-        for msg, queue_id, mid in plan:
-            known = seen.get(mid)
-            if known is None and msg.message_id:
-                found = self.dedup.lookup(topic, mid, now)
-                if found is not None:
-                    known, end = found
-                    settle = max(settle, end)
-            if known is not None:
-                txids.append(known)
-                continue
-            txid = new_transaction_id()
-            seen[mid] = txid
-            txids.append(txid)
-            record = half_record(msg, group, topic, queue_id, mid, txid, immunity, host,
-                                 now)
-            info = TxInfo(txid=txid, message_id=mid, group=group, topic=topic, first_offset=-1,
-                          latest_offset=-1, latest_size=0, check_times=0, born_ms=now)
-            fresh.append((len(records), info))
-            records.append(record)
-            records.append(event_record(EventKind.HALF, EventSource.PRODUCER, info, now))
-        if settle:  # acknowledged on the same terms as a fresh write (quorum, primary)
-            appended_or_raise(PutResult(await self.appender.settle(settle)))
-        if not records:
-            return txids
+    async def begin_batches(self, group: str | None, topic: str | None, raw: bytes,
+                            host: str) -> dict[str, Any]:
+        """``POST /v1/transactions?producer_group=&topic=`` with half batches."""
+        self.require_enabled()
+        group, topic = batch_target(group, topic)
+        cfg = await self.sender.writable_topic(topic)
+        summaries, halves = parse_halves(group, topic, raw, cfg.queues, self.sender.limits)
+        await self.ensure_topics()
+        now = now_ms()
+        taken = await self.locks.acquire([*("m\0" + h.message_id for h in halves),
+                                          *(h.txid for h in halves)])
         try:
-            appended = await self.write(records)
-        except ProtocolError:
-            self.dedup.mark_incomplete(now)  # the halves may be in the log: a retry looks
-            raise
-        for i, info in fresh:
-            where = appended[i]
-            info.first_offset = info.latest_offset = where.physical_offset
-            info.latest_size = where.size
-            self.table.put(info)
-            self.cache.add(info.txid, records[i])
-            self.dedup.remember(topic, info.message_id, info.txid, now)
-        self.count(records)
-        return txids
+            txids = await self.halves.store_batches(group, topic, raw, summaries, halves,
+                                                    host, now)
+        finally:
+            self.locks.release(taken)
+        return batch_answer(txids, halves)
 
     # --- ending --------------------------------------------------------------------------------
 
@@ -298,7 +246,7 @@ class TransactionService:
             if info is not None and info.unseen is not None:
                 unseen = max(unseen, info.unseen[1])
         if unseen:
-            appended_or_raise(PutResult(await self.appender.settle(unseen)))
+            await self.ingest.settle(unseen)
 
     async def _end(self, group: str | None, ends: list[EndRequest]) -> list[dict[str, Any]]:
         now = now_ms()

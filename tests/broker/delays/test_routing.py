@@ -1,5 +1,5 @@
 """The broker's delay router (services/broker/delays/routing.py): due times, refused delays,
-waiting copies, and the state a delayed message shows."""
+waiting copies (the state a delayed message shows: tests/broker/test_states.py)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,14 @@ from tidemq.protocol import (
     TIMER_DELIVER_MS,
     ErrorCode,
     ProtocolError,
-    SystemTopic,
 )
 
 from tidemq_server.broker.consumers.retry import latest_copy
 from tidemq_server.broker.delays.routing import (
+    DELAY_LEVEL_TOPIC,
     INTAKE_TOPIC,
-    SCHEDULE_TOPIC,
     DelayRouter,
-    delay_view,
 )
-from tidemq_server.broker.messaging.query import MessageState
 from tidemq_server.broker.store.types import MessageRecord, StoredRecord
 from tidemq_server.common.delaylevels import parse_delay_levels
 
@@ -58,7 +55,7 @@ def test_waiting_copies_keep_the_message_whole() -> None:
     rec = MessageRecord(topic="Orders", queue_id=3, body=b"b", properties={"UNIQ_KEY": "m",
                         "TAGS": "t", "KEYS": "k"}, tag_code=7, flag=1, born_timestamp=5)
     level = d.route_record(rec, NOW, delay_level=3)
-    assert (level.topic, level.queue_id, level.tag_code) == (SCHEDULE_TOPIC, 2, NOW + 3000)
+    assert (level.topic, level.queue_id, level.tag_code) == (DELAY_LEVEL_TOPIC, 2, NOW + 3000)
     assert level.properties[REAL_TOPIC] == "Orders" and level.properties[REAL_QID] == "3"
     assert level.properties[DELAY] == "3" and level.properties["TAGS"] == "t"
     timer = d.route_record(rec, NOW, delay_ms=90_000)
@@ -75,19 +72,8 @@ def _stored(topic: str, props: dict[str, str], n: int = 0) -> StoredRecord:
                         reconsume_times=0, prepared_tx_offset=0)
 
 
-def test_message_state_of_a_delayed_message() -> None:
-    waiting = _stored(INTAKE_TOPIC, {REAL_TOPIC: "Orders", REAL_QID: "2",
-                                     TIMER_DELIVER_MS: "9"})
-    shown, state = delay_view([waiting]) or (None, None)
-    assert state is MessageState.SCHEDULED and shown is not None
-    assert (shown.topic, shown.queue_id) == ("Orders", 2)
-    cancel = _stored(SystemTopic.TIMER_CANCELS, {}, 2)
-    assert delay_view([waiting, cancel])[1] is MessageState.CANCELLED  # type: ignore[index]
+def test_a_retry_waiting_out_its_back_off_is_the_groups_copy() -> None:
     delivered = _stored("Orders", {}, 3)
-    assert delay_view([waiting, delivered]) is None  # stored: the default view
-    half = _stored("RMQ_SYS_TRANS_HALF_TOPIC", {}, 4)
-    assert delay_view([waiting, half])[1] is MessageState.SCHEDULED  # type: ignore[index]
-    # a retry waiting out its back-off is the group's own copy to continue from
-    retry_wait = _stored(SCHEDULE_TOPIC, {REAL_TOPIC: "%RETRY%g"}, 5)
+    retry_wait = _stored(DELAY_LEVEL_TOPIC, {REAL_TOPIC: "%RETRY%g"}, 5)
     assert latest_copy([delivered, retry_wait], "g") is retry_wait
     assert latest_copy([delivered, retry_wait], "other") is delivered

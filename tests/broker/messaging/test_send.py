@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from tidemq.protocol import UNIQ_KEY, ErrorCode, Limits, Perm, ProtocolError
 
-from tidemq_server.broker.delays.routing import INTAKE_TOPIC, SCHEDULE_TOPIC, DelayRouter
-from tidemq_server.broker.messaging.dedup import DedupCache, Placed
-from tidemq_server.broker.messaging.send import SendService, appended_or_raise
+from tidemq_server.broker.delays.routing import DELAY_LEVEL_TOPIC, INTAKE_TOPIC, DelayRouter
+from tidemq_server.broker.ingest.dedup import DedupCache, Placed
+from tidemq_server.broker.ingest.writes import Ingest
+from tidemq_server.broker.messaging.send import SendService
 from tidemq_server.broker.messaging.topics import TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
 from tidemq_server.broker.store.types import (
@@ -71,8 +72,10 @@ async def service(tmp_path: Path) -> tuple[SendService, MemoryStore]:
     topics = TopicManager(tmp_path)
     await topics.put("T", 4, Perm.READ_WRITE)
     store = MemoryStore()
-    svc = SendService(store, store, topics, DedupCache(600, 1000, 0),  # type: ignore
-                      BrokerMetrics(), Limits(), DelayRouter(LEVELS_MS, Limits().max_delay_ms))
+    router = DelayRouter(LEVELS_MS, Limits().max_delay_ms)
+    ingest = Ingest(store, store, DedupCache(600, 1000, 0), BrokerMetrics(),  # type: ignore
+                    router.waiting)
+    svc = SendService(ingest, topics, Limits(), router)
     return svc, store
 
 
@@ -109,7 +112,7 @@ async def test_dedup_retry_in_batch_and_index(service: Any) -> None:
     assert await svc.send("T", batch, "") == first
     assert len(store.records) == 2
     # a fresh cache (a restart) finds them through the store's index
-    svc.dedup = DedupCache(600, 1000, now_ms())
+    svc.ingest.dedup = DedupCache(600, 1000, now_ms())
     assert await svc.send("T", batch, "") == first
     assert len(store.records) == 2
 
@@ -193,17 +196,6 @@ async def test_a_bad_message_rejects_the_whole_batch(service: Any) -> None:
     assert store.puts == 0
 
 
-@pytest.mark.parametrize(("status", "code"), [
-    (PutStatus.BUSY, ErrorCode.BROKER_BUSY), (PutStatus.DISK_FULL, ErrorCode.DISK_FULL),
-    (PutStatus.UNAVAILABLE, ErrorCode.UNAVAILABLE),
-    (PutStatus.TOO_LARGE, ErrorCode.MESSAGE_TOO_LARGE)])
-def test_put_status_maps_to_error_code(status: PutStatus, code: ErrorCode) -> None:
-    with pytest.raises(ProtocolError) as err:
-        appended_or_raise(PutResult(status, message="why"))
-    assert err.value.code is code and "why" in err.value.message
-    assert appended_or_raise(PutResult(PutStatus.OK, [])) == []
-
-
 async def test_delayed_messages_are_stored_as_waiting_copies(service: Any) -> None:
     svc, store = service
     past = now_ms() - 1
@@ -211,7 +203,7 @@ async def test_delayed_messages_are_stored_as_waiting_copies(service: Any) -> No
                              {"body": "level", "delay_level": 2},
                              {"body": "timer", "delay_ms": 60_000}), "")
     assert [(r.topic, r.body) for r in store.records] == [
-        ("T", b"now"), ("T", b"past"), (SCHEDULE_TOPIC, b"level"), (INTAKE_TOPIC, b"timer")]
+        ("T", b"now"), ("T", b"past"), (DELAY_LEVEL_TOPIC, b"level"), (INTAKE_TOPIC, b"timer")]
     for bad in ({"delay_level": 3}, {"delay_ms": Limits().max_delay_ms + 1},
                 {"delay_level": 1, "delay_ms": 5}):
         with pytest.raises(ProtocolError) as err:
@@ -230,7 +222,7 @@ async def test_a_retry_after_the_due_time_finds_the_waiting_copy(service: Any) -
     assert first[0]["state"] == "scheduled" and store.records[0].topic == INTAKE_TOPIC
     late = msgs({"message_id": "w", "body": "x", "deliver_at_ms": now_ms() - 1})
     assert (await svc.send("T", late, ""))[0]["deliver_at_ms"] == due
-    svc.dedup = DedupCache(600, 1000, now_ms())  # a promoted replica: found in the index
+    svc.ingest.dedup = DedupCache(600, 1000, now_ms())  # a promoted replica: found in the index
     assert (await svc.send("T", late, ""))[0]["deliver_at_ms"] == due
     assert len(store.records) == 1
 

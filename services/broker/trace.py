@@ -16,36 +16,17 @@ from __future__ import annotations
 from typing import Any
 
 from tidemq.protocol import TRAN_MSG, TRANSACTION_ID, ProtocolError
-from tidemq.protocol.topics import DLQ_PREFIX
 
-from tidemq_server.broker.delays.routing import CANCELS_TOPIC, due_of, is_waiting
-from tidemq_server.broker.messaging.query import QueryService, is_retry_copy, retry_history
+from tidemq_server.broker.delays.routing import due_of
+from tidemq_server.broker.messaging.query import QueryService, retry_history
+from tidemq_server.broker.states import copy_kind
 from tidemq_server.broker.store.types import StoredRecord
 from tidemq_server.broker.transactions.model import (
-    DISCARD_TOPIC,
-    HALF_TOPIC,
     check_times_of,
-    is_commit_copy,
 )
 from tidemq_server.broker.transactions.resolve import describe
 from tidemq_server.broker.transactions.service import TransactionService
 from tidemq_server.common.dlq import resent_id
-
-
-def kind_of(rec: StoredRecord, txid: str, after_wait: bool) -> str:
-    if is_retry_copy(rec):
-        return "dlq" if rec.topic.startswith(DLQ_PREFIX) else "retry"
-    if rec.topic == HALF_TOPIC:
-        return "half"
-    if rec.topic == DISCARD_TOPIC:
-        return "discarded"
-    if rec.topic == CANCELS_TOPIC:
-        return "cancelled"
-    if is_waiting(rec):
-        return "delayed"
-    if txid and is_commit_copy(rec, txid) and not after_wait:
-        return "committed"
-    return "delivered" if after_wait else "stored"
 
 
 def copy_entry(rec: StoredRecord, kind: str) -> dict[str, Any]:
@@ -86,7 +67,7 @@ def trace(queries: QueryService, tx: TransactionService, message_id: str) -> dic
     delay: dict[str, Any] | None = None
     resent: list[dict[str, Any]] = []
     for rec in copies:  # oldest first
-        kind = kind_of(rec, txid, waited)
+        kind = copy_kind(rec, txid, waited)
         entries.append(copy_entry(rec, kind))
         if kind == "dlq" and (again := resent_copy(queries, message_id, rec)) is not None:
             entries[-1]["resent_as"] = again["message_id"]

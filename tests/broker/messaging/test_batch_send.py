@@ -15,8 +15,9 @@ from tidemq.protocol.records.v2 import U32, BatchBuilder, DelayKind, seal
 from tidemq.protocol.records.v2_read import validate
 
 from tests.broker.store.conftest import small_config
-from tidemq_server.broker.delays.routing import SCHEDULE_TOPIC, DelayRouter
-from tidemq_server.broker.messaging.dedup import DedupCache, Placed, RunPlaces
+from tidemq_server.broker.delays.routing import DELAY_LEVEL_TOPIC, DelayRouter
+from tidemq_server.broker.ingest.dedup import DedupCache, Placed, RunPlaces
+from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.messaging.send import SendService
 from tidemq_server.broker.messaging.topics import TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
@@ -32,8 +33,10 @@ async def sent(tmp_path: Path) -> AsyncIterator[tuple[SendService, MessageStore]
     topics = TopicManager(tmp_path)
     await topics.put("T", 4, Perm.READ_WRITE)
     limits = Limits(max_batch_messages=50)
-    svc = SendService(store, store.writer, topics, DedupCache(600, 1000, 0), BrokerMetrics(),
-                      limits, DelayRouter((1000, 5000), limits.max_delay_ms))
+    router = DelayRouter((1000, 5000), limits.max_delay_ms)
+    ingest = Ingest(store, store.writer, DedupCache(600, 1000, 0), BrokerMetrics(),
+                    router.waiting)
+    svc = SendService(ingest, topics, limits, router)
     yield svc, store
     await store.close()
 
@@ -147,7 +150,7 @@ async def test_a_repeated_batch_gets_its_first_results_and_is_stored_once(sent: 
     mixed = await svc.send_batches("T", batch(1, ["d3", "d1", "d3"]), HOST)
     assert [r["queue_offset"] for r in mixed["results"]] == [2, 0, 2]
     # after a restart the unique-key index answers
-    svc.dedup = DedupCache(600, 1000, now_ms())
+    svc.ingest.dedup = DedupCache(600, 1000, now_ms())
     assert (await svc.send_batches("T", batch(1, ["d2"]), HOST))["results"][0][
         "queue_offset"] == 1
     assert store.queue_offsets("T", 1) == (0, 3)
@@ -162,7 +165,7 @@ async def test_a_delayed_record_waits_and_the_others_are_stored(sent: Any) -> No
     now, later = answer["results"]
     assert (now["queue_id"], now["queue_offset"]) == (3, 0)
     assert later["queue_offset"] is None and later["state"] == "scheduled"
-    assert [r.message_id for r in store.get(SCHEDULE_TOPIC, 1, 0, 10).records] == ["p2"]
+    assert [r.message_id for r in store.get(DELAY_LEVEL_TOPIC, 1, 0, 10).records] == ["p2"]
     b = BatchBuilder("T", 3)
     b.add(b"x", "p3", delay_kind=DelayKind.DELIVER_AT_MS, delay_value=now_ms() + 10**12)
     with pytest.raises(ProtocolError) as err:
