@@ -126,6 +126,8 @@ class Broker:
         router = DelayRouter(s.delay_levels_ms, s.max_delay_ms,
                              on_first_delay=lookup.hold_for_scheduler, lookup=lookup.standing)
         dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
+        if dedup.enabled:  # the first window's checks of the previous run's ids skip the disk
+            store.track_recent_keys(now_ms() - dedup.window_ms)
         self.sender = SendService(
             store, self.appender, topics, dedup, self.metrics, s.limits(), router,
             auto_create_queues=s.default_queues if s.auto_create_topics else None)

@@ -32,6 +32,9 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from tidemq_server.broker.store.keyfilter import KeyFilter
+from tidemq_server.common.constants import KEY_FILTER_SCAN_MAX
+
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">IIqqqII")
@@ -117,7 +120,8 @@ class IndexFile:
     def full(self, store_ms: int) -> bool:
         return self.count >= self.entries or store_ms - self.begin_ms > MAX_DELTA_MS
 
-    def put(self, key: str, phys: int, store_ms: int) -> None:
+    def put(self, key: str, phys: int, store_ms: int) -> int:
+        """Add an entry; its key hash."""
         if self.sealed:
             raise RuntimeError(f"index file {self.path.name} is sealed")
         if self.count + 1 >= self._reserved:
@@ -135,6 +139,19 @@ class IndexFile:
             self.end_ms = store_ms
         if phys > self.end_phys:
             self.end_phys = phys
+        return h
+
+    def hashes_since(self, since_ms: int) -> list[int]:
+        """The key hashes of the entries stored at or after ``since_ms``."""
+        if self.end_ms < since_ms or not self.count:
+            return []
+        start = self._entries_at + ENTRY_SIZE  # entry 0 is never used
+        region = memoryview(self.mm)[start:start + self.count * ENTRY_SIZE]
+        try:
+            least = since_ms - self.begin_ms
+            return [h for h, _, delta, _ in ENTRY.iter_unpack(region) if delta >= least]
+        finally:
+            region.release()
 
     def write_header(self) -> None:
         HEADER.pack_into(self.mm, 0, INDEX_MAGIC, 1, self.begin_ms, self.end_ms, self.end_phys,
@@ -184,6 +201,7 @@ class Index:
         self.slots = slots
         self.entries = entries
         self.files: list[IndexFile] = []
+        self.filter: KeyFilter | None = None  # see keyfilter.py; set by track_recent
 
     def open(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -196,8 +214,17 @@ class Index:
         last = self.files[-1] if self.files else None
         if last is not None and last.count < last.entries and \
                 store_ms - last.begin_ms <= MAX_DELTA_MS:
-            last.put(key, phys, store_ms)
-            return
+            h = last.put(key, phys, store_ms)
+        else:
+            h = self._put_new_file(key, phys, store_ms, last)
+        if (f := self.filter) is not None:
+            f.add(h)
+            if f.saturated:
+                self.filter = None
+                log.info("index: the recent-key filter is full (%d keys); dedup checks read "
+                         "the index again while they need it", f.adds)
+
+    def _put_new_file(self, key: str, phys: int, store_ms: int, last: IndexFile | None) -> int:
         if last is None or last.full(store_ms):
             if last is not None:
                 last.seal()
@@ -205,7 +232,29 @@ class Index:
             if self.files and self.files[-1].path.name >= name:
                 name = f"{int(self.files[-1].path.name) + 1:020d}"
             self.files.append(IndexFile(self.dir / name, self.slots, self.entries, store_ms))
-        self.files[-1].put(key, phys, store_ms)
+        return self.files[-1].put(key, phys, store_ms)
+
+    def track_recent(self, since_ms: int, scan_max: int = KEY_FILTER_SCAN_MAX) -> bool:
+        """Keep a ``KeyFilter`` of every key indexed at or after ``since_ms``: from the files
+        now, from each put later. False (no filter) when more than ``scan_max`` entries would
+        have to be read for it."""
+        hashes: list[int] = []
+        for f in reversed(self.files):
+            hashes += f.hashes_since(since_ms)
+            if len(hashes) > scan_max:
+                log.info("index: more than %d keys indexed since %d; no recent-key filter",
+                         scan_max, since_ms)
+                return False
+        filt = KeyFilter(since_ms)
+        filt.add_all(hashes)
+        self.filter = None if filt.saturated else filt
+        return self.filter is not None
+
+    def surely_absent(self, key: str, since_ms: int) -> bool:
+        """True when no entry of ``key`` was indexed at or after ``since_ms`` (the filter
+        says so without the files); False: maybe, ask ``lookup``."""
+        f = self.filter
+        return f is not None and since_ms >= f.since_ms and not f.may_hold(key_hash(key))
 
     def lookup(self, key: str, begin_ms: int = 0, end_ms: int = 2**62) -> list[int]:
         """Distinct candidate offsets for ``key`` in the time range, newest first."""
