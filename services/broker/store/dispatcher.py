@@ -63,7 +63,7 @@ class Dispatcher:
             cq.append(queue_offset, phys, size, tag_code)
             self.touched.add((topic, cq.queue_id))
         if uniq:
-            self.index.put(unique_key(uniq), phys, store_ms)
+            self.index.put_unique(unique_key(uniq), phys, store_ms)
         if keys:
             for key in keys.split(KEY_SEPARATOR):
                 self.index.put(topic_key(topic, key), phys, store_ms)

@@ -210,13 +210,18 @@ class Index:
         if self.files:
             self.files[-1].reopen()  # the newest file takes writes again
 
-    def put(self, key: str, phys: int, store_ms: int) -> None:
+    def put(self, key: str, phys: int, store_ms: int) -> int:
+        """Add an entry; its key hash."""
         last = self.files[-1] if self.files else None
         if last is not None and last.count < last.entries and \
                 store_ms - last.begin_ms <= MAX_DELTA_MS:
-            h = last.put(key, phys, store_ms)
-        else:
-            h = self._put_new_file(key, phys, store_ms, last)
+            return last.put(key, phys, store_ms)
+        return self._put_new_file(key, phys, store_ms, last)
+
+    def put_unique(self, key: str, phys: int, store_ms: int) -> None:
+        """``put`` of a unique key (a message id): the recent-key filter learns it too. Other
+        keys skip the filter, since only unique keys are asked of it."""
+        h = self.put(key, phys, store_ms)
         if (f := self.filter) is not None:
             f.add(h)
             if f.saturated:
@@ -235,8 +240,9 @@ class Index:
         return self.files[-1].put(key, phys, store_ms)
 
     def track_recent(self, since_ms: int, scan_max: int = KEY_FILTER_SCAN_MAX) -> bool:
-        """Keep a ``KeyFilter`` of every key indexed at or after ``since_ms``: from the files
-        now, from each put later. False (no filter) when more than ``scan_max`` entries would
+        """Keep a ``KeyFilter`` of every unique key indexed at or after ``since_ms``: from the
+        files now (every key there: an entry does not say which kind it is), from each
+        ``put_unique`` later. False (no filter) when more than ``scan_max`` entries would
         have to be read for it."""
         hashes: list[int] = []
         for f in reversed(self.files):
@@ -251,7 +257,7 @@ class Index:
         return self.filter is not None
 
     def surely_absent(self, key: str, since_ms: int) -> bool:
-        """True when no entry of ``key`` was indexed at or after ``since_ms`` (the filter
+        """True when no entry of the unique ``key`` was indexed at or after ``since_ms`` (the filter
         says so without the files); False: maybe, ask ``lookup``."""
         f = self.filter
         return f is not None and since_ms >= f.since_ms and not f.may_hold(key_hash(key))

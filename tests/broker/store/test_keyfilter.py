@@ -52,7 +52,8 @@ def test_index_filter_never_denies_a_key_indexed_since_its_start(tmp_path: Path)
     again.open()
     assert again.track_recent(1060)
     for i in range(120, 200):  # puts after the filter started
-        again.put(f"new-{i}", i, 1000 + i)
+        again.put_unique(f"new-{i}", i, 1000 + i)
+        again.put(f"other-{i}", i, 1000 + i)  # not a unique key: the filter skips it
     held = [f"old-{i}" for i in range(60, 120)] + [f"new-{i}" for i in range(120, 200)]
     for key in held:
         assert not again.surely_absent(key, 1060), key
@@ -87,7 +88,7 @@ def test_a_full_filter_is_dropped(tmp_path: Path) -> None:
     assert idx.filter is not None
     idx.filter = KeyFilter(0, nbits=1 << 8)  # 32 hashes fill it
     for i in range(40):
-        idx.put(f"k-{i}", i, 10 + i)
+        idx.put_unique(f"k-{i}", i, 10 + i)
     assert idx.filter is None
     assert not idx.surely_absent("never", 0)
     idx.close()
