@@ -130,6 +130,8 @@ class Broker:
         router = DelayRouter(s.delay_levels_ms, s.max_delay_ms,
                              on_first_delay=lookup.hold_for_scheduler, lookup=lookup.standing)
         dedup = DedupCache(s.dedup_window_s, s.dedup_max_entries, now_ms())
+        if dedup.enabled:  # the first window's checks of the previous run's ids skip the disk
+            store.track_recent_keys(now_ms() - dedup.window_ms)
         self.ingest = ingest = Ingest(store, self.appender, dedup, self.metrics, router.waiting)
         self.sender = SendService(
             ingest, topics, s.limits(), router,

@@ -172,6 +172,11 @@ def scheduler_level_cancels_key(cluster: str, broker_name: str) -> str:
     return f"{_ns(cluster)}:scheduler-level-cancels:{broker_name}"
 
 
+# the broker's bitmap of recent index key hashes, which spares the dedup check the on-disk index
+# during the first dedup window after a start (services/broker/store/keyfilter.py)
+KEY_FILTER_BITS = 1 << 26  # bits of the bitmap (8 MiB)
+KEY_FILTER_SCAN_MAX = 2_000_000  # index entries read into it at start at most; more: no filter
+
 LONG_POLL_MAX_MS = 30_000  # the longest wait_ms any broker endpoint accepts (ms)
 
 # --- transactional messages (broker ↔ checker) -------------------------------------------------

@@ -265,7 +265,7 @@ class Ingest:
         in the log."""
         topic, mid = key
         horizon = now - self.dedup.window_ms
-        for rec in self.store.find_by_unique_key(mid, whole_log=True):
+        for rec in self.store.find_by_unique_key(mid, whole_log=True, since_ms=horizon):
             if self.dedup_topic(rec) == topic and rec.store_timestamp >= horizon:
                 where = Placed(rec.queue_id, rec.queue_offset, self.waiting(rec))
                 return where, rec.store_timestamp, rec.physical_offset + rec.size

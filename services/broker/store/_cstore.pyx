@@ -85,6 +85,7 @@ def write_entry(mm, entries_at, slots, count, key, phys, delta):
     _put_u32(e + 12, <uint32_t>c_delta)
     memmove4(e + 16, &mv[0] + slot_at)  # prev: the slot's newest entry so far
     _put_u32(&mv[0] + slot_at, <uint32_t>c_count)
+    return h
 
 
 cdef inline void memmove4(uint8_t *dst, const uint8_t *src) noexcept nogil:

@@ -63,7 +63,7 @@ class Dispatcher:
             cq.append(queue_offset, phys, size, tag_code)
             self.touched.add((topic, cq.queue_id))
         if uniq:
-            self.index.put(unique_key(uniq), phys, store_ms)
+            self.index.put_unique(unique_key(uniq), phys, store_ms)
         if keys:
             for key in keys.split(KEY_SEPARATOR):
                 self.index.put(topic_key(topic, key), phys, store_ms)
@@ -80,11 +80,11 @@ class Dispatcher:
             cq.append_units(head.base_queue_offset, pack_units(
                 base, summary.positions, summary.sizes, summary.tag_codes))
             self.touched.add((topic, cq.queue_id))
-        put = self.index.put
+        put, put_unique = self.index.put, self.index.put_unique
         for pos, uniq, keys in zip(summary.positions, summary.message_ids, summary.keys,
                                    strict=True):
             if uniq:
-                put(unique_key(uniq), base + pos, store_ms)
+                put_unique(unique_key(uniq), base + pos, store_ms)
             if keys:
                 for key in keys.split(KEY_SEPARATOR):
                     put(topic_key(topic, key), base + pos, store_ms)

@@ -33,6 +33,9 @@ from pathlib import Path
 
 from tidemq.protocol.records._compiled import load_twin
 
+from tidemq_server.broker.store.keyfilter import KeyFilter
+from tidemq_server.common.constants import KEY_FILTER_SCAN_MAX
+
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">IIqqqII")
@@ -60,14 +63,15 @@ def topic_key(topic: str, key: str) -> str:
 
 
 def write_entry(mm: mmap.mmap, entries_at: int, slots: int, count: int, key: str, phys: int,
-                delta: int) -> None:
+                delta: int) -> int:
     """Write entry number ``count`` (``key``'s hash, ``phys``, ``delta`` ms since the file's
-    begin) chained to its slot's newest entry, and point the slot at it."""
+    begin) chained to its slot's newest entry, and point the slot at it; the key's hash."""
     h = zlib.crc32(key.encode("utf-8"))
     slot_at = HEADER_SIZE + (h % slots) * SLOT_SIZE
     (prev,) = SLOT.unpack_from(mm, slot_at)
     ENTRY.pack_into(mm, entries_at + count * ENTRY_SIZE, h, phys, delta, prev)
     SLOT.pack_into(mm, slot_at, count)
+    return h
 
 
 def find_entries(mm: mmap.mmap, entries_at: int, slots: int, count: int, key: str,
@@ -154,19 +158,33 @@ class IndexFile:
     def full(self, store_ms: int) -> bool:
         return self.count >= self.entries or store_ms - self.begin_ms > MAX_DELTA_MS
 
-    def put(self, key: str, phys: int, store_ms: int) -> None:
+    def put(self, key: str, phys: int, store_ms: int) -> int:
+        """Add an entry; its key hash."""
         if self.sealed:
             raise RuntimeError(f"index file {self.path.name} is sealed")
         if self.count + 1 >= self._reserved:
             self.reserve(1)
         count = self.count = self.count + 1
         delta = store_ms - self.begin_ms
-        write_entry(self.mm, self._entries_at, self.slots, count, key, phys,
-                    delta if delta > 0 else 0)
+        h = write_entry(self.mm, self._entries_at, self.slots, count, key, phys,
+                        delta if delta > 0 else 0)
         if store_ms > self.end_ms:
             self.end_ms = store_ms
         if phys > self.end_phys:
             self.end_phys = phys
+        return h
+
+    def hashes_since(self, since_ms: int) -> list[int]:
+        """The key hashes of the entries stored at or after ``since_ms``."""
+        if self.end_ms < since_ms or not self.count:
+            return []
+        start = self._entries_at + ENTRY_SIZE  # entry 0 is never used
+        region = memoryview(self.mm)[start:start + self.count * ENTRY_SIZE]
+        try:
+            least = since_ms - self.begin_ms
+            return [h for h, _, delta, _ in ENTRY.iter_unpack(region) if delta >= least]
+        finally:
+            region.release()
 
     def write_header(self) -> None:
         HEADER.pack_into(self.mm, 0, INDEX_MAGIC, 1, self.begin_ms, self.end_ms, self.end_phys,
@@ -208,6 +226,7 @@ class Index:
         self.slots = slots
         self.entries = entries
         self.files: list[IndexFile] = []
+        self.filter: KeyFilter | None = None  # see keyfilter.py; set by track_recent
 
     def open(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -216,12 +235,26 @@ class Index:
         if self.files:
             self.files[-1].reopen()  # the newest file takes writes again
 
-    def put(self, key: str, phys: int, store_ms: int) -> None:
+    def put(self, key: str, phys: int, store_ms: int) -> int:
+        """Add an entry; its key hash."""
         last = self.files[-1] if self.files else None
         if last is not None and last.count < last.entries and \
                 store_ms - last.begin_ms <= MAX_DELTA_MS:
-            last.put(key, phys, store_ms)
-            return
+            return last.put(key, phys, store_ms)
+        return self._put_new_file(key, phys, store_ms, last)
+
+    def put_unique(self, key: str, phys: int, store_ms: int) -> None:
+        """``put`` of a unique key (a message id): the recent-key filter learns it too. Other
+        keys skip the filter, since only unique keys are asked of it."""
+        h = self.put(key, phys, store_ms)
+        if (f := self.filter) is not None:
+            f.add(h)
+            if f.saturated:
+                self.filter = None
+                log.info("index: the recent-key filter is full (%d keys); dedup checks read "
+                         "the index again while they need it", f.adds)
+
+    def _put_new_file(self, key: str, phys: int, store_ms: int, last: IndexFile | None) -> int:
         if last is None or last.full(store_ms):
             if last is not None:
                 last.seal()
@@ -229,7 +262,30 @@ class Index:
             if self.files and self.files[-1].path.name >= name:
                 name = f"{int(self.files[-1].path.name) + 1:020d}"
             self.files.append(IndexFile(self.dir / name, self.slots, self.entries, store_ms))
-        self.files[-1].put(key, phys, store_ms)
+        return self.files[-1].put(key, phys, store_ms)
+
+    def track_recent(self, since_ms: int, scan_max: int = KEY_FILTER_SCAN_MAX) -> bool:
+        """Keep a ``KeyFilter`` of every unique key indexed at or after ``since_ms``: from the
+        files now (every key there: an entry does not say which kind it is), from each
+        ``put_unique`` later. False (no filter) when more than ``scan_max`` entries would
+        have to be read for it."""
+        hashes: list[int] = []
+        for f in reversed(self.files):
+            hashes += f.hashes_since(since_ms)
+            if len(hashes) > scan_max:
+                log.info("index: more than %d keys indexed since %d; no recent-key filter",
+                         scan_max, since_ms)
+                return False
+        filt = KeyFilter(since_ms)
+        filt.add_all(hashes)
+        self.filter = None if filt.saturated else filt
+        return self.filter is not None
+
+    def surely_absent(self, key: str, since_ms: int) -> bool:
+        """True when no entry of the unique ``key`` was indexed at or after ``since_ms`` (the filter
+        says so without the files); False: maybe, ask ``lookup``."""
+        f = self.filter
+        return f is not None and since_ms >= f.since_ms and not f.may_hold(key_hash(key))
 
     def lookup(self, key: str, begin_ms: int = 0, end_ms: int = 2**62) -> list[int]:
         """Distinct candidate offsets for ``key`` in the time range, newest first."""

@@ -328,16 +328,27 @@ class MessageStore:
                 out.append(rec)
         return out
 
-    def find_by_unique_key(self, message_id: str, *, whole_log: bool = False
-                           ) -> list[StoredRecord]:
+    def find_by_unique_key(self, message_id: str, *, whole_log: bool = False,
+                           since_ms: int | None = None) -> list[StoredRecord]:
         """Every record whose message id is ``message_id``, oldest first: below the
         high-water mark (what readers may see), or in the ``whole_log`` this copy keeps — what
         a write decision (dedup, "already committed / delivered?") must consult, since a
-        promoted replica keeps records above its high-water mark."""
-        offsets = self.index.lookup(unique_key(message_id))
+        promoted replica keeps records above its high-water mark. ``since_ms``: the caller
+        needs only records stored at or after it (it may get older ones too), which lets the
+        index's recent-key filter answer most such lookups without reading the index."""
+        key = unique_key(message_id)
+        if since_ms is not None and self.index.surely_absent(key, since_ms):
+            return []
+        offsets = self.index.lookup(key)
         if not offsets:  # the usual answer while sends check for duplicates
             return []
         return self._verified(offsets, lambda r: r.message_id == message_id, whole_log)
+
+    def track_recent_keys(self, since_ms: int) -> bool:
+        """Answer ``find_by_unique_key(..., since_ms=T)`` for T >= ``since_ms`` from a bitmap
+        of the keys indexed since then when it can (index.py, keyfilter.py); False when the
+        index holds too many such keys to read them now."""
+        return self.index.track_recent(since_ms)
 
     def find_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
                     max_count: int = 64) -> list[StoredRecord]:
