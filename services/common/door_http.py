@@ -21,8 +21,8 @@ import httptools
 from fastapi import FastAPI
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from tidemq_server.common.constants import LEAN_TELEMETRY_CHECK_S
 from tidemq_server.common.door import (
     ASGIApp,
     Hot,
@@ -32,7 +32,6 @@ from tidemq_server.common.door import (
     forwarded,
     plain_params,
 )
-from tidemq_server.common.constants import LEAN_TELEMETRY_CHECK_S
 from tidemq_server.common.httpserver import JsonErrorsProtocol
 
 LEAN_SCOPE_KEY = "tidemq.lean"  # the scope's hot route and parameters, for the lean core
@@ -101,64 +100,6 @@ class LeanDoor:
         await response(scope, receive, send)
 
 
-class _Collect:
-    """Stands in for the transport while uvicorn renders a response head."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-
-class _HeadFirst:
-    """The transport, writing a held response head together with the first write (or before
-    closing): one write, one system call, for a whole small answer."""
-
-    def __init__(self, transport: Any, head: bytes) -> None:
-        self.transport = transport
-        self.head = head
-
-    def write(self, data: bytes) -> None:
-        if self.head:
-            data, self.head = self.head + data, b""
-        self.transport.write(data)
-
-    def flush(self) -> None:
-        if self.head:
-            self.transport.write(self.head)
-            self.head = b""
-
-    def close(self) -> None:
-        self.flush()
-        self.transport.close()
-
-    def is_closing(self) -> bool:
-        return bool(self.transport.is_closing())
-
-
-class OneWriteCycle(RequestResponseCycle):
-    """uvicorn's request cycle whose response head leaves with the body's first bytes (uvicorn
-    writes each ASGI message at once: two system calls per answer, a fifth of a lean
-    request's CPU). The bytes on the wire are the same."""
-
-    async def send(self, message: Any) -> None:
-        if message["type"] == "http.response.start" and not self.response_started:
-            transport, collect = self.transport, _Collect()
-            self.transport = collect  # type: ignore[assignment]
-            try:
-                await super().send(message)
-            finally:
-                self.transport = transport
-            self.transport = _HeadFirst(transport, b"".join(collect.parts))  # type: ignore
-            return
-        await super().send(message)
-        held = self.transport
-        if isinstance(held, _HeadFirst) and (self.response_complete or not held.head):
-            held.flush()
-            self.transport = held.transport
-
-
 def lean_protocol(app: FastAPI) -> type[JsonErrorsProtocol]:
     """The server protocol serving ``app``'s hot routes through its ``LeanDoor``."""
     door = LeanDoor(app)
@@ -176,8 +117,6 @@ def lean_protocol(app: FastAPI) -> type[JsonErrorsProtocol]:
                 super().on_headers_complete()
             finally:
                 self.app = full
-            # the cycle uvicorn just made (its task has not run yet) writes its answer at once
-            self.cycle.__class__ = OneWriteCycle
 
     return LeanProtocol
 
