@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -20,7 +21,8 @@ from tidemq.protocol.signing import sign_rest
 
 from tests.support.acl import USERS, write_acl
 from tests.support.broker import BrokerHandle, run_broker
-from tests.support.procs import RedisServer
+from tests.support.procs import RedisServer, ServiceProcess, free_port
+from tests.support.wait import wait_until
 from tidemq_server.broker.app import create_broker_app
 from tidemq_server.broker.settings import BrokerSettings
 from tidemq_server.common.door_http import LeanDoor
@@ -369,3 +371,37 @@ def test_acl_answers_alike(acl_pair: tuple[BrokerHandle, BrokerHandle], tmp_path
         signed("producer", "POST", send, b"{bad json"),
     ]
     assert_same(exchange(acl_pair, requests), requests)
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    lines = []
+    for text in path.read_text().splitlines():
+        if text.startswith("{"):
+            lines.append(json.loads(text))
+    return lines
+
+
+def test_json_log_lines_of_a_lean_request_carry_its_request_id(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """The lean stack keeps the app's request-id middleware (JSON logs): a consumer
+    heartbeat, served by the lean door, logs the member joining under the request's id."""
+    port = free_port()
+    env = {"TIDEMQ_BROKER_PORT": str(port), "TIDEMQ_BROKER_DATA_DIR": str(tmp_path / "json"),
+           "TIDEMQ_BROKER_REDIS_URL": redis_server.url, "TIDEMQ_BROKER_CLUSTER": "lean-json",
+           "TIDEMQ_BROKER_GRPC_ENABLED": "false", "TIDEMQ_BROKER_LOG_LEVEL": "info",
+           "TIDEMQ_LOG_FORMAT": "json"}
+    proc = ServiceProcess("broker", port, env, tmp_path).start()
+    try:
+        conn = Conn(port)
+        conn.sock.sendall(req("POST", "/v1/groups/gj/heartbeat", js({"client_id": "cj"}), J,
+                              ("x-request-id: req-lean-7",)))
+        assert b" 200 " in conn.answer()[:16]
+        conn.close()
+        joined = wait_until(lambda: [line for line in _json_lines(proc.log_path)
+                                     if "cj joined" in line.get("message", "")],
+                            what="the heartbeat's log line")
+    finally:
+        proc.stop()
+    assert joined[0]["request_id"] == "req-lean-7"
+    assert LeanDoor(create_broker_app(BrokerSettings(grpc_enabled=False))).table.find(
+        "POST", "/v1/groups/gj/heartbeat") is not None  # a hot route: the lean door served it
