@@ -11,6 +11,7 @@ from types import FrameType
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.middleware import Middleware
 
 from tidemq_server.broker.grpc import GrpcFrontDoor
 from tidemq_server.broker.observability import BrokerMetrics
@@ -20,6 +21,7 @@ from tidemq_server.broker.service import Broker
 from tidemq_server.broker.settings import BrokerSettings
 from tidemq_server.common.app import create_app
 from tidemq_server.common.auth import service_gate
+from tidemq_server.common.door import LeanMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ def create_broker_app(settings: BrokerSettings | None = None, *,
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(RawIdPaths)  # outermost: ids with "/" (routes/raw_ids.py)
+    if settings.lean_door == "asgi":  # innermost: inside the ACL (tidemq_server.common.door)
+        app.user_middleware.append(Middleware(LeanMiddleware, fastapi=app))
     return app
 
 

@@ -33,6 +33,7 @@ from tidemq_server.common.discovery import split_urls
 from tidemq_server.common.settings import LogLevel, RedisUrl, ServiceSettings
 
 DAY_MS = 24 * 3600 * 1000
+LeanDoorMode = Literal["protocol", "asgi", "off"]
 _LIMITS = Limits()
 
 
@@ -124,6 +125,12 @@ class BrokerSettings(ServiceSettings):
     producer_expiry_s: float = Field(default=PRODUCER_EXPIRY_S, gt=0)  # drop a silent producer (s)
     # how often silent members are swept (s)
     group_expiry_interval_s: float = Field(default=5.0, gt=0)
+
+    # --- the REST door ---------------------------------------------------------------------------
+    # how the hot routes (send, pulls, transaction halves and ends, acks, heartbeats) are served
+    # (issue 33, bench/door.py): "protocol" = by the HTTP/1.1 protocol itself, without the
+    # FastAPI app; "asgi" = by a middleware inside the app; "off" = through the whole app
+    lean_door: LeanDoorMode = "protocol"
 
     # --- gRPC front door: RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) ------------
     grpc_enabled: bool = True  # serve gRPC beside REST (also off when grpc_port is 0)

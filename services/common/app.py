@@ -10,7 +10,7 @@ import base64
 import hmac
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any
 
@@ -104,12 +104,12 @@ TOKEN_SCHEME = APIKeyHeader(name=TOKEN_HEADER, scheme_name="ClusterToken", auto_
                                         "one); internal endpoints answer 401 without it")
 
 
-def token_guard(token_of: Callable[[Request], str]) -> Callable[..., None]:
+def token_guard(token_of: Callable[[Request], str]) -> Callable[..., Awaitable[None]]:
     """A dependency requiring the token ``token_of(request)`` (declared as ClusterToken)."""
 
-    def guard(request: Request,
-              _given: Annotated[str | None, Security(TOKEN_SCHEME)] = None) -> None:
-        require_token(request, token_of(request))
+    async def guard(request: Request,
+                    _given: Annotated[str | None, Security(TOKEN_SCHEME)] = None) -> None:
+        require_token(request, token_of(request))  # async: FastAPI runs a sync one in a thread
 
     return guard
 
@@ -129,9 +129,10 @@ def query_names(route: Any) -> frozenset[str] | None:
 _QUERY_NAMES: dict[int, frozenset[str]] = {}
 
 
-def refuse_unknown_query(request: Request) -> None:
+async def refuse_unknown_query(request: Request) -> None:
     """400 BAD_REQUEST naming a query parameter the endpoint does not take (``?offest=0``
-    would otherwise be ignored, as a misspelt body field is not)."""
+    would otherwise be ignored, as a misspelt body field is not). A coroutine, as every
+    dependency here: FastAPI sends a plain function to its thread pool on every request."""
     if not request.query_params:
         return
     known = query_names(request.scope.get("route"))

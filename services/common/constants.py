@@ -50,6 +50,9 @@ CONSOLE_PENDING_MAX = 16  # confirmations one session may have waiting (the olde
 
 # every service refuses a request target (path and query) longer than this: 414 URI_TOO_LONG
 MAX_URL_BYTES = 16 * 1024
+#: How often the broker's lean door asks whether FastAPI's OpenTelemetry support is on (it
+#: then hands every request to the app, which traces it) (s)
+LEAN_TELEMETRY_CHECK_S = 1.0
 
 # --- HTTP keep-alive --------------------------------------------------------------------------
 HTTP_SERVER_KEEP_ALIVE_S = 5  # every service closes a connection idle this long (uvicorn, s)

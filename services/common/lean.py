@@ -24,7 +24,7 @@ Parse = Callable[[Request], dict[str, Any] | None]
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 E = TypeVar("E", bound=Callable[..., Any])
 
-_PARSE_ATTR = "__tidemq_lean_parse__"
+PARSE_ATTR = "__tidemq_lean_parse__"
 
 
 def declared_query(dependant: Any) -> frozenset[str]:
@@ -39,7 +39,7 @@ def lean(parse: Parse) -> Callable[[E], E]:
     """Mark an endpoint of a ``LeanRoute`` router as served through ``parse``."""
 
     def mark(endpoint: E) -> E:
-        setattr(endpoint, _PARSE_ATTR, parse)
+        setattr(endpoint, PARSE_ATTR, parse)
         return endpoint
 
     return mark
@@ -60,7 +60,7 @@ class LeanRoute(APIRoute):
 
     def get_route_handler(self) -> Handler:
         full = super().get_route_handler()
-        parse: Parse | None = getattr(self.endpoint, _PARSE_ATTR, None)
+        parse: Parse | None = getattr(self.endpoint, PARSE_ATTR, None)
         if parse is None:
             return full
         endpoint = self.endpoint

@@ -48,12 +48,14 @@ def _problem(prefix: str, settings_class: type[BaseSettings], err: Any) -> str:
 
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
           tls: ServerTls | None = None, log_format: str = "text",
-          service: str | None = None) -> None:
+          service: str | None = None,
+          protocol: type[JsonErrorsProtocol] = JsonErrorsProtocol) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn runs the app's lifespan shutdown on either.
     With ``tls`` the port speaks HTTPS only: a plain-HTTP request there gets no HTTP answer
     (the TLS handshake fails and the connection is closed; docs/operations.md). With
     ``log_format`` json, log lines are JSON objects naming ``service`` (default: the app's
-    title without "tidemq ") and the request being handled."""
+    title without "tidemq ") and the request being handled. ``protocol``: the HTTP/1.1 server
+    protocol (the broker's serves its hot routes itself: tidemq_server.common.door_http)."""
     setup_logging(log_level, log_format, service or app.title.removeprefix("tidemq "))
     if log_format == "json":
         app.add_middleware(RequestIds)  # outermost: every line of a request has its id
@@ -62,7 +64,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
     # CPU saved on the transaction benchmark with these thresholds.
     gc.set_threshold(50_000, 20, 20)
     config = uvicorn.Config(
-        app, host=host, port=port, loop="uvloop", http=JsonErrorsProtocol, log_level=log_level,
+        app, host=host, port=port, loop="uvloop", http=protocol, log_level=log_level,
         access_log=False, log_config=None, timeout_graceful_shutdown=5, backlog=2048,
         timeout_keep_alive=HTTP_SERVER_KEEP_ALIVE_S,
         **(tls.uvicorn_options() if tls is not None else {}),

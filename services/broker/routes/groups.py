@@ -101,6 +101,7 @@ async def list_groups(request: Request) -> Response:
 @router.post("/v1/groups/{group}/heartbeat", openapi_extra=body_doc(HeartbeatBody),
              summary="Consumer heartbeat; answers the live members (the rebalance view)",
              response_model=Members, responses=errors(ErrorCode.INVALID_TOPIC_NAME))
+@lean(group_param)
 async def heartbeat(group: GroupName, request: Request) -> Response:
     body = await read_model(request, HeartbeatBody)
     validate_client_id(body.client_id)

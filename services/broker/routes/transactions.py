@@ -170,6 +170,7 @@ async def pending(
 @router.post("/v1/producers/{group}/heartbeat", summary="A producer is alive (gets checks)",
              openapi_extra=body_doc(HeartbeatDoc), response_model=Empty,
              responses=errors(ErrorCode.INVALID_TOPIC_NAME))
+@lean(lambda request: {"group": request.path_params["group"]})
 async def producer_heartbeat(group: GroupName, request: Request) -> Response:
     validate_group_name(group)
     payload = await read_payload(request)
