@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 from collections import deque
 from pathlib import Path
 
@@ -221,7 +222,7 @@ def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
 def describe(chain: list[str], graph: dict[str, dict[str, int]],
              modules: dict[str, Module], base: Path = REPO) -> str:
     steps = []
-    for here, there in zip(chain, chain[1:], strict=False):
+    for here, there in itertools.pairwise(chain):
         where = modules[here].path.relative_to(base)
         steps.append(f"{here} ({where}:{graph[here][there]})")
     return " -> ".join([*steps, chain[-1]])
