@@ -46,6 +46,7 @@ from tidemq import (
     TransactionState,
 )
 
+from tests.support.clock import now_ms
 from tests.support.compose import preflight
 from tests.support.procs import REPO
 from tests.support.wait import wait_until
@@ -132,7 +133,7 @@ class Seen:
         self.messages: dict[str, tuple[int, ReceivedMessage]] = {}
 
     async def handle(self, message: ReceivedMessage) -> ConsumeResult:
-        self.messages.setdefault(message.message_id, (int(time.time() * 1000), message))
+        self.messages.setdefault(message.message_id, (now_ms(), message))
         return ConsumeResult.SUCCESS
 
     def has(self, ids: set[str]) -> bool:

@@ -22,6 +22,7 @@ from tidemq import Producer
 from typer.testing import CliRunner
 
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
 from tidemq_server.cli import app
@@ -38,9 +39,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
     with run_delay_cluster(tmp_path_factory.mktemp("positions"), redis_server.url) as handle:
         yield handle
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def lookup(cluster: DelayCluster, mid: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
 
@@ -42,9 +43,6 @@ def clock_cluster(tmp_path: Path, redis_server: RedisServer) -> Iterator[DelayCl
                            scheduler={**SMALL_BUCKETS, "test_clock": "true"}) as handle:
         yield handle
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def test_every_level_fires_on_time_and_never_early(cluster: DelayCluster) -> None:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
 
@@ -25,9 +26,6 @@ pytestmark = pytest.mark.integration
 LEVELS = "1s 2s 3s"
 SMALL_BUCKETS = {"bucket_ms": "5000", "preload_ms": "1000"}
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @pytest.fixture

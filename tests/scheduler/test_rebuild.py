@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.scheduler.harness import AUTH, DelayCluster, run_delay_cluster, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
 
@@ -29,9 +30,6 @@ SCHEDULER = {"bucket_ms": "3600000", "preload_ms": "1000", "test_clock": "true",
              "roll_interval_ms": "300"}
 INTAKE = "/v1/topics/TIDE_SYS_TIMER_INTAKE"
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def metric(cluster: DelayCluster, name: str) -> float:

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 
 from tests.support.broker import BrokerHandle, msgpack_post, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
 from tidemq_server.broker.messaging.pull import WAIT_SLICE_S
@@ -33,7 +34,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory,
 
 def test_send_pull_json_round_trip(broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=2)
-    before = int(time.time() * 1000)
+    before = now_ms()
     results = broker.send(
         topic,
         {"message_id": "id-1", "body": "héllo", "tag": "TagA", "keys": ["k1", "k2"],
@@ -189,10 +190,10 @@ def test_topic_admin_errors(broker: BrokerHandle) -> None:
 
 def test_query_by_id_key_and_time(broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=2)
-    begin = int(time.time() * 1000) - 1
+    begin = now_ms() - 1
     broker.send(topic, {"message_id": unique("q"), "body": "x", "keys": ["order-1"]},
                 {"message_id": "query-me-" + topic, "body": "y", "keys": ["order-2"]})
-    end = int(time.time() * 1000) + 1
+    end = now_ms() + 1
     msg = broker.http.get(f"/v1/messages/query-me-{topic}").json()
     assert msg["body"] == "y" and msg["state"] == "stored" and msg["topic"] == topic
     by_key = broker.http.get("/v1/messages", params={"topic": topic, "key": "order-2"}).json()
