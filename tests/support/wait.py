@@ -75,6 +75,12 @@ async def quiet_for_async(fetch: Callable[[], T], seconds: float, what: str = ""
     return first
 
 
+async def hang() -> None:
+    """Never return: the body of a handler or a fake server that never answers (it ends only
+    when cancelled), instead of a long ``asyncio.sleep`` that would answer some day."""
+    await asyncio.Event().wait()
+
+
 def _same_or_fail(first: object, now: object, seconds: float, what: object) -> None:
     if now != first:
         raise AssertionError(f"{what} changed within {seconds}s: {first!r} -> {now!r}")
