@@ -26,7 +26,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -286,7 +285,7 @@ def test_a_crashed_broker_comes_back_and_nothing_acknowledged_is_lost(system: Sy
 
     stop = asyncio.Event()
     sending = asyncio.run_coroutine_threadsafe(send_through(stop), system.loop.loop)
-    time.sleep(1.0)
+    wait_until(lambda: len(acked) >= 20, what="sends acknowledged before the crash")
     cid = container("broker-a")
     before = crash("broker-a")
     wait_until(lambda: int(docker("inspect", "-f", "{{.RestartCount}}", cid)) > before, 60,
