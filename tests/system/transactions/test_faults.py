@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.procs import RedisServer
 from tests.support.transactions import (
+    INTERVAL_MS,
     TOKEN,
     Producer,
     checker_process,
@@ -25,7 +26,7 @@ from tests.support.transactions import (
     state_of,
     unique,
 )
-from tests.support.wait import wait_until
+from tests.support.wait import quiet_for, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +59,9 @@ def test_checker_killed_mid_scan_misses_nothing_and_duplicates_nothing(
             proc.start()
             wait_until(lambda: len(delivered(b, topic, 2)) >= count, timeout=60,
                        what="every message delivered")
-            time.sleep(1.0)
+            # nothing more: no second delivery, no second check, for five check intervals
+            quiet_for(lambda: (len(delivered(b, topic, 2)), len(checks_seen(answerer))),
+                      5 * 0.2, "deliveries and checks")
             proc.stop()
             got = delivered(b, topic, 2)
             assert len(got) == count and len({m["message_id"] for m in got}) == count
@@ -92,7 +95,9 @@ def test_broker_restart_keeps_pending_transactions_checked(
             try:
                 wait_until(lambda: len(delivered(b, topic, 2)) == 4, timeout=30,
                            what="delivery after the restart")
-                time.sleep(0.8)
+                # nothing more within three check intervals
+                quiet_for(lambda: len(delivered(b, topic, 2)), 3 * INTERVAL_MS / 1000,
+                          "deliveries")
                 got = delivered(b, topic, 2)
                 assert sorted(m["message_id"] for m in got) == \
                     sorted(s["message_id"] for s in sent)
