@@ -25,7 +25,7 @@ import redis
 from tidemq import ConsumeResult, Producer, PushConsumer, ReceivedMessage, SimpleConsumer
 
 from tests.support.procs import RedisServer
-from tests.support.wait import wait_until_async
+from tests.support.wait import quiet_for_async, wait_until_async
 from tests.system.cluster_harness import (
     EXPIRY_S,
     ROUTE_REFRESH_S,
@@ -75,7 +75,8 @@ async def test_sends_spread_and_a_group_of_two_consumes_everything_once(
             await asyncio.gather(*(producer.send(f"m{i}", topic=topic) for i in range(400)))
         sent = {f"m{i}" for i in range(400)}
         await wait_until_async(lambda: recorder.bodies() >= sent, 20, "every message consumed")
-        await asyncio.sleep(0.5)  # a second delivery would show up now
+        # a second delivery would show up within half a second (both poll without pause)
+        await quiet_for_async(lambda: len(recorder.events), 0.5, "deliveries")
         await first.commit_offsets()
         await second.commit_offsets()
 
@@ -169,7 +170,10 @@ async def test_sigkill_of_a_group_while_sending_fails_no_send_and_loses_nothing(
         await asyncio.to_thread(groups.kill_broker, "broker-b")
         killed = time.monotonic()
         before_kill = len(sender.acked)
-        await asyncio.sleep(EXPIRY_S + 1.0)  # past the nameservers' expiry: b leaves the routes
+        # past the nameservers' expiry (EXPIRY_S) b leaves the routes; sends go on meanwhile
+        await asyncio.to_thread(groups.wait_route, topic, {"broker-a": 4}, EXPIRY_S + 15)
+        await wait_until_async(lambda: len(sender.acked) - before_kill >= 100, 20,
+                               "sends while broker-b is down")
         during = len(sender.acked) - before_kill
         await asyncio.to_thread(groups.start_broker, "broker-b")
         restarted = time.monotonic()
@@ -178,7 +182,8 @@ async def test_sigkill_of_a_group_while_sending_fails_no_send_and_loses_nothing(
         await wait_until_async(lambda: sum(groups.max_offsets("broker-b", topic).values()) > held,
                                20, "sends to reach broker-b again", every=0.2)
         back_s = time.monotonic() - restarted
-        await asyncio.sleep(0.5)
+        more = len(sender.acked) + 50
+        await wait_until_async(lambda: len(sender.acked) >= more, 20, "sends with both back")
         sender.stop.set()
         await task
         acked = set(sender.acked)
