@@ -40,9 +40,9 @@ def commit_offset(broker: httpx.Client, offset: int) -> None:
 
 
 def aof_bytes(redis: psutil.Process) -> bytes:
-    """The append-only files of the managed redis-server (its --dir), as one byte string."""
-    argv = redis.cmdline()
-    folder = Path(argv[argv.index("--dir") + 1])
+    """The append-only files of the managed redis-server, as one byte string (Redis works in
+    its --dir: its working directory)."""
+    folder = Path(redis.cwd())
     return b"".join(p.read_bytes() for p in sorted(folder.rglob("*.aof")))
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.transactions import (
     INTERVAL_MS,
@@ -31,6 +32,9 @@ from tests.support.wait import quiet_for, wait_until
 pytestmark = pytest.mark.integration
 
 
+IMMUNITY_MS = 3000  # the checker's transaction timeout in the mid-scan kill test
+
+
 def checks_seen(p: Producer) -> list[str]:
     return [line["check"] for line in p.lines() if "check" in line]
 
@@ -48,10 +52,15 @@ def test_checker_killed_mid_scan_misses_nothing_and_duplicates_nothing(
         answerer = Producer(b, group, tmp_path, "--check", "commit", "--serve", "-1")
         try:
             answerer.wait_for(lambda ls: any(x.get("ready") for x in ls))
-            time.sleep(0.5)  # every half is past the immunity: one scan checks all of them
+            # every half is past the immunity (by its store time): one scan checks all of them
+            entries = b.http.get("/internal/v1/transactions/halves", params={"max": 256},
+                                 headers={"X-Tidemq-Token": TOKEN}).json()["entries"]
+            due = max(e["store_timestamp_ms"] for e in entries
+                      if e["transaction_id"] in txids) + IMMUNITY_MS
+            wait_until(lambda: now_ms() >= due, what="every half due")
             # small pages, so that a scan is many requests and the kill lands inside one
             proc = checker_process(tmp_path, b, redis_server.url, batch_size=3,
-                                   check_interval_ms=200, transaction_timeout_ms=3000)
+                                   check_interval_ms=200, transaction_timeout_ms=IMMUNITY_MS)
             proc.start()
             wait_until(lambda: len(checks_seen(answerer)) >= 10, what="first checks")
             proc.kill()
