@@ -40,7 +40,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
         yield handle
 
 
-
 def lookup(cluster: DelayCluster, mid: str) -> dict[str, Any]:
     resp = cluster.http.get(f"/v1/messages/{mid}")
     assert resp.status_code == 200, resp.text

@@ -43,7 +43,6 @@ def clock_cluster(tmp_path: Path, redis_server: RedisServer) -> Iterator[DelayCl
         yield handle
 
 
-
 def test_every_level_fires_on_time_and_never_early(cluster: DelayCluster) -> None:
     topic = cluster.broker.create_topic(queues=4)
     sent = cluster.broker.send(topic, *({"message_id": unique(f"L{n}"), "body": f"level {n}",

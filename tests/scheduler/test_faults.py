@@ -31,7 +31,6 @@ RETENTION_AGE_S = 1.8  # file_reserved_hours of the retention test (0.0005 h)
 RETENTION_PASS_S = 0.3  # its retention_interval_s
 
 
-
 @pytest.fixture
 def cluster(tmp_path: Path, redis_server: RedisServer) -> Iterator[DelayCluster]:
     with run_delay_cluster(tmp_path, redis_server.url, levels=LEVELS,

@@ -83,7 +83,6 @@ def lateness(broker: BrokerHandle, topic: str, sent: list[dict[str, Any]]) -> di
     return late
 
 
-
 def send_first_delays(broker: BrokerHandle, same_topic: bool) -> tuple[str, list[dict[str, Any]]]:
     """A 3 s timer to a new topic, then a level-1 message and a 1 s timer to that topic or to
     another new one; (the second topic, the sent results of all three)."""

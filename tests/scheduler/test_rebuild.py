@@ -34,7 +34,6 @@ INTAKE = "/v1/topics/TIDE_SYS_TIMER_INTAKE"
 QUIET_S = 1.0
 
 
-
 def metric(cluster: DelayCluster, name: str) -> float:
     text = cluster.sched.get("/metrics").text
     line = next(x for x in text.splitlines() if x.startswith(name + " "))

@@ -47,7 +47,6 @@ def group_name(i: int) -> str:
     return f"broker-{string.ascii_lowercase[i]}"
 
 
-
 @dataclass
 class GroupProcs:
     """One broker group: its broker, checker and scheduler."""

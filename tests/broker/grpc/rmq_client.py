@@ -39,7 +39,6 @@ from tests.support.clock import now_ms
 TLS = os.environ.get("RMQ_TLS") == "1"
 
 
-
 def config(endpoint: str) -> ClientConfiguration:
     return ClientConfiguration(endpoint, Credentials(), request_timeout=5)
 
