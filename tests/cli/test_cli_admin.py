@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import REPO, RedisServer, ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -117,7 +118,7 @@ def test_group_list_offsets_and_reset(cli: Cli, broker: BrokerHandle) -> None:
     assert group in cli.run("group", "list").stdout
 
     time.sleep(0.05)
-    middle = int(time.time() * 1000)
+    middle = now_ms()
     time.sleep(0.05)
     broker.send(topic, {"body": "d", "queue_id": 0})
     table = cli.run("group", "offsets", group, "--topic", topic).stdout
@@ -211,7 +212,7 @@ def test_dlq_resend_reports_a_failure_and_keeps_the_offset(cli: Cli,
 
 def test_send_deliver_at_ms_and_query_states(cli: Cli, broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=1)
-    future = int(time.time() * 1000) + 3_600_000
+    future = now_ms() + 3_600_000
     later = cli.json("send", topic, "later", "--deliver-at-ms", str(future))
     assert cli.json("query", "--id", later["message_id"])["state"] == "scheduled"
     now = cli.json("send", topic, "now", "--deliver-at-ms", "1", "--key", "k-now")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.cli.test_supervisor import SLEEPER, always, run_in_thread
-from tests.support.wait import wait_until
+from tests.support.wait import quiet_for, wait_until
 from tidemq_server.cli import supervisor as sup_module
 from tidemq_server.cli.supervisor import HEALTHY, UNHEALTHY, Supervisor, Unhealthy, health_of
 
@@ -84,7 +84,8 @@ def test_runs_that_never_become_healthy_are_a_crash_loop(
     probe = Switch()
     sup = Supervisor(tmp_path, start_timeout_s=10, stop_timeout_s=5)
     child = sup.start("broker-a", SLEEPER, dict(os.environ), "-", "", probe)
-    time.sleep(sup_module.STABLE_RUN_S)  # the first run was healthy and stable
+    wait_until(lambda: child.healthy_at is not None  # the first run was healthy and stable
+               and time.monotonic() - child.started_at >= sup_module.STABLE_RUN_S)
     probe.state = "not ready"
     child.argv = SHORT_LIVED  # every restart lives longer than STABLE_RUN_S, never healthy
     assert child.proc is not None
@@ -125,16 +126,16 @@ def test_a_child_answering_unhealthy_is_restarted(
     thread, result = run_in_thread(sup)
     try:
         probe.state = "not ready"  # no answer: not a reason to restart
-        time.sleep(sup_module.UNHEALTHY_RESTART_S * 2)
-        assert child.proc is first and child.restarts == 0
+        assert quiet_for(lambda: (child.proc, child.restarts),
+                         sup_module.UNHEALTHY_RESTART_S * 2, "restarts") == (first, 0)
         probe.state = UNHEALTHY
         started = time.monotonic()
         wait_until(lambda: child.restarts == 1)
         assert time.monotonic() - started >= sup_module.UNHEALTHY_RESTART_S
         probe.state = HEALTHY
         wait_until(lambda: child.recovering_since is None and child.running())
-        time.sleep(sup_module.UNHEALTHY_RESTART_S * 2)  # healthy again: left alone
-        assert child.restarts == 1 and other.restarts == 0
+        assert quiet_for(lambda: (child.restarts, other.restarts),  # healthy again: left alone
+                         sup_module.UNHEALTHY_RESTART_S * 2, "restarts") == (1, 0)
     finally:
         sup.stop_requested = True
         thread.join(5)

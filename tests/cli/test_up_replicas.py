@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -15,6 +16,7 @@ import pytest
 
 from tests.support.broker import unique
 from tests.support.up import UpRun, free_base, port_free
+from tests.support.wait import wait_until
 from tidemq_server.broker.grpc.proto import Code, MessageType, pb, service_grpc, service_pb
 
 pytestmark = pytest.mark.integration
@@ -143,15 +145,13 @@ def test_every_member_serves_grpc_and_routes_name_the_current_primary(tmp_path: 
         frozen = next(p for p in psutil.Process(up.proc.pid).children()
                       if p.environ().get("TIDEMQ_BROKER_PORT") == str(broker))
         frozen.suspend()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def promoted() -> list[dict[str, Any]]:
             view = httpx.get(f"http://127.0.0.1:{ns}/v1/cluster", timeout=5).json()
-            promoted = [b for b in view["brokers"] if b["role"] == "primary"
-                        and b["grpc_address"] == replica_door]
-            if promoted:
-                break
-            time.sleep(0.5)
-        assert promoted, view
+            return [b for b in view["brokers"] if b["role"] == "primary"
+                    and b["grpc_address"] == replica_door]
+
+        wait_until(promoted, timeout=60, every=0.5, what="the replica promoted")
         assert set(asyncio.run(_route(replica_door, topic))) == {("127.0.0.1",
                                                                    grpc_base + 100)}
         code, message = asyncio.run(_grpc_send(replica_door, topic, unique("m")))

@@ -5,15 +5,16 @@ consumer offsets in Redis) after every kill."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.support.procs import free_port
 from tests.support.up import UpRun
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +39,13 @@ def commit_offset(broker: httpx.Client, offset: int) -> None:
     assert resp.status_code == 200, resp.text
 
 
+def aof_bytes(redis: psutil.Process) -> bytes:
+    """The append-only files of the managed redis-server, as one byte string (Redis works in
+    its --dir: its working directory)."""
+    folder = Path(redis.cwd())
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*.aof")))
+
+
 def committed(broker: httpx.Client) -> int:
     rows = broker.get(f"/v1/groups/{GROUP}/offsets", params={"topic": TOPIC}).json()["offsets"]
     return int(next(r["offset"] for r in rows if r["queue_id"] == 0))
@@ -60,8 +68,12 @@ def test_each_killed_service_is_restarted_and_the_system_keeps_serving(tmp_path:
 
         for round_no, name in enumerate(KILLED_IN_TURN, start=1):
             if name == "redis":
+                redis = up.children()["redis"]
+                written = len(aof_bytes(redis))
                 commit_offset(broker, round_no)
-                time.sleep(1.5)  # appendfsync everysec: the commit reaches the AOF first
+                # the commit is in the AOF (in the file, which a SIGKILL of Redis keeps) first
+                wait_until(lambda r=redis, w=written: GROUP.encode() in aof_bytes(r)[w:],
+                           what="the offset commit in Redis's AOF")
             victim = up.children()[name]
             victim.kill()
             up.wait_for(f"{name} exited by SIGKILL; restarted (1st time)", 30)

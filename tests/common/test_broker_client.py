@@ -13,6 +13,7 @@ import pytest
 from tidemq.protocol import UNIQ_KEY, DeliveryRow, SystemTopic
 
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer, free_port
 from tidemq_server.common.broker_client import (
     BlockingBrokerClient,
@@ -62,7 +63,7 @@ async def test_level_round_trip_through_the_rows(broker: BrokerHandle) -> None:
     try:
         info = await client.schedule_info()
         assert info["schedule_topic"] == SystemTopic.SCHEDULE
-        answer = await client.levels_due({}, int(time.time() * 1000) + DAY_MS, 100)
+        answer = await client.levels_due({}, now_ms() + DAY_MS, 100)
         records = answer["levels"][0]["records"]  # an int key: queue id 0 = level 1
         (due,) = [r for r in records if r["message_id"] == mid]
         row = DeliveryRow._make(due["record"])

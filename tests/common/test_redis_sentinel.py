@@ -13,6 +13,7 @@ import pytest
 from tidemq.protocol import ErrorCode, ProtocolError
 
 from tests.support.sentinel import SentinelGroup
+from tests.support.wait import wait_until_async
 from tidemq_server.broker.consumers.offsets import OffsetStore
 from tidemq_server.common.redis import SentinelRedis, connect_redis
 
@@ -113,10 +114,11 @@ async def test_store_keeps_committing_across_a_failover(group: SentinelGroup,
 
     stop = asyncio.Event()
     task = asyncio.create_task(committer())
-    await asyncio.sleep(0.5)
+    await wait_until_async(lambda: len(acked) >= 10, what="commits before the failover")
     old = group.kill_master()
     await asyncio.to_thread(group.wait_failover, old)
-    await asyncio.sleep(0.5)
+    resumed = len(acked) + 10
+    await wait_until_async(lambda: len(acked) >= resumed, what="commits after the failover")
     stop.set()
     await task
     assert len(acked) > 20

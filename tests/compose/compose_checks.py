@@ -26,7 +26,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -46,6 +45,7 @@ from tidemq import (
     TransactionState,
 )
 
+from tests.support.clock import now_ms
 from tests.support.compose import preflight
 from tests.support.procs import REPO
 from tests.support.wait import wait_until
@@ -132,7 +132,7 @@ class Seen:
         self.messages: dict[str, tuple[int, ReceivedMessage]] = {}
 
     async def handle(self, message: ReceivedMessage) -> ConsumeResult:
-        self.messages.setdefault(message.message_id, (int(time.time() * 1000), message))
+        self.messages.setdefault(message.message_id, (now_ms(), message))
         return ConsumeResult.SUCCESS
 
     def has(self, ids: set[str]) -> bool:
@@ -285,7 +285,7 @@ def test_a_crashed_broker_comes_back_and_nothing_acknowledged_is_lost(system: Sy
 
     stop = asyncio.Event()
     sending = asyncio.run_coroutine_threadsafe(send_through(stop), system.loop.loop)
-    time.sleep(1.0)
+    wait_until(lambda: len(acked) >= 20, what="sends acknowledged before the crash")
     cid = container("broker-a")
     before = crash("broker-a")
     wait_until(lambda: int(docker("inspect", "-f", "{{.RestartCount}}", cid)) > before, 60,

@@ -25,6 +25,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer, ServiceProcess, free_port
 from tests.support.wait import wait_until
 from tidemq_server.cli import app as cli_app
@@ -105,7 +106,7 @@ def _seed(s: System) -> None:
         "queue_id": 0})[0]["message_id"]
     b.send(s.topic, *({"body": f"filler {i}", "queue_id": 1} for i in range(5)))
     s.ids["timer"] = unique("pay-check")
-    s.timer_due = int(time.time() * 1000) + 3_600_000
+    s.timer_due = now_ms() + 3_600_000
     b.send(s.topic, {"message_id": s.ids["timer"], "body": "check payment",
                      "deliver_at_ms": s.timer_due})
     resp = b.http.put(f"/v1/groups/{s.group}/offsets", json={"offsets": [
@@ -133,7 +134,7 @@ def _seed(s: System) -> None:
     s.ids["to-drop"] = _half(b, s, discard=True)
     s.ids["conflict"] = _half(b, s, discard=True)
     # far timers: two due on one day, one on the next
-    s.day0 = int(time.time() * 1000) // DAY_MS * DAY_MS + 2 * DAY_MS
+    s.day0 = now_ms() // DAY_MS * DAY_MS + 2 * DAY_MS
     b.send(s.topic, *({"body": f"far {i}", "deliver_at_ms": s.day0 + (i + 1) * 3_600_000}
                       for i in range(2)), {"body": "far 2", "deliver_at_ms": s.day0 + DAY_MS})
     # a DLQ longer than one page
@@ -438,7 +439,7 @@ def test_dlq_view_and_resend(page: Any, system: System) -> None:
     _open(page, system, f"/dlq?group={system.dlq_group}", "dlq")
     table = page.locator("table.dlq").inner_text()
     assert system.ids["dead"] in table and system.topic in table
-    before = int(time.time() * 1000) - 1000
+    before = now_ms() - 1000
     page.click("table.dlq button")
     assert "1 resent, 0 failed" in page.locator(".done").inner_text()
     found = system.broker.http.get("/v1/messages", params={

@@ -14,7 +14,6 @@ the test as the admin the init step made; an unsigned request is refused). A ser
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 
 from tests.deploy.topology import Topology, load_compose
 from tests.support.metrics import parse_exposition, promtool
+from tests.support.wait import wait_until
 from tidemq_server.cli.plan import module_available
 
 pytestmark = pytest.mark.integration
@@ -104,16 +104,17 @@ def test_transactions_on_both_groups_reach_the_sidecar_metrics(topology: Topolog
     want = {("tidemq_transaction_commits_total", frozenset(labels.items())): 1.0,
             ("tidemq_transaction_rollbacks_total", frozenset(labels.items())): 1.0}
     sidecar = topology.url("metrics") + "/metrics"
-    deadline = time.monotonic() + 300  # Spark alone took 115-125 s to start on a loaded host
-    text = ""
-    while time.monotonic() < deadline:
-        text = httpx.get(sidecar, timeout=10, verify=topology.verify()).text
+    last = [""]
+
+    def shown() -> str | None:
+        last[0] = text = httpx.get(sidecar, timeout=10, verify=topology.verify()).text
         samples = parse_exposition(text)
-        if all(samples.get(k) == v for k, v in want.items()):
-            break
-        time.sleep(1.0)
-    else:
-        pytest.fail(f"the transactions never showed in {sidecar}:\n{text[-3000:]}\n"
+        return text if all(samples.get(k) == v for k, v in want.items()) else None
+
+    try:  # Spark alone took 115-125 s to start on a loaded host
+        text = wait_until(shown, timeout=300, every=1.0)
+    except AssertionError:
+        pytest.fail(f"the transactions never showed in {sidecar}:\n{last[0][-3000:]}\n"
                     f"sidecar log:\n{topology.services['metrics'].logs()}")
     promtool("check", "metrics", stdin=text)
     samples = parse_exposition(text)

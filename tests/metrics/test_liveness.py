@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.broker import BrokerHandle, unique
 from tests.support.metrics import Script, encode, parse_exposition, promtool, put_events, sample
+from tests.support.wait import wait_until
 from tidemq_server.metrics.events import parse_event
 from tidemq_server.metrics.exposition import BatchInfo, render
 from tidemq_server.metrics.job import ExpositionWriter, JobConfig, start_query
@@ -110,13 +111,16 @@ def test_idle_triggers_of_a_real_query_keep_it_live(spark: Any, events_broker: B
             time.sleep(0.2)
         read_at = writer.liveness.state.newest_event_s
         triggers = writer.liveness.triggers
-        time.sleep(6)  # no event arrives: about six empty polls
+        # no event arrives: three more triggers complete, each an empty poll
+        wait_until(lambda: writer.liveness.triggers >= triggers + 3, what="three empty polls")
         state = read_liveness(liveness_path(cfg.output))
         completed_age, event_age = state.ages(time.time())
-        assert writer.liveness.triggers >= triggers + 3
         assert completed_age is not None and completed_age < 3
         assert state.newest_event_s == pytest.approx(read_at, abs=0.01)
-        assert event_age is not None and event_age >= 5
+        # the newest event aged while the polls completed (three triggers: over two intervals)
+        assert state.completed_s is not None
+        assert state.completed_s - read_at >= cfg.trigger_interval_s
+        assert event_age is not None and event_age > completed_age
         assert writer.batches == 1  # no micro-batch ran for the empty polls
     finally:
         query.stop()

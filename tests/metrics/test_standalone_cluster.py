@@ -24,6 +24,7 @@ from tests.metrics.test_job import expected, run_once, without_batch
 from tests.support.broker import BrokerHandle, unique
 from tests.support.metrics import parse_exposition, put_events, scenario
 from tests.support.procs import REPO, ServiceProcess, free_port, stop_process, wait_port
+from tests.support.wait import wait_until
 from tidemq_server.metrics.package import build
 
 pytestmark = pytest.mark.integration
@@ -144,11 +145,13 @@ def test_spark_submit_and_the_sidecar_run_on_the_standalone_master(
         "SPARK_LOCAL_IP": "127.0.0.1",
     }, tmp_path / "sidecar-logs").start()
     try:
-        deadline = time.monotonic() + 240
-        while (status := httpx.get(f"{sidecar.url}/v1/status").json())["state"] != "done":
+
+        def done() -> dict[str, Any] | None:
+            status: dict[str, Any] = httpx.get(f"{sidecar.url}/v1/status").json()
             assert status["state"] not in ("restarting", "stopped"), (status, sidecar.logs())
-            assert time.monotonic() < deadline, (status, sidecar.logs()[-3000:])
-            time.sleep(0.5)
+            return status if status["state"] == "done" else None
+
+        status = wait_until(done, timeout=240, every=0.5, what="the available-now run done")
         assert status["master"] == cluster.url and status["up"] is True
         assert len([a for a in cluster.apps() if a["name"] == "tidemq-metrics"]) == 2
         print("master's applications:", [(a["id"], a["name"], a.get("state"))

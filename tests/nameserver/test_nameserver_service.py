@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.clock import now_ms
 from tests.support.procs import ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -53,7 +54,7 @@ def test_heartbeat_then_route(client: httpx.Client) -> None:
 
 
 def test_two_brokers_one_topic_and_cluster_view(client: httpx.Client) -> None:
-    before_ms = int(time.time() * 1000)
+    before_ms = now_ms()
     for name, queues in (("svc-c2", 4), ("svc-c1", 2)):
         client.post("/v1/brokers/heartbeat", json=heartbeat(
             name, {"svc-shared": {"queues": queues, "perm": "rw"}},

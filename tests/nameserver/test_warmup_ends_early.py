@@ -20,6 +20,8 @@ import pytest
 
 from tests.support.broker import TOKEN, unique
 from tests.support.procs import ServiceProcess, free_port
+from tests.support.wait import quiet_for
+from tidemq_server.nameserver.warmup import PEER_RETRY_S
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +93,6 @@ def test_a_warming_peer_does_not_vouch_and_no_knowledge_keeps_the_timer(work: Pa
         assert httpx.get(f"{warming.url}/v1/cluster").json()["warming_up"] is True
         joining = _nameserver(work, stack, peers=[warming.url], warmup_s=str(LONG_WARMUP_S))
         _register(joining, "broker-a")
-        time.sleep(1.5)  # more than one round of asking the peer
-        assert _unknown(joining) == 503
-        assert _unknown(warming) == 503
+        # through more than one round of asking the peer, both stay protected
+        assert quiet_for(lambda: (_unknown(joining), _unknown(warming)), 1.5 * PEER_RETRY_S,
+                         "unknown topics") == (503, 503)

@@ -5,13 +5,13 @@ forward) and 30 days (on disk, inspectable, cancellable), bad delays, and retry 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
 
@@ -43,10 +43,6 @@ def clock_cluster(tmp_path: Path, redis_server: RedisServer) -> Iterator[DelayCl
         yield handle
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def test_every_level_fires_on_time_and_never_early(cluster: DelayCluster) -> None:
     topic = cluster.broker.create_topic(queues=4)
     sent = cluster.broker.send(topic, *({"message_id": unique(f"L{n}"), "body": f"level {n}",
@@ -66,12 +62,16 @@ def test_every_level_fires_on_time_and_never_early(cluster: DelayCluster) -> Non
         assert 0 <= late < PRECISION_MS, (n, late)  # due = accepted + level
         assert cluster.state(m["message_id"]) == "stored"
     # a level message is inspectable and cancellable until it fires
-    mid = unique("lc")
+    mid, after = unique("lc"), unique("after")
     cluster.broker.send(topic, {"message_id": mid, "body": "x", "delay_level": 18})
     assert cluster.cancel(mid).json() == {"message_id": mid, "state": "cancelled"}
     assert cluster.state(mid) == "cancelled"
-    time.sleep(18 * STEP_MS / 1000 + 0.8)
-    assert all(m["message_id"] != mid for m in cluster.pull_all(topic))
+    # a message of the same level sent after it fires after it (a level's queue is walked in
+    # order): once that one is delivered, the cancelled one would have been
+    cluster.broker.send(topic, {"message_id": after, "body": "y", "delay_level": 18})
+    got = wait_until(lambda: (m := cluster.pull_all(topic)) and any(
+        x["message_id"] == after for x in m) and m, 18 * STEP_MS / 1000 + 10, "the later one")
+    assert all(m["message_id"] != mid for m in got)
 
 
 def test_arbitrary_delays_of_one_second_and_at_once(cluster: DelayCluster) -> None:
@@ -102,15 +102,16 @@ def test_ninety_seconds_on_a_clock_moved_forward(clock_cluster: DelayCluster) ->
     mid = unique("t90")
     (sent,) = cluster.broker.send(topic, {"message_id": mid, "body": "90s", "delay_ms": 90_000})
     due = cluster.http.get(f"/v1/messages/{mid}").json()["born_timestamp_ms"] + 90_000
-    time.sleep(1.0)
+    status = wait_until(lambda: (s := cluster.status())["pending_timers"] >= 1 and s,
+                        what="the timer taken in")
     assert cluster.pull_all(topic) == []
-    status = cluster.status()
-    assert status["pending_timers"] >= 1
     # a 90 s timer sits in a bucket that is not in memory yet (10 s buckets, 2 s preload)
     assert due // BUCKET_MS * BUCKET_MS not in status["loaded_buckets"]
     shift = due - cluster.status()["now_ms"] - 1500  # 1.5 s before due by the scheduler's clock
     cluster.advance_clock(shift)
-    time.sleep(0.8)
+    # its bucket is loaded now (within the preload): in memory, and still not delivered
+    wait_until(lambda: due // BUCKET_MS * BUCKET_MS in cluster.status()["loaded_buckets"],
+               what="the timer's bucket loaded")
     assert cluster.pull_all(topic) == [], "delivered before its time on the scheduler's clock"
     (m,) = wait_until(lambda: cluster.pull_all(topic), 5, "the 90 s timer")
     offset = cluster.status()["clock_offset_ms"]

@@ -17,17 +17,18 @@ import httpx
 import pytest
 
 from tests.scheduler.harness import DelayCluster, run_delay_cluster, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
-from tests.support.wait import wait_until
+from tests.support.wait import quiet_for, wait_until
 
 pytestmark = pytest.mark.integration
 
 LEVELS = "1s 2s 3s"
 SMALL_BUCKETS = {"bucket_ms": "5000", "preload_ms": "1000"}
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+# once the expected deliveries are in, no more (no duplicate, nothing early) for this long (s)
+QUIET_S = 1.0
+RETENTION_AGE_S = 1.8  # file_reserved_hours of the retention test (0.0005 h)
+RETENTION_PASS_S = 0.3  # its retention_interval_s
 
 
 @pytest.fixture
@@ -59,10 +60,10 @@ def check_exactly_once(cluster: DelayCluster, topic: str, due: dict[str, int],
                        cancelled: set[str] | None = None, timeout: float = 40) -> None:
     cancelled = cancelled or set()
     want = len(due) - len(cancelled)
-    got = wait_until(lambda: (m := cluster.pull_all(topic)) and len(m) >= want and m,
-                     timeout, f"{want} deliveries")
-    time.sleep(1.0)
-    got = cluster.pull_all(topic)  # nothing more arrives: no duplicates come late
+    wait_until(lambda: len(cluster.pull_all(topic)) >= want, timeout, f"{want} deliveries")
+    # nothing more arrives: no duplicates come late (twenty 50 ms ticks, five checkpoints)
+    quiet_for(lambda: len(cluster.pull_all(topic)), QUIET_S, "deliveries")
+    got = cluster.pull_all(topic)
     counts = Counter(m["message_id"] for m in got)
     assert [mid for mid, n in counts.items() if n > 1] == []
     assert set(counts) == set(due) - cancelled
@@ -156,8 +157,9 @@ def test_cancel_right_after_send_wins(cluster: DelayCluster) -> None:
 
 def test_retention_keeps_timers_the_scheduler_has_not_taken(
         tmp_path: Path, redis_server: RedisServer) -> None:
-    retention = {"segment_bytes": str(256 * 1024), "file_reserved_hours": "0.0005",  # 1.8 s
-                 "retention_interval_s": "0.3"}
+    retention = {"segment_bytes": str(256 * 1024),
+                 "file_reserved_hours": str(RETENTION_AGE_S / 3600),
+                 "retention_interval_s": str(RETENTION_PASS_S)}
     with run_delay_cluster(tmp_path, redis_server.url, levels=LEVELS, scheduler=SMALL_BUCKETS,
                            **retention) as cluster:
         broker = cluster.broker
@@ -170,6 +172,7 @@ def test_retention_keeps_timers_the_scheduler_has_not_taken(
         cluster.scheduler.kill()
         due = send_load(cluster, topic, timers=300, levels=30, start_ms=now_ms() + 2000,
                         spread_ms=1000)
+        sent = time.monotonic()
         for _ in range(4):  # and after them
             broker.send(filler, *({"body": big} for _ in range(50)))
 
@@ -180,7 +183,8 @@ def test_retention_keeps_timers_the_scheduler_has_not_taken(
             return int(float(line.split()[1]))
 
         wait_until(lambda: store_min() > 0, 15, "retention to delete the oldest segments")
-        time.sleep(2.5)  # the timers' segments are past the retention age now, and held
+        # the timers' segments are past the retention age now (and two retention passes), held
+        time.sleep(max(0.0, sent + RETENTION_AGE_S + 2 * RETENTION_PASS_S - time.monotonic()))
         intake = broker.http.get("/v1/topics/TIDE_SYS_TIMER_INTAKE").json()["offsets"][0]
         assert intake["min"] == 0 and intake["max"] == 300
         cluster.scheduler.start()

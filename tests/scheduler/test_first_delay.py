@@ -15,7 +15,6 @@ the old offset; a timer was never taken in).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +25,7 @@ import redis
 
 from tests.scheduler.harness import run_delay_cluster
 from tests.support.broker import TOKEN, BrokerHandle, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer, ServiceProcess, free_port
 from tests.support.wait import wait_until
 from tidemq_server.common.constants import scheduler_progress_key, scheduler_rebuild_key
@@ -81,10 +81,6 @@ def lateness(broker: BrokerHandle, topic: str, sent: list[dict[str, Any]]) -> di
     wait_until(arrived, (max(due.values()) - now_ms() + MAX_LATE_MS) / 1000 + 1,
                f"delayed messages {sorted(set(due) - set(late))} of {topic}", every=POLL_S)
     return late
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def send_first_delays(broker: BrokerHandle, same_topic: bool) -> tuple[str, list[dict[str, Any]]]:

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from tests.scheduler.harness import AUTH, DelayCluster, run_delay_cluster, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
-from tests.support.wait import wait_until
+from tests.support.wait import quiet_for, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -28,10 +29,9 @@ LEVELS = "1s 2s 3s"
 SCHEDULER = {"bucket_ms": "3600000", "preload_ms": "1000", "test_clock": "true",
              "roll_interval_ms": "300"}
 INTAKE = "/v1/topics/TIDE_SYS_TIMER_INTAKE"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+# once the expected deliveries are in, no more (no duplicate, nothing early) for this long (s):
+# twenty ticks of the scheduler, five of its checkpoints
+QUIET_S = 1.0
 
 
 def metric(cluster: DelayCluster, name: str) -> float:
@@ -115,19 +115,17 @@ def test_thousands_of_timers_survive_the_loss_of_the_data_directory(
         cancelled += late_cancels
         near = {m for m in due if due[m] > 0 and m not in far}
         levels = {m for m in due if due[m] < 0}
-        got = wait_until(lambda: (g := delivered(cluster, topic)) and
-                         len(g) >= len(near) + len(levels) and g, 40,
-                         "the near timers and level messages")
-        time.sleep(1.0)
+        wait_until(lambda: len(delivered(cluster, topic)) >= len(near) + len(levels), 40,
+                   "the near timers and level messages")
+        quiet_for(lambda: len(delivered(cluster, topic)), QUIET_S, "deliveries")
         got = delivered(cluster, topic)
         check_once_on_time(got, due, 0)
         assert {m["message_id"] for m in got} == near | levels  # none of the far ones early
 
         wanted = set(due) - set(cancelled)
         offset = cluster.advance_clock(4 * DAY_MS + 60_000) - now_ms()
-        got = wait_until(lambda: (g := delivered(cluster, topic)) and len(g) >= len(wanted)
-                         and g, 40, "the far timers")
-        time.sleep(1.0)
+        wait_until(lambda: len(delivered(cluster, topic)) >= len(wanted), 40, "the far timers")
+        quiet_for(lambda: len(delivered(cluster, topic)), QUIET_S, "deliveries")
         got = delivered(cluster, topic)
         shifted = [m for m in got if m["message_id"] in far]
         check_once_on_time([m for m in got if m["message_id"] not in far], due, 0)
@@ -178,9 +176,8 @@ def test_a_rolled_timer_outlives_retention_and_a_rebuild(
         assert cluster.status()["pending_timers"] == 15
         assert delivered(cluster, topic) == []
         offset = cluster.advance_clock(DAY_MS + 60_000) - now_ms()
-        got = wait_until(lambda: (g := delivered(cluster, topic)) and len(g) >= 15 and g, 20,
-                         "the rolled timers")
-        time.sleep(1.0)
+        wait_until(lambda: len(delivered(cluster, topic)) >= 15, 20, "the rolled timers")
+        quiet_for(lambda: len(delivered(cluster, topic)), QUIET_S, "deliveries")
         got = delivered(cluster, topic)
         check_once_on_time(got, due, offset)
         assert {m["message_id"] for m in got} == set(ids[5:])

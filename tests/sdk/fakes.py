@@ -32,6 +32,8 @@ from tidemq.protocol import (
 from tidemq.protocol.records.v2 import CONTENT_BATCH
 from tidemq.protocol.records.v2_read import as_messages
 
+from tests.support.clock import now_ms
+
 
 def request_payload(content: bytes, content_type: str | None) -> Any:
     """A request body decoded: JSON, msgpack, or record batches (as ``batch_body``)."""
@@ -92,7 +94,7 @@ class FakeBroker:
     def put(self, topic: str, queue_id: int, body: bytes, *, tag: str | None = None,
             message_id: str | None = None, **extra: Any) -> dict[str, Any]:
         queue = self.queues[topic][queue_id]
-        now = int(time.time() * 1000)
+        now = now_ms()
         message = {"message_id": message_id or f"m-{topic}-{queue_id}-{len(queue)}",
                    "topic": topic, "queue_id": queue_id, "queue_offset": len(queue),
                    "body": body, "tag": tag, "keys": [], "properties": {},

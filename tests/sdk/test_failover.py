@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import httpx
@@ -23,10 +24,12 @@ from tidemq import (
     TransactionState,
     TransportError,
 )
+from tidemq._client import Client
 from tidemq._fault import BrokerHealth
 
 from tests.sdk.fakes import Canned, FakeCluster
 from tests.support.clock import FakeClock
+from tests.support.wait import quiet_for_async, wait_until_async
 
 # a short deadline: the cases that give up do so in a second (the stick window is half of it)
 FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_retry_after_s=0.01,
@@ -38,7 +41,7 @@ def producer(c: FakeCluster, **kw: Any) -> Producer:
     return Producer(nameservers=c.nameservers, transport=c.transport, retry=FAST, **kw)
 
 
-def hand_clock(p: Producer | TransactionProducer) -> FakeClock:
+def hand_clock(p: Client) -> FakeClock:
     """Give a client's broker health a clock the test moves (back-off of 1 s, then 2 s...)."""
     clock = FakeClock(now=0.0)
     p._health = BrokerHealth(initial_s=1.0, max_s=8.0, probe_timeout_s=5.0, clock=clock)
@@ -200,8 +203,14 @@ async def test_push_consumer_serves_the_live_group_while_the_other_is_down_quiet
     consumer.subscribe(TOPIC)
     caplog.set_level(logging.INFO, logger="tidemq")
     async with consumer:
-        await asyncio.sleep(1.0)
-        assert {q.broker_name for q in consumer.assignment} == {"broker-0"}  # b's wait
+        started = time.monotonic()
+        await wait_until_async(lambda: len(seen) == 4, what="broker-0's four messages")
+        # b's wait: the assignment stays on broker-0 until a second has passed since the
+        # start, the window of "< 40 tries"
+        await quiet_for_async(lambda: {q.broker_name for q in consumer.assignment},
+                              max(0.0, started + 1.0 - time.monotonic()),
+                              "the assignment while broker-1 is down")
+        assert {q.broker_name for q in consumer.assignment} == {"broker-0"}
         assert sorted(seen) == sorted(f"broker-0-{q}" for q in range(4))
         tries = len([r for r in two_brokers.requests if r.host == b.address])
         two_brokers.down.discard(b.address)
@@ -229,16 +238,17 @@ async def test_simple_consumer_receives_from_the_live_group_and_raises_when_all_
     two_brokers.down.add(b.address)
     consumer = SimpleConsumer("s", topic=TOPIC, nameservers=two_brokers.nameservers,
                               transport=two_brokers.transport, retry=FAST)
+    clock = hand_clock(consumer)
     async with consumer:
         got = [m.body for m in await consumer.receive(wait_ms=50)]
         got += [m.body for m in await consumer.receive(wait_ms=50)]
         assert got == [b"on a"]
         two_brokers.down.add(a.address)
-        await asyncio.sleep(1.0)  # both back-offs have passed: both are tried, both fail
+        clock.advance(1.0)  # b's back-off (1 s) has passed: both are tried, both fail
         with pytest.raises(TransportError):
             await consumer.receive(wait_ms=50)
         two_brokers.down.clear()
-        await asyncio.sleep(1.0)
+        clock.advance(2.0)  # past both back-offs again (a's 1 s, b's second: 2 s)
         assert [m.body for m in await consumer.receive(wait_ms=50)] == [b"on b"]
 
 

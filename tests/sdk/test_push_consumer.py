@@ -13,7 +13,7 @@ from tidemq import (
 )
 
 from tests.sdk.fakes import Canned, FakeCluster
-from tests.support.wait import wait_until_async
+from tests.support.wait import hang, wait_until_async
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 
@@ -178,7 +178,7 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_retried_while_others_
     async def handler(message: ReceivedMessage) -> None:
         if message.message_id == "m-2" and message.reconsume_times == 0:
             try:
-                await asyncio.sleep(30)
+                await hang()
             except asyncio.CancelledError:
                 cancelled.append(message.message_id)
                 raise
@@ -223,7 +223,7 @@ async def test_close_cancels_a_stuck_handler_and_leaves_its_message_uncommitted(
     async def handler(message: ReceivedMessage) -> None:
         if message.queue_offset == 1:
             started.set()
-            await asyncio.sleep(30)
+            await hang()
         finished.append(message.queue_offset)
 
     consumer = _consumer(cluster, handler, subscriptions={"orders": "*"}, close_timeout_s=0.2)

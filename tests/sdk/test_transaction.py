@@ -30,6 +30,8 @@ from tidemq.protocol import TRANSACTION_ID
 from tidemq.protocol.records.v2 import CONTENT_BATCH
 from tidemq.protocol.records.v2_read import as_messages
 
+from tests.support.clock import now_ms
+
 BROKER = "http://broker.test"
 
 
@@ -249,7 +251,7 @@ async def test_outbox_records_the_message_with_the_business_change(outbox: Any) 
     assert state is TransactionState.COMMIT
     async with outbox.engine.connect() as conn:
         assert (await conn.execute(select(ORDERS.c.note))).all() == [("m1",)]
-    now = int(time.time() * 1000)
+    now = now_ms()
     assert await outbox.check_local_transaction(received("m1", now)) is TransactionState.COMMIT
 
 
@@ -264,7 +266,7 @@ async def test_outbox_rolls_back_both_and_answers_checks_by_age(outbox: Any) -> 
     assert isinstance(caught.value.__cause__, ValueError)
     async with outbox.engine.connect() as conn:
         assert (await conn.execute(select(ORDERS.c.note))).all() == []
-    now = int(time.time() * 1000)
+    now = now_ms()
     assert await outbox.check_local_transaction(received("m2", now)) is \
         TransactionState.UNKNOWN  # might still be running somewhere
     assert await outbox.check_local_transaction(received("m2", now - 61_000)) is \

@@ -15,6 +15,8 @@ from tidemq._exceptions import WireConnectError, WireError, WireTimeout
 from tidemq._http import HttpClient, RetryPolicy
 from tidemq._wire import WireTransport, split_url
 
+from tests.support.wait import hang
+
 Reply = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
 
 
@@ -205,7 +207,7 @@ async def test_errors_say_whether_the_request_was_sent() -> None:
 
     async def silent(request: bytes, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> bool:
-        await asyncio.sleep(10)
+        await hang()
         return False
 
     async def hang_up(request: bytes, reader: asyncio.StreamReader,
@@ -242,7 +244,7 @@ async def test_http_client_maps_wire_errors_and_decodes_answers(ok_server: Serve
 
     async def silent(request: bytes, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> bool:
-        await asyncio.sleep(10)
+        await hang()
         return False
 
     async with Server(silent) as server:

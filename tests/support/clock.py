@@ -7,9 +7,19 @@ One object serves every shape a part takes its clock in:
 - ``ms()`` answers the wall clock in epoch milliseconds (``wall_ms``), ``monotonic_ms()`` a
   monotonic clock in milliseconds; ``advance(s)`` moves both as real time does, ``step_wall(s)``
   moves the wall clock alone, as an NTP step or a resumed VM does.
+
+``now_ms()`` is the real wall clock in epoch milliseconds, the one tests compare due times and
+store times with.
 """
 
 from __future__ import annotations
+
+import time
+
+
+def now_ms() -> int:
+    """The real wall clock, epoch milliseconds."""
+    return time.time_ns() // 1_000_000
 
 
 class FakeClock:

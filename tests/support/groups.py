@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from tests.support.broker import TOKEN, unique
+from tests.support.clock import now_ms
 from tests.support.procs import ServiceProcess, free_port
 from tests.support.wait import wait_until
 
@@ -44,10 +45,6 @@ FAST_SCHEDULER = {"TICK_MS": "50", "LEVEL_POLL_MS": "50", "CHECKPOINT_INTERVAL_M
 
 def group_name(i: int) -> str:
     return f"broker-{string.ascii_lowercase[i]}"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass

@@ -32,6 +32,7 @@ from tidemq.protocol.signing import sign_rest
 from tests.support.acl import USERS, AclCluster, acl_cluster, write_acl
 from tests.support.broker import TOKEN
 from tests.support.procs import REPO, RedisServer, ServiceProcess, free_port
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -212,11 +213,11 @@ def test_services_are_accounts(cluster: AclCluster, tmp_path: Path,
         "TIDEMQ_BROKER_REGISTER_INTERVAL_S": "0.2", "TIDEMQ_BROKER_ACCESS_KEY": ak,
         "TIDEMQ_BROKER_SECRET_KEY": sk}, tmp_path).start()
     try:
-        time.sleep(1.0)
+        wait_until(lambda: "403" in rogue.logs() or "FORBIDDEN" in rogue.logs(),
+                   what="the rogue broker's registration refused")
         names = {x["broker_name"] for x in
                  admin.get(f"{cluster.nameserver_url}/v1/cluster").json()["brokers"]}
         assert "broker-weak" not in names
-        assert "403" in rogue.logs() or "FORBIDDEN" in rogue.logs()
     finally:
         rogue.stop()
 
@@ -283,11 +284,11 @@ def test_the_file_is_reloaded_and_a_bad_file_keeps_the_last_good(cluster: AclClu
         assert time.monotonic() < deadline, "the ACL file was not reloaded"
         time.sleep(0.2)
     cluster.acl_file.write_text("users: [ {name: broken\n")
-    time.sleep(2.5)  # past the reload check (1 s) on every process
-    assert nobody.post(url, json=SEND).status_code == 200  # the last good rules stay
+    # the broker's reload check (every 1 s) read the broken file and refused it
+    wait_until(lambda: 'tidemq_acl_reloads{result="failed"} 1.0' in httpx.get(
+        f"{cluster.broker_url}/metrics").text, what="the broken file refused")
     assert "NOT loaded" in cluster.procs["broker"].logs()
-    assert 'tidemq_acl_reloads{result="failed"} 1.0' in httpx.get(
-        f"{cluster.broker_url}/metrics").text
+    assert nobody.post(url, json=SEND).status_code == 200  # the last good rules stay
     write_acl(cluster.acl_file)  # back to the module's rules
     deadline = time.monotonic() + 10
     while nobody.post(url, json=SEND).status_code != 403:

@@ -25,7 +25,7 @@ import redis
 from tidemq import ConsumeResult, Producer, PushConsumer, ReceivedMessage, SimpleConsumer
 
 from tests.support.procs import RedisServer
-from tests.support.wait import wait_until_async
+from tests.support.wait import quiet_for_async, wait_until, wait_until_async
 from tests.system.cluster_harness import (
     EXPIRY_S,
     ROUTE_REFRESH_S,
@@ -75,7 +75,8 @@ async def test_sends_spread_and_a_group_of_two_consumes_everything_once(
             await asyncio.gather(*(producer.send(f"m{i}", topic=topic) for i in range(400)))
         sent = {f"m{i}" for i in range(400)}
         await wait_until_async(lambda: recorder.bodies() >= sent, 20, "every message consumed")
-        await asyncio.sleep(0.5)  # a second delivery would show up now
+        # a second delivery would show up within half a second (both poll without pause)
+        await quiet_for_async(lambda: len(recorder.events), 0.5, "deliveries")
         await first.commit_offsets()
         await second.commit_offsets()
 
@@ -169,7 +170,10 @@ async def test_sigkill_of_a_group_while_sending_fails_no_send_and_loses_nothing(
         await asyncio.to_thread(groups.kill_broker, "broker-b")
         killed = time.monotonic()
         before_kill = len(sender.acked)
-        await asyncio.sleep(EXPIRY_S + 1.0)  # past the nameservers' expiry: b leaves the routes
+        # past the nameservers' expiry (EXPIRY_S) b leaves the routes; sends go on meanwhile
+        await asyncio.to_thread(groups.wait_route, topic, {"broker-a": 4}, EXPIRY_S + 15)
+        await wait_until_async(lambda: len(sender.acked) - before_kill >= 100, 20,
+                               "sends while broker-b is down")
         during = len(sender.acked) - before_kill
         await asyncio.to_thread(groups.start_broker, "broker-b")
         restarted = time.monotonic()
@@ -178,7 +182,8 @@ async def test_sigkill_of_a_group_while_sending_fails_no_send_and_loses_nothing(
         await wait_until_async(lambda: sum(groups.max_offsets("broker-b", topic).values()) > held,
                                20, "sends to reach broker-b again", every=0.2)
         back_s = time.monotonic() - restarted
-        await asyncio.sleep(0.5)
+        more = len(sender.acked) + 50
+        await wait_until_async(lambda: len(sender.acked) >= more, 20, "sends with both back")
         sender.stop.set()
         await task
         acked = set(sender.acked)
@@ -211,6 +216,14 @@ async def test_sigkill_of_a_group_while_sending_fails_no_send_and_loses_nothing(
     assert recorder.bodies() == acked
 
 
+def route_lookups(groups: SdkGroups, metrics_url: str) -> float:
+    """Route lookups a nameserver answered with a route (its metric)."""
+    text = groups.http.get(metrics_url).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("tidemq_nameserver_route_lookups_total{")
+               and 'result="found"' in line)
+
+
 async def test_a_nameserver_killed_while_sending_fails_nothing(groups: SdkGroups) -> None:
     topic = groups.create_topic(queues=4)
     group = unique("G")
@@ -223,9 +236,14 @@ async def test_a_nameserver_killed_while_sending_fails_nothing(groups: SdkGroups
         await consumer.start()
         task = asyncio.create_task(sender.run())
         await wait_until_async(lambda: len(recorder.events) >= 100, 15, "consumption to start")
+        lookups = groups.nameservers[1].url + "/metrics"
+        served = route_lookups(groups, lookups)
         await asyncio.to_thread(groups.kill_nameserver, 0)
         killed = len(sender.acked)
-        await asyncio.sleep(3 * ROUTE_REFRESH_S)  # several route refreshes with ns 0 dead
+        # several route refreshes with ns 0 dead: three of each client (producer and consumer,
+        # one every ROUTE_REFRESH_S) answered by ns 1
+        await asyncio.to_thread(wait_until, lambda: route_lookups(groups, lookups) >= served + 6,
+                                10 * ROUTE_REFRESH_S + 10, "route refreshes through ns 1")
         # a client started now has the dead nameserver first in its list
         async with Producer(nameservers=groups.ns_urls, **CLIENT) as late:
             started = time.monotonic()

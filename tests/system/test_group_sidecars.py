@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from tests.support.broker import unique
-from tests.support.groups import CheckAnswerer, GroupProcs, Groups, now_ms, run_groups
+from tests.support.clock import now_ms
+from tests.support.groups import CheckAnswerer, GroupProcs, Groups, run_groups
 from tests.support.procs import RedisServer, free_port
 from tests.support.wait import wait_until
 

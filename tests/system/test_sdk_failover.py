@@ -22,7 +22,7 @@ import pytest
 from tidemq import Producer, PushConsumer
 
 from tests.support.procs import RedisServer
-from tests.support.wait import wait_until_async
+from tests.support.wait import quiet_for_async, wait_until_async
 from tests.system.sdk_harness import FAST_CONSUMER, Flow, Recorder, SdkCluster, run_cluster, unique
 
 pytestmark = pytest.mark.integration
@@ -112,7 +112,9 @@ async def test_redis_restart_mid_run(tmp_path: Path, private_redis: RedisServer,
             down = time.monotonic()
             resp = cluster.broker.http.get(f"/v1/groups/{group}/offsets", params={"topic": topic})
             cluster.broker.error(resp, 503, "UNAVAILABLE")
-            await asyncio.sleep(1.5)  # sends must go on meanwhile (the flow raises otherwise)
+            # sends and consumption go on meanwhile (the flow raises otherwise)
+            await wait_until_async(lambda: flow.acked_since(down) > 50 and sum(
+                e.at >= down for e in recorder.events) > 50, 20, "work while Redis is down")
             sent_while_down = flow.acked_since(down)
             consumed_while_down = sum(e.at >= down for e in recorder.events)
             await asyncio.to_thread(private_redis.start)  # same port, same data
@@ -145,5 +147,7 @@ async def test_redis_restart_mid_run(tmp_path: Path, private_redis: RedisServer,
             new = [f"new-{i}" for i in range(20)]
             await asyncio.gather(*(producer.send(b, topic=topic) for b in new))
             await wait_until_async(lambda: fresh.bodies() >= set(new), 10, "the new messages")
-            await asyncio.sleep(0.5)
+            # an old message pulled from before the committed offsets would be in by now (its
+            # queue's pulls are in order); nothing more within half a second either
+            await quiet_for_async(lambda: len(fresh.events), 0.5, "deliveries")
         assert sorted(e.body for e in fresh.events) == sorted(new)

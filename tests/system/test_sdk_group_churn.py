@@ -22,7 +22,7 @@ import pytest
 from tidemq import Producer, PushConsumer
 
 from tests.support.procs import RedisServer
-from tests.support.wait import wait_until_async
+from tests.support.wait import quiet_for_async, wait_until_async
 from tests.system.sdk_harness import (
     FAST_CONSUMER,
     ConsumerProcess,
@@ -85,7 +85,7 @@ async def test_three_consumers_join_and_leave_while_messages_flow(
         await wait_until_async(settled, 15, f"the group to settle ({why})")
         await asyncio.sleep(SETTLE_MARGIN_S)
         start = time.monotonic()
-        await asyncio.sleep(STABLE_S)
+        assert await quiet_for_async(settled, STABLE_S, f"the group settled ({why})")
         # at least STABLE_S, and until enough has flowed to show repeats (a loaded machine
         # may process little in one second; a stuck group fails here)
         await wait_until_async(
@@ -169,6 +169,7 @@ async def test_three_consumers_join_and_leave_while_messages_flow(
         new = [f"new-{i}" for i in range(40)]
         await asyncio.gather(*(producer.send(b, topic=topic) for b in new))
         await wait_until_async(lambda: fresh.bodies() >= set(new), 10, "c4 to process the new ones")
-        await asyncio.sleep(0.5)  # time enough for an old message to show up
+        # time enough for an old message to show up: nothing more within half a second
+        await quiet_for_async(lambda: len(fresh.events), 0.5, "deliveries")
     assert sorted(e.body for e in fresh.events) == sorted(new)
 

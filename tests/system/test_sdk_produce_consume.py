@@ -23,6 +23,7 @@ from tidemq import (
     SimpleConsumer,
 )
 
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until_async
 from tests.system.sdk_harness import FAST_CONSUMER, Recorder, SdkCluster, run_cluster, unique
@@ -104,10 +105,10 @@ async def test_delays_given_as_float_timedelta_and_datetime(cluster: SdkCluster)
     aware = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=250_000)
     naive = (datetime.now() + timedelta(hours=3)).replace(microsecond=0)
     async with Producer(nameservers=", ".join(cluster.nameservers)) as producer:
-        before = int(time.time() * 1000)
+        before = now_ms()
         by_float = await producer.send(b"f", topic=topic, delay_ms=30 * 60 * 1000.0)
         by_delta = await producer.send(b"d", topic=topic, delay_ms=timedelta(minutes=5))
-        after = int(time.time() * 1000)
+        after = now_ms()
         at_aware = await producer.send(Message(b"a", topic=topic, deliver_at_ms=aware))
         [at_naive] = await producer.send_batch(topic, [Message(b"n", deliver_at_ms=naive)])
     assert all(r.scheduled for r in (by_float, by_delta, at_aware, at_naive))

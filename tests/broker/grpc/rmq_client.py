@@ -38,6 +38,8 @@ TLS = os.environ.get("RMQ_TLS") == "1"
 
 
 def now_ms() -> int:
+    """The wall clock in epoch ms (tests.support.clock.now_ms: this script imports nothing of
+    the repository, it runs in the official client's own environment)."""
     return time.time_ns() // 1_000_000
 
 
@@ -138,12 +140,22 @@ def checker(args: argparse.Namespace) -> dict[str, Any]:
         TransactionResolution.ROLLBACK
     check = Checker(answer)
     producer = Producer(config(args.endpoint), (args.topic,), check)
+    # the client calls this when the broker answered the EndTransaction of a check's answer
+    ended: list[str] = []
+    answered = producer._Producer__server_transaction_check_callback
+
+    def counted(future: Any, message: Any, transaction_id: str, result: Any) -> None:
+        answered(future, message=message, transaction_id=transaction_id, result=result)
+        ended.append(transaction_id)
+
+    producer._Producer__server_transaction_check_callback = counted
     producer.startup()
     deadline = time.monotonic() + args.timeout
     try:
-        while time.monotonic() < deadline and len(check.checked) < args.count:
+        # every check asked, and the EndTransaction of every answer answered
+        while time.monotonic() < deadline and (
+                len(check.checked) < args.count or len(ended) < len(check.checked)):
             time.sleep(0.05)
-        time.sleep(0.5)  # let the EndTransaction of the last answer go out
     finally:
         producer.shutdown()
     return {"checked": check.checked}
@@ -221,9 +233,10 @@ def metrics(args: argparse.Namespace) -> dict[str, Any]:
         sent = [producer.send(message(args.topic, f"metrics-{i}")).message_id
                 for i in range(args.count)]
         deadline = time.monotonic() + args.timeout
-        while len(got) < args.count and time.monotonic() < deadline:
+        # every message in, and the broker's Settings (metrics on) applied by both clients
+        while (len(got) < args.count or not (metrics_on(producer) and metrics_on(consumer))) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(1.0)  # settings answers of every stream have arrived by now
         states = {"producer": metrics_on(producer), "consumer": metrics_on(consumer)}
     finally:
         consumer.shutdown()

@@ -7,7 +7,6 @@ user's topic belongs to another message). A delivery time past the maximum delay
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import grpc
 import pytest
 
 from tests.support.broker import BrokerHandle, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer, free_port, wait_port
 from tidemq_server.broker.grpc.proto import Code, MessageType, pb, service_grpc, service_pb
 
@@ -57,7 +57,7 @@ async def test_a_delayed_grpc_send_has_no_offset(stub: Any, broker: tuple[Broker
     topic = b.create_topic(queues=2)
     b.send(topic, {"body": "plain", "queue_id": 0}, {"body": "plain", "queue_id": 1})
     mid = unique("grpc-delay")
-    due = time.time_ns() // 1_000_000 + HOUR_MS
+    due = now_ms() + HOUR_MS
     res = await stub.SendMessage(service_pb.SendMessageRequest(messages=[delayed(topic, mid, due)]),
                                  metadata=HEADERS, timeout=10)
     assert res.status.code == Code.OK, res.status
@@ -72,7 +72,7 @@ async def test_a_delivery_time_past_the_maximum_is_refused(stub: Any,
                                                             broker: tuple[BrokerHandle, int]
                                                             ) -> None:
     topic = broker[0].create_topic(queues=1)
-    far = time.time_ns() // 1_000_000 + 31 * 24 * HOUR_MS
+    far = now_ms() + 31 * 24 * HOUR_MS
     res = await stub.SendMessage(
         service_pb.SendMessageRequest(messages=[delayed(topic, unique("far"), far)]),
         metadata=HEADERS, timeout=10)

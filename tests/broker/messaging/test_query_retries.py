@@ -3,12 +3,12 @@ key queries carry each message's state. Real broker and redis-server."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.broker import BrokerHandle, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,7 @@ def test_a_retry_waiting_out_its_delay_is_scheduled_in_the_history(broker: Broke
     topic = broker.create_topic(queues=1)
     mid = broker.send(topic, {"body": "later"})[0]["message_id"]
     group = unique("G")
-    before = int(time.time() * 1000)
+    before = now_ms()
     retry(broker, group, mid, delay_level=3)  # 10 s; no scheduler here delivers it
 
     found = broker.http.get(f"/v1/messages/{mid}").json()
@@ -86,7 +86,7 @@ def test_key_query_answers_each_message_state(broker: BrokerHandle) -> None:
     found = broker.http.get("/v1/messages", params={"topic": topic, "key": key}).json()
     assert [(m["body"], m["state"]) for m in found["messages"]] == [("one", "stored"),
                                                                    ("two", "stored")]
-    now = int(time.time() * 1000)
+    now = now_ms()
     by_time = broker.http.get("/v1/messages", params={"topic": topic, "begin_ms": now - 60_000,
                                                       "end_ms": now + 1000}).json()
     assert {m["state"] for m in by_time["messages"]} == {"stored"}

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import RedisServer
-from tests.support.replication import run_group, status, wait_in_sync
-from tests.support.wait import wait_until
+from tests.support.replication import FAST, run_group, status, wait_in_sync
+from tests.support.wait import quiet_for, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +45,10 @@ def test_a_replica_below_the_retained_log_says_so(tmp_path: Path,
         assert "REPLICA OUT OF RANGE" in replica.proc.logs()
         # its refused fetches acknowledge nothing: out of sync once the lag time passes
         wait_until(lambda: status(primary)["in_sync_copies"] == 1, what="out of sync")
-        time.sleep(0.5)
-        assert status(primary)["in_sync_copies"] == 1 and status(replica)["out_of_range"]
+        # and stays so: five of its retries (100 ms apart) are refused and acknowledge nothing
+        assert quiet_for(lambda: (status(primary)["in_sync_copies"],
+                                  bool(status(replica)["out_of_range"])),
+                         5 * FAST["replica_retry_ms"] / 1000, "out of sync") == (1, True)
 
 
 def test_flush_sync_acknowledges_what_the_replica_fsynced(tmp_path: Path,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.etcd import EtcdServer
-from tests.support.wait import TIMEOUT_S, wait_until_async
+from tests.support.wait import TIMEOUT_S, quiet_for_async, wait_until_async
 from tidemq_server.broker.replication.election import (
     Claim,
     Elector,
@@ -201,13 +201,15 @@ async def test_a_restarted_primary_ends_its_earlier_lease(client: EtcdClient) ->
 
 async def test_fence_is_false_without_etcd(tmp_path: Path) -> None:
     """An unreachable etcd never opens the fence."""
-    c = EtcdClient(["http://127.0.0.1:9"], timeout_s=0.2)
+    timeout_s = 0.2
+    c = EtcdClient(["http://127.0.0.1:9"], timeout_s=timeout_s)
     role = FakeRole()
     e = _elector(c, role, "nowhere", 0)
     e.start()
     try:
-        await asyncio.sleep(0.5)
-        assert not role.fence() and role.promoted == []
+        # shut through three of its etcd timeouts (0.2 s each)
+        assert await quiet_for_async(lambda: (role.fence(), list(role.promoted)),
+                                     3 * timeout_s, "the fence") == (False, [])
     finally:
         await e.stop()
         await c.close()
@@ -246,8 +248,8 @@ async def test_a_slow_promotion_keeps_its_lease(client: EtcdClient) -> None:
     second.start()
     try:
         await wait_until_async(lambda: bool(slow.promoted))
-        await asyncio.sleep(LEASE_S)  # a lease lost during the promotion has lapsed by now
-        assert other.promoted == []
+        # a lease lost during the promotion lapses within one lease: the other never promotes
+        assert await quiet_for_async(lambda: list(other.promoted), LEASE_S, "promotions") == []
         assert other.demoted[-1] == ("http://127.0.0.1:20000", 1)
         kv = await client.get(GroupKeys("test", group).primary)
         assert isinstance(kv, KeyValue) and kv.lease == first.lease  # the same lease still

@@ -6,7 +6,6 @@ send repeated with the same message id is answered from the dedup window, stored
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.broker import TOKEN
+from tests.support.clock import now_ms
 from tests.support.groups import DEAD_URL, FAST_SCHEDULER, CheckAnswerer
 from tests.support.procs import RedisServer, ServiceProcess, free_port
 from tests.support.replicated import GROUP, ReplicatedGroup, run_replicated_group
@@ -76,7 +76,7 @@ def test_a_successor_checks_half_messages_and_delivers_timers_of_its_killed_prim
         "message": {"body": "half on the old primary"}, "check_immunity_s": 3})
     assert half.status_code == 200, half.text
     txid, half_id = half.json()["transaction_id"], half.json()["message_id"]
-    sent_ms = time.time_ns() // 1_000_000
+    sent_ms = now_ms()
     timer = group.http.post(f"{url}/v1/topics/{TOPIC}/messages", json={"messages": [
         {"body": "timer on the old primary", "delay_ms": DELAY_MS}]})
     assert timer.status_code == 200, timer.text

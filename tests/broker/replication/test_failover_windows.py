@@ -28,7 +28,8 @@ import pytest
 from tidemq import ConsumeResult, Producer, PushConsumer, ReceivedMessage
 
 from tests.support.broker import TOKEN
-from tests.support.groups import DEAD_URL, FAST_SCHEDULER, now_ms
+from tests.support.clock import now_ms
+from tests.support.groups import DEAD_URL, FAST_SCHEDULER
 from tests.support.procs import REPO, RedisServer, ServiceProcess, free_port
 from tests.support.replicated import GROUP, ReplicatedGroup, run_replicated_group
 from tests.support.wait import wait_until

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer, ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -126,7 +127,7 @@ def test_offsets_at_a_time(broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=2)
     broker.send(topic, {"body": "early", "queue_id": 0}, {"body": "early", "queue_id": 0})
     time.sleep(0.05)
-    middle = int(time.time() * 1000)
+    middle = now_ms()
     time.sleep(0.05)
     broker.send(topic, {"body": "late", "queue_id": 0})
 
@@ -135,7 +136,7 @@ def test_offsets_at_a_time(broker: BrokerHandle) -> None:
                        {"queue_id": 1, "min": 0, "max": 0, "at": 0}]
     first = broker.http.get(f"/v1/topics/{topic}", params={"at_ms": 0}).json()["offsets"]
     assert first[0]["at"] == 0
-    future = int(time.time() * 1000) + 60_000
+    future = now_ms() + 60_000
     last = broker.http.get(f"/v1/topics/{topic}", params={"at_ms": future}).json()["offsets"]
     assert last[0]["at"] == 3
     assert "at" not in broker.http.get(f"/v1/topics/{topic}").json()["offsets"][0]

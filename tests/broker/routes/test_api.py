@@ -12,6 +12,7 @@ import msgpack
 import pytest
 
 from tests.support.broker import BrokerHandle, msgpack_post, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
 from tidemq_server.broker.messaging.pull import WAIT_SLICE_S
@@ -33,7 +34,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory,
 
 def test_send_pull_json_round_trip(broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=2)
-    before = int(time.time() * 1000)
+    before = now_ms()
     results = broker.send(
         topic,
         {"message_id": "id-1", "body": "héllo", "tag": "TagA", "keys": ["k1", "k2"],
@@ -189,10 +190,10 @@ def test_topic_admin_errors(broker: BrokerHandle) -> None:
 
 def test_query_by_id_key_and_time(broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=2)
-    begin = int(time.time() * 1000) - 1
+    begin = now_ms() - 1
     broker.send(topic, {"message_id": unique("q"), "body": "x", "keys": ["order-1"]},
                 {"message_id": "query-me-" + topic, "body": "y", "keys": ["order-2"]})
-    end = int(time.time() * 1000) + 1
+    end = now_ms() + 1
     msg = broker.http.get(f"/v1/messages/query-me-{topic}").json()
     assert msg["body"] == "y" and msg["state"] == "stored" and msg["topic"] == topic
     by_key = broker.http.get("/v1/messages", params={"topic": topic, "key": "order-2"}).json()
@@ -233,17 +234,23 @@ def test_group_heartbeat_leave_and_expiry(broker: BrokerHandle) -> None:
     group = unique("G")
     path = f"/v1/groups/{group}/heartbeat"
     body = {"subscriptions": {"T": "*"}, "mode": "clustering"}
+    b_sent = time.monotonic()  # b's one heartbeat
     assert broker.http.post(path, json={"client_id": "b", **body}).json() == {"members": ["b"]}
     assert broker.http.post(path, json={"client_id": "a", **body}).json() == {
         "members": ["a", "b"]}
     assert broker.http.delete(f"/v1/groups/{group}/members/a").json() == {}
     assert broker.http.post(path, json={"client_id": "c", **body}).json() == {
         "members": ["b", "c"]}
-    time.sleep(0.7)
-    assert broker.http.post(path, json={"client_id": "c", **body}).json() == {
-        "members": ["b", "c"]}
-    time.sleep(0.6)  # b silent for 1.3 s > consumer_expiry_s (1 s); c heard 0.6 s ago
-    assert broker.http.post(path, json={"client_id": "c", **body}).json() == {"members": ["c"]}
+
+    def c_beats() -> list[str]:
+        members: list[str] = broker.http.post(path, json={"client_id": "c", **body}).json()[
+            "members"]
+        return members
+
+    # c keeps beating: b stays a member until it has been silent for consumer_expiry_s (1 s),
+    # then it is dropped and c, heard all along, stays
+    after = wait_until(lambda: (m := c_beats()) != ["b", "c"] and m, what="b to expire")
+    assert after == ["c"] and time.monotonic() - b_sent >= 1.0
     broker.error(broker.http.post(path, json={"client_id": "c", "mode": "x"}), 400,
                  "BAD_REQUEST")
     broker.error(broker.http.post(path, json={}), 400, "BAD_REQUEST")

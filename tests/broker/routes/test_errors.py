@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +10,7 @@ import httpx
 import pytest
 
 from tests.support.broker import TOKEN, BrokerHandle, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def test_invalid_topic_name(broker: BrokerHandle) -> None:
 
 def test_invalid_delay(broker: BrokerHandle) -> None:
     topic = broker.create_topic(queues=2)
-    now = int(time.time() * 1000)
+    now = now_ms()
     for bad in ({"delay_level": 19}, {"delay_level": -1}, {"delay_ms": -5},
                 {"delay_level": 2, "delay_ms": 100},
                 {"deliver_at_ms": now + 31 * 24 * 3600 * 1000}):

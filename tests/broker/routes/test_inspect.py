@@ -4,13 +4,13 @@ trace (transaction checks, delay, retries) and pending timers by hour and by day
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.scheduler.harness import AUTH, DelayCluster, run_delay_cluster, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.wait import wait_until
 
@@ -135,7 +135,7 @@ def test_trace_of_a_dead_letter(cluster: DelayCluster) -> None:
 
 def test_timers_histogram_by_hour_and_day(cluster: DelayCluster) -> None:
     topic = cluster.broker.create_topic(queues=1)
-    now = int(time.time() * 1000)
+    now = now_ms()
     base = now - now % DAY_MS + 3 * DAY_MS  # three days ahead, at midnight UTC
     dues = [base + 5 * HOUR_MS + 60_000, base + 5 * HOUR_MS + 120_000,
             base + 7 * HOUR_MS, base + DAY_MS + HOUR_MS]

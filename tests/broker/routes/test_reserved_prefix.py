@@ -9,7 +9,6 @@ SendMessage (RocketMQ 5 user properties). A name that merely contains ``TIDE_`` 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -22,6 +21,7 @@ from tidemq.protocol import OutgoingMessage
 from tidemq.protocol.records.v2 import CONTENT_BATCH
 
 from tests.support.broker import BrokerHandle, msgpack_post, run_broker, unique
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer, free_port, wait_port
 from tests.support.transactions import pending
 from tidemq_server.broker.grpc.proto import Code, pb, service_grpc, service_pb
@@ -62,7 +62,7 @@ def test_every_rest_send_door_refuses_a_tide_property(broker: tuple[BrokerHandle
     _named(b, msgpack_post(b.http, path, body))
     _named(b, b.http.post(path, json={"messages": [
         {"body": "x", "properties": {"TIDE_ANYTHING_NEW": "1"}}]}), "TIDE_ANYTHING_NEW")
-    raw = encode_messages(topic, 0, [_outgoing({}), _outgoing(FORGED)], int(time.time() * 1000))
+    raw = encode_messages(topic, 0, [_outgoing({}), _outgoing(FORGED)], now_ms())
     _named(b, b.http.post(path, content=raw, headers={"content-type": CONTENT_BATCH}))
     assert b.pull(topic, 0)["messages"] == []
     kept = b.send(topic, {"body": "mine", "properties": {"MY_TIDE_NOTE": "1", "tide_x": "2"}})

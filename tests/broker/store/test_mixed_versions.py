@@ -5,7 +5,6 @@ time lookups — and recovery re-dispatches both, also a batch larger than a sca
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from tidemq.protocol.records.v2 import BatchBuilder, fill
 from tidemq.protocol.records.v2_read import validate
 
 from tests.broker.store.conftest import make_record, small_config
+from tests.support.clock import now_ms
 from tidemq_server.broker.store import MessageStore, commitlog, tag_code
 from tidemq_server.broker.store.records import v1 as record
 
@@ -26,7 +26,7 @@ def append_v1(store: MessageStore, i: int, queue_id: int = 0) -> None:
     clog, cq = store.log, store.dispatcher.queue(rec.topic, queue_id)
     if not clog.fits(record.HEADER_SIZE - 4 + len(payload)):
         clog.roll()
-    phys, ts = clog.write_offset, int(time.time() * 1000)
+    phys, ts = clog.write_offset, now_ms()
     raw = record.encode_header(rec, record.HEADER_SIZE - 4 + len(payload), cq.max_offset, phys,
                                ts, STORE_HOST, payload) + payload
     clog.write(raw)
@@ -47,7 +47,7 @@ def append_v2(store: MessageStore, first: int, count: int, queue_id: int = 0,
     if not clog.fits(len(raw)):
         clog.roll()
     cq = store.dispatcher.queue("T", queue_id)
-    fill(raw, 0, clog.write_offset, cq.max_offset, int(time.time() * 1000), STORE_HOST)
+    fill(raw, 0, clog.write_offset, cq.max_offset, now_ms(), STORE_HOST)
     summary = validate(raw, strict=False, offset=clog.write_offset)
     clog.write(raw)
     store.dispatcher.dispatch_batch(summary)

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from tests.broker.store.conftest import make_record, small_config
+from tests.support.clock import now_ms
 from tidemq_server.broker.store import (
     FlushMode,
     GetStatus,
@@ -67,9 +68,9 @@ async def test_half_and_rollback_records_are_not_dispatched(store: MessageStore)
 
 
 async def test_queries_by_unique_key_key_and_time(store: MessageStore) -> None:
-    before = int(time.time() * 1000)
+    before = now_ms()
     await store.put([make_record(i, queue_id=i % 3) for i in range(12)])
-    after = int(time.time() * 1000)
+    after = now_ms()
     assert [r.queue_id for r in store.find_by_unique_key("id-T-4")] == [1]
     assert store.find_by_unique_key("missing") == []
     assert [r.message_id for r in store.find_by_key("T", "k7")] == ["id-T-7"]

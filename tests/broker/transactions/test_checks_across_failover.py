@@ -14,13 +14,14 @@ copies a quorum holds.
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import RedisServer
 from tests.support.broker import TOKEN, BrokerHandle
+from tests.support.clock import now_ms
 from tests.support.replication import bodies, run_group, set_role, status, wait_in_sync
 from tests.support.transactions import run_checker
 from tests.support.wait import wait_until
@@ -57,13 +58,20 @@ def answer_check(broker: BrokerHandle, txid: str, action: str) -> int | None:
     return int(ours[-1]["check_times"])
 
 
+def newest_copy(broker: BrokerHandle, txid: str) -> dict[str, Any]:
+    """The newest half copy of ``txid`` in ``broker``'s half queue."""
+    halves = broker.http.get("/internal/v1/transactions/halves", params={"max": 64},
+                             headers={"X-Tidemq-Token": TOKEN})
+    assert halves.status_code == 200, halves.text
+    entry: dict[str, Any] = [e for e in halves.json()["entries"]
+                             if e["transaction_id"] == txid][-1]
+    return entry
+
+
 def check_newest_copy(broker: BrokerHandle, txid: str) -> None:
     """What the checker does to a copy that fell due: ask its broker to check it."""
     auth = {"X-Tidemq-Token": TOKEN}
-    halves = broker.http.get("/internal/v1/transactions/halves", params={"max": 64},
-                             headers=auth)
-    assert halves.status_code == 200, halves.text
-    newest = [e for e in halves.json()["entries"] if e["transaction_id"] == txid][-1]
+    newest = newest_copy(broker, txid)
     resp = broker.http.post("/internal/v1/transactions/actions", headers=auth, json={
         "actions": [{"transaction_id": txid, "physical_offset": newest["physical_offset"],
                      "action": "check"}]})
@@ -98,7 +106,9 @@ def test_a_replica_does_not_answer_the_checker_and_the_checks_go_on(
         last = check_times(new)  # the newest copy's count (checks offered since: at most this)
         end = status(new)["log_end"]
         wait_until(lambda: status(old)["hwm"] >= end, what="the replica holds the new copy")
-        time.sleep(TIMEOUT_MS / 1000 + 0.2)  # the new copy is due
+        # the new copy is due: TIMEOUT_MS after it was stored, by the broker's own record
+        stored = newest_copy(new, txid)["store_timestamp_ms"]
+        wait_until(lambda: now_ms() > stored + TIMEOUT_MS, what="the new copy due")
 
         # the checker still goes to the old address (the nameservers have not caught up)
         with run_checker(tmp_path, old, redis, **SLOW) as stale:

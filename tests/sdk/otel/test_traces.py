@@ -26,6 +26,7 @@ from tidemq.otel import TidemqInstrumentor
 from tidemq.testing import TidemqSystem
 
 from tests.sdk.otel.printing import format_trace
+from tests.support.wait import hang
 
 pytestmark = pytest.mark.integration
 
@@ -243,7 +244,7 @@ async def test_a_handler_past_its_timeout_ends_its_span_as_cancelled(
         sent = await producer.send(b"order 6", topic=topic)
 
     async def slow(message: ReceivedMessage) -> None:
-        await asyncio.sleep(30)
+        await hang()
 
     async with tidemq_system.consumer("otel-slow", slow, {topic: "*"}, consume_timeout_s=0.3):
         for _ in range(200):

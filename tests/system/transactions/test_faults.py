@@ -12,8 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.clock import now_ms
 from tests.support.procs import RedisServer
 from tests.support.transactions import (
+    INTERVAL_MS,
     TOKEN,
     Producer,
     checker_process,
@@ -25,9 +27,12 @@ from tests.support.transactions import (
     state_of,
     unique,
 )
-from tests.support.wait import wait_until
+from tests.support.wait import quiet_for, wait_until
 
 pytestmark = pytest.mark.integration
+
+
+IMMUNITY_MS = 3000  # the checker's transaction timeout in the mid-scan kill test
 
 
 def checks_seen(p: Producer) -> list[str]:
@@ -47,10 +52,15 @@ def test_checker_killed_mid_scan_misses_nothing_and_duplicates_nothing(
         answerer = Producer(b, group, tmp_path, "--check", "commit", "--serve", "-1")
         try:
             answerer.wait_for(lambda ls: any(x.get("ready") for x in ls))
-            time.sleep(0.5)  # every half is past the immunity: one scan checks all of them
+            # every half is past the immunity (by its store time): one scan checks all of them
+            entries = b.http.get("/internal/v1/transactions/halves", params={"max": 256},
+                                 headers={"X-Tidemq-Token": TOKEN}).json()["entries"]
+            due = max(e["store_timestamp_ms"] for e in entries
+                      if e["transaction_id"] in txids) + IMMUNITY_MS
+            wait_until(lambda: now_ms() >= due, what="every half due")
             # small pages, so that a scan is many requests and the kill lands inside one
             proc = checker_process(tmp_path, b, redis_server.url, batch_size=3,
-                                   check_interval_ms=200, transaction_timeout_ms=3000)
+                                   check_interval_ms=200, transaction_timeout_ms=IMMUNITY_MS)
             proc.start()
             wait_until(lambda: len(checks_seen(answerer)) >= 10, what="first checks")
             proc.kill()
@@ -58,7 +68,9 @@ def test_checker_killed_mid_scan_misses_nothing_and_duplicates_nothing(
             proc.start()
             wait_until(lambda: len(delivered(b, topic, 2)) >= count, timeout=60,
                        what="every message delivered")
-            time.sleep(1.0)
+            # nothing more: no second delivery, no second check, for five check intervals
+            quiet_for(lambda: (len(delivered(b, topic, 2)), len(checks_seen(answerer))),
+                      5 * 0.2, "deliveries and checks")
             proc.stop()
             got = delivered(b, topic, 2)
             assert len(got) == count and len({m["message_id"] for m in got}) == count
@@ -92,7 +104,9 @@ def test_broker_restart_keeps_pending_transactions_checked(
             try:
                 wait_until(lambda: len(delivered(b, topic, 2)) == 4, timeout=30,
                            what="delivery after the restart")
-                time.sleep(0.8)
+                # nothing more within three check intervals
+                quiet_for(lambda: len(delivered(b, topic, 2)), 3 * INTERVAL_MS / 1000,
+                          "deliveries")
                 got = delivered(b, topic, 2)
                 assert sorted(m["message_id"] for m in got) == \
                     sorted(s["message_id"] for s in sent)

@@ -3,12 +3,12 @@ producer's transactions answered by another instance of the group, 15 unknowns â
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
 
 from tests.support.transactions import (
+    INTERVAL_MS,
     Cluster,
     Producer,
     delivered,
@@ -17,9 +17,11 @@ from tests.support.transactions import (
     state_of,
     unique,
 )
-from tests.support.wait import wait_until
+from tests.support.wait import quiet_for, wait_until
 
 pytestmark = pytest.mark.integration
+
+QUIET_S = 3 * INTERVAL_MS / 1000  # no more deliveries within three check intervals (s)
 
 EVENT_KEYS = {"event", "source", "producer_group", "topic", "transaction_id", "message_id",
               "check_times", "born_ms", "ts_ms"}
@@ -42,7 +44,7 @@ def test_commit_delivers_exactly_once(cluster: Cluster) -> None:
     assert p.stop() == 0, p.stderr()
     assert [s["local_state"] for s in sent] == ["commit"] * 6
     wait_until(lambda: len(delivered(b, topic, 2)) >= 6, what="delivery")
-    time.sleep(1.0)  # a few check intervals: nothing more may arrive
+    quiet_for(lambda: len(delivered(b, topic, 2)), QUIET_S, "deliveries")  # nothing more
     got = delivered(b, topic, 2)
     assert sorted(m["message_id"] for m in got) == sorted(s["message_id"] for s in sent)
     assert sorted(m["body"] for m in got) == [f"m-{i}" for i in range(6)]
@@ -87,8 +89,8 @@ def test_unknown_is_checked_and_the_answer_decides(cluster: Cluster) -> None:
         wait_until(lambda: {state_of(b, s["message_id"]) for s in yes_sent + no_sent}
                    == {"committed", "rolled_back"} and not pending(b, yes) + pending(b, no),
                    what="checks resolving both groups")
-        time.sleep(0.8)
-        assert sorted(m["body"] for m in delivered(b, topic, 2)) == ["yes-0", "yes-1", "yes-2"]
+        assert quiet_for(lambda: sorted(m["body"] for m in delivered(b, topic, 2)), QUIET_S,
+                         "deliveries") == ["yes-0", "yes-1", "yes-2"]
         assert {state_of(b, s["message_id"]) for s in no_sent} == {"rolled_back"}
         evs = [e for e in events(b) if e["producer_group"] in (yes, no)]
         ends = [(e["producer_group"], e["event"], e["source"]) for e in evs
@@ -115,7 +117,7 @@ def test_another_instance_answers_when_the_producer_died(cluster: Cluster) -> No
     try:
         second.wait_for(lambda ls: len([x for x in ls if "check" in x]) >= 3, timeout=30)
         wait_until(lambda: len(delivered(b, topic, 2)) == 3, what="delivery")
-        time.sleep(0.8)
+        quiet_for(lambda: len(delivered(b, topic, 2)), QUIET_S, "deliveries")  # nothing more
         got = delivered(b, topic, 2)
         assert sorted(m["message_id"] for m in got) == sorted(s["message_id"] for s in sent)
         assert pending(b, group) == []
