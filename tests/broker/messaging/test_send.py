@@ -58,8 +58,8 @@ class MemoryStore:
             out.append(Appended(phys, 1, r.queue_id, offset, now_ms()))
         return PutResult(PutStatus.OK, out)
 
-    def find_by_unique_key(self, message_id: str, *, whole_log: bool = False
-                           ) -> list[StoredRecord]:
+    def find_by_unique_key(self, message_id: str, *, whole_log: bool = False,
+                           since_ms: int | None = None) -> list[StoredRecord]:
         return [r for r in self.records if r.message_id == message_id]
 
     async def settle(self, end: int) -> PutStatus:

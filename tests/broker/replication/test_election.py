@@ -291,7 +291,9 @@ async def test_a_clean_stop_elects_the_successor_on_the_watch_event(client: Etcd
         await stopped
         await wait_until_async(lambda: bool(roles[1].promoted), timeout=SLOW_STEP_S / 2,
                                what="the successor elected well before its next step")
-        assert roles[1].promoted[0][0] == 2 and roles[1].fence()
+        assert roles[1].promoted[0][0] == 2
+        # the fence opens once the promotion returns (Elector._campaign: promote, then lead)
+        await wait_until_async(roles[1].fence, what="the successor's fence open")
     finally:
         await leader.stop()
         await successor.stop()
