@@ -1,6 +1,5 @@
-"""The broker's modules import each other without a cycle (module level or inside functions;
-imports under ``if TYPE_CHECKING:`` aside), ``messaging`` imports nothing above it, and only
-the ingest package touches the appender.
+"""The broker's layers: ``messaging`` imports nothing above it, and only the ingest package
+touches the appender. (No import cycle anywhere: tests/test_import_cycles.py.)
 
 Read from the source with ``ast``: nothing is imported to find out.
 """
@@ -9,6 +8,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from tests.support.imports import ROOTS, find_modules, import_graph
 
 ROOT = Path(__file__).resolve().parents[2] / "services" / "broker"
 PACKAGE = "tidemq_server.broker"
@@ -23,78 +24,15 @@ def _module_name(path: Path) -> str:
     return ".".join((PACKAGE, *parts))
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
-    """The broker modules ``tree`` imports, outside ``if TYPE_CHECKING:`` blocks."""
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for stmt in node.orelse:
-                visit(stmt)
-            return
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name in modules)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:  # ``from pkg import module`` names a module
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in modules else node.module)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return {m for m in found if m in modules}
-
-
-def import_graph() -> dict[str, set[str]]:
-    files = {_module_name(p): p for p in ROOT.rglob("*.py")}
-    modules = set(files)
-    return {name: _imports(ast.parse(path.read_text()), modules) - {name}
-            for name, path in files.items()}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle of ``graph`` (its modules in order, the first repeated), or None.
-    A package's ``__init__`` importing its own modules is not a cycle by itself."""
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    path: list[str] = []
-
-    def walk(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for dep in sorted(graph[node]):
-            if state.get(dep) == 1:
-                return [*path[path.index(dep):], dep]
-            if dep not in state and (found := walk(dep)) is not None:
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := walk(node)) is not None:
-            return found
-    return None
-
-
-def test_the_checker_finds_a_cycle() -> None:
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
-
-
-def test_no_import_cycle_between_broker_modules() -> None:
-    graph = import_graph()
-    assert len(graph) > 100  # every module was read
-    cycle = find_cycle(graph)
-    assert cycle is None, " -> ".join(cycle or [])
+def broker_graph() -> dict[str, set[str]]:
+    """Each broker module and the broker modules it imports (tests/support/imports.py)."""
+    graph = import_graph(find_modules(ROOTS))
+    return {name: {dep for dep in deps if dep.startswith(f"{PACKAGE}.")}
+            for name, deps in graph.items() if name.startswith(f"{PACKAGE}.")}
 
 
 def test_messaging_imports_nothing_above_it() -> None:
-    upward = {(name, dep) for name, deps in import_graph().items()
+    upward = {(name, dep) for name, deps in broker_graph().items()
               if name.startswith(f"{PACKAGE}.messaging.") for dep in deps
               if dep.removeprefix(f"{PACKAGE}.").split(".")[0] in ABOVE_MESSAGING}
     assert not upward
