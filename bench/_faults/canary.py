@@ -78,6 +78,18 @@ def copy_tree(dest: Path, root: Path = ROOT) -> None:
             shutil.copy2(src, dest / name)
 
 
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that runs a copy's own code: its SDK, and its services as
+    ``tidemq_server`` (the folder services/, mapped by package-dir when installed) through a link
+    like scripts/mypy.sh's. Without the link the installed tree's services, unpatched, ran."""
+    (tree / ".lint").mkdir(exist_ok=True)
+    link = tree / ".lint" / "tidemq_server"
+    if not link.exists():
+        link.symlink_to(tree / "services")
+    path = os.pathsep.join(str(p) for p in (tree / "sdk", tree / ".lint", tree))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def run_one(canary: Canary, log: Callable[[str], None]) -> Outcome:
     with tempfile.TemporaryDirectory(prefix=f"tidemq-canary-{canary.name}-") as tmp:
         tree = Path(tmp)
@@ -85,7 +97,7 @@ def run_one(canary: Canary, log: Callable[[str], None]) -> Outcome:
         why = apply(canary, tree)
         if why is not None:
             return Outcome(canary, False, False, {}, f"does not apply: {why}")
-        env = {**os.environ, "PYTHONPATH": f"{tree / 'sdk'}{os.pathsep}{tree}"}
+        env = tree_env(tree)
         done = subprocess.run([sys.executable, "-m", "bench.faults", "--short", "--json"],
                               cwd=tree, env=env, capture_output=True, text=True,
                               timeout=RUN_TIMEOUT_S, check=False)
