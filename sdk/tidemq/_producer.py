@@ -44,6 +44,7 @@ from tidemq._message import (
     validate_topic,
     wire_size,
 )
+from tidemq._moved import unless_moved
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._send import Body, Sender, Shipment, as_message
@@ -346,8 +347,8 @@ class Producer(Sender):
         group = self._group_of.get(broker) or self._group_name(broker, topic)
         content, where = encode_request(topic, messages, int(time.time() * 1000))
         try:  # no retries here: the send path decides where a failed send goes
-            answer = await self._http.call_raw("POST", target, content, CONTENT_BATCH,
-                                               retry=NO_RETRY)
+            answer = await unless_moved(self._routes, topic, broker, self._http.call_raw(
+                "POST", target, content, CONTENT_BATCH, retry=NO_RETRY))
         except (TopicNotFoundError, TransportError):
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise
