@@ -402,6 +402,13 @@ class _Batch(Shipment[list[SendResult]]):
         return self.producer._batch_broker(route, self.outs, self.explicit, avoid)
 
     def submit(self, route: TopicRoute, broker: MessageQueue) -> Awaitable[list[SendResult]]:
+        if not any(q.address == broker.address for q in route.write_queues()):
+            # kept to its group (an answer that may have stored it), whose route has no
+            # primary at this address now: the group is electing, which is waited out, not a
+            # missing topic (the selector's TOPIC_NOT_FOUND, final)
+            raise server_error(ErrorCode.NOT_PRIMARY, f"group {broker.broker_name} of "
+                                                      f"{self.topic!r} has no primary at "
+                                                      f"{broker.address} now")
         select = self.producer._selector.select
         for m, queue_id in zip(self.outs, self.explicit, strict=True):
             # a keyed message takes the queue send() gives its key (over the whole route,
