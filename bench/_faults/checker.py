@@ -37,7 +37,8 @@ Violations (each a count, with examples):
 - ``offsets_forward``: a committed offset read back higher than any offset the group had asked to
   commit (acknowledged or not) by then: the messages it jumps over were never processed;
 - ``replica_divergence``: two members of a replicated group holding different ids at one
-  (queue, offset) in the final read;
+  (queue, offset) in the final read, or one lacking, inside the range it holds, a position
+  another member holds (a hole it never serves);
 - ``crashes``: a service found dead after the run that no nemesis left dead (the harness
   restarts what it killed; anything else died by itself);
 - ``too_little_work``: one of the minimums ``check`` was given (operations of each kind, retries,
@@ -291,15 +292,25 @@ def _split_brain(h: History, r: Result) -> None:
 
 def _replicas(h: History, r: Result) -> None:
     """Every member of a replicated group holds the same id at each (queue, offset) they both
-    hold (a member may be shorter: it may still be catching up)."""
+    hold (a member may be shorter: it may still be catching up), and no member lacks, between
+    the first and last offsets it holds, a position another member holds (a hole: a record it
+    never serves, which its consumers skip once it leads)."""
     held: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)
+    spans: dict[tuple[str, int, str], tuple[int, int]] = {}  # (group, queue, member) → range
     for address, records in sorted(h.replicas.items()):
         for s in records:
             held[(s.group, s.queue, s.offset)][address] = s.id
+            lo, hi = spans.get((s.group, s.queue, address), (s.offset, s.offset))
+            spans[(s.group, s.queue, address)] = (min(lo, s.offset), max(hi, s.offset))
     for (group, queue, offset), ids in sorted(held.items()):
         if len(set(ids.values())) > 1:
             shown = ", ".join(f"{a}: {i}" for a, i in sorted(ids.items()))
             r.flag("replica_divergence", f"{group}/{queue}/{offset} holds {shown}")
+        for (g, q, address), (lo, hi) in sorted(spans.items()):
+            if g == group and q == queue and lo < offset < hi and address not in ids:
+                other, mid = sorted(ids.items())[0]
+                r.flag("replica_divergence", f"{group}/{queue}/{offset}: {address} has a hole "
+                                             f"where {other} holds {mid}")
 
 
 def _work(h: History, r: Result, seen: set[str], minimums: dict[str, int]) -> None:
