@@ -37,14 +37,16 @@ Violations (each a count, with examples):
 - ``offsets_forward``: a committed offset read back higher than any offset the group had asked to
   commit (acknowledged or not) by then: the messages it jumps over were never processed;
 - ``replica_divergence``: two members of a replicated group holding different ids at one
-  (queue, offset) in the final read;
+  (queue, offset) in the final read, or one lacking, inside the range it holds, a position
+  another member holds (a hole it never serves);
 - ``crashes``: a service found dead after the run that no nemesis left dead (the harness
   restarts what it killed; anything else died by itself);
 - ``too_little_work``: one of the minimums ``check`` was given (operations of each kind, retries,
   failovers) not reached: a run that exercised too little proves nothing.
 
 Measures: timer lateness p50/p99/max, per fault the longest time any broker group acknowledged
-no send while it lasted (its unavailability window), per fault that brought a new primary the
+no send while one was asked of it (its unavailability window: ``timing.check_unavailability``),
+per fault that brought a new primary the
 time from its start to the new primary's first acknowledgement (``failover_s``), operations that
 ended unknown per kind and how many of those sends were never read (``unknown_never_read``:
 fine, an unknown send may not have been stored), and the work done (``work``: acknowledged
@@ -60,6 +62,7 @@ from typing import Any
 
 from bench._faults.history import FAIL, INFO, OK, History, Op
 from bench._faults.timing import (
+    ALREADY_DELIVERED,
     RECOVERY_MS,
     check_failovers,
     check_offsets,
@@ -96,6 +99,7 @@ class Result:
     unknown_never_read: int = 0  # unknown sends, timers, halves never read nor stored
     work: dict[str, int] = field(default_factory=dict)  # ok operations per kind, retries…
     app_errors: int = 0  # SDK calls that raised (what the application saw)
+    app_cancels_too_late: int = 0  # SDK cancels answered 409 ALREADY_DELIVERED (an outcome)
     sdk_possible_duplicates: int = 0  # copies in two groups the SDK counted as possible
     app_wait_s: dict[str, float] = field(default_factory=dict)  # fault → longest SDK call
     # fault that brought a new primary → seconds from its start to the group's first
@@ -132,6 +136,7 @@ class Result:
                 "faults_injected": self.faults, "acked": self.acked, "reads": self.reads,
                 "unknown": dict(self.unknown), "unknown_never_read": self.unknown_never_read,
                 "work": dict(self.work), "app_errors": self.app_errors,
+                "app_cancels_too_late": self.app_cancels_too_late,
                 "sdk_possible_duplicates": self.sdk_possible_duplicates,
                 "app_wait_s_max": round(max(self.app_wait_s.values(), default=0.0), 1),
                 "app_wait_s": dict(self.app_wait_s),
@@ -287,15 +292,25 @@ def _split_brain(h: History, r: Result) -> None:
 
 def _replicas(h: History, r: Result) -> None:
     """Every member of a replicated group holds the same id at each (queue, offset) they both
-    hold (a member may be shorter: it may still be catching up)."""
+    hold (a member may be shorter: it may still be catching up), and no member lacks, between
+    the first and last offsets it holds, a position another member holds (a hole: a record it
+    never serves, which its consumers skip once it leads)."""
     held: dict[tuple[str, int, int], dict[str, str]] = defaultdict(dict)
+    spans: dict[tuple[str, int, str], tuple[int, int]] = {}  # (group, queue, member) → range
     for address, records in sorted(h.replicas.items()):
         for s in records:
             held[(s.group, s.queue, s.offset)][address] = s.id
+            lo, hi = spans.get((s.group, s.queue, address), (s.offset, s.offset))
+            spans[(s.group, s.queue, address)] = (min(lo, s.offset), max(hi, s.offset))
     for (group, queue, offset), ids in sorted(held.items()):
         if len(set(ids.values())) > 1:
             shown = ", ".join(f"{a}: {i}" for a, i in sorted(ids.items()))
             r.flag("replica_divergence", f"{group}/{queue}/{offset} holds {shown}")
+        for (g, q, address), (lo, hi) in sorted(spans.items()):
+            if g == group and q == queue and lo < offset < hi and address not in ids:
+                other, mid = sorted(ids.items())[0]
+                r.flag("replica_divergence", f"{group}/{queue}/{offset}: {address} has a hole "
+                                             f"where {other} holds {mid}")
 
 
 def _work(h: History, r: Result, seen: set[str], minimums: dict[str, int]) -> None:
@@ -320,14 +335,21 @@ def _work(h: History, r: Result, seen: set[str], minimums: dict[str, int]) -> No
 
 
 def _application(h: History, r: Result) -> None:
-    """What the SDK share's application saw: calls that raised, and per fault the longest
-    call begun while it lasted (or in the recovery after it)."""
+    """What the SDK share's application saw: calls that raised (a cancel answered "already
+    delivered" is the contract's answer to a cancel that came too late, not retriable, which
+    issue 32 lets an application see: counted apart, and ``early_timers`` judges that it was
+    not answered before the due time), and per fault the longest call begun while it lasted
+    (or in the recovery after it, until the next fault began)."""
     calls = [op for op in h.ops if op.client == "sdk"]
-    r.app_errors = sum(op.type != OK for op in calls)
+    late = [op for op in calls if op.f == "cancel" and op.type == FAIL
+            and ALREADY_DELIVERED in op.error]
+    r.app_cancels_too_late = len(late)
+    r.app_errors = sum(op.type != OK for op in calls) - len(late)
     for i, fault in enumerate(h.faults):
-        until = (fault.heal_ms or h.end_ms) + RECOVERY_MS
+        nxt = h.faults[i + 1].start_ms if i + 1 < len(h.faults) else h.end_ms
+        until = min((fault.heal_ms or h.end_ms) + RECOVERY_MS, nxt)
         waits = [op.complete_ms - op.invoke_ms for op in calls
-                 if fault.start_ms <= op.invoke_ms <= until]
+                 if fault.start_ms <= op.invoke_ms < until]
         r.app_wait_s[f"{i + 1}. {fault.name}"] = max(waits, default=0) / 1000
 
 
@@ -345,7 +367,8 @@ def table(r: Result, h: History) -> str:
               f"faults {r.late(0.99, calm=True)} ms)",
               f"work: {work}",
               f"ended unknown: {unknown}; unknown writes never read: {r.unknown_never_read}; "
-              f"SDK calls that raised: {r.app_errors}, copies in two groups it announced "
+              f"SDK calls that raised: {r.app_errors} (and {r.app_cancels_too_late} cancels "
+              f"answered already delivered), copies in two groups it announced "
               f"(possible_duplicates): {r.sdk_possible_duplicates}",
               f"failovers p50/max {r.failover(0.5)}/{r.failover(1.0)} s",
               f"{'fault':<40}{'family':<11}{'lasted s':>9}{'unavail s':>10}{'app wait s':>11}"

@@ -97,7 +97,10 @@ class SdkShare:
             await asyncio.sleep(self.cfg.pace_s)
 
     async def close_producer(self) -> None:
-        """The writers stopped: the plain producer goes."""
+        """The writers stopped: the cancels they scheduled are made, then the plain producer
+        goes (closed under a cancel still waiting to start, it made that cancel raise
+        ``ClientClosedError``: an application error the harness caused)."""
+        await asyncio.gather(*list(_tasks), return_exceptions=True)
         await self.producer.close()
 
     async def close(self) -> None:

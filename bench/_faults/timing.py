@@ -4,6 +4,7 @@ bench/_faults/checker.py, which calls them and documents each violation."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import defaultdict
 from typing import TYPE_CHECKING
@@ -94,26 +95,64 @@ def check_offsets(h: History, r: Result) -> None:
 
 
 def check_unavailability(h: History, r: Result) -> None:
+    """Per fault, the longest time a broker group acknowledged no send *while one was asked of
+    it* (a send to it outstanding): the writers are few and sequential, so while they all wait
+    on one group the other is asked nothing, and its silence then measures the workload, not
+    the group. A gap is judged from the later of its start and the first moment a send to the
+    group was outstanding in it, to the next acknowledgement. Each gap is the fault's in whose
+    window it began: from the fault's start to the next fault's start (or ``RECOVERY_MS`` past
+    its heal, if sooner), so one long gap is not charged to the faults before it as well."""
     acks: dict[str, list[int]] = defaultdict(list)
+    asks: dict[str, list[tuple[int, int]]] = defaultdict(list)  # (invoke, complete) per group
     for op in h.by_kind("send"):
-        if op.type == OK and op.group:
-            acks[op.group].append(op.complete_ms)
+        if op.group:
+            asks[op.group].append((op.invoke_ms, op.complete_ms))
+            if op.type == OK:
+                acks[op.group].append(op.complete_ms)
+    asked = {g: Asked(spans) for g, spans in asks.items()}
     for times in acks.values():
         times.sort()
     # sends stop before the end (reads go on): no ack after the last send began means nothing
     last = max((op.invoke_ms for op in h.by_kind("send")), default=h.end_ms)
     for i, fault in enumerate(h.faults):
-        until = min(fault.heal_ms + RECOVERY_MS, last) if fault.heal_ms else last
+        nxt = h.faults[i + 1].start_ms if i + 1 < len(h.faults) else last
+        until = min(fault.heal_ms + RECOVERY_MS, nxt, last) if fault.heal_ms else min(nxt, last)
         worst = 0
-        for times in acks.values():
+        for group, times in acks.items():
             # gaps between acks from the fault's start, up to the first ack past the window
             # (or the end of the run, when the group never acknowledged again)
             after = [t for t in times if t > fault.start_ms]
             inside = [t for t in after if t < until]
             later = after[len(inside):len(inside) + 1] or [max(until, fault.start_ms)]
             points = [fault.start_ms, *inside, *later]
-            worst = max(worst, max(b - a for a, b in itertools.pairwise(points)))
+            for a, b in itertools.pairwise(points):
+                since = asked[group].first_outstanding(a, b)
+                if since is not None and since < nxt:  # asked from the next fault on: its
+                    worst = max(worst, b - since)
         r.unavailable_s[f"{i + 1}. {fault.name}"] = worst / 1000
+
+
+class Asked:
+    """When sends to one group were outstanding: ``first_outstanding(a, b)`` is the first
+    moment in ``[a, b)`` at which one was (None: the group was asked nothing then)."""
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        spans.sort()
+        self.invokes = [s for s, _ in spans]
+        self.reach: list[int] = []  # the latest completion among the spans begun so far
+        most = -1
+        for _, end in spans:
+            most = max(most, end)
+            self.reach.append(most)
+
+    def first_outstanding(self, a: int, b: int) -> int | None:
+        j = bisect.bisect_right(self.invokes, a) - 1
+        if j >= 0 and self.reach[j] > a:
+            return a  # one begun before ``a`` was still out at ``a``
+        k = bisect.bisect_right(self.invokes, a)
+        if k < len(self.invokes) and self.invokes[k] < b:
+            return self.invokes[k]
+        return None
 
 
 def check_failovers(h: History, r: Result) -> None:

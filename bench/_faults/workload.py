@@ -22,6 +22,7 @@ import random
 import sys
 import uuid
 import zlib
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,13 @@ RETRY_PAUSE_S = 0.25  # between two attempts of one operation (s)
 REQUEST_TIMEOUT_S = 3.0  # one HTTP request (s)
 BATCH = (4, 17)  # a batch send carries this many messages (range: low, high exclusive)
 TIMER_SLACK_S = 12.0  # the drain reads on this long past the last timer's due time (s)
+# a request unanswered this long makes the writer ask the nameservers whether its group has
+# another primary, then again as often (s): tidemq's MOVED_CHECK_S
+MOVED_CHECK_S = 0.5
+
+
+class Moved(Exception):
+    """The request's group has another primary now (its answer never came)."""
 
 
 @dataclass
@@ -142,10 +150,15 @@ class Workload:
             address = route["address"]
             self.attempts += 1
             try:
-                resp = await self.http.request(method, address + path, json=body)
+                resp = await self._unless_moved(group or "", address,
+                                                self.http.request(method, address + path,
+                                                                  json=body))
             except httpx.HTTPError as exc:
                 error, force = f"{type(exc).__name__} from {address}", True
                 await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            except Moved as exc:  # as a timeout: resent with the same id, to the new primary
+                error, force = str(exc), False
                 continue
             if resp.status_code == 200:
                 return OK, resp.json(), group or "", address, ""
@@ -156,6 +169,28 @@ class Workload:
             force = True
             await asyncio.sleep(RETRY_PAUSE_S)
         return INFO, {}, group or "", "", error
+
+    async def _unless_moved(self, group: str, address: str,
+                            request: Coroutine[Any, Any, httpx.Response]) -> httpx.Response:
+        """``request`` to ``address``, the group's primary, given up (``Moved``) once the
+        nameservers name another primary while it is unanswered ``MOVED_CHECK_S`` or more, as
+        tidemq's services and SDK do: a paused primary, or one cut off from this client,
+        answers nothing until it is healed, and a failover measured through this client must
+        not last this client's request timeout."""
+        task = asyncio.ensure_future(request)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=MOVED_CHECK_S)
+            while not done:
+                route = (await self.routes.refresh(force=True)).get(group)
+                if route is not None and route["address"] != address and not task.done():
+                    raise Moved(f"no answer from {address}; {group}'s primary is "
+                                f"{route['address']} now")
+                done, _ = await asyncio.wait({task}, timeout=MOVED_CHECK_S)
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     # --- writers --------------------------------------------------------------------------
     async def writer(self, w: int) -> None:

@@ -35,6 +35,7 @@ from tidemq._exceptions import (
 )
 from tidemq._http import NO_RETRY, HttpClient, url
 from tidemq._message import validate_topic
+from tidemq._moved import unless_moved
 from tidemq._retry import pause_after
 from tidemq._routes import BrokerRoute, RouteTable
 from tidemq.protocol import ErrorCode
@@ -94,9 +95,10 @@ class DelayedCancel:
                 if group.broker_name in absent:
                     continue
                 try:
-                    answer = await self._http.call(
+                    answer = await unless_moved(self._routes, topic, group.address,
+                                                self._http.call(
                         "DELETE", url(group.address, "v1", "messages", message_id, "schedule"),
-                        params={"topic": topic}, retry=NO_RETRY)
+                        params={"topic": topic}, retry=NO_RETRY))
                 except MessageNotFoundError:
                     absent.add(group.broker_name)
                     continue

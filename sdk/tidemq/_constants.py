@@ -57,6 +57,10 @@ CONSUMER_BROKER_BACKOFF_MAX_S = 5.0
 # NOT_PRIMARY / NOT_ENOUGH_REPLICAS), a send asks for its route again this often, within the
 # retry policy's deadline rather than its attempt count (s)
 PRIMARY_WAIT_POLL_S = 0.25
+# A send or cancel to a replicated group's primary still unanswered this long makes the client
+# ask for the route again (then every PRIMARY_WAIT_POLL_S); once it names another primary the
+# request is given up and retried there (tidemq._moved) (s)
+MOVED_CHECK_S = 0.5
 LONG_POLL_MAX_WAIT_MS = 30_000  # the broker holds a pull at most this long
 PULL_WAIT_MS = 20_000  # push consumer long-poll wait per pull
 RECEIVE_WAIT_MS = 20_000  # simple consumer long-poll wait per receive

@@ -44,6 +44,7 @@ from tidemq._message import (
     validate_topic,
     wire_size,
 )
+from tidemq._moved import unless_moved
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._send import Body, Sender, Shipment, as_message
@@ -346,8 +347,8 @@ class Producer(Sender):
         group = self._group_of.get(broker) or self._group_name(broker, topic)
         content, where = encode_request(topic, messages, int(time.time() * 1000))
         try:  # no retries here: the send path decides where a failed send goes
-            answer = await self._http.call_raw("POST", target, content, CONTENT_BATCH,
-                                               retry=NO_RETRY)
+            answer = await unless_moved(self._routes, topic, broker, self._http.call_raw(
+                "POST", target, content, CONTENT_BATCH, retry=NO_RETRY))
         except (TopicNotFoundError, TransportError):
             self._routes.invalidate(topic)  # the topic moved, or the broker is gone
             raise
@@ -401,6 +402,13 @@ class _Batch(Shipment[list[SendResult]]):
         return self.producer._batch_broker(route, self.outs, self.explicit, avoid)
 
     def submit(self, route: TopicRoute, broker: MessageQueue) -> Awaitable[list[SendResult]]:
+        if not any(q.address == broker.address for q in route.write_queues()):
+            # kept to its group (an answer that may have stored it), whose route has no
+            # primary at this address now: the group is electing, which is waited out, not a
+            # missing topic (the selector's TOPIC_NOT_FOUND, final)
+            raise server_error(ErrorCode.NOT_PRIMARY, f"group {broker.broker_name} of "
+                                                      f"{self.topic!r} has no primary at "
+                                                      f"{broker.address} now")
         select = self.producer._selector.select
         for m, queue_id in zip(self.outs, self.explicit, strict=True):
             # a keyed message takes the queue send() gives its key (over the whole route,

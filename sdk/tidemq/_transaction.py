@@ -69,6 +69,7 @@ from tidemq._exceptions import (
 )
 from tidemq._http import DEFAULT_RETRY, NO_RETRY, RetryPolicy, Transport, url
 from tidemq._message import Message, has_delay, to_outgoing
+from tidemq._moved import unless_moved
 from tidemq._routes import MessageQueue, TopicRoute
 from tidemq._selector import QueueSelector
 from tidemq._send import Body, Sender, Shipment
@@ -299,8 +300,8 @@ class TransactionProducer(Sender):
             body["check_immunity_s"] = immunity
         if wire_ends:
             body["ends"] = wire_ends
-        answer = await self._half_answer(self._http.call(
-            "POST", url(broker, "v1", "transactions"), body=body, binary=True, retry=NO_RETRY),
+        answer = await self._half_answer(unless_moved(self._routes, topic, broker, self._http.call(
+            "POST", url(broker, "v1", "transactions"), body=body, binary=True, retry=NO_RETRY)),
             topic)
         return self._txids_of(answer, broker), \
             self._end_results(answer, broker) if wire_ends else []
@@ -315,7 +316,8 @@ class TransactionProducer(Sender):
                                 int(time.time() * 1000))
         target = url(broker, "v1", "transactions") + "?" + urlencode(
             {"producer_group": self.group, "topic": topic})
-        halves = self._http.call_raw("POST", target, content, CONTENT_BATCH, retry=NO_RETRY)
+        halves = unless_moved(self._routes, topic, broker, self._http.call_raw(
+            "POST", target, content, CONTENT_BATCH, retry=NO_RETRY))
         if not wire_ends:
             answer = await self._half_answer(halves, topic)
             return self._txids_of(answer, broker, txids), []

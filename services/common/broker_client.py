@@ -17,8 +17,10 @@ Every failure is a ``BrokerError``:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, cast
 from urllib.parse import quote
 
@@ -28,7 +30,13 @@ import orjson
 from tidemq.protocol import CONTENT_MSGPACK
 
 from tidemq_server.common.auth.client import service_auth
-from tidemq_server.common.constants import HTTP_CLIENT_KEEP_ALIVE_S, LONG_POLL_MAX_MS, TOKEN_HEADER
+from tidemq_server.common.constants import (
+    DISCOVERY_RETRY_S,
+    HTTP_CLIENT_KEEP_ALIVE_S,
+    LONG_POLL_MAX_MS,
+    MOVED_CHECK_S,
+    TOKEN_HEADER,
+)
 from tidemq_server.common.discovery import BrokerResolver, GroupUnknown
 from tidemq_server.common.tls import client_context
 
@@ -146,14 +154,22 @@ class BrokerClient:
     With a ``resolver`` the client follows its broker group: every request asks the resolver
     for the group's current address (cached there) and re-points the client when it moved; a
     request that cannot reach the broker, or that it refuses as no longer primary
-    (``NOT_PRIMARY``), makes the resolver ask the nameservers again.
+    (``NOT_PRIMARY``), makes the resolver ask the nameservers again. A request left unanswered
+    for ``moved_check_s`` past the time the broker may hold it (a paused primary, or one cut off
+    from this host, answers nothing until its heal or the timeout) makes the resolver ask again
+    too, then every ``DISCOVERY_RETRY_S``; once the nameservers name another primary the request
+    is abandoned as ``BrokerDown`` (``maybe_done``: a write retried strict, or met by the dedup,
+    at the new primary), so a failover costs the election, not this client's timeout (issue 32:
+    timers through a failover).
     """
 
     def __init__(self, base_url: str, token: str, timeout_s: float = DEFAULT_TIMEOUT_S, *,
                  user_agent: str = "tidemq", max_connections: int = MAX_CONNECTIONS,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 resolver: BrokerResolver | None = None) -> None:
+                 resolver: BrokerResolver | None = None,
+                 moved_check_s: float = MOVED_CHECK_S) -> None:
         self.resolver = resolver
+        self.moved_check_s = moved_check_s
         self.base_url = base_url.rstrip("/")
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(token, user_agent),
                                       timeout=timeout_s, transport=transport,
@@ -185,15 +201,22 @@ class BrokerClient:
         return url
 
     async def call(self, method: str, path: str, *, obj: Any = None, body: bytes | None = None,
-                   params: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
-        """One request: ``obj`` (encoded here) or ``body`` (already msgpack) as its body."""
+                   params: dict[str, Any] | None = None, timeout_s: float | None = None,
+                   held_s: float = 0.0) -> Any:
+        """One request: ``obj`` (encoded here) or ``body`` (already msgpack) as its body;
+        ``held_s``: how long the broker may hold it on purpose (a long poll's wait)."""
         content = body if body is not None else (_encode(obj) if obj is not None else None)
         headers = {"content-type": CONTENT_MSGPACK} if content is not None else None
-        what = f"{method} {await self.follow()}{path}"
+        url = await self.follow()
+        what = f"{method} {url}{path}"
+        request = self.http.request(
+            method, path, content=content, params=params, headers=headers,
+            timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
         try:
-            resp = await self.http.request(
-                method, path, content=content, params=params, headers=headers,
-                timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
+            if self.resolver is not None and self.resolver.discovered:
+                resp = await self._unless_moved(request, url, what, held_s + self.moved_check_s)
+            else:
+                resp = await request
         except httpx.HTTPError as exc:
             if self.resolver is not None and isinstance(exc, httpx.TransportError):
                 self.resolver.invalidate()
@@ -204,6 +227,32 @@ class BrokerClient:
             if self.resolver is not None and exc.code in MOVED:
                 self.resolver.invalidate()
             raise
+
+    async def _unless_moved(self, request: Awaitable[httpx.Response], url: str, what: str,
+                            after_s: float) -> httpx.Response:
+        """``request`` (to ``url``), abandoned once the nameservers name another primary of
+        the group while it is still unanswered ``after_s`` after it began."""
+        assert self.resolver is not None
+        task = asyncio.ensure_future(request)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=after_s)
+            waited = after_s
+            while not done:
+                self.resolver.invalidate()  # ask the nameservers (at most every retry_s)
+                try:
+                    now = await self.resolver.address()
+                except GroupUnknown:
+                    now = url
+                if now != url and not task.done():
+                    raise BrokerDown(f"{what}: no answer in {waited:.1f}s, and the group's "
+                                     f"primary is {now} now")
+                done, _ = await asyncio.wait({task}, timeout=DISCOVERY_RETRY_S)
+                waited += DISCOVERY_RETRY_S
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def retention_floor(self, owner: str, physical_offset: int) -> None:
         """Keep the broker's commit log from ``physical_offset`` on for ``owner``."""
@@ -222,7 +271,8 @@ class BrokerClient:
             params["wait_ms"] = min(wait_ms, LONG_POLL_MAX_MS)
         answer: dict[str, Any] = await self.call(
             "GET", "/internal/v1/transactions/halves", params=params,
-            timeout_s=wait_ms / 1000 + DEFAULT_TIMEOUT_S if wait_ms > 0 else None)
+            timeout_s=wait_ms / 1000 + DEFAULT_TIMEOUT_S if wait_ms > 0 else None,
+            held_s=max(0, wait_ms) / 1000)
         return answer
 
     async def ops(self, offset: int, max_count: int) -> dict[str, Any]:
@@ -246,7 +296,7 @@ class BrokerClient:
         answer: dict[str, Any] = await self.call(
             "GET", "/internal/v1/schedule/intake",
             params={"offset": offset, "max": max_count, "wait_ms": wait_ms},
-            timeout_s=wait_ms / 1000 + DEFAULT_TIMEOUT_S)
+            timeout_s=wait_ms / 1000 + DEFAULT_TIMEOUT_S, held_s=wait_ms / 1000)
         return answer
 
     async def timer_cancels(self, offset: int, max_count: int) -> dict[str, Any]:

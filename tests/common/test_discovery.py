@@ -65,9 +65,10 @@ class Fake:
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
 
-    def resolver(self, name: str = "broker-a", **kw: Any) -> BrokerResolver:
+    def resolver(self, name: str = "broker-a", retry_s: float = 0.5,
+                 **kw: Any) -> BrokerResolver:
         return BrokerResolver(name, [NS1, NS2], transport=self.transport(), clock=self.clock,
-                              refresh_s=5.0, retry_s=0.5, **kw)
+                              refresh_s=5.0, retry_s=retry_s, **kw)
 
 
 def test_parse_cluster_reads_primaries_and_tolerates_missing_fields() -> None:
@@ -309,3 +310,72 @@ async def test_concurrent_callers_share_one_request_and_its_answer() -> None:
         assert fake.asked[NS1] == 1
     finally:
         await resolver.close()
+
+
+class Hanging(Fake):
+    """``Fake``, and brokers that take a request and answer nothing (``hung``: a paused primary,
+    or one cut off from this host) until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hung: set[str] = set()
+        self.release = asyncio.Event()
+        self.held = 0  # requests a hung broker took
+        self.release_after = 0  # the hung brokers answer once NS1 was asked this often (0: no)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        resp = super().handle(request)
+        if self.release_after and self.asked[NS1] >= self.release_after:
+            self.release.set()
+        return resp
+
+    def broker_transport(self) -> httpx.MockTransport:
+        async def handle(request: httpx.Request) -> httpx.Response:
+            origin = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+            if origin in self.hung:
+                self.held += 1
+                await self.release.wait()
+            return self.handle(request)
+        return httpx.MockTransport(handle)
+
+
+async def test_broker_client_leaves_a_silent_primary_once_the_nameservers_name_another() -> None:
+    """Issue 32: a primary paused or cut off from the scheduler answers nothing; the request
+    to it is abandoned (``maybe_done``: retried strict at the new primary) as soon as the
+    nameservers list the group's new primary, not after the client's 30 s timeout."""
+    fake = Hanging()
+    fake.cluster[NS1] = [entry("broker-a", "http://a:1")]
+    fake.brokers.update({"http://a:1": "broker-a", "http://a:2": "broker-a"})
+    client = BrokerClient("", "token", resolver=fake.resolver(),
+                          transport=fake.broker_transport(), moved_check_s=0.01)
+    try:
+        assert (await client.call("GET", "/x"))["at"] == "http://a:1"
+        fake.hung.add("http://a:1")
+        fake.cluster[NS1] = [entry("broker-a", "http://a:2")]  # elected while a:1 is silent
+        fake.now = 1.0  # past retry_s: the resolver may ask the nameservers again
+        with pytest.raises(BrokerDown, match="primary is http://a:2 now") as err:
+            await client.call("POST", "/internal/v1/schedule/deliver", body=b"\x80")
+        assert err.value.maybe_done and fake.held == 1
+        assert (await client.call("GET", "/x"))["at"] == "http://a:2"
+    finally:
+        fake.release.set()
+        await client.close()
+
+
+async def test_broker_client_waits_for_a_slow_primary_that_is_still_the_primary() -> None:
+    """A slow answer from the group's primary is awaited: the nameservers are asked while it
+    is outstanding, and as long as they name the same primary the request stands."""
+    fake = Hanging()
+    fake.cluster[NS1] = [entry("broker-a", "http://a:1")]
+    fake.brokers["http://a:1"] = "broker-a"
+    client = BrokerClient("", "token", resolver=fake.resolver(retry_s=0.0),
+                          transport=fake.broker_transport(), moved_check_s=0.01)
+    try:
+        await client.call("GET", "/x")
+        fake.hung.add("http://a:1")
+        fake.release_after = 3  # it answers once the nameservers were asked twice meanwhile
+        assert (await client.call("GET", "/x"))["at"] == "http://a:1"
+        assert fake.held == 1
+    finally:
+        fake.release.set()
+        await client.close()

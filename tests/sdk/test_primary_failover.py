@@ -6,6 +6,7 @@ without replicas a dead broker still fails after max_attempts (when one is given
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -31,7 +32,9 @@ from tests.sdk.fakes import FakeCluster, request_payload
 TOPIC = "orders"
 NS = "http://ns:1"
 OLD, NEW = "http://old:1", "http://new:1"
+B = "http://b:1"  # broker-b's only broker (WithB)
 # 3 attempts only: a failover of a few hundred ms must not be limited by the attempt count
+SILENT_TIMEOUT_S = 10.0  # a silent broker's request times out after this (the SDK's default)
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05, deadline_s=5.0)
 
 
@@ -88,6 +91,89 @@ async def test_a_dead_primary_is_waited_out_until_the_new_one_is_routed() -> Non
         result = await p.send(b"during", topic=TOPIC)
     assert group.sent[NEW] == [result.message_id]
     assert group.route_asks >= 7
+
+
+class Silent(Group):
+    """``Group``, and brokers (``silent``) that take a request and answer nothing until
+    ``release`` is set: a paused primary, or one cut off from the client (issue 32)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.silent: set[str] = set()
+        self.release = asyncio.Event()
+        self.held = 0  # requests a silent broker took
+        self.cancelled: list[str] = []  # where a cancel was answered
+
+    async def async_handler(self, request: httpx.Request) -> httpx.Response:
+        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if base in self.silent:
+            self.held += 1
+            try:  # the request's own timeout, as httpcore would raise it (MockTransport: none)
+                await asyncio.wait_for(self.release.wait(), SILENT_TIMEOUT_S)
+            except TimeoutError:
+                raise httpx.ReadTimeout("no answer", request=request) from None
+        if request.method == "DELETE":
+            self.cancelled.append(base)
+            return httpx.Response(200, json={"state": "cancelled"})
+        return self.handler(request)
+
+
+async def test_a_silent_primary_is_left_once_the_nameservers_name_another() -> None:
+    """A send and a cancel to a primary that answers nothing are given up once the route names
+    the group's new primary, and made there (same message id), long before the request's own
+    timeout (10 s) or the old primary's return."""
+    group = Silent()
+    try:
+        async with Producer(nameservers=[NS], retry=FAST,
+                            transport=httpx.MockTransport(group.async_handler)) as p:
+            before = await p.send(b"before", topic=TOPIC)
+            group.silent.add(OLD)
+            group.after_asks = (group.route_asks + 1, NEW)  # the next lookup names NEW
+            result = await p.send(b"during", topic=TOPIC, message_id="m-during")
+            assert result.message_id == "m-during" and group.sent[NEW] == ["m-during"]
+        group.primary, group.after_asks = OLD, (group.route_asks + 2, NEW)
+        async with Producer(nameservers=[NS], retry=FAST,
+                            transport=httpx.MockTransport(group.async_handler)) as p:
+            done = await p.cancel_delayed(TOPIC, "d-1", broker_name="broker-a")
+        assert done.state == "cancelled" and group.cancelled == [NEW]
+        assert group.held == 2 and group.sent[OLD] == [before.message_id]
+    finally:
+        group.release.set()
+
+
+class WithB(Group):
+    """``Group``, and a second group ``broker-b`` (no replicas), writable at ``B``, in the
+    routes while ``b_listed``."""
+
+    b_listed = False
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        resp = super().handler(request)
+        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if base != NS or not self.b_listed:
+            return resp
+        route = json.loads(resp.content)
+        route["queues"].append({"broker_name": "broker-b", "address": B, "queues": 2,
+                                "perm": "rw", "replicas": []})
+        return httpx.Response(200, json=route)
+
+
+async def test_a_batch_kept_to_its_group_waits_while_the_group_has_no_primary() -> None:
+    """A batch whose answer may have stored it stays with its group; while that group's route
+    is read-only (electing) and the other group writable, the batch waits for the group's new
+    primary: the route's missing primary is not a missing topic (TOPIC_NOT_FOUND, final)."""
+    group = WithB()
+    group.sent[B] = []
+    async with Producer(nameservers=[NS], retry=FAST,
+                        transport=httpx.MockTransport(group.handler)) as p:
+        await p.send(b"before", topic=TOPIC)  # routed: broker-a only, at OLD
+        group.not_primary.add(OLD)  # the batch's answer: NOT_PRIMARY (it may be stored)
+        group.primary, group.b_listed = None, True  # then broker-a read-only, b writable
+        group.after_asks = (group.route_asks + 4, NEW)  # then NEW is elected
+        batch = [Message(b"x", message_id=f"b-{i}") for i in range(3)]
+        got = await p.send_batch(TOPIC, batch)
+    assert [r.message_id for r in got] == ["b-0", "b-1", "b-2"]
+    assert sorted(group.sent[NEW]) == ["b-0", "b-1", "b-2"] and group.sent[B] == []
 
 
 async def test_not_primary_answers_are_waited_out() -> None:
