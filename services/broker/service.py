@@ -48,6 +48,7 @@ from tidemq_server.broker.registrar import NameserverRegistrar
 from tidemq_server.broker.replication.election import Elector, LeaseFence, elected, elector_for
 from tidemq_server.broker.replication.epochs import EpochFile
 from tidemq_server.broker.replication.manager import ReplicationManager
+from tidemq_server.broker.replication.recopy import recopy_damaged
 from tidemq_server.broker.replication.role import BrokerRole, always, static_role
 from tidemq_server.broker.settings import BrokerSettings
 from tidemq_server.broker.states import delay_view
@@ -109,6 +110,8 @@ class Broker:
             s.role or ("replica" if s.etcd_urls else ""), s.broker_id, s.primary_address,
             s.replicated, fence=lease if lease is not None else always,
             hooks=self if s.replicated else None)
+        if store.log.damaged_at and s.replicated and (s.etcd_urls or s.role == "replica"):
+            await recopy_damaged(store, role)
         self.topics = topics = TopicManager(s.data_dir, guard=role if s.replicated else None)
         await asyncio.to_thread(topics.load)
         # --- the write pipeline: the group-commit writer, behind the gate when replicated ---

@@ -76,6 +76,8 @@ class RoleSeam(Protocol):
 
     def last_offset(self) -> int: ...
 
+    def may_lead(self) -> bool: ...
+
 
 @dataclass(frozen=True, slots=True)
 class GroupKeys:
@@ -414,6 +416,10 @@ class Elector:
         """No primary: let every member publish its final offset, then the best one runs."""
         await self._publish()
         best = best_member(await self._settled())
+        if best is not None and best.broker_id == self.broker_id and not self.role.may_lead():
+            log.warning("no primary in %s: this member cut damaged records from its log and "
+                        "has not copied them back yet: not running", self.keys.broker_name)
+            return
         if best is None or best.broker_id != self.broker_id:
             if best is not None:
                 log.info("no primary in %s: member %d (offset %d) is the most caught up, "

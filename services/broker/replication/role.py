@@ -97,6 +97,7 @@ class BrokerRole:
         self._listeners: list[Callable[[], None]] = []
         self._lock = asyncio.Lock()
         self.changes = 0  # role changes since start (metrics)
+        self.recopy_end = 0  # see recopy_from
 
     # --- reading ---------------------------------------------------------------------------
     @property
@@ -106,6 +107,15 @@ class BrokerRole:
     def last_offset(self) -> int:
         """End of the local commit log."""
         return self._log_end()
+
+    def may_lead(self) -> bool:
+        """False while the log is shorter than it was before damaged records were cut from it
+        (``recopy_from``): leading then would drop acknowledged records the other copies hold."""
+        return self._log_end() >= self.recopy_end
+
+    def recopy_from(self, old_end: int) -> None:
+        """The log was cut below ``old_end`` to copy damaged records again from the primary."""
+        self.recopy_end = old_end
 
     def may_write(self) -> bool:
         """Primary, not deposed, and the fence allows it."""

@@ -105,6 +105,9 @@ class CommitLog:
         """
         self.scan_end = start
         self.skipped: list[tuple[int, int]] = []
+        # where each entry holding skipped bytes starts: a record boundary, where a copy that
+        # can fetch them again from another cuts its log (replication/recopy.py)
+        self.damaged_at: list[int] = []
         i = self._segment_index(start)
         if i is None:
             return
@@ -155,6 +158,7 @@ class CommitLog:
                     kept = salvage_batch(view, p, seg.start + pos + p)
                     if kept is not None:  # a batch whose header holds: its sound records
                         self._salvaged(seg, kept[1], exc.why)
+                        self.damaged_at.append(seg.start + pos + p)
                         yield view, p, seg.start + pos + p, kept[0]
                         p += size
                         self.scan_end = seg.start + pos + p
@@ -165,6 +169,7 @@ class CommitLog:
                               "(%s): skipped, never served", what, seg.name,
                               seg.start + pos + p, exc.why)
                     self.skipped.append((seg.start + pos + p, size))
+                    self.damaged_at.append(seg.start + pos + p)
                     p += size
                     self.scan_end = seg.start + pos + p
                     continue
@@ -202,6 +207,7 @@ class CommitLog:
                       "bytes are skipped, never served; the segments after it are kept",
                       seg.name, seg.start + at, why, seg.length - at)
             self.skipped.append((seg.start + at, seg.length - at))
+            self.damaged_at.append(seg.start + at)
         return why
 
     def truncate(self, offset: int) -> None:

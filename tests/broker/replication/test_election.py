@@ -41,6 +41,7 @@ class FakeRole:
         self.fence = LeaseFence()  # the elector moves it
         self.promoted: list[tuple[int, float]] = []  # (epoch, monotonic time)
         self.demoted: list[tuple[str, int]] = []
+        self.leads = True  # may_lead: False while it copies back records it cut
 
     async def promote(self, epoch: int) -> None:
         self.promoted.append((epoch, time.monotonic()))
@@ -52,6 +53,9 @@ class FakeRole:
 
     def last_offset(self) -> int:
         return self.offset
+
+    def may_lead(self) -> bool:
+        return self.leads
 
 
 @pytest.fixture(scope="module")
@@ -319,3 +323,22 @@ async def test_a_lapsed_lease_elects_the_successor_on_the_watch_event(
     finally:
         await leader.stop()
         await successor.stop()
+
+
+async def test_a_member_copying_back_cut_records_does_not_run(client: EtcdClient) -> None:
+    """The most caught-up member that still copies back damaged records it cut
+    (replication/recopy.py) does not lead, and nobody else does in its place; it runs once its
+    log is whole again."""
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    role = FakeRole(offset=10)
+    role.leads = False
+    e = _elector(client, role, group, 0)
+    e.start()
+    try:
+        # three election steps (INTERVAL_S each) without a promotion
+        assert await quiet_for_async(lambda: list(role.promoted), 3 * INTERVAL_S,
+                                     "promotions") == []
+        role.leads = True
+        await wait_until_async(lambda: bool(role.promoted), what="elected once whole")
+    finally:
+        await e.stop()
