@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import ClientDisconnect
 from tidemq.protocol import CONTENT_JSON, CONTENT_MSGPACK, ErrorCode, ProtocolError, decode_payload
 from tidemq.protocol.codec import request_is_msgpack
 
@@ -53,11 +54,15 @@ async def read_raw(request: Request, limit: int) -> bytes:
         raise too_large(int(declared), limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(size, limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(size, limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody reads the answer: a client error, not a 500 and a traceback
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"the client went away after {size} bytes "
+                            "of the request body") from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
