@@ -51,6 +51,7 @@ from typing import Any
 
 import httpx
 import msgpack
+from tidemq.protocol.records._compiled import COMPILED
 
 from bench._common import Row, err, loop_name, print_json, print_table, progress, run
 from bench._orphans import IMMUNITY_S, TARGET_LATE_S, OrphanResult, orphan_checks
@@ -438,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
             "plain_runs": res["plain"], "txn_runs": res["txn"],
             "txn_oneway_msgs_per_s": oneway, "txn_oneway_vs_plain_ratio": oneway_ratio,
             "txn_oneway_runs": res["oneway"],
+            "txn_broker_us": cpu["txn"][1],  # broker CPU per transaction (issue 33's target key)
+            "compiled": COMPILED,  # the compiled record core ran (else the pure-Python one)
             **{f"{side}_us_per_msg_{key}": cpu[key][i] for key in ("plain", "txn", "oneway")
                for i, side in enumerate(("client", "broker"))},
             "check_sweep_s": sw["sweep_s"], "check_sweep_pending": sw["pending"],
