@@ -124,7 +124,7 @@ class Ingest:
         settle_end = 0  # where the newest of them ends
         if cache.enabled:
             cache.expire(now)
-            use_index = cache.needs_index(now)
+            use_index = self._needs_index(now)
             first: dict[DedupKey, int] = {}
             for i, record in enumerate(records):
                 if dedup[i]:
@@ -206,7 +206,7 @@ class Ingest:
         keys = [(topic, mid) for s in summaries for mid in s.message_ids]
         if not cache.unknown(keys, now) or len(set(keys)) != len(keys):
             return None  # known, being stored, or twice in the request
-        if cache.needs_index(now):
+        if self._needs_index(now):
             indexed = self.indexed
             if any(indexed(key, now) is not None for key in keys):
                 return None
@@ -257,6 +257,15 @@ class Ingest:
         so that a retry sent after the due time — stored in the real topic at once — finds
         the waiting copy of its first attempt (the faults suite saw both delivered)."""
         return (record.properties[REAL_TOPIC] if self.waiting(record) else record.topic)
+
+    def _needs_index(self, now: int) -> bool:
+        """Whether the dedup check must ask the store's index; once it need not (the first
+        window after the start is over), the index stops feeding its recent-key filter, which
+        only that window's lookups use (store/keyfilter.py)."""
+        if self.dedup.needs_index(now):
+            return True
+        self.store.stop_tracking_recent_keys()
+        return False
 
     def indexed(self, key: DedupKey, now: int) -> tuple[Placed, int, int] | None:
         """The first copy of ``key`` in the store's unique-key index within the window, its

@@ -350,6 +350,11 @@ class MessageStore:
         index holds too many such keys to read them now."""
         return self.index.track_recent(since_ms)
 
+    def stop_tracking_recent_keys(self) -> None:
+        """Drop the recent-key filter (no more lookups with ``since_ms`` will come soon);
+        later lookups read the index, as without it."""
+        self.index.filter = None
+
     def find_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
                     max_count: int = 64) -> list[StoredRecord]:
         offsets = self.index.lookup(topic_key(topic, key), begin_ms, end_ms)

@@ -58,6 +58,9 @@ class MemoryStore:
             out.append(Appended(phys, 1, r.queue_id, offset, now_ms()))
         return PutResult(PutStatus.OK, out)
 
+    def stop_tracking_recent_keys(self) -> None:
+        pass  # no recent-key filter here
+
     def find_by_unique_key(self, message_id: str, *, whole_log: bool = False,
                            since_ms: int | None = None) -> list[StoredRecord]:
         return [r for r in self.records if r.message_id == message_id]

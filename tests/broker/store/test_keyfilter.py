@@ -134,3 +134,17 @@ async def test_store_answers_recent_unique_key_lookups_without_the_index(
         assert reads == before + 1
     finally:
         await s.close()
+
+
+async def test_a_store_stops_tracking_when_told(store_dir: Path) -> None:
+    s = await MessageStore.open(small_config(store_dir))
+    try:
+        assert s.track_recent_keys(0)
+        assert s.index.surely_absent("U\0never", 0)
+        s.stop_tracking_recent_keys()  # the dedup window after the start is over
+        assert s.index.filter is None
+        assert not s.index.surely_absent("U\0never", 0)  # the index is asked again
+        await s.put([make_record(1)])  # puts no longer feed a filter
+        assert s.index.filter is None
+    finally:
+        await s.close()
