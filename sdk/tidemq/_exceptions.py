@@ -31,7 +31,7 @@
         ├── UnsupportedMediaTypeError     415 UNSUPPORTED_MEDIA_TYPE
         ├── InternalServerError           500 INTERNAL_ERROR (retriable)
         ├── BrokerBusyError               503 BROKER_BUSY (retriable, honours Retry-After)
-        ├── DiskFullError                 503 DISK_FULL
+        ├── DiskFullError                 503 DISK_FULL (retriable: space may come back)
         ├── UnavailableError              503 UNAVAILABLE (retriable)
         ├── NotPrimaryError               503 NOT_PRIMARY (retriable: at the group's primary)
         └── NotEnoughReplicasError        503 NOT_ENOUGH_REPLICAS (retriable)

@@ -28,9 +28,11 @@ others keep avoiding the broker. A success forgets everything.
   stored twice: the retries meet the restarted broker's dedup;
 - a pinned send (explicit queue id, or a sharding key without ``ordered_failover``) never moves:
   it is retried on its own queue with back-off until the deadline;
-- an answer that is final for that broker (disk full, topic missing) moves a send to another
-  group, and is raised when there is none: a full disk with nothing deletable needs an operator,
-  not 30 s of retries, so DISK_FULL stays not retriable (the application hears of it at once);
+- an answer that is final for that broker for now (topic missing, disk full) moves a send to
+  another group; TOPIC_NOT_FOUND is raised when there is none, while DISK_FULL is retried like
+  BROKER_BUSY until the deadline (a disk fills and frees as retention or an operator acts; a
+  call that cannot move, such as a cancel or a pinned send, would otherwise fail through a
+  transient full disk);
 - when every group has failed this send, pause (the retry policy's back-off, capped at about a
   second, honouring ``Retry-After``) and start over, until the policy's one deadline, measured
   from the send's first attempt (``max_attempts``, None by default, may bound it further);

@@ -116,6 +116,24 @@ async def test_a_group_that_never_answers_fails_the_cancel_retriably() -> None:
     assert [o for o, _ in g.asked].count("http://a1:10911") == 1
 
 
+async def test_a_full_disk_is_waited_out_not_raised() -> None:
+    """A cancel cannot move to another group: it retries DISK_FULL until space comes back."""
+    g = Groups()
+    g.answers["http://b1:10911"] = (503, "DISK_FULL")
+    real_serve = g._serve
+
+    def freed_after_two(request: httpx.Request) -> httpx.Response:
+        if sum(o == "http://b1:10911" for o, _ in g.asked) == 2:
+            g.answers["http://b1:10911"] = (200, "cancelled")  # retention freed space
+        return real_serve(request)
+
+    g.transport = httpx.MockTransport(freed_after_two)
+    async with producer(g) as p:
+        result = await p.cancel_delayed(TOPIC, "m1", broker_name="g-b")
+    assert result == CancelResult("m1", TOPIC, CancelState.CANCELLED, "g-b")
+    assert [o for o, _ in g.asked].count("http://b1:10911") == 3
+
+
 @pytest.mark.parametrize("cls", [Producer, TransactionProducer])
 async def test_delivered_and_not_found(cls: Any) -> None:
     g = Groups()

@@ -78,8 +78,12 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.INTERNAL_ERROR: 500,
 }
 
+# DISK_FULL is retriable (Kafka's KafkaStorageException is too): space comes back when retention
+# or an operator frees it, a retry keeps the message id, and a call that cannot move to another
+# group (a cancel, a pinned send) would otherwise fail during a transient full disk
 _RETRIABLE = frozenset({ErrorCode.BROKER_BUSY, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL_ERROR,
-                        ErrorCode.NOT_PRIMARY, ErrorCode.NOT_ENOUGH_REPLICAS})
+                        ErrorCode.NOT_PRIMARY, ErrorCode.NOT_ENOUGH_REPLICAS,
+                        ErrorCode.DISK_FULL})
 
 
 class ProtocolError(Exception):
