@@ -16,7 +16,7 @@ successor to follow: its requests are not watched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from tidemq._constants import MOVED_CHECK_S, PRIMARY_WAIT_POLL_S
@@ -52,19 +52,39 @@ async def unless_moved(routes: RouteTable, topic: str, address: str, request: Aw
     group = group_at(routes.cached(topic), address)
     if group is None:
         return await request
+
+    async def primary_now() -> str | None:
+        routes.invalidate(topic)
+        try:
+            return primary_of(await routes.get(topic, patient=False), group)
+        except TidemqError:
+            return None  # no nameserver answered: keep waiting for the request
+
+    def moved(now: str, waited: float) -> Exception:
+        return TransportError(f"no answer from {address} in {waited:.1f}s, and group "
+                              f"{group}'s primary is {now} now", sent=True)
+
+    return await abandon_if_moved(request, address, primary_now, moved,
+                                  check_s=check_s, poll_s=poll_s)
+
+
+async def abandon_if_moved(request: Awaitable[T], address: str,
+                           primary_now: Callable[[], Awaitable[str | None]],
+                           moved: Callable[[str, float], Exception], *, check_s: float,
+                           poll_s: float) -> T:
+    """``request`` (sent to ``address``), its result; but once it is unanswered ``check_s``,
+    ask ``primary_now()`` (the group's primary as the nameservers see it now; None: unknown)
+    then every ``poll_s``, and when that names another address, cancel the request and raise
+    ``moved(new_address, seconds_waited)``. The SDK's calls and the services' broker client
+    (checker, scheduler) both leave a silent primary this way."""
     task = asyncio.ensure_future(request)
     try:
         done, _ = await asyncio.wait({task}, timeout=check_s)
         waited = check_s
         while not done:
-            routes.invalidate(topic)
-            try:
-                now = primary_of(await routes.get(topic, patient=False), group)
-            except TidemqError:
-                now = None  # no nameserver answered: keep waiting for the request
+            now = await primary_now()
             if now is not None and now != address and not task.done():
-                raise TransportError(f"no answer from {address} in {waited:.1f}s, and group "
-                                     f"{group}'s primary is {now} now", sent=True)
+                raise moved(now, waited)
             done, _ = await asyncio.wait({task}, timeout=poll_s)
             waited += poll_s
         return task.result()

@@ -17,7 +17,6 @@ Every failure is a ``BrokerError``:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable
@@ -27,6 +26,7 @@ from urllib.parse import quote
 import httpx
 import msgpack
 import orjson
+from tidemq._moved import abandon_if_moved
 from tidemq.protocol import CONTENT_MSGPACK
 
 from tidemq_server.common.auth.client import service_auth
@@ -232,27 +232,22 @@ class BrokerClient:
                             after_s: float) -> httpx.Response:
         """``request`` (to ``url``), abandoned once the nameservers name another primary of
         the group while it is still unanswered ``after_s`` after it began."""
-        assert self.resolver is not None
-        task = asyncio.ensure_future(request)
-        try:
-            done, _ = await asyncio.wait({task}, timeout=after_s)
-            waited = after_s
-            while not done:
-                self.resolver.invalidate()  # ask the nameservers (at most every retry_s)
-                try:
-                    now = await self.resolver.address()
-                except GroupUnknown:
-                    now = url
-                if now != url and not task.done():
-                    raise BrokerDown(f"{what}: no answer in {waited:.1f}s, and the group's "
-                                     f"primary is {now} now")
-                done, _ = await asyncio.wait({task}, timeout=DISCOVERY_RETRY_S)
-                waited += DISCOVERY_RETRY_S
-            return task.result()
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        resolver = self.resolver
+        assert resolver is not None
+
+        async def primary_now() -> str | None:
+            resolver.invalidate()  # ask the nameservers (at most every retry_s)
+            try:
+                return await resolver.address()
+            except GroupUnknown:
+                return None
+
+        def moved(now: str, waited: float) -> Exception:
+            return BrokerDown(f"{what}: no answer in {waited:.1f}s, and the group's primary "
+                              f"is {now} now")
+
+        return await abandon_if_moved(request, url, primary_now, moved, check_s=after_s,
+                                      poll_s=DISCOVERY_RETRY_S)
 
     async def retention_floor(self, owner: str, physical_offset: int) -> None:
         """Keep the broker's commit log from ``physical_offset`` on for ``owner``."""
