@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -86,3 +87,22 @@ def set_role(broker: BrokerHandle, role: str, epoch: int, primary_address: str =
     assert resp.status_code == 200, resp.text
     answer: dict[str, Any] = resp.json()
     return answer
+
+
+@contextmanager
+def paused(member: BrokerHandle) -> Iterator[None]:
+    """``member``'s process stopped (SIGSTOP) for the block, then continued: it answers nothing
+    and fetches nothing meanwhile, yet keeps its state (a long GC, a stalled VM)."""
+    proc = member.proc.proc
+    assert proc is not None, "the member is not running"
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGCONT)
+
+
+def hand_over(old: BrokerHandle, new: BrokerHandle, epoch: int) -> None:
+    """A failover by hand: ``old`` follows ``new`` under ``epoch``, then ``new`` leads."""
+    set_role(old, "replica", epoch, new.url)
+    assert set_role(new, "primary", epoch)["role"] == "primary"

@@ -14,6 +14,7 @@ import pytest
 
 from tests.broker.grpc.conftest import Cluster
 from tests.support.broker import unique
+from tests.support.clock import now_ms
 
 pytestmark = pytest.mark.integration
 
@@ -70,10 +71,12 @@ def test_delayed_message_is_not_received_before_its_time(cluster: Cluster) -> No
     due_ms = sent["due_ms"]
     early = cluster.client("receive", "--topic", topic, "--count", 1, "--timeout", 2,
                            "--consumer-group", group)["received"]
-    assert early == []
-    assert state(cluster, sent["message_id"]) == "scheduled"
-    got = cluster.client("receive", "--topic", topic, "--count", 1, "--timeout", 20,
-                         "--consumer-group", group)["received"]
+    # a loaded machine may start the JVM client past the due time: what it received then
+    # must still not have come early (checked below); a quick client must have got nothing
+    if not early:
+        assert state(cluster, sent["message_id"]) == "scheduled" or now_ms() >= due_ms
+    got = early or cluster.client("receive", "--topic", topic, "--count", 1, "--timeout", 20,
+                                  "--consumer-group", group)["received"]
     assert [m["message_id"] for m in got] == [sent["message_id"]]
     assert got[0]["received_ms"] >= due_ms  # never early
 

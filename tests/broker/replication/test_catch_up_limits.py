@@ -4,14 +4,13 @@ under flush=sync the acknowledgement counts what the replica fsynced."""
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import RedisServer
-from tests.support.replication import FAST, run_group, status, wait_in_sync
+from tests.support.replication import FAST, paused, run_group, status, wait_in_sync
 from tests.support.wait import quiet_for, wait_until
 
 pytestmark = pytest.mark.integration
@@ -25,13 +24,10 @@ def test_a_replica_below_the_retained_log_says_so(tmp_path: Path,
                    file_reserved_hours=0.0002, retention_interval_s=0.2) as (primary, replica):
         wait_in_sync(primary, 2)
         topic = primary.create_topic(queues=1)
-        replica.proc.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
-        try:
+        with paused(replica):
             for i in range(80):  # ~160 KiB: the first segments roll and expire meanwhile
                 primary.send(topic, {"body": f"{i}-" + "x" * 2000})
             wait_until(lambda: status(primary)["min_offset"] > 0, what="retention deleted")
-        finally:
-            replica.proc.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
 
         def unhealthy() -> bool:
             return httpx.get(replica.url + "/healthz", timeout=5).status_code == 503

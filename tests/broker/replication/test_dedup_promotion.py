@@ -4,7 +4,6 @@ faults run between namespace hosts: the dedup lookup saw only records below the 
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,8 @@ import pytest
 from tests.conftest import RedisServer
 from tests.support.replication import (
     bodies,
+    hand_over,
+    paused,
     run_group,
     send_raw,
     set_role,
@@ -28,19 +29,14 @@ def test_a_retried_send_is_stored_once_on_the_primary_and_after_a_promotion(
     # every copy must hold a record before it is acknowledged: one stopped replica is enough
     # to leave a record written on two copies but unacknowledged
     with run_group(tmp_path, redis_server.url, 3, min_insync=3) as (old, r1, r2):
-        stopped = r2.proc.proc
-        assert stopped is not None
         wait_in_sync(old, 3)
         topic = old.create_topic(queues=1)
         assert old.send(topic, {"body": "A", "message_id": "id-A"})[0]["queue_offset"] == 0
 
         # 1. same primary: the first write stays in the log unacknowledged; the retry finds it
-        stopped.send_signal(signal.SIGSTOP)
-        try:
+        with paused(r2):
             first = send_raw(old, topic, {"body": "B0", "message_id": "id-B0"})
             old.error(first, 503, "NOT_ENOUGH_REPLICAS")
-        finally:
-            stopped.send_signal(signal.SIGCONT)
         wait_in_sync(old, 3)
         assert old.send(topic, {"body": "B0", "message_id": "id-B0"})[0]["queue_offset"] == 1
         wait_until(lambda: status(old)["hwm"] == status(old)["log_end"], what="B0 covered")
@@ -49,12 +45,9 @@ def test_a_retried_send_is_stored_once_on_the_primary_and_after_a_promotion(
         # copy (the faults suite saw a retried half acknowledged by an isolated primary)
         half = {"producer_group": "pg", "topic": topic,
                 "message": {"body": "H", "message_id": "id-H"}}
-        stopped.send_signal(signal.SIGSTOP)
-        try:
+        with paused(r2):
             old.error(old.http.post("/v1/transactions", json=half), 503, "NOT_ENOUGH_REPLICAS")
             old.error(old.http.post("/v1/transactions", json=half), 503, "NOT_ENOUGH_REPLICAS")
-        finally:
-            stopped.send_signal(signal.SIGCONT)
         wait_in_sync(old, 3)
         answer = old.http.post("/v1/transactions", json=half)
         assert answer.status_code == 200, answer.text
@@ -65,17 +58,13 @@ def test_a_retried_send_is_stored_once_on_the_primary_and_after_a_promotion(
         wait_until(lambda: bodies(old, topic) == ["A", "B0", "H"], what="H committed once")
 
         # 2. promotion: r1 copied B above its HWM; old is demoted, r1 promoted, then the retry
-        stopped.send_signal(signal.SIGSTOP)
-        try:
+        with paused(r2):
             first = send_raw(old, topic, {"body": "B", "message_id": "id-B"})
             old.error(first, 503, "NOT_ENOUGH_REPLICAS")
             end = status(old)["log_end"]
             wait_until(lambda: status(r1)["log_end"] == end, what="B copied to r1")
             assert status(r1)["hwm"] < end  # above r1's high-water mark
-            set_role(old, "replica", 2, r1.url)
-            assert set_role(r1, "primary", 2)["role"] == "primary"
-        finally:
-            stopped.send_signal(signal.SIGCONT)
+            hand_over(old, r1, 2)
         set_role(r2, "replica", 2, r1.url)
         wait_in_sync(r1, 3)
         again = r1.send(topic, {"body": "B", "message_id": "id-B"})

@@ -7,7 +7,6 @@ the first)."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,8 @@ import pytest
 from tests.conftest import RedisServer
 from tests.support.replication import (
     bodies,
+    hand_over,
+    paused,
     run_group,
     set_role,
     status,
@@ -47,22 +48,17 @@ def test_a_retried_commit_is_stored_once_on_the_primary_and_after_a_promotion(
     # the high-water mark
     with run_group(tmp_path, redis_server.url, 3, min_insync=3, replica_lag_max_ms=30_000,
                    sync_ack_timeout_ms=1000) as (old, r1, r2):
-        stopped = r2.proc.proc
-        assert stopped is not None
         wait_in_sync(old, 3)
         topic = old.create_topic(queues=1)
 
         # 1. same primary: the commit stays in the log unacknowledged; the retry (while the
         # replica is still away, then after it is back) writes no second copy
         first = _half(old, topic, "C1")
-        stopped.send_signal(signal.SIGSTOP)
-        try:
+        with paused(r2):
             old.error(_commit(old, first), 503, "NOT_ENOUGH_REPLICAS")
             end = status(old)["log_end"]
             old.error(_commit(old, first), 503, "NOT_ENOUGH_REPLICAS")
             assert status(old)["log_end"] == end  # the retry wrote nothing
-        finally:
-            stopped.send_signal(signal.SIGCONT)
         wait_in_sync(old, 3)
         again = _commit(old, first)
         assert again.status_code == 200 and again.json() == {"state": "committed"}, again.text
@@ -74,16 +70,12 @@ def test_a_retried_commit_is_stored_once_on_the_primary_and_after_a_promotion(
         # the producer's retry reaches r1
         second = _half(old, topic, "C2")
         wait_until(lambda: status(r1)["log_end"] == status(old)["log_end"], what="C2 copied")
-        stopped.send_signal(signal.SIGSTOP)
-        try:
+        with paused(r2):
             old.error(_commit(old, second), 503, "NOT_ENOUGH_REPLICAS")
             end = status(old)["log_end"]
             wait_until(lambda: status(r1)["log_end"] == end, what="the commit copied to r1")
             assert status(r1)["hwm"] < end  # above r1's high-water mark
-            set_role(old, "replica", 2, r1.url)
-            assert set_role(r1, "primary", 2)["role"] == "primary"
-        finally:
-            stopped.send_signal(signal.SIGCONT)
+            hand_over(old, r1, 2)
         set_role(r2, "replica", 2, r1.url)
         wait_in_sync(r1, 3)
         again = _commit(r1, second)

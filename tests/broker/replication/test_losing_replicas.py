@@ -3,7 +3,6 @@ reads going on, catching up after a restart, and what consumers may see (the hig
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from pathlib import Path
@@ -12,7 +11,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import RedisServer
-from tests.support.replication import bodies, read_log, run_group, send_raw, status, wait_in_sync
+from tests.support.replication import (
+    bodies,
+    paused,
+    read_log,
+    run_group,
+    send_raw,
+    status,
+    wait_in_sync,
+)
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -50,8 +57,7 @@ def test_consumers_never_see_records_above_the_high_water_mark(
         wait_in_sync(primary, 2)
         topic = primary.create_topic(queues=1)
         primary.send(topic, {"body": "safe"})
-        replica.proc.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
-        try:
+        with paused(replica):
             primary.error(send_raw(primary, topic, {"body": "primary only"}), 503,
                           "NOT_ENOUGH_REPLICAS")
             answer = primary.pull(topic, 0, 0, max=32)
@@ -68,8 +74,6 @@ def test_consumers_never_see_records_above_the_high_water_mark(
             waiter.start()
             time.sleep(0.3)
             assert not held  # held: the record exists on the primary only
-        finally:
-            replica.proc.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
         waiter.join(15)
         assert [m["body"] for m in held["messages"]] == ["primary only"]  # visible once copied
         wait_in_sync(primary, 2)

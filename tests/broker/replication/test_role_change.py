@@ -3,14 +3,13 @@ former primary truncates the tail only it held and follows its successor; epochs
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RedisServer
-from tests.support.replication import read_log, run_group, set_role, status, wait_in_sync
+from tests.support.replication import paused, read_log, run_group, set_role, status, wait_in_sync
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -24,8 +23,7 @@ def test_failover_through_the_seam_truncates_the_divergent_tail(
         topic = old.create_topic(queues=1)
         old.send(topic, {"body": "A", "message_id": "id-A"})
         end_a = status(old)["log_end"]
-        new.proc.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
-        try:
+        with paused(new):
             time.sleep(0.6)  # its fetch held at the log end (200 ms) is answered empty first
             resp = old.http.post(f"/v1/topics/{topic}/messages",
                                  json={"messages": [{"body": "B", "message_id": "id-B"}]})
@@ -33,8 +31,6 @@ def test_failover_through_the_seam_truncates_the_divergent_tail(
             assert status(old)["log_end"] > end_a  # B is on the old primary only
             after = set_role(old, "replica", 2, new.url)  # writes stop at once
             assert after["role"] == "replica" and after["epoch"] == 2
-        finally:
-            new.proc.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
         promoted = set_role(new, "primary", 2)
         assert promoted["role"] == "primary" and promoted["epochs"] == [[1, 0], [2, end_a]]
         wait_in_sync(new, 2)
