@@ -33,16 +33,21 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.records.v2 import BatchBuilder, DelayKind
 
+#: ``DelayKind`` as plain ints: the compiled encoder takes exact ints only (an ``IntEnum``
+#: member sent every record to the pure-Python reference: 4.6 µs a record instead of 1.1)
+_LEVEL, _DELAY_MS, _DELIVER_AT_MS = (int(DelayKind.LEVEL), int(DelayKind.DELAY_MS),
+                                     int(DelayKind.DELIVER_AT_MS))
+
 
 def delay_of(msg: OutgoingMessage) -> tuple[int, int]:
-    """``(delay_kind, delay_value)`` of a message (at most one delay field is set)."""
+    """``(delay_kind, delay_value)`` of a message (at most one delay field is set), plain ints."""
     if msg.delay_level:
-        return DelayKind.LEVEL, msg.delay_level
+        return _LEVEL, msg.delay_level
     if msg.delay_ms is not None:
-        return DelayKind.DELAY_MS, msg.delay_ms
+        return _DELAY_MS, msg.delay_ms
     if msg.deliver_at_ms is not None:
-        return DelayKind.DELIVER_AT_MS, msg.deliver_at_ms
-    return DelayKind.NONE, 0
+        return _DELIVER_AT_MS, msg.deliver_at_ms
+    return 0, 0
 
 
 class QueueBatch:
@@ -71,7 +76,7 @@ class QueueBatch:
         props = msg.properties
         if msg.sharding_key is not None:
             props = {**props, SHARDING_KEY: msg.sharding_key}
-        kind, value = (DelayKind.NONE, 0) if not (
+        kind, value = (0, 0) if not (
             msg.delay_level or msg.delay_ms is not None or msg.deliver_at_ms is not None
         ) else delay_of(msg)
         self._builder.add(msg.body, msg.message_id, tag=msg.tag, keys=msg.keys,

@@ -8,7 +8,8 @@ from tidemq._batch import QueueBatch, delay_of, encode_messages, encode_request,
 from tidemq._exceptions import UnexpectedResponseError
 from tidemq._message import Message, to_outgoing
 from tidemq.protocol import SHARDING_KEY, OutgoingMessage
-from tidemq.protocol.records.v2 import CLIENT_PROPERTIES, DelayKind, tag_code
+from tidemq.protocol.records import _compiled, v2
+from tidemq.protocol.records.v2 import CLIENT_PROPERTIES, BatchBuilder, DelayKind, tag_code
 from tidemq.protocol.records.v2_read import BatchError, decode_record, split, validate
 
 
@@ -52,6 +53,38 @@ def test_a_queue_batch_grows_as_messages_are_added() -> None:
     assert len(batch.finish()) == batch.nbytes
     with pytest.raises(ValueError, match="message_id"):
         QueueBatch("Orders", 1).add(OutgoingMessage(b"no id"), 1)
+
+
+@pytest.mark.skipif(not _compiled.COMPILED, reason="the compiled record core is not built")
+def test_the_producer_encodes_on_the_compiled_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled encoder hands what it cannot take to the pure reference; the producer's
+    records (plain and delayed) must never be among them (a ``DelayKind`` member, an int
+    subclass, once sent every record there)."""
+    assert _compiled.core is not None
+    fallbacks: list[int] = []
+
+    def reference(*args: object) -> int:
+        fallbacks.append(1)
+        return v2.append_record_py(*args)  # type: ignore[arg-type]
+
+    _compiled.core.use_writer(reference)
+    try:
+        msgs = [to_outgoing(Message("plain")), to_outgoing(Message("late", delay_level=2)),
+                to_outgoing(Message("in", delay_ms=5)),
+                to_outgoing(Message("at", tag="T", deliver_at_ms=9))]
+        for m in msgs:
+            m.queue_id = 0
+        raw, _ = encode_request("Orders", msgs, born_ms=1)
+        assert fallbacks == []
+        # the spy does see what the compiled twin refuses (a float born stamp)
+        with pytest.raises(v2.UnfitBatch):
+            BatchBuilder("T", 0).add(b"x", "id", born_timestamp=1.5)  # type: ignore[arg-type]
+        assert fallbacks == [1]
+    finally:
+        _compiled.core.use_writer(v2.append_record_py)
+    kinds = [decode_record(raw, p).delay_kind for p in validate(raw).positions]
+    assert kinds == [DelayKind.NONE, DelayKind.LEVEL, DelayKind.DELAY_MS,
+                     DelayKind.DELIVER_AT_MS]
 
 
 def test_delay_of_each_field() -> None:
