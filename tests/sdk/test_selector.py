@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import zlib
 
+import pytest
+from tidemq._exceptions import TopicNotFoundError
 from tidemq._routes import BrokerRoute, TopicRoute, parse_route
 from tidemq._selector import QueueSelector, shard_index
 
@@ -20,6 +22,18 @@ def test_round_robin_cycles_over_every_queue_of_every_broker() -> None:
     picks = [selector.select(ROUTE) for _ in range(12)]
     assert sorted(picks) == sorted(ROUTE.write_queues() * 2)
     assert picks[:6] == picks[6:]
+
+
+def test_round_robin_is_select_without_arguments() -> None:
+    """The send hot path's call picks what ``select(route)`` picks, and refuses alike."""
+    a, b = QueueSelector(), QueueSelector()
+    a._next["t"] = b._next["t"] = 5
+    assert [a.round_robin(ROUTE) for _ in range(9)] == [b.select(ROUTE) for _ in range(9)]
+    frozen = TopicRoute("t", (BrokerRoute("a", "http://a1", 2, perm="r"),))
+    with pytest.raises(TopicNotFoundError, match="no broker accepts writes"):
+        a.round_robin(frozen)
+    with pytest.raises(TopicNotFoundError, match="no broker accepts writes"):
+        a.select(frozen)
 
 
 def test_sharding_key_is_stable_across_selectors_and_calls() -> None:
