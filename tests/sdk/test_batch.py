@@ -3,10 +3,12 @@ log's record format, which the broker's strict validation accepts as it is."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from tidemq._batch import QueueBatch, delay_of, encode_messages, encode_request, results_of
 from tidemq._exceptions import UnexpectedResponseError
-from tidemq._message import Message, to_outgoing
+from tidemq._message import Message, SendResult, stored_result, to_outgoing
 from tidemq.protocol import SHARDING_KEY, OutgoingMessage
 from tidemq.protocol.records import _compiled, v2
 from tidemq.protocol.records.v2 import CLIENT_PROPERTIES, BatchBuilder, DelayKind, tag_code
@@ -116,3 +118,26 @@ def test_a_request_holds_one_batch_per_queue_and_its_answer_maps_back() -> None:
     unplaced = to_outgoing(Message("x"))
     with pytest.raises(ValueError, match="queue_id"):
         encode_request("Orders", [unplaced], born_ms=1)
+
+
+def test_a_batch_answer_makes_the_results_the_constructor_makes() -> None:
+    """``results_of`` builds results without the frozen dataclass's ``__init__``: they must be
+    the very objects ``SendResult(...)`` makes (equal, hashed alike, frozen, same repr)."""
+    msgs = [to_outgoing(Message(f"m{i}")) for i in range(3)]
+    for m, qid in zip(msgs, [1, 3, 1], strict=True):
+        m.queue_id = qid
+    _, where = encode_request("Orders", msgs, born_ms=1)
+    got = results_of({"batches": [[1, 10, 2], [3, 0, 1]]}, "Orders", msgs, where, "g1")
+    want = [SendResult(msgs[0].message_id or "", "Orders", 1, 10, broker_name="g1"),
+            SendResult(msgs[1].message_id or "", "Orders", 3, 0, broker_name="g1"),
+            SendResult(msgs[2].message_id or "", "Orders", 1, 11, broker_name="g1")]
+    assert got == want and [hash(r) for r in got] == [hash(r) for r in want]
+    assert [repr(r) for r in got] == [repr(r) for r in want]
+    assert type(got[0]) is SendResult and dataclasses.asdict(got[0]) == dataclasses.asdict(want[0])
+    assert not got[0].scheduled and got[0].state == "stored" and got[0].deliver_at_ms is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got[0].queue_offset = 5  # type: ignore[misc]
+    assert stored_result("i", "T", 0, 1, None) == SendResult("i", "T", 0, 1)
+    with pytest.raises(UnexpectedResponseError):  # a batch the answer does not place
+        results_of({"batches": [[1, 10, 2]]}, "Orders", msgs, where)
+    assert results_of({"batches": []}, "Orders", [], []) == []
