@@ -46,7 +46,8 @@ SIZES = {"quick": 20_000, "full": 100_000}  # messages per row and round
 
 
 class FakeBroker:
-    """Answers the producer's requests in memory; ``busy_s`` is its own CPU (subtracted)."""
+    """Answers the producer's requests in memory; ``busy_s`` is its own CPU (subtracted; CPU,
+    not wall time, which on a loaded machine holds other processes' turns)."""
 
     def __init__(self) -> None:
         self.offsets = [0] * QUEUES
@@ -58,11 +59,11 @@ class FakeBroker:
         from tidemq.protocol import CONTENT_MSGPACK
         from tidemq.protocol.records.v2_read import read_head, split
 
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         if request.method == "GET":  # the route (broker_url: GET /v1/topics/{topic})
             answer = TransportResponse.encoded(200, {"topic": TOPIC, "queues": QUEUES},
                                                content_type=CONTENT_MSGPACK)
-            self.busy_s += time.perf_counter() - t0
+            self.busy_s += time.process_time() - t0
             return answer
         placed = []
         for at, _ in split(request.content):
@@ -71,7 +72,7 @@ class FakeBroker:
             self.offsets[head.queue_id] += head.count
         answer = TransportResponse.encoded(200, {"batches": placed}, content_type=CONTENT_MSGPACK)
         self.requests += 1
-        self.busy_s += time.perf_counter() - t0
+        self.busy_s += time.process_time() - t0
         await asyncio.sleep(RTT_S)
         return answer
 
