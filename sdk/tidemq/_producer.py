@@ -244,7 +244,10 @@ class Producer(Sender):
         if isinstance(messages, bytes | str | Message) or not isinstance(messages, Iterable):
             raise ConfigurationError(f"send_batch: messages must be a list of messages or "
                                      f"bodies, got {type(messages).__name__}")
-        outs = [to_outgoing(as_message(_of_batch(topic, i, m), {"topic": topic}))
+        given = {"topic": topic}
+        # a bare body (most batches) is what body_to_outgoing takes, without a Message
+        outs = [body_to_outgoing(m) if type(m) is bytes or type(m) is str
+                else to_outgoing(as_message(_of_batch(topic, i, m), given))
                 for i, m in enumerate(messages)]
         if not outs:
             return []
@@ -422,14 +425,19 @@ class _Batch(Shipment[list[SendResult]]):
             raise server_error(ErrorCode.NOT_PRIMARY, f"group {broker.broker_name} of "
                                                       f"{self.topic!r} has no primary at "
                                                       f"{broker.address} now")
-        select = self.producer._selector.select
+        selector = self.producer._selector
+        mine = [q for q in route.write_queues() if q.address == broker.address]
         for m, queue_id in zip(self.outs, self.explicit, strict=True):
             # a keyed message takes the queue send() gives its key (over the whole route,
             # which _batch_broker checked lands on this broker); others round robin over this
-            # broker's queues
-            keyed = m.sharding_key is not None or queue_id is not None
-            m.queue_id = select(route, sharding_key=m.sharding_key, queue_id=queue_id,
-                                broker=None if keyed else broker.address).queue_id
+            # broker's queues (``select(route, broker=...)``, its queues listed once a batch)
+            if m.sharding_key is not None or queue_id is not None:
+                m.queue_id = selector.select(route, sharding_key=m.sharding_key,
+                                             queue_id=queue_id).queue_id
+            elif mine:
+                m.queue_id = selector.round_robin_over(route.topic, mine).queue_id
+            else:
+                m.queue_id = selector.select(route, broker=broker.address).queue_id  # raises
         return self.producer._post(broker.address, self.topic, self.outs)
 
 

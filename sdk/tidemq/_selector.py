@@ -90,6 +90,11 @@ class QueueSelector:
                                f"no broker accepts writes to topic {route.topic!r}")
         return queues[self._advance(route.topic) % len(queues)]
 
+    def round_robin_over(self, topic: str, queues: Sequence[MessageQueue]) -> MessageQueue:
+        """``select(route, broker=...)`` with the broker's ``queues`` (not empty) listed by
+        the caller once for many messages (``send_batch``)."""
+        return queues[self._advance(topic) % len(queues)]
+
     def _advance(self, topic: str) -> int:
         current = self._next.get(topic)
         if current is None:

@@ -36,6 +36,14 @@ def test_round_robin_is_select_without_arguments() -> None:
         a.select(frozen)
 
 
+def test_round_robin_over_a_brokers_queues_is_select_with_that_broker() -> None:
+    a, b = QueueSelector(), QueueSelector()
+    a._next["t"] = b._next["t"] = 7
+    mine = [q for q in ROUTE.write_queues() if q.address == "http://b1"]
+    assert [a.round_robin_over("t", mine) for _ in range(9)] == \
+        [b.select(ROUTE, broker="http://b1") for _ in range(9)]
+
+
 def test_sharding_key_is_stable_across_selectors_and_calls() -> None:
     a, b = QueueSelector(), QueueSelector()
     for key in ("user-1", "user-2", "order-99", "ünïcode"):
