@@ -4,11 +4,12 @@ log's record format, which the broker's strict validation accepts as it is."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import pytest
 from tidemq._batch import QueueBatch, delay_of, encode_messages, encode_request, results_of
 from tidemq._exceptions import UnexpectedResponseError
-from tidemq._message import Message, SendResult, stored_result, to_outgoing
+from tidemq._message import Message, SendResult, new_message_id, stored_result, to_outgoing
 from tidemq.protocol import SHARDING_KEY, OutgoingMessage
 from tidemq.protocol.records import _compiled, v2
 from tidemq.protocol.records.v2 import CLIENT_PROPERTIES, BatchBuilder, DelayKind, tag_code
@@ -141,3 +142,13 @@ def test_a_batch_answer_makes_the_results_the_constructor_makes() -> None:
     with pytest.raises(UnexpectedResponseError):  # a batch the answer does not place
         results_of({"batches": [[1, 10, 2]]}, "Orders", msgs, where)
     assert results_of({"batches": []}, "Orders", [], []) == []
+
+
+def test_message_ids_are_uuid4_hex() -> None:
+    """``new_message_id`` keeps the ``uuid.uuid4().hex`` form however it is computed: 32
+    lowercase hex digits, version 4, RFC 4122 variant, no repeats."""
+    ids = [new_message_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for mid in ids[:200]:
+        u = uuid.UUID(hex=mid)
+        assert mid == u.hex and u.version == 4 and u.variant == uuid.RFC_4122
