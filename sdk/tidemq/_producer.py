@@ -301,6 +301,13 @@ class Producer(Sender):
         self, message: Message | Body, options: SendOptions, method: str,
     ) -> tuple[str, OutgoingMessage]:
         """The topic and wire form of a message to send, checked (``_prepare`` without I/O)."""
+        if len(options) == 1 and type(message) in _BARE_BODIES:
+            topic = options.get("topic")
+            if topic and topic in self._valid_topics:
+                # send(body, topic=...) to a topic checked before: the commonest call, with
+                # nothing else to check (``_BARE_OPTIONS`` below, without its set operations)
+                self._require_open()
+                return topic, body_to_outgoing(message)  # type: ignore[arg-type]
         if not options.keys() <= _SEND_OPTIONS:  # as Python says it for a named keyword argument
             unknown = sorted(options.keys() - _SEND_OPTIONS)
             raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
