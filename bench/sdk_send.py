@@ -1,6 +1,6 @@
 """The producer's own CPU per message, without a broker: the SDK's send paths in isolation.
 
-Run ``python -m bench.sdk_send [--quick] [--json] [--gc-freeze] [--profile FILE]``.
+Run ``python -m bench.sdk_send [--quick] [--json] [--gc-freeze] [--app-heap N] [--profile FILE]``.
 
 Why: bench.produce_consume measures the client next to a broker on the same two cores, so its
 client figure moves with the broker's load and the machine's. Here the ``Producer`` talks to an
@@ -17,7 +17,10 @@ Rows (1 KiB bodies, the workload of bench.produce_consume; best of ``ROUNDS``):
 3. ``send_batch``  16 callers, each sending ``send_batch`` of 64 bodies at a time
 
 ``--gc-freeze`` calls ``gc.freeze()`` once the producer has started (the guidance in
-docs/sdk.md); ``--profile FILE`` writes a cProfile of the rounds (pstats format).
+docs/sdk.md); ``--app-heap N`` keeps N small lists alive first, the long-lived heap of the
+application a producer lives in (what the cyclic GC's full collections walk, unless frozen);
+each row reports the GC's own time (``gc.callbacks``). ``--profile FILE`` writes a cProfile of
+the rounds (pstats format).
 """
 
 from __future__ import annotations
@@ -77,23 +80,46 @@ class FakeBroker:
         return answer
 
 
+class GcClock:
+    """The cyclic GC's own CPU time, from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.spent_s = 0.0
+        self.collections = 0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.spent_s += time.process_time() - self._began
+            self.collections += 1
+
+
+GC = GcClock()
+
+
 async def timed(n: int, broker: FakeBroker, work: Callable[[], Awaitable[None]]
                 ) -> dict[str, float]:
     """CPU µs per message of ``work`` (``n`` messages), the fake broker's own time taken out."""
-    busy0, req0, gc0 = broker.busy_s, broker.requests, sum(s["collections"] for s in
-                                                            gc.get_stats())
+    busy0, req0, gc0, gcs0 = broker.busy_s, broker.requests, GC.collections, GC.spent_s
     cpu0, t0 = time.process_time(), time.perf_counter()
     await work()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     cpu -= broker.busy_s - busy0
     return {"us_per_msg": cpu / n * 1e6, "msgs_per_s": n / wall,
             "msgs_per_request": n / max(1, broker.requests - req0),
-            "gc_collections": sum(s["collections"] for s in gc.get_stats()) - gc0}
+            "gc_collections": GC.collections - gc0,
+            "gc_us_per_msg": (GC.spent_s - gcs0) / n * 1e6}
 
 
-async def measure(n: int, freeze: bool, profile: cProfile.Profile | None) -> dict[str, Any]:
+async def measure(n: int, freeze: bool, heap: int, profile: cProfile.Profile | None
+                  ) -> dict[str, Any]:
     from tidemq import Producer
     from tidemq._transport import MockTransport
+
+    app = [[i] for i in range(heap)]  # the application's long-lived objects (lists: tracked)
+    gc.callbacks.append(GC)
 
     broker = FakeBroker()
     bodies = [bytes([65 + i]) * BODY_BYTES for i in range(7)]
@@ -136,6 +162,8 @@ async def measure(n: int, freeze: bool, profile: cProfile.Profile | None) -> dic
                     profile.disable()
     if freeze:
         gc.unfreeze()
+    gc.callbacks.remove(GC)
+    del app
     return {k: min(v, key=lambda r: r["us_per_msg"]) for k, v in rows.items()}
 
 
@@ -146,12 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON line at the end of stdout")
     ap.add_argument("--gc-freeze", action="store_true",
                     help="gc.freeze() once the producer has started")
+    ap.add_argument("--app-heap", type=int, default=0, metavar="N",
+                    help="keep N long-lived lists alive (an application's heap)")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the rounds here")
     args = ap.parse_args(argv)
     n = SIZES["quick" if args.quick else "full"]
     profile = cProfile.Profile() if args.profile else None
     load0 = _load()
-    res = run(measure(n, args.gc_freeze, profile))
+    res = run(measure(n, args.gc_freeze, args.app_heap, profile))
     if profile is not None:
         profile.dump_stats(args.profile)
         err.print(f"cProfile written to {args.profile}")
@@ -161,15 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for key, r in res.items():
         rows.append(Row(f"SDK CPU per message: {label[key]}", r["us_per_msg"], "µs"))
-        rows.append(Row(f"  messages per request / GC collections ({key})",
-                        r["msgs_per_request"], f"msgs, {r['gc_collections']:.0f} GCs"))
+        rows.append(Row(f"  of which the cyclic GC ({r['gc_collections']:.0f} collections)",
+                        r["gc_us_per_msg"], "µs"))
+        rows.append(Row(f"  messages per request ({key})", r["msgs_per_request"], "msgs"))
     print_table(f"tidemq SDK send path, in memory ({'quick' if args.quick else 'full'})", rows,
                 caption=f"{n:,} messages of {BODY_BYTES} B per row, best of {ROUNDS}; simulated "
                         f"round trip {RTT_S * 1e3:g} ms; gc.freeze: {args.gc_freeze}; "
+                        f"application heap: {args.app_heap:,} objects; "
                         f"{loop_name()}; load average (1 min) {load0:.1f} before, "
                         f"{_load():.1f} after")
     if args.json:
         print_json({"bench": "sdk_send", "messages": n, "gc_freeze": args.gc_freeze,
+                    "app_heap": args.app_heap,
                     **{f"client_us_per_msg_{k}": r["us_per_msg"] for k, r in res.items()},
                     "detail": res, "loadavg": [load0, _load()]})
     return 0
