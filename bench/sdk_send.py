@@ -113,8 +113,8 @@ async def timed(n: int, broker: FakeBroker, work: Callable[[], Awaitable[None]]
             "gc_us_per_msg": (GC.spent_s - gcs0) / n * 1e6}
 
 
-async def measure(n: int, freeze: bool, heap: int, profile: cProfile.Profile | None
-                  ) -> dict[str, Any]:
+async def measure(n: int, freeze: bool, heap: int, profile: cProfile.Profile | None,
+                  only: str | None = None) -> dict[str, Any]:
     from tidemq import Producer
     from tidemq._transport import MockTransport
 
@@ -155,6 +155,8 @@ async def measure(n: int, freeze: bool, heap: int, profile: cProfile.Profile | N
         for _ in range(ROUNDS):
             for key, work in (("send", lambda: senders(1)), ("send_x16", lambda: senders(WINDOW)),
                               ("send_batch", batches)):
+                if only is not None and key != only:
+                    continue
                 if profile is not None:
                     profile.enable()
                 rows[key].append(await timed(n, broker, work))
@@ -164,7 +166,7 @@ async def measure(n: int, freeze: bool, heap: int, profile: cProfile.Profile | N
         gc.unfreeze()
     gc.callbacks.remove(GC)
     del app
-    return {k: min(v, key=lambda r: r["us_per_msg"]) for k, v in rows.items()}
+    return {k: min(v, key=lambda r: r["us_per_msg"]) for k, v in rows.items() if v}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,11 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--app-heap", type=int, default=0, metavar="N",
                     help="keep N long-lived lists alive (an application's heap)")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the rounds here")
+    ap.add_argument("--only", choices=("send", "send_x16", "send_batch"),
+                    help="run this row alone (profiling)")
     args = ap.parse_args(argv)
     n = SIZES["quick" if args.quick else "full"]
     profile = cProfile.Profile() if args.profile else None
     load0 = _load()
-    res = run(measure(n, args.gc_freeze, args.app_heap, profile))
+    res = run(measure(n, args.gc_freeze, args.app_heap, profile, args.only))
     if profile is not None:
         profile.dump_stats(args.profile)
         err.print(f"cProfile written to {args.profile}")
