@@ -34,6 +34,10 @@ runs through redis-py with hiredis. Peers missing a part are installed first
 ``--no-peers``. Targets (issue 23): tidemq produce and consume >= 2x Redis Streams and >= 1x NATS
 JetStream, p99 <= 5 ms at 1,000 msg/s and <= 10 ms at 10,000 msg/s.
 
+``--gc-freeze`` calls ``gc.freeze()`` once the producer has started (docs/scaling.md, "A
+long-lived producer and the garbage collector"); either way the caption says how much of the
+client's CPU per message went to the cyclic GC in the produce phases (``gc.callbacks``).
+
 ``--profile DIR`` samples the broker and this process with py-spy (when installed) during the
 tidemq produce, consume and latency phases and writes collapsed stacks (``*.txt``) there, with
 a short summary of the hottest frames on stderr; figures of a profiled run are a little slower.
@@ -44,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import os
 import shutil
 import signal
@@ -80,6 +85,7 @@ from bench._peers import (
     timed,
     with_server_cpu,
 )
+from bench.sdk_send import GC
 
 SENDERS = 64
 SEGMENT_DOC = {  # the latency breakdown's segments (bench/_breakdown.py)
@@ -188,8 +194,9 @@ class Profiler:
 class Tidemq:
     name = "tidemq"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, gc_freeze: bool = False) -> None:
         self.workdir = workdir
+        self.gc_freeze = gc_freeze  # gc.freeze() once the producer has started
         self.cluster = f"bench-{uuid.uuid4().hex[:8]}"
         self.redis = redis_server(workdir / "redis-state", appendonly=True)
         self.ns_port, self.broker_port = free_port(), free_port()
@@ -224,6 +231,9 @@ class Tidemq:
         await asyncio.to_thread(self.broker.start)
         self.producer = Producer(nameservers=[self.ns_url])
         await self.producer.start()
+        if self.gc_freeze:
+            gc.collect()
+            gc.freeze()
 
     async def close(self) -> None:
         if self.producer is not None:
@@ -260,7 +270,9 @@ class Tidemq:
         label = (f"tidemq: {senders} senders x await send" if window == 1 else
                  f"tidemq: {senders} senders x {window} sends in flight")
         requests0 = self.producer._coalescer.requests_sent
+        gc0 = GC.spent_s
         res = await run_senders(n, senders, window, bodies, send_window, label)
+        res.extra["client_gc_us_per_msg"] = (GC.spent_s - gc0) / n * 1e6
         requests = self.producer._coalescer.requests_sent - requests0
         stored = sum((await self.queue_ends(topic)).values())
         if stored != n:
@@ -396,8 +408,9 @@ async def run_peer(peer: Any, sizes: Sizes, bodies: list[bytes], pad: bytes,
 
 
 async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
-                     prof: Profiler, results: dict[str, Any], otel: bool = False) -> None:
-    t = Tidemq(tmp / "tidemq")
+                     prof: Profiler, results: dict[str, Any], otel: bool = False,
+                     gc_freeze: bool = False) -> None:
+    t = Tidemq(tmp / "tidemq", gc_freeze)
     n = sizes.messages
     await t.start()
     try:
@@ -435,11 +448,15 @@ async def run_tidemq(tmp: Path, sizes: Sizes, bodies: list[bytes], pad: bytes,
 
 
 async def run_all(tmp: Path, sizes: Sizes, prof: Profiler, peers_too: bool,
-                  otel: bool = False) -> dict[str, Any]:
+                  otel: bool = False, gc_freeze: bool = False) -> dict[str, Any]:
     bodies = make_bodies(7)
     pad = make_bodies(8, 1)[0][: BODY_BYTES - STAMP]
     results: dict[str, Any] = {"skipped": {}, "loadavg": {"before": os.getloadavg()[0]}}
-    await run_tidemq(tmp, sizes, bodies, pad, prof, results, otel)
+    gc.callbacks.append(GC)
+    try:
+        await run_tidemq(tmp, sizes, bodies, pad, prof, results, otel, gc_freeze)
+    finally:
+        gc.callbacks.remove(GC)
     for key, cls in PEERS:
         if not peers_too:
             results["skipped"][key] = "--no-peers"
@@ -575,7 +592,10 @@ def caption(res: dict[str, Any], sizes: Sizes, loop: str, total_s: float) -> str
             f"{t['produce']['client_cpu_util']:.0%}, consume "
             f"{t['consume']['client_cpu_util']:.0%}; latency samples "
             f"{t['latency']['samples']:,} (received {t['latency']['received']:,} of "
-            f"{t['latency']['sent']:,}), max {t['latency']['max_ms'] or 0:.1f} ms")
+            f"{t['latency']['sent']:,}), max {t['latency']['max_ms'] or 0:.1f} ms; cyclic GC "
+            f"per message produced {t['produce'].get('client_gc_us_per_msg', 0):.2f} / "
+            f"{t['produce_await'].get('client_gc_us_per_msg', 0):.2f} µs of the client's CPU "
+            f"({WINDOW} / 1 in flight), gc.freeze {'on' if res.get('gc_freeze') else 'off'}")
     notes.append("ratio rows: tidemq's figure / the peer's for the same workload; the targets "
                  f"compare the {WINDOW}-in-flight produce (the peers' pipelined shape) and the "
                  "PushConsumer")
@@ -593,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=None, help="override the message count")
     ap.add_argument("--no-peers", action="store_true", help="tidemq only (profiling runs)")
     ap.add_argument("--dir", default=None, help="parent of the scratch directory (default: /tmp)")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() in this process once the producer has started")
     ap.add_argument("--otel", action="store_true",
                     help="also run tidemq's produce/consume with OpenTelemetry tracing on and "
                          "print the overhead (bench/_otel.py)")
@@ -613,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="tidemq-pc-bench-", dir=args.dir))
     try:
-        res = run(run_all(tmp, sizes, prof, not args.no_peers, args.otel))
+        res = run(run_all(tmp, sizes, prof, not args.no_peers, args.otel, args.gc_freeze))
+        res["gc_freeze"] = args.gc_freeze
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     total_s = time.perf_counter() - began
@@ -660,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
             "p50_ms_at_10k": fig(res, "tidemq", "latency_10k", "p50_ms"),
             "p99_ms_at_10k": fig(res, "tidemq", "latency_10k", "p99_ms"),
             "client_us_per_msg_produce": fig(res, "tidemq", "produce", "client_us_per_msg"),
+            "client_gc_us_per_msg_produce": fig(res, "tidemq", "produce",
+                                                "client_gc_us_per_msg"),
+            "gc_freeze": args.gc_freeze,
             "broker_us_per_msg_produce": fig(res, "tidemq", "produce", "server_us_per_msg"),
             "client_us_per_msg_consume": fig(res, "tidemq", "consume", "client_us_per_msg"),
             "broker_us_per_msg_consume": fig(res, "tidemq", "consume", "server_us_per_msg"),
@@ -670,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
             **peers,
             "skipped": res["skipped"],
             "loadavg": res["loadavg"],
-            "detail": {k: v for k, v in res.items() if k not in ("skipped", "loadavg")},
+            "detail": {k: v for k, v in res.items()
+                       if k not in ("skipped", "loadavg", "gc_freeze")},
             "targets_met": {r.figure: r.met for r in rows if r.met is not None},
             "total_s": total_s,
             **({"otel": _otel.summary(res.get("tidemq", {}).get("otel", {}))}

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tidemq._exceptions import UnexpectedResponseError
-from tidemq._message import SendResult
+from tidemq._message import SendResult, stored_result
 from tidemq.protocol import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     PGROUP,
@@ -33,16 +33,21 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.records.v2 import BatchBuilder, DelayKind
 
+#: ``DelayKind`` as plain ints: the compiled encoder takes exact ints only (an ``IntEnum``
+#: member sent every record to the pure-Python reference: 4.6 µs a record instead of 1.1)
+_LEVEL, _DELAY_MS, _DELIVER_AT_MS = (int(DelayKind.LEVEL), int(DelayKind.DELAY_MS),
+                                     int(DelayKind.DELIVER_AT_MS))
+
 
 def delay_of(msg: OutgoingMessage) -> tuple[int, int]:
-    """``(delay_kind, delay_value)`` of a message (at most one delay field is set)."""
+    """``(delay_kind, delay_value)`` of a message (at most one delay field is set), plain ints."""
     if msg.delay_level:
-        return DelayKind.LEVEL, msg.delay_level
+        return _LEVEL, msg.delay_level
     if msg.delay_ms is not None:
-        return DelayKind.DELAY_MS, msg.delay_ms
+        return _DELAY_MS, msg.delay_ms
     if msg.deliver_at_ms is not None:
-        return DelayKind.DELIVER_AT_MS, msg.deliver_at_ms
-    return DelayKind.NONE, 0
+        return _DELIVER_AT_MS, msg.deliver_at_ms
+    return 0, 0
 
 
 class QueueBatch:
@@ -66,21 +71,28 @@ class QueueBatch:
 
     def add(self, msg: OutgoingMessage, born_ms: int) -> None:
         """Encode ``msg`` (which has its message id) as the batch's next record."""
-        if msg.message_id is None:
-            raise ValueError("a batched message needs its message_id (to_outgoing sets one)")
-        props = msg.properties
-        if msg.sharding_key is not None:
-            props = {**props, SHARDING_KEY: msg.sharding_key}
-        kind, value = (DelayKind.NONE, 0) if not (
-            msg.delay_level or msg.delay_ms is not None or msg.deliver_at_ms is not None
-        ) else delay_of(msg)
-        self._builder.add(msg.body, msg.message_id, tag=msg.tag, keys=msg.keys,
-                          properties=props, born_timestamp=born_ms, delay_kind=kind,
-                          delay_value=value)
+        add_record(self._builder, msg, born_ms)
         self.messages.append(msg)
 
     def finish(self) -> bytes:
         return self._builder.finish()
+
+
+def add_record(builder: BatchBuilder, msg: OutgoingMessage, born_ms: int) -> None:
+    """Encode ``msg`` (which has its message id) as ``builder``'s next record."""
+    mid = msg.message_id
+    if mid is None:
+        raise ValueError("a batched message needs its message_id (to_outgoing sets one)")
+    if not (msg.tag or msg.keys or msg.properties or msg.sharding_key is not None
+            or msg.delay_level or msg.delay_ms is not None or msg.deliver_at_ms is not None):
+        builder.add_body(msg.body, mid, born_ms)  # most messages: a body and its id
+        return
+    props = msg.properties
+    if msg.sharding_key is not None:
+        props = {**props, SHARDING_KEY: msg.sharding_key}
+    kind, value = delay_of(msg)
+    builder.add(msg.body, mid, tag=msg.tag, keys=msg.keys, properties=props,
+                born_timestamp=born_ms, delay_kind=kind, delay_value=value)
 
 
 def encode_messages(topic: str, queue_id: int, messages: Iterable[OutgoingMessage],
@@ -97,18 +109,23 @@ def encode_request(topic: str, messages: list[OutgoingMessage], born_ms: int
                    ) -> tuple[bytes, list[tuple[int, int]]]:
     """A send request's body for ``messages`` (each with its queue id) and, per message, its
     ``(batch, ordinal)``: the batches go in the order their queues first appear."""
-    batches: dict[int, tuple[int, QueueBatch]] = {}
+    slots: dict[int, int] = {}  # queue id → its batch's index
+    builders: list[BatchBuilder] = []
+    counts: list[int] = []  # records in each batch so far
     where: list[tuple[int, int]] = []
     for msg in messages:
         qid = msg.queue_id
-        if qid is None:
-            raise ValueError("a batched message needs its queue_id (the selector sets one)")
-        slot = batches.get(qid)
-        if slot is None:
-            slot = batches[qid] = (len(batches), QueueBatch(topic, qid))
-        where.append((slot[0], slot[1].count))
-        slot[1].add(msg, born_ms)
-    return b"".join(b.finish() for _, b in batches.values()), where
+        b = slots.get(qid)  # type: ignore[arg-type]
+        if b is None:
+            if qid is None:
+                raise ValueError("a batched message needs its queue_id (the selector sets one)")
+            b = slots[qid] = len(builders)
+            builders.append(BatchBuilder(topic, qid))
+            counts.append(0)
+        add_record(builders[b], msg, born_ms)
+        where.append((b, counts[b]))
+        counts[b] += 1
+    return b"".join([b.finish() for b in builders]), where
 
 
 def results_of(answer: Any, topic: str, messages: list[OutgoingMessage],
@@ -119,8 +136,12 @@ def results_of(answer: Any, topic: str, messages: list[OutgoingMessage],
     try:
         placed = answer.get("batches")
         if placed is not None:
-            return [SendResult(str(msg.message_id), topic, int(placed[b][0]),
-                               int(placed[b][1]) + k, broker_name=broker_name)
+            # each batch's queue and first offset read once (batches are numbered 0..last in
+            # ``where``), then one result per message (``stored_result``: no frozen __init__)
+            firsts = [(int(placed[b][0]), int(placed[b][1]))
+                      for b in range(max(where)[0] + 1)] if where else []
+            return [stored_result(str(msg.message_id), topic, firsts[b][0], firsts[b][1] + k,
+                                  broker_name)
                     for msg, (b, k) in zip(messages, where, strict=True)]
         results = answer["results"]
         starts = [0] * (max(b for b, _ in where) + 1)  # where each batch's results begin

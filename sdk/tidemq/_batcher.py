@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from tidemq._constants import MESSAGE_OVERHEAD_BYTES
 from tidemq._exceptions import ClientClosedError, ServerError, UnexpectedResponseError
-from tidemq._message import SendResult, wire_size
+from tidemq._message import SendResult
 from tidemq._tasks import finish_tasks
 from tidemq.protocol import ErrorCode, OutgoingMessage
 
@@ -42,6 +42,7 @@ _PER_MESSAGE_CODES = frozenset({ErrorCode.BAD_REQUEST, ErrorCode.INVALID_DELAY,
 class _Batch:
     broker: str
     topic: str
+    loop: asyncio.AbstractEventLoop  # the futures' (asked once a batch, not once a message)
     messages: list[OutgoingMessage] = field(default_factory=list)
     futures: list[asyncio.Future[SendResult]] = field(default_factory=list)
     size: int = 0
@@ -75,21 +76,24 @@ class Coalescer:
     ) -> asyncio.Future[SendResult]:
         """Queue ``message``; the returned future resolves with its own result."""
         key = (broker, topic)
-        size = wire_size(message) + MESSAGE_OVERHEAD_BYTES
+        # wire_size, inlined (once per message)
+        size = len(message.body) + MESSAGE_OVERHEAD_BYTES + (
+            message.properties_size() if message.properties else 0)
         batch = self._open.get(key)
         if batch is not None and batch.size + size > self.max_bytes:
             self._flush(key)
             batch = None
-        loop = asyncio.get_running_loop()
         if batch is None:
-            batch = _Batch(broker, topic)
+            # get_running_loop once a batch: on Python 3.11 each call is a getpid() syscall
+            loop = asyncio.get_running_loop()
+            batch = _Batch(broker, topic, loop)
             self._open[key] = batch
             if self.linger_s > 0 and self._outstanding.get(key, 0):
                 # a request is out: gather until it answers (``_run`` flushes), at most linger
                 batch.timer = loop.call_later(self.linger_s, self._flush, key)
             else:
                 batch.timer = loop.call_soon(self._flush, key)
-        future: asyncio.Future[SendResult] = loop.create_future()
+        future: asyncio.Future[SendResult] = batch.loop.create_future()
         batch.messages.append(message)
         batch.futures.append(future)
         batch.size += size

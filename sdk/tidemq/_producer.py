@@ -189,7 +189,12 @@ class Producer(Sender):
         keys, properties, sharding_key, queue_id, delay_level, delay_ms, deliver_at_ms,
         message_id) override its fields.
         """
-        topic, out, route = await self._prepare(message, options, "send")
+        topic, out = self._outgoing(message, options, "send")
+        # a started producer with the topic's route cached goes to the coalescer without a
+        # coroutine or an await of its own (``_route`` is the general way)
+        route = self._routes.fresh(topic) if self._started else None
+        if route is None:
+            route = await self._route(topic)
         if route.electing():
             return await self._deliver(topic, out, route)
         # the first attempt here (most sends need no other), the rest on the send path: this
@@ -197,14 +202,18 @@ class Producer(Sender):
         # with closures there, bench.produce_consume measured ~10 µs more CPU a send)
         started = time.monotonic()
         explicit = out.queue_id
-        queue = self._pick_one(route, out, explicit, ())
+        health = self._health
+        queue = self._selector.round_robin(route) \
+            if explicit is None and out.sharding_key is None and not health \
+            else self._pick_one(route, out, explicit, ())
         out.queue_id = queue.queue_id
         try:
             result = await self._coalescer.submit(queue.address, topic, out)
         except TidemqError as exc:
             return await self._deliver(topic, out, route, failed=(queue, exc), explicit=explicit,
                                        started=started)
-        self._sent(queue, None, 1)
+        if health:  # _sent's only step for a first attempt
+            self._sent(queue, None, 1)
         return result
 
     async def send_oneway(self, message: Message | Body, **options: Unpack[SendOptions]) -> None:
@@ -235,7 +244,10 @@ class Producer(Sender):
         if isinstance(messages, bytes | str | Message) or not isinstance(messages, Iterable):
             raise ConfigurationError(f"send_batch: messages must be a list of messages or "
                                      f"bodies, got {type(messages).__name__}")
-        outs = [to_outgoing(as_message(_of_batch(topic, i, m), {"topic": topic}))
+        given = {"topic": topic}
+        # a bare body (most batches) is what body_to_outgoing takes, without a Message
+        outs = [body_to_outgoing(m) if type(m) is bytes or type(m) is str
+                else to_outgoing(as_message(_of_batch(topic, i, m), given))
                 for i, m in enumerate(messages)]
         if not outs:
             return []
@@ -274,17 +286,28 @@ class Producer(Sender):
     ) -> tuple[str, OutgoingMessage, TopicRoute]:
         """Validate a message, start the producer and look its topic's route up."""
         topic, out = self._outgoing(message, options, method)
+        return topic, out, await self._route(topic)
+
+    async def _route(self, topic: str) -> TopicRoute:
+        """Start the producer and look ``topic``'s route up; an unknown topic fails here,
+        before queueing (one routed before is waited for)."""
         if not self._started:
             await self.start()
-        # an unknown topic fails here, before queueing (one routed before is waited for)
         route = await self._routes.known_route(topic, self._give_up_at(time.monotonic()))
         self._require_open()
-        return topic, out, route
+        return route
 
     def _outgoing(
         self, message: Message | Body, options: SendOptions, method: str,
     ) -> tuple[str, OutgoingMessage]:
         """The topic and wire form of a message to send, checked (``_prepare`` without I/O)."""
+        if len(options) == 1 and type(message) in _BARE_BODIES:
+            topic = options.get("topic")
+            if topic and topic in self._valid_topics:
+                # send(body, topic=...) to a topic checked before: the commonest call, with
+                # nothing else to check (``_BARE_OPTIONS`` below, without its set operations)
+                self._require_open()
+                return topic, body_to_outgoing(message)  # type: ignore[arg-type]
         if not options.keys() <= _SEND_OPTIONS:  # as Python says it for a named keyword argument
             unknown = sorted(options.keys() - _SEND_OPTIONS)
             raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
@@ -409,14 +432,19 @@ class _Batch(Shipment[list[SendResult]]):
             raise server_error(ErrorCode.NOT_PRIMARY, f"group {broker.broker_name} of "
                                                       f"{self.topic!r} has no primary at "
                                                       f"{broker.address} now")
-        select = self.producer._selector.select
+        selector = self.producer._selector
+        mine = [q for q in route.write_queues() if q.address == broker.address]
         for m, queue_id in zip(self.outs, self.explicit, strict=True):
             # a keyed message takes the queue send() gives its key (over the whole route,
             # which _batch_broker checked lands on this broker); others round robin over this
-            # broker's queues
-            keyed = m.sharding_key is not None or queue_id is not None
-            m.queue_id = select(route, sharding_key=m.sharding_key, queue_id=queue_id,
-                                broker=None if keyed else broker.address).queue_id
+            # broker's queues (``select(route, broker=...)``, its queues listed once a batch)
+            if m.sharding_key is not None or queue_id is not None:
+                m.queue_id = selector.select(route, sharding_key=m.sharding_key,
+                                             queue_id=queue_id).queue_id
+            elif mine:
+                m.queue_id = selector.round_robin_over(route.topic, mine).queue_id
+            else:
+                m.queue_id = selector.select(route, broker=broker.address).queue_id  # raises
         return self.producer._post(broker.address, self.topic, self.outs)
 
 

@@ -191,6 +191,12 @@ class RouteTable:
         entry = self._cache.get(topic)
         return entry.route if entry else None
 
+    def fresh(self, topic: str) -> TopicRoute | None:
+        """The route ``get`` would answer at once (cached, not stale); None when it must be
+        looked up. The send hot path asks this first: no coroutine per message."""
+        entry = self._cache.get(topic)
+        return entry.route if entry is not None and not entry.stale else None
+
     def invalidate(self, topic: str) -> None:
         """Mark a route stale (after a send or pull error): the next ``get`` asks again, and
         keeps the stale route only if no nameserver answers — an outage of the nameservers

@@ -81,6 +81,20 @@ class QueueSelector:
             health.claim(chosen.broker_name)
         return chosen
 
+    def round_robin(self, route: TopicRoute) -> MessageQueue:
+        """``select(route)`` for a message without key or queue id while no group is failing
+        (the send hot path: nothing to steer around, no keyword arguments to bind)."""
+        queues = route.write_queues()
+        if not queues:
+            raise server_error(ErrorCode.TOPIC_NOT_FOUND,
+                               f"no broker accepts writes to topic {route.topic!r}")
+        return queues[self._advance(route.topic) % len(queues)]
+
+    def round_robin_over(self, topic: str, queues: Sequence[MessageQueue]) -> MessageQueue:
+        """``select(route, broker=...)`` with the broker's ``queues`` (not empty) listed by
+        the caller once for many messages (``send_batch``)."""
+        return queues[self._advance(topic) % len(queues)]
+
     def _advance(self, topic: str) -> int:
         current = self._next.get(topic)
         if current is None:

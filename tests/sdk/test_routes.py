@@ -44,9 +44,12 @@ async def test_concurrent_misses_share_one_lookup_and_invalidate_refetches(
     routes = await asyncio.gather(*(table.get("orders") for _ in range(20)))
     assert len({id(r) for r in routes}) == 1
     assert len(cluster.requests_to("/v1/routes/orders")) == 1
+    assert table.fresh("orders") is routes[0]  # what get answers without a lookup
     table.invalidate("orders")
+    assert table.fresh("orders") is None and table.fresh("other") is None
     await table.get("orders")
     assert len(cluster.requests_to("/v1/routes/orders")) == 2
+    assert table.fresh("orders") is not None
 
 
 async def test_background_refresh_picks_up_new_queues(cluster: FakeCluster) -> None:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import zlib
 
+import pytest
+from tidemq._exceptions import TopicNotFoundError
 from tidemq._routes import BrokerRoute, TopicRoute, parse_route
 from tidemq._selector import QueueSelector, shard_index
 
@@ -20,6 +22,26 @@ def test_round_robin_cycles_over_every_queue_of_every_broker() -> None:
     picks = [selector.select(ROUTE) for _ in range(12)]
     assert sorted(picks) == sorted(ROUTE.write_queues() * 2)
     assert picks[:6] == picks[6:]
+
+
+def test_round_robin_is_select_without_arguments() -> None:
+    """The send hot path's call picks what ``select(route)`` picks, and refuses alike."""
+    a, b = QueueSelector(), QueueSelector()
+    a._next["t"] = b._next["t"] = 5
+    assert [a.round_robin(ROUTE) for _ in range(9)] == [b.select(ROUTE) for _ in range(9)]
+    frozen = TopicRoute("t", (BrokerRoute("a", "http://a1", 2, perm="r"),))
+    with pytest.raises(TopicNotFoundError, match="no broker accepts writes"):
+        a.round_robin(frozen)
+    with pytest.raises(TopicNotFoundError, match="no broker accepts writes"):
+        a.select(frozen)
+
+
+def test_round_robin_over_a_brokers_queues_is_select_with_that_broker() -> None:
+    a, b = QueueSelector(), QueueSelector()
+    a._next["t"] = b._next["t"] = 7
+    mine = [q for q in ROUTE.write_queues() if q.address == "http://b1"]
+    assert [a.round_robin_over("t", mine) for _ in range(9)] == \
+        [b.select(ROUTE, broker="http://b1") for _ in range(9)]
 
 
 def test_sharding_key_is_stable_across_selectors_and_calls() -> None:

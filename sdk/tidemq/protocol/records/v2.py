@@ -227,6 +227,23 @@ class BatchBuilder:
         self._count = n + 1
         return size
 
+    def add_body(self, body: bytes, message_id: str, born_timestamp: int) -> int:
+        """``add(body, message_id, born_timestamp=...)`` of a record with nothing else (no
+        tag, keys, properties, delay or flag): the producer's common message, without
+        ``add``'s keyword arguments to bind (~0.5 µs a record). Returns its size."""
+        buf = self._buf
+        n = self._count
+        if n < MAX_COUNT and len(buf) <= MAX_BATCH_POS:
+            try:
+                size = append_record(buf, n, message_id.encode("utf-8"), b"", b"", b"", body,
+                                     0, 0, born_timestamp, 0, 0, 0, 0)
+            except struct.error:
+                pass  # add names the field that does not fit
+            else:
+                self._count = n + 1
+                return size
+        return self.add(body, message_id, born_timestamp=born_timestamp)
+
     def finish(self) -> bytes:
         """The batch's bytes; raises UnfitBatch for a batch without records."""
         if not self._count:

@@ -213,6 +213,21 @@ def test_records_and_headers_the_layout_cannot_hold_are_refused_by_the_encoder()
         b.finish()
     with pytest.raises(UnfitBatch, match="topic"):
         BatchBuilder("t" * 256, 0)
+
+
+def test_add_body_is_add_of_a_bare_record() -> None:
+    """The producer's lean call encodes what ``add`` would, and refuses what it refuses."""
+    lean, full = BatchBuilder("T", 4), BatchBuilder("T", 4)
+    for i, body in enumerate((b"", b"x" * 3000, b"ba")):
+        assert lean.add_body(body, f"id-{i}", 1_700_000_000_000 + i) == \
+            full.add(body, f"id-{i}", born_timestamp=1_700_000_000_000 + i)
+    assert lean.count == 3 and lean.finish() == full.finish()
+    b = BatchBuilder("T", 0)
+    with pytest.raises(UnfitBatch, match=r"born_timestamp: .* does not fit"):
+        b.add_body(b"", "m", 2**63)
+    with pytest.raises(UnfitBatch, match=r"message_id: 70000 does not fit"):
+        b.add_body(b"", "m" * 70_000, 0)
+    assert b.count == 0 and b.nbytes == BatchBuilder("T", 0).nbytes  # nothing half-written
     b.add(b"", "m")
     b.queue_id = 2**31
     with pytest.raises(UnfitBatch, match="queue_id"):
