@@ -122,7 +122,7 @@ async def cancel(request: Request) -> Response:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"level: must be 1-{levels} (the broker's delay levels), got "
                             f"{body.level}")
-    outcome, topic = await scheduler.canceller.cancel(
+    outcome, topic, detail = await scheduler.canceller.cancel(
         body.message_id, topic=body.topic or None, due_ms=body.due_ms, level=body.level,
         queue_offset=body.queue_offset, intake_offset=body.intake_offset)
     if outcome in (Outcome.CANCELLED, Outcome.ALREADY_CANCELLED):
@@ -132,12 +132,13 @@ async def cancel(request: Request) -> Response:
         raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
                             f"message {body.message_id!r} was already delivered: too late to "
                             "cancel")
+    why = f" ({detail})" if detail else ""
     if outcome is Outcome.BUSY:
         raise ProtocolError(ErrorCode.UNAVAILABLE,
-                            f"message {body.message_id!r} is being delivered right now; ask "
-                            "again to learn the outcome")
+                            f"message {body.message_id!r} cannot be decided right now{why}; "
+                            "ask again to learn the outcome")
     raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
-                        f"no pending delayed message {body.message_id!r} on this scheduler")
+                        f"no pending delayed message {body.message_id!r} on this scheduler{why}")
 
 
 @router.get("/scheduled", summary="Pending delayed messages: count, next due time, by level",

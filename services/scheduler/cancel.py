@@ -7,7 +7,13 @@ reported as such. Exactly one of cancel and delivery wins, decided on the event 
   then a CANCELLED mark is fsynced before the answer;
 - a timer in a deliver request in flight is waited for: it ends delivered;
 - a timer of a bucket not in memory gets a CANCELLED mark (loading it later skips it);
-- otherwise its marks say what happened (delivered, or cancelled before).
+- otherwise its marks say what happened (delivered, or cancelled before);
+- a copy marked ROLLED (services/scheduler/rolls.py) was superseded by a newer copy of the
+  timer, which decides: the broker's hint may name the older copy (its index did not show the
+  rolled one yet), or the roll came between the lookup and the decision. The newer copy is
+  pre-cancelled when it is being filed (``TimerStore.filing``), else looked up in every bucket
+  (one rolled when already due is filed in a later bucket) and decided as above. A pending
+  timer is thus never "not found" while it rolls.
 
 Level messages are the level walker's (``LevelWalker.cancel``). A cancel names the topic: ids
 are unique per topic only, and a timer of another topic with the same id is never touched; a
@@ -25,13 +31,14 @@ from tidemq_server.common.cancels import ambiguous_id
 from tidemq_server.scheduler.buckets import Mark
 from tidemq_server.scheduler.delivery import Deliverer, Where
 from tidemq_server.scheduler.levels import LevelWalker
-from tidemq_server.scheduler.lookup import Found, locate
+from tidemq_server.scheduler.lookup import Found, buckets_searched, locate
 from tidemq_server.scheduler.metrics import SchedulerMetrics
 from tidemq_server.scheduler.timers import TimerStore
 
 log = logging.getLogger(__name__)
 
 WAIT_IN_FLIGHT_S = 5.0  # a cancel waits this long for a delivery in flight at most
+FOLLOW_ROLLS = 4  # rolled copies a cancel follows at most before it answers BUSY (ask again)
 
 
 class Outcome(StrEnum):
@@ -39,12 +46,19 @@ class Outcome(StrEnum):
     ALREADY_CANCELLED = "already_cancelled"
     DELIVERED = "delivered"  # too late
     NOT_FOUND = "not_found"
-    BUSY = "busy"  # a delivery of it is stuck in flight; ask again
+    BUSY = "busy"  # a delivery of it is stuck in flight (or it rolls on and on); ask again
+    ROLLED = "rolled"  # of one copy only, never answered: superseded, its newer copy decides
+
+
+# what decides when a timer has several copies: the first of these any copy has
+PRECEDENCE = (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED, Outcome.DELIVERED,
+              Outcome.ROLLED, Outcome.NOT_FOUND)
 
 
 class Decision(NamedTuple):
     outcome: Outcome
     topic: str | None  # the topic of the timer decided (None: not known, e.g. not found)
+    detail: str = ""  # NOT_FOUND and BUSY: which path answered (goes into the error message)
 
 
 class Canceller:
@@ -76,14 +90,53 @@ class Canceller:
         # a timer, once filed, stays in its bucket's index: finding it needs no lock
         found = await locate(store, message_id, due_ms, topic)
         if not found:
-            return Decision(Outcome.NOT_FOUND, topic)
+            return Decision(Outcome.NOT_FOUND, topic, _nowhere(
+                store, topic, due_ms, intake_offset))
         if len({f.topic for f in found}) > 1:
             raise ambiguous_id(message_id, (f.topic for f in found))
-        outcomes = [await self._settle(f) for f in found]
-        for wanted in (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED):
-            if wanted in outcomes:
-                return Decision(wanted, found[0].topic)
-        return Decision(outcomes[-1], found[0].topic)
+        real = found[0].topic
+        for _ in range(FOLLOW_ROLLS):
+            outcomes = [await self._settle(f) for f in found]
+            outcome = next(o for o in PRECEDENCE if o in outcomes)
+            if outcome is Outcome.NOT_FOUND:
+                return Decision(outcome, real, f"an index entry of it ({_spots(found)}) has no "
+                                "mark and is neither in the wheel nor in a delivery")
+            if outcome is Outcome.BUSY:
+                return Decision(outcome, real, "a delivery of it is in flight")
+            if outcome is not Outcome.ROLLED:
+                return Decision(outcome, real)
+            rolled = {f.pos for f, o in zip(found, outcomes, strict=True) if o is Outcome.ROLLED}
+            newer = await self._follow(message_id, real, min(f.due_ms for f in found), rolled)
+            if isinstance(newer, Decision):
+                return newer
+            found = newer
+        return Decision(Outcome.BUSY, real, f"it was rolled {FOLLOW_ROLLS} times while the "
+                        "cancel followed its copies")
+
+    async def _follow(self, message_id: str, topic: str, due_ms: int, rolled: set[int]
+                      ) -> Decision | list[Found]:
+        """Every copy found was superseded by a rolled copy: decide that one. Being filed (its
+        older copies marked, the copy not in an index yet: ``store.lock`` orders this check
+        with the filing), it is pre-cancelled; filed, it is looked up in every bucket."""
+        store = self.store
+        async with store.lock:
+            offset = store.filing.get((topic, message_id))
+            if offset is not None:
+                if store.precancels.holds(topic, message_id, offset):
+                    return Decision(Outcome.ALREADY_CANCELLED, topic)
+                await asyncio.to_thread(store.precancels.add, topic, message_id, offset)
+                log.info("cancelled timer %s while its rolled copy (intake offset %d) was being "
+                         "filed", message_id, offset)
+                self.metrics.cancelled.labels("timer").inc()
+                return Decision(Outcome.CANCELLED, topic)
+        newer = [f for f in await locate(store, message_id, due_ms, topic, every=True)
+                 if f.pos not in rolled]
+        if newer:
+            return newer
+        # the roll marked the older copies, then the scheduler stopped before the copy was
+        # filed: it comes back through intake (above the broker's hint, which was stale)
+        return Decision(Outcome.BUSY, topic, f"every copy of it ({len(rolled)}) was rolled and "
+                        "the newest is not taken in yet")
 
     async def _settle(self, f: Found) -> Outcome:
         """Decide one timer. The decision is taken with no await between the check and the
@@ -137,4 +190,19 @@ def _ended(marks: dict[int, Mark], f: Found) -> Outcome:
         return Outcome.ALREADY_CANCELLED
     if mark in (Mark.DELIVERED, Mark.SKIPPED):
         return Outcome.DELIVERED
+    if mark is Mark.ROLLED:
+        return Outcome.ROLLED
     return Outcome.NOT_FOUND  # an index entry the wheel never had (a stale one)
+
+
+def _spots(found: list[Found]) -> str:
+    return ", ".join(f"bucket {f.bucket} position {f.pos}" for f in found)
+
+
+def _nowhere(store: TimerStore, topic: str | None, due_ms: int | None,
+             intake_offset: int | None) -> str:
+    """What a "not found" looked at: enough to tell it from a timer missed by a lookup."""
+    where = f" of topic {topic!r}" if topic else ""
+    return (f"no timer{where} in {buckets_searched(store, due_ms)} bucket(s) searched (due "
+            f"hint {due_ms}, intake offset hint {intake_offset}, taken in below "
+            f"{store.ingested_next})")

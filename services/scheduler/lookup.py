@@ -50,7 +50,7 @@ def _candidates(store: TimerStore, due_hint: int | None) -> list[int]:
 
 
 def _find(store: TimerStore, message_id: str, topic: str | None,
-          buckets: list[int]) -> list[Found]:
+          buckets: list[int], every: bool) -> list[Found]:
     h = text_hash(message_id)
     topic_h = None if topic is None else text_hash(topic)
     found: list[Found] = []
@@ -66,17 +66,24 @@ def _find(store: TimerStore, message_id: str, topic: str | None,
             mid, real = payload_id(entry.payload)
             if mid == message_id and (topic is None or real == topic):
                 found.append(Found(bucket, pos, size, due, real))
-        if found and topic is not None:
+        if found and topic is not None and not every:
             break
     return found
 
 
 async def locate(store: TimerStore, message_id: str, due_hint: int | None,
-                 topic: str | None = None) -> list[Found]:
+                 topic: str | None = None, *, every: bool = False) -> list[Found]:
     """Every timer of ``message_id`` in ``topic``, in the first bucket that has one (usually
-    one); without ``topic``, every timer of that id in any topic, over every bucket."""
+    one); without ``topic`` or with ``every``, every timer of that id (in any topic without
+    ``topic``), over every bucket: a copy rolled when already due is filed in a later bucket
+    than its older copies."""
     return await asyncio.to_thread(_find, store, message_id, topic,
-                                   _candidates(store, due_hint))
+                                   _candidates(store, due_hint), every)
+
+
+def buckets_searched(store: TimerStore, due_hint: int | None) -> int:
+    """How many buckets a lookup reads (what a "not found" answer can say it searched)."""
+    return len(_candidates(store, due_hint))
 
 
 def _scan_topic(store: TimerStore, topic: str) -> tuple[int, int | None]:
