@@ -28,7 +28,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from tidemq_server.common.cancels import ambiguous_id
-from tidemq_server.scheduler.buckets import Mark
+from tidemq_server.scheduler.buckets import FINAL, Mark
 from tidemq_server.scheduler.delivery import Deliverer, Where
 from tidemq_server.scheduler.levels import LevelWalker
 from tidemq_server.scheduler.lookup import Found, buckets_searched, locate
@@ -38,7 +38,6 @@ from tidemq_server.scheduler.timers import TimerStore
 log = logging.getLogger(__name__)
 
 WAIT_IN_FLIGHT_S = 5.0  # a cancel waits this long for a delivery in flight at most
-FOLLOW_ROLLS = 4  # rolled copies a cancel follows at most before it answers BUSY (ask again)
 
 
 class Outcome(StrEnum):
@@ -46,13 +45,12 @@ class Outcome(StrEnum):
     ALREADY_CANCELLED = "already_cancelled"
     DELIVERED = "delivered"  # too late
     NOT_FOUND = "not_found"
-    BUSY = "busy"  # a delivery of it is stuck in flight (or it rolls on and on); ask again
+    BUSY = "busy"  # a delivery of it is stuck in flight; ask again
     ROLLED = "rolled"  # of one copy only, never answered: superseded, its newer copy decides
 
 
 # what decides when a timer has several copies: the first of these any copy has
-PRECEDENCE = (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED, Outcome.DELIVERED,
-              Outcome.ROLLED, Outcome.NOT_FOUND)
+DECISIVE = (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED, Outcome.DELIVERED)
 
 
 class Decision(NamedTuple):
@@ -95,29 +93,26 @@ class Canceller:
         if len({f.topic for f in found}) > 1:
             raise ambiguous_id(message_id, (f.topic for f in found))
         real = found[0].topic
-        for _ in range(FOLLOW_ROLLS):
-            outcomes = [await self._settle(f) for f in found]
-            outcome = next(o for o in PRECEDENCE if o in outcomes)
-            if outcome is Outcome.NOT_FOUND:
-                return Decision(outcome, real, f"an index entry of it ({_spots(found)}) has no "
-                                "mark and is neither in the wheel nor in a delivery")
-            if outcome is Outcome.BUSY:
-                return Decision(outcome, real, "a delivery of it is in flight")
-            if outcome is not Outcome.ROLLED:
-                return Decision(outcome, real)
-            rolled = {f.pos for f, o in zip(found, outcomes, strict=True) if o is Outcome.ROLLED}
-            newer = await self._follow(message_id, real, min(f.due_ms for f in found), rolled)
-            if isinstance(newer, Decision):
-                return newer
-            found = newer
-        return Decision(Outcome.BUSY, real, f"it was rolled {FOLLOW_ROLLS} times while the "
-                        "cancel followed its copies")
+        outcomes = await self._settle_all(found)
+        if Outcome.ROLLED in outcomes and not any(o in DECISIVE for o in outcomes):
+            return await self._follow(message_id, real, min(f.due_ms for f in found))
+        return _decision(found, outcomes)
 
-    async def _follow(self, message_id: str, topic: str, due_ms: int, rolled: set[int]
-                      ) -> Decision | list[Found]:
-        """Every copy found was superseded by a rolled copy: decide that one. Being filed (its
-        older copies marked, the copy not in an index yet: ``store.lock`` orders this check
-        with the filing), it is pre-cancelled; filed, it is looked up in every bucket."""
+    async def _settle_all(self, found: list[Found]) -> list[Outcome]:
+        """Decide each copy found. A final mark never changes: copies already final (a timer
+        rolled n times has n of them) are told from their marks, without taking the lock."""
+        buckets = {f.bucket for f in found}
+        marks = await asyncio.to_thread(
+            lambda: {b: self.store.buckets.read_marks(b) for b in buckets})
+        return [_ended(marks[f.bucket], f) if marks[f.bucket].get(f.pos) in FINAL
+                else await self._settle(f) for f in found]
+
+    async def _follow(self, message_id: str, topic: str, due_ms: int) -> Decision:
+        """Every copy found was superseded by a rolled copy: decide the newest, holding
+        ``store.lock`` throughout, so that no resolve of a roll marks it meanwhile. Being filed
+        (its older copies marked, the copy not in an index yet), it is pre-cancelled; filed, it
+        is looked up in every bucket. A copy on disk is decided here; one in memory never rolls
+        (only timers of buckets not in memory do) and is settled after."""
         store = self.store
         async with store.lock:
             offset = store.filing.get((topic, message_id))
@@ -129,14 +124,22 @@ class Canceller:
                          "filed", message_id, offset)
                 self.metrics.cancelled.labels("timer").inc()
                 return Decision(Outcome.CANCELLED, topic)
-        newer = [f for f in await locate(store, message_id, due_ms, topic, every=True)
-                 if f.pos not in rolled]
-        if newer:
-            return newer
-        # the roll marked the older copies, then the scheduler stopped before the copy was
-        # filed: it comes back through intake (above the broker's hint, which was stale)
-        return Decision(Outcome.BUSY, topic, f"every copy of it ({len(rolled)}) was rolled and "
-                        "the newest is not taken in yet")
+            copies = await locate(store, message_id, due_ms, topic, every=True)
+            buckets = {f.bucket for f in copies}
+            marks = await asyncio.to_thread(
+                lambda: {b: store.buckets.read_marks(b) for b in buckets})
+            live = [f for f in copies if marks[f.bucket].get(f.pos) not in FINAL]
+            on_disk = [await self._settle_on_disk(f) for f in live if f.bucket not in store.loaded]
+        in_memory = [f for f in live if f.bucket in store.loaded]
+        outcomes = on_disk + [await self._settle(f) for f in in_memory]
+        if not live:
+            outcomes = [_ended(marks[f.bucket], f) for f in copies]
+            if not any(o in DECISIVE for o in outcomes):
+                # the roll marked the older copies, then the scheduler stopped before the copy
+                # was filed: it comes back through intake (past the broker's stale hint)
+                return Decision(Outcome.BUSY, topic, f"its {len(copies)} copies were rolled "
+                                "and the newest is not taken in yet")
+        return _decision(live or copies, outcomes)
 
     async def _settle(self, f: Found) -> Outcome:
         """Decide one timer. The decision is taken with no await between the check and the
@@ -195,8 +198,16 @@ def _ended(marks: dict[int, Mark], f: Found) -> Outcome:
     return Outcome.NOT_FOUND  # an index entry the wheel never had (a stale one)
 
 
-def _spots(found: list[Found]) -> str:
-    return ", ".join(f"bucket {f.bucket} position {f.pos}" for f in found)
+def _decision(found: list[Found], outcomes: list[Outcome]) -> Decision:
+    topic = found[0].topic
+    for outcome in DECISIVE:
+        if outcome in outcomes:
+            return Decision(outcome, topic, "a delivery of it is in flight"
+                            if outcome is Outcome.BUSY else "")
+    spots = ", ".join(f"bucket {f.bucket} position {f.pos} ({o})"
+                      for f, o in zip(found, outcomes, strict=True))
+    return Decision(Outcome.NOT_FOUND, topic, f"its index entries have no final mark and are "
+                    f"neither in the wheel nor in a delivery: {spots}")
 
 
 def _nowhere(store: TimerStore, topic: str | None, due_ms: int | None,

@@ -140,3 +140,19 @@ async def test_a_cancel_of_an_unknown_id_says_where_it_looked(tmp_path: Path) ->
                                       intake_offset=0)
     assert decision.outcome is Outcome.NOT_FOUND
     assert "no timer" in decision.detail and "1 bucket" in decision.detail
+
+
+async def test_rolled_copies_with_the_newest_not_taken_in_answer_busy(tmp_path: Path) -> None:
+    clock = Clock()
+    far = clock.now_ms() + FAR
+    store, canceller = _open(tmp_path, clock)
+    await store.ingest([_timer("a", 0, far)], 1)
+    assert store.resolve_rolls is not None
+    await store.resolve_rolls([_timer("a", 1, far, rolls=1)])  # marked, then the process died
+    store.filing.clear()  # a new process: the copy comes back through intake later
+    decision = await canceller.cancel("a", topic="T", due_ms=far, intake_offset=0)
+    assert decision.outcome is Outcome.BUSY and "not taken in yet" in decision.detail
+    await store.ingest([_timer("a", 1, far, rolls=1)], 2)  # asked again once it is
+    assert (await canceller.cancel("a", topic="T", due_ms=far, intake_offset=0)).outcome \
+        is Outcome.CANCELLED
+    assert store.pending == 0
