@@ -2,8 +2,9 @@
 
 Every ``/internal/`` endpoint needs the cluster token. Cancel answers
 ``{state: "cancelled"}`` (also when it was cancelled before), 409 ALREADY_DELIVERED, 409
-AMBIGUOUS_MESSAGE_ID (no topic, and the id waits in several), 404 MESSAGE_NOT_FOUND, or 503
-UNAVAILABLE while a delivery of it is in flight and undecided.
+AMBIGUOUS_MESSAGE_ID (no topic, and the id waits in several), 404 MESSAGE_NOT_FOUND (saying
+what was searched), or 503 UNAVAILABLE while it cannot be decided (a delivery of it in flight,
+or a rolled copy not taken in after a restart).
 """
 
 from __future__ import annotations
