@@ -11,8 +11,9 @@ reported as such. Exactly one of cancel and delivery wins, decided on the event 
 - a copy marked ROLLED (services/scheduler/rolls.py) was superseded by a newer copy of the
   timer, which decides: the broker's hint may name the older copy (its index did not show the
   rolled one yet), or the roll came between the lookup and the decision. The newer copy is
-  pre-cancelled when it is being filed (``TimerStore.filing``), else looked up in every bucket
-  (one rolled when already due is filed in a later bucket) and decided as above. A pending
+  pre-cancelled when it is being filed (``TimerStore.filing``), else looked up from the bucket
+  of its due time to the current one (one rolled when already due is filed in a later bucket)
+  and decided as above. A pending
   timer is thus never "not found" while it rolls.
 
 Level messages are the level walker's (``LevelWalker.cancel``). A cancel names the topic: ids
@@ -31,7 +32,7 @@ from tidemq_server.common.cancels import ambiguous_id
 from tidemq_server.scheduler.buckets import FINAL, Mark
 from tidemq_server.scheduler.delivery import Deliverer, Where
 from tidemq_server.scheduler.levels import LevelWalker
-from tidemq_server.scheduler.lookup import Found, buckets_searched, locate
+from tidemq_server.scheduler.lookup import Found, buckets_searched, copies_of, locate
 from tidemq_server.scheduler.metrics import SchedulerMetrics
 from tidemq_server.scheduler.timers import TimerStore
 
@@ -111,8 +112,8 @@ class Canceller:
         """Every copy found was superseded by a rolled copy: decide the newest, holding
         ``store.lock`` throughout, so that no resolve of a roll marks it meanwhile. Being filed
         (its older copies marked, the copy not in an index yet), it is pre-cancelled; filed, it
-        is looked up in every bucket. A copy on disk is decided here; one in memory never rolls
-        (only timers of buckets not in memory do) and is settled after."""
+        is looked up (``copies_of``: usually one bucket read). A copy on disk is decided here;
+        one in memory never rolls (only timers of buckets not in memory do): settled after."""
         store = self.store
         async with store.lock:
             offset = store.filing.get((topic, message_id))
@@ -124,14 +125,16 @@ class Canceller:
                          "filed", message_id, offset)
                 self.metrics.cancelled.labels("timer").inc()
                 return Decision(Outcome.CANCELLED, topic)
-            copies = await locate(store, message_id, due_ms, topic, every=True)
+            copies = await copies_of(store, message_id, due_ms, topic)
             buckets = {f.bucket for f in copies}
             marks = await asyncio.to_thread(
                 lambda: {b: store.buckets.read_marks(b) for b in buckets})
             live = [f for f in copies if marks[f.bucket].get(f.pos) not in FINAL]
-            on_disk = [await self._settle_on_disk(f) for f in live if f.bucket not in store.loaded]
-        in_memory = [f for f in live if f.bucket in store.loaded]
-        outcomes = on_disk + [await self._settle(f) for f in in_memory]
+            on_disk = [f for f in live if f.bucket not in store.loaded]
+            in_memory = [f for f in live if f.bucket in store.loaded]
+            outcomes = [await self._settle_on_disk(f) for f in on_disk]
+        outcomes += [await self._settle(f) for f in in_memory]
+        live = on_disk + in_memory  # in the order of the outcomes
         if not live:
             outcomes = [_ended(marks[f.bucket], f) for f in copies]
             if not any(o in DECISIVE for o in outcomes):

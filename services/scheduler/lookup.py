@@ -72,13 +72,22 @@ def _find(store: TimerStore, message_id: str, topic: str | None,
 
 
 async def locate(store: TimerStore, message_id: str, due_hint: int | None,
-                 topic: str | None = None, *, every: bool = False) -> list[Found]:
+                 topic: str | None = None) -> list[Found]:
     """Every timer of ``message_id`` in ``topic``, in the first bucket that has one (usually
-    one); without ``topic`` or with ``every``, every timer of that id (in any topic without
-    ``topic``), over every bucket: a copy rolled when already due is filed in a later bucket
-    than its older copies."""
+    one); without ``topic``, every timer of that id in any topic, over every bucket."""
     return await asyncio.to_thread(_find, store, message_id, topic,
-                                   _candidates(store, due_hint), every)
+                                   _candidates(store, due_hint), False)
+
+
+async def copies_of(store: TimerStore, message_id: str, due_ms: int, topic: str
+                    ) -> list[Found]:
+    """Every copy of one timer (the original and its rolled copies, all due at ``due_ms``):
+    in the bucket of its due time or, a copy filed when already due, a later one up to the
+    current bucket — usually a single bucket read."""
+    first = store.buckets.bucket_of(due_ms)
+    last = max(first, store.buckets.bucket_of(store.clock.now_ms()))
+    buckets = [b for b in sorted(set(store.buckets.sizes) | store.loaded) if first <= b <= last]
+    return await asyncio.to_thread(_find, store, message_id, topic, buckets, True)
 
 
 def buckets_searched(store: TimerStore, due_hint: int | None) -> int:
