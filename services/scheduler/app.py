@@ -2,8 +2,9 @@
 
 Every ``/internal/`` endpoint needs the cluster token. Cancel answers
 ``{state: "cancelled"}`` (also when it was cancelled before), 409 ALREADY_DELIVERED, 409
-AMBIGUOUS_MESSAGE_ID (no topic, and the id waits in several), 404 MESSAGE_NOT_FOUND, or 503
-UNAVAILABLE while a delivery of it is in flight and undecided.
+AMBIGUOUS_MESSAGE_ID (no topic, and the id waits in several), 404 MESSAGE_NOT_FOUND (saying
+what was searched), or 503 UNAVAILABLE while it cannot be decided (a delivery of it in flight,
+or a rolled copy not taken in after a restart).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ async def cancel(request: Request) -> Response:
         raise ProtocolError(ErrorCode.BAD_REQUEST,
                             f"level: must be 1-{levels} (the broker's delay levels), got "
                             f"{body.level}")
-    outcome, topic = await scheduler.canceller.cancel(
+    outcome, topic, detail = await scheduler.canceller.cancel(
         body.message_id, topic=body.topic or None, due_ms=body.due_ms, level=body.level,
         queue_offset=body.queue_offset, intake_offset=body.intake_offset)
     if outcome in (Outcome.CANCELLED, Outcome.ALREADY_CANCELLED):
@@ -132,12 +133,13 @@ async def cancel(request: Request) -> Response:
         raise ProtocolError(ErrorCode.ALREADY_DELIVERED,
                             f"message {body.message_id!r} was already delivered: too late to "
                             "cancel")
+    why = f" ({detail})" if detail else ""
     if outcome is Outcome.BUSY:
         raise ProtocolError(ErrorCode.UNAVAILABLE,
-                            f"message {body.message_id!r} is being delivered right now; ask "
-                            "again to learn the outcome")
+                            f"message {body.message_id!r} cannot be decided right now{why}; "
+                            "ask again to learn the outcome")
     raise ProtocolError(ErrorCode.MESSAGE_NOT_FOUND,
-                        f"no pending delayed message {body.message_id!r} on this scheduler")
+                        f"no pending delayed message {body.message_id!r} on this scheduler{why}")
 
 
 @router.get("/scheduled", summary="Pending delayed messages: count, next due time, by level",

@@ -7,7 +7,14 @@ reported as such. Exactly one of cancel and delivery wins, decided on the event 
   then a CANCELLED mark is fsynced before the answer;
 - a timer in a deliver request in flight is waited for: it ends delivered;
 - a timer of a bucket not in memory gets a CANCELLED mark (loading it later skips it);
-- otherwise its marks say what happened (delivered, or cancelled before).
+- otherwise its marks say what happened (delivered, or cancelled before);
+- a copy marked ROLLED (services/scheduler/rolls.py) was superseded by a newer copy of the
+  timer, which decides: the broker's hint may name the older copy (its index did not show the
+  rolled one yet), or the roll came between the lookup and the decision. The newer copy is
+  pre-cancelled when it is being filed (``TimerStore.filing``), else looked up from the bucket
+  of its due time to the current one (one rolled when already due is filed in a later bucket)
+  and decided as above. A pending
+  timer is thus never "not found" while it rolls.
 
 Level messages are the level walker's (``LevelWalker.cancel``). A cancel names the topic: ids
 are unique per topic only, and a timer of another topic with the same id is never touched; a
@@ -22,10 +29,10 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from tidemq_server.common.cancels import ambiguous_id
-from tidemq_server.scheduler.buckets import Mark
+from tidemq_server.scheduler.buckets import FINAL, Mark
 from tidemq_server.scheduler.delivery import Deliverer, Where
 from tidemq_server.scheduler.levels import LevelWalker
-from tidemq_server.scheduler.lookup import Found, locate
+from tidemq_server.scheduler.lookup import Found, buckets_searched, copies_of, locate
 from tidemq_server.scheduler.metrics import SchedulerMetrics
 from tidemq_server.scheduler.timers import TimerStore
 
@@ -40,11 +47,17 @@ class Outcome(StrEnum):
     DELIVERED = "delivered"  # too late
     NOT_FOUND = "not_found"
     BUSY = "busy"  # a delivery of it is stuck in flight; ask again
+    ROLLED = "rolled"  # of one copy only, never answered: superseded, its newer copy decides
+
+
+# what decides when a timer has several copies: the first of these any copy has
+DECISIVE = (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED, Outcome.DELIVERED)
 
 
 class Decision(NamedTuple):
     outcome: Outcome
     topic: str | None  # the topic of the timer decided (None: not known, e.g. not found)
+    detail: str = ""  # NOT_FOUND and BUSY: which path answered (goes into the error message)
 
 
 class Canceller:
@@ -76,14 +89,60 @@ class Canceller:
         # a timer, once filed, stays in its bucket's index: finding it needs no lock
         found = await locate(store, message_id, due_ms, topic)
         if not found:
-            return Decision(Outcome.NOT_FOUND, topic)
+            return Decision(Outcome.NOT_FOUND, topic, _nowhere(
+                store, topic, due_ms, intake_offset))
         if len({f.topic for f in found}) > 1:
             raise ambiguous_id(message_id, (f.topic for f in found))
-        outcomes = [await self._settle(f) for f in found]
-        for wanted in (Outcome.CANCELLED, Outcome.BUSY, Outcome.ALREADY_CANCELLED):
-            if wanted in outcomes:
-                return Decision(wanted, found[0].topic)
-        return Decision(outcomes[-1], found[0].topic)
+        real = found[0].topic
+        outcomes = await self._settle_all(found)
+        if Outcome.ROLLED in outcomes and not any(o in DECISIVE for o in outcomes):
+            return await self._follow(message_id, real, min(f.due_ms for f in found))
+        return _decision(found, outcomes)
+
+    async def _settle_all(self, found: list[Found]) -> list[Outcome]:
+        """Decide each copy found. A final mark never changes: copies already final (a timer
+        rolled n times has n of them) are told from their marks, without taking the lock."""
+        buckets = {f.bucket for f in found}
+        marks = await asyncio.to_thread(
+            lambda: {b: self.store.buckets.read_marks(b) for b in buckets})
+        return [_ended(marks[f.bucket], f) if marks[f.bucket].get(f.pos) in FINAL
+                else await self._settle(f) for f in found]
+
+    async def _follow(self, message_id: str, topic: str, due_ms: int) -> Decision:
+        """Every copy found was superseded by a rolled copy: decide the newest, holding
+        ``store.lock`` throughout, so that no resolve of a roll marks it meanwhile. Being filed
+        (its older copies marked, the copy not in an index yet), it is pre-cancelled; filed, it
+        is looked up (``copies_of``: usually one bucket read). A copy on disk is decided here;
+        one in memory never rolls (only timers of buckets not in memory do): settled after."""
+        store = self.store
+        async with store.lock:
+            offset = store.filing.get((topic, message_id))
+            if offset is not None:
+                if store.precancels.holds(topic, message_id, offset):
+                    return Decision(Outcome.ALREADY_CANCELLED, topic)
+                await asyncio.to_thread(store.precancels.add, topic, message_id, offset)
+                log.info("cancelled timer %s while its rolled copy (intake offset %d) was being "
+                         "filed", message_id, offset)
+                self.metrics.cancelled.labels("timer").inc()
+                return Decision(Outcome.CANCELLED, topic)
+            copies = await copies_of(store, message_id, due_ms, topic)
+            buckets = {f.bucket for f in copies}
+            marks = await asyncio.to_thread(
+                lambda: {b: store.buckets.read_marks(b) for b in buckets})
+            live = [f for f in copies if marks[f.bucket].get(f.pos) not in FINAL]
+            on_disk = [f for f in live if f.bucket not in store.loaded]
+            in_memory = [f for f in live if f.bucket in store.loaded]
+            outcomes = [await self._settle_on_disk(f) for f in on_disk]
+        outcomes += [await self._settle(f) for f in in_memory]
+        live = on_disk + in_memory  # in the order of the outcomes
+        if not live:
+            outcomes = [_ended(marks[f.bucket], f) for f in copies]
+            if not any(o in DECISIVE for o in outcomes):
+                # the roll marked the older copies, then the scheduler stopped before the copy
+                # was filed: it comes back through intake (past the broker's stale hint)
+                return Decision(Outcome.BUSY, topic, f"its {len(copies)} copies were rolled "
+                                "and the newest is not taken in yet")
+        return _decision(live or copies, outcomes)
 
     async def _settle(self, f: Found) -> Outcome:
         """Decide one timer. The decision is taken with no await between the check and the
@@ -137,4 +196,27 @@ def _ended(marks: dict[int, Mark], f: Found) -> Outcome:
         return Outcome.ALREADY_CANCELLED
     if mark in (Mark.DELIVERED, Mark.SKIPPED):
         return Outcome.DELIVERED
+    if mark is Mark.ROLLED:
+        return Outcome.ROLLED
     return Outcome.NOT_FOUND  # an index entry the wheel never had (a stale one)
+
+
+def _decision(found: list[Found], outcomes: list[Outcome]) -> Decision:
+    topic = found[0].topic
+    for outcome in DECISIVE:
+        if outcome in outcomes:
+            return Decision(outcome, topic, "a delivery of it is in flight"
+                            if outcome is Outcome.BUSY else "")
+    spots = ", ".join(f"bucket {f.bucket} position {f.pos} ({o})"
+                      for f, o in zip(found, outcomes, strict=True))
+    return Decision(Outcome.NOT_FOUND, topic, f"its index entries have no final mark and are "
+                    f"neither in the wheel nor in a delivery: {spots}")
+
+
+def _nowhere(store: TimerStore, topic: str | None, due_ms: int | None,
+             intake_offset: int | None) -> str:
+    """What a "not found" looked at: enough to tell it from a timer missed by a lookup."""
+    where = f" of topic {topic!r}" if topic else ""
+    return (f"no timer{where} in {buckets_searched(store, due_ms)} bucket(s) searched (due "
+            f"hint {due_ms}, intake offset hint {intake_offset}, taken in below "
+            f"{store.ingested_next})")

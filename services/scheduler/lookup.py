@@ -50,7 +50,7 @@ def _candidates(store: TimerStore, due_hint: int | None) -> list[int]:
 
 
 def _find(store: TimerStore, message_id: str, topic: str | None,
-          buckets: list[int]) -> list[Found]:
+          buckets: list[int], every: bool) -> list[Found]:
     h = text_hash(message_id)
     topic_h = None if topic is None else text_hash(topic)
     found: list[Found] = []
@@ -66,7 +66,7 @@ def _find(store: TimerStore, message_id: str, topic: str | None,
             mid, real = payload_id(entry.payload)
             if mid == message_id and (topic is None or real == topic):
                 found.append(Found(bucket, pos, size, due, real))
-        if found and topic is not None:
+        if found and topic is not None and not every:
             break
     return found
 
@@ -76,7 +76,23 @@ async def locate(store: TimerStore, message_id: str, due_hint: int | None,
     """Every timer of ``message_id`` in ``topic``, in the first bucket that has one (usually
     one); without ``topic``, every timer of that id in any topic, over every bucket."""
     return await asyncio.to_thread(_find, store, message_id, topic,
-                                   _candidates(store, due_hint))
+                                   _candidates(store, due_hint), False)
+
+
+async def copies_of(store: TimerStore, message_id: str, due_ms: int, topic: str
+                    ) -> list[Found]:
+    """Every copy of one timer (the original and its rolled copies, all due at ``due_ms``):
+    in the bucket of its due time or, a copy filed when already due, a later one up to the
+    current bucket — usually a single bucket read."""
+    first = store.buckets.bucket_of(due_ms)
+    last = max(first, store.buckets.bucket_of(store.clock.now_ms()))
+    buckets = [b for b in sorted(set(store.buckets.sizes) | store.loaded) if first <= b <= last]
+    return await asyncio.to_thread(_find, store, message_id, topic, buckets, True)
+
+
+def buckets_searched(store: TimerStore, due_hint: int | None) -> int:
+    """How many buckets a lookup reads (what a "not found" answer can say it searched)."""
+    return len(_candidates(store, due_hint))
 
 
 def _scan_topic(store: TimerStore, topic: str) -> tuple[int, int | None]:

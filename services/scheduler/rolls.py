@@ -14,7 +14,10 @@ back through intake; ``resolve`` keeps exactly one pending copy per timer:
   dropped — and if the copy was cancelled before it was taken in (a pre-cancel: the broker
   pointed the cancel at the newest copy), the older copy is taken out of the wheel and
   cancelled instead;
-- otherwise the older pending copies get a ROLLED mark (fsynced) and the rolled copy is filed.
+- otherwise the older pending copies get a ROLLED mark (fsynced) and the rolled copy is filed;
+  from the marks until it is filed (its log write and fsync come between) it is in
+  ``TimerStore.filing``. A cancel meeting a ROLLED copy follows it to the newer copy
+  (services/scheduler/cancel.py): pre-cancelled while being filed, else looked up.
 
 A roll puts copies while holding the store's lock, so a cancel is decided either before (the
 timer is not pending: not rolled) or after the copy is stored (the broker's cancel record
@@ -224,6 +227,7 @@ class Roller:
                 for bucket, pos, mark in copies:
                     if mark not in FINAL:
                         superseded.setdefault(bucket, []).append((pos, Mark.ROLLED))
+                store.filing[key] = t.intake  # until filed: a cancel pre-cancels it
             for marks in (superseded, cancelled):
                 if marks:
                     await store.add_marks(marks)

@@ -13,7 +13,8 @@
   scheduler then rebuilds it from the broker's intake topic (``begin_rebuild``; see
   services/scheduler/rebuild.py), and what a rebuild files is delivered ``strict``.
 - a timer rolled back into the intake topic (services/scheduler/rolls.py) comes back as a
-  copy with the same id and due time: ``ingest`` keeps exactly one pending copy of it.
+  copy with the same id and due time: ``ingest`` keeps exactly one pending copy of it. Between
+  the ROLLED marks of its older copies and its filing, the copy is in ``filing``.
 
 Ingest, bucket loading and cancel decisions hold ``lock``, so none sees the others half done.
 """
@@ -106,6 +107,9 @@ class TimerStore:
         self.strict_below = 0
         self.ages: list[tuple[float, int]] = []  # see Checkpoint (kept by the roller)
         self.resolve_rolls: Callable[[list[Timer]], Awaitable[list[Timer]]] | None = None
+        # (topic, id) → intake offset of a rolled copy kept by ``resolve_rolls`` (its older
+        # copies marked ROLLED) and not filed yet: a cancel meanwhile pre-cancels that copy
+        self.filing: dict[tuple[str, str], int] = {}
 
     def _open_parts(self) -> None:
         self.log = TimerLog(self.root / "log", self.config.segment_bytes)
@@ -230,6 +234,8 @@ class TimerStore:
             per_bucket.setdefault(bucket, bytearray()).extend(ENTRY.pack(
                 t.due_ms, pos, size, text_hash(t.message_id), text_hash(t.topic)))
             self._note_segment(pos, bucket)
+            if t.rolls and self.filing.get((t.topic, t.message_id)) == t.intake:
+                del self.filing[(t.topic, t.message_id)]
             if self.precancels.take(t.topic, t.message_id, t.intake):
                 cancelled.setdefault(bucket, []).append(pos)
                 continue

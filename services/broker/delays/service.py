@@ -389,6 +389,10 @@ class DelayService:
             if exc.code is ErrorCode.MESSAGE_NOT_FOUND and latest is not None and \
                     latest.standing is Standing.DELIVERED:
                 raise delivered(message_id, latest.newest.topic) from None
+            if exc.code is ErrorCode.MESSAGE_NOT_FOUND and newest is not None:
+                # the store holds it waiting: say which copy the scheduler was pointed at
+                raise ProtocolError(exc.code, f"{exc.message}; the broker holds it waiting "
+                                    f"(cancel hint {hint})") from None
             raise
         topic = topic or decided.get("topic") or None  # found by the scheduler alone
         await self._record_cancel(message_id, topic, newest, hint)
