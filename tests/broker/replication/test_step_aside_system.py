@@ -115,8 +115,10 @@ def test_a_primary_cut_off_from_live_replicas_steps_aside_and_rejoins(
     g.relays[old].cut()
     cut_at = time.monotonic()
     with Sender(g, old, "cut") as to_old:
-        new, new_epoch = wait_until(lambda: _newer_primary(g, epoch), TAKEOVER_WAIT_S,
-                                    "a replica elected while the primary is cut off")
+        found = wait_until(lambda: _newer_primary(g, epoch), TAKEOVER_WAIT_S,
+                           "a replica elected while the primary is cut off")
+        assert found is not None
+        new, new_epoch = found
         took = time.monotonic() - cut_at
         wait_until(lambda: len(to_old.refused) > 0, 20, "a send to the old primary answered")
     print(f"a replica took over {took:.2f} s after the cut")
