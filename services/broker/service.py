@@ -178,7 +178,8 @@ class Broker:
             self.replication.register_metrics(self.metrics.registry)
             await self.replication.start()
         self.registrar.start()
-        self.elector = elector_for(s, role, lease) if lease is not None else None
+        self.elector = (elector_for(s, role, lease, self.replication.quorum)
+                        if lease is not None else None)
         if self.elector is not None:
             self.elector.start()
         self.metrics.add_stats("tidemq_broker_store_", store.stats, STORE_STATS, "store")

@@ -69,6 +69,16 @@ class BrokerSettings(ServiceSettings):
     # the primary stops acknowledging writes this long before its lease could lapse in etcd (s)
     lease_margin_s: float = Field(default=0.5, ge=0)
     election_interval_s: float = Field(default=0.5, gt=0)  # lease renewal / election step (s)
+    # CheckQuorum (replication/aside.py): a primary whose replicas have all stopped fetching
+    # (past replica_lag_max_ms) this long while etcd shows them alive gives up the lead (s).
+    # Why 1: several election steps, so one late fetch or step never moves the lead, and short
+    # beside the lease, so a cut primary is left about as fast as a dead one is replaced
+    step_aside_after_s: float = Field(default=1.0, gt=0)
+    # a primary that stepped aside does not run again for this many lease lengths (or until it
+    # follows the new primary). Why 3: long enough for the replicas to settle and elect one of
+    # them (a lease at most when a watch event is missed), short enough that a group whose
+    # replicas cannot be elected is without a primary for a few leases only
+    step_aside_hold_leases: float = Field(default=3.0, gt=0)
 
     # --- store (see services/broker/store/config.py) -----------------------------------------
     data_dir: Path = Path("tidemq-data/broker")  # store files and topics.json live here

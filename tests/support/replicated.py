@@ -3,6 +3,9 @@ and ``copies`` brokers of one group (``broker-a``), with a short lease so failov
 
 Each broker keeps its port and data dir across restarts, so a killed member comes back as the
 same member. ``primary()`` asks the members themselves (``/internal/v1/replication/status``).
+With ``relayed=True`` the members reach each other (replication, the etcd claims) through one
+``Relay`` per broker (``relays[broker_id]``, its internal address): cutting one cuts that
+member off from the others' fetches while it, etcd and the test's own requests go on.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import httpx
 from tests.support.broker import TOKEN, unique
 from tests.support.etcd import EtcdServer
 from tests.support.procs import ServiceProcess, free_port
+from tests.support.relay import Relay
 from tests.support.wait import wait_until
 
 LEASE_S = 2  # the primary's etcd lease in these tests (s)
@@ -41,6 +45,8 @@ class ReplicatedGroup:
     copies: int
     env: dict[str, str]
     brokers: list[ServiceProcess] = field(default_factory=list)
+    relayed: bool = False
+    relays: list[Relay] = field(default_factory=list)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(
         timeout=3.0, headers={"X-Tidemq-Token": TOKEN}))
 
@@ -55,7 +61,11 @@ class ReplicatedGroup:
     def start(self) -> None:
         for broker_id in range(self.copies):
             port = free_port()
-            proc = ServiceProcess("broker", port, self.broker_env(broker_id, port), self.workdir)
+            env = self.broker_env(broker_id, port)
+            if self.relayed:
+                self.relays.append(Relay(port))
+                env["TIDEMQ_BROKER_INTERNAL_ADDRESS"] = self.relays[-1].url
+            proc = ServiceProcess("broker", port, env, self.workdir)
             self.brokers.append(proc)
         # all at once (each start waits for its /healthz): the election waits for none
         with ThreadPoolExecutor(len(self.brokers)) as pool:
@@ -113,14 +123,16 @@ class ReplicatedGroup:
     def close(self) -> None:
         for proc in self.brokers:
             proc.stop()
+        for relay in self.relays:
+            relay.close()
         self.http.close()
 
 
 @contextmanager
-def run_replicated_group(workdir: Path, redis_url: str, copies: int = 3,
-                         **settings: Any) -> Iterator[ReplicatedGroup]:
+def run_replicated_group(workdir: Path, redis_url: str, copies: int = 3, *,
+                         relayed: bool = False, **settings: Any) -> Iterator[ReplicatedGroup]:
     """etcd + a nameserver + ``copies`` brokers of one group; ``settings`` become
-    ``TIDEMQ_BROKER_*`` variables of every broker."""
+    ``TIDEMQ_BROKER_*`` variables of every broker; ``relayed``: see the module docstring."""
     cluster = unique("cluster")
     with ExitStack() as stack:
         etcd = EtcdServer(workdir / "etcd").start()
@@ -150,7 +162,8 @@ def run_replicated_group(workdir: Path, redis_url: str, copies: int = 3,
             "TIDEMQ_BROKER_LOG_LEVEL": "info",
         }
         env.update({f"TIDEMQ_BROKER_{k.upper()}": str(v) for k, v in settings.items()})
-        group = ReplicatedGroup(workdir, redis_url, etcd, nameserver, copies, env)
+        group = ReplicatedGroup(workdir, redis_url, etcd, nameserver, copies, env,
+                                relayed=relayed)
         stack.callback(group.close)
         group.start()
         yield group

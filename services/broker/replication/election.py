@@ -7,7 +7,8 @@ Keys, under ``/tidemq/<cluster>/<broker_name>/`` (``GroupKeys``):
 - ``epoch``: the last epoch any primary of the group was elected under (a decimal number),
   bumped by the same transaction that writes ``primary``;
 - ``members/<broker_id>``: ``{"broker_id", "address", "last_offset", "epoch"}`` of every live
-  member, bound to that member's own lease and rewritten at every step.
+  member, bound to that member's own lease and rewritten at every step; a member standing aside
+  adds ``"aside": true`` and ``"acked"`` (its high-water mark when it stepped aside).
 
 Each broker runs an ``Elector``. Every ``interval_s`` (and at once when a key of the group
 changes, through a watch) it renews its lease, publishes its ``last_offset()`` and reads
@@ -17,7 +18,8 @@ changes, through a watch) it renews its lease, publishes its ``last_offset()`` a
 - there is none: publish the offset again, wait until every live member has published its
   offset since the primary key vanished (the watch saw the deletion at a revision; a member
   publishes at once when it sees it too), at most ``settle_s``, and campaign only if no live
-  member has a larger one (ties: the lower ``broker_id``). Offsets published after the
+  member has a larger one (ties: the lower ``broker_id``; members standing aside are skipped,
+  and nobody runs whose offset is below one's ``acked``). Offsets published after the
   vanishing are final for what was acknowledged: the old primary acknowledged nothing past
   its fence, which shut before its lease could go. The campaign is one transaction:
   ``primary`` absent and ``epoch`` unchanged since read → write both (the new epoch is one
@@ -33,6 +35,15 @@ before it can acknowledge anything; its next renewal finds the lease gone, and i
 new primary. A clean stop (``resign``, which the broker calls on SIGTERM before it drains its
 requests) shuts the fence and revokes the lease, so the successor is elected at once: the
 deletion wakes every member through the watch, not at its next step.
+
+Stepping aside (CheckQuorum, replication/aside.py): a primary whose replicas have all stopped
+fetching from it for longer than ``step_aside_after_s`` while etcd shows a quorum of them alive
+(their claims rewritten since, under its epoch) gives the lead up, as ``resign`` does: fence
+first, then its claim rewritten under a fresh lease with ``aside``, then the old lease revoked.
+It does not run for the hold (``step_aside_hold_leases`` leases, or until it follows the new
+primary), so the replicas elect the best of them instead of waiting for the most caught-up
+member. Dead or paused replicas (claims gone, or not rewritten) never make it step aside: a
+primary alone keeps its lease and refuses writes with NOT_ENOUGH_REPLICAS.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tidemq_server.broker.replication.aside import CheckQuorum, QuorumView
 from tidemq_server.broker.settings import BrokerSettings
 from tidemq_server.common.etcd import (
     EtcdClient,
@@ -106,23 +118,30 @@ class GroupKeys:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A ``primary`` or ``members/<id>`` value."""
+    """A ``primary`` or ``members/<id>`` value. ``aside``/``acked`` (a member standing aside,
+    and its high-water mark then) are written only when set: older values read as not aside."""
 
     broker_id: int
     address: str
     epoch: int
     last_offset: int = 0
+    aside: bool = False
+    acked: int = 0
 
     def encode(self) -> bytes:
-        return json.dumps({"broker_id": self.broker_id, "address": self.address,
-                           "epoch": self.epoch, "last_offset": self.last_offset}).encode()
+        value: dict[str, object] = {"broker_id": self.broker_id, "address": self.address,
+                                    "epoch": self.epoch, "last_offset": self.last_offset}
+        if self.aside:
+            value.update(aside=True, acked=self.acked)
+        return json.dumps(value).encode()
 
     @staticmethod
     def decode(kv: KeyValue) -> Claim | None:
         try:
             raw: Any = json.loads(kv.value)
             return Claim(int(raw["broker_id"]), str(raw["address"]), int(raw["epoch"]),
-                         int(raw.get("last_offset", 0)))
+                         int(raw.get("last_offset", 0)), bool(raw.get("aside", False)),
+                         int(raw.get("acked", 0)))
         except (ValueError, KeyError, TypeError):
             log.error("unreadable election value at %s: %r", kv.key, kv.value[:200])
             return None
@@ -156,19 +175,28 @@ def elected(settings: BrokerSettings) -> bool:
     return bool(settings.etcd_urls) and settings.replicated
 
 
-def elector_for(settings: BrokerSettings, role: RoleSeam, fence: LeaseFence) -> Elector:
+def elector_for(settings: BrokerSettings, role: RoleSeam, fence: LeaseFence,
+                quorum: QuorumView | None = None) -> Elector:
     """The broker's elector (its group replicates and ``etcd_endpoints`` is set), moving
-    ``fence``, which the role asks before every acknowledgement."""
-    return Elector(EtcdClient(settings.etcd_urls), role, cluster=settings.cluster,
-                   broker_name=settings.broker_name, broker_id=settings.broker_id,
-                   address=settings.internal_url, lease_s=settings.lease_s,
-                   margin_s=settings.lease_margin_s, interval_s=settings.election_interval_s,
-                   fence=fence)
+    ``fence``, which the role asks before every acknowledgement; with ``quorum`` (the primary's
+    view of its replicas) it steps aside when cut off from them (replication/aside.py)."""
+    s = settings
+    check = (CheckQuorum(quorum, s.quorum, s.step_aside_after_s,
+                         s.step_aside_hold_leases * s.lease_s) if quorum is not None else None)
+    return Elector(EtcdClient(s.etcd_urls), role, cluster=s.cluster, broker_name=s.broker_name,
+                   broker_id=s.broker_id, address=s.internal_url, lease_s=s.lease_s,
+                   margin_s=s.lease_margin_s, interval_s=s.election_interval_s, fence=fence,
+                   check=check)
 
 
 def best_member(members: list[Claim]) -> Claim | None:
-    """The member that should lead: the largest offset, then the lowest broker id."""
-    return max(members, key=lambda m: (m.last_offset, -m.broker_id), default=None)
+    """The member that should lead: the largest offset, then the lowest broker id, among those
+    not standing aside; None when that one lacks bytes a member standing aside may have
+    acknowledged (below its ``acked``): then nobody runs until that member does again."""
+    running = [m for m in members if not m.aside]
+    best = max(running, key=lambda m: (m.last_offset, -m.broker_id), default=None)
+    floor = max((m.acked for m in members if m.aside), default=0)
+    return best if best is not None and best.last_offset >= floor else None
 
 
 class _Steps(BackgroundLoop):
@@ -194,7 +222,7 @@ class Elector:
                  interval_s: float, settle_s: float | None = None,
                  on_change: Callable[[bool, int], Awaitable[None]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 fence: LeaseFence | None = None) -> None:
+                 fence: LeaseFence | None = None, check: CheckQuorum | None = None) -> None:
         if margin_s >= lease_s:
             raise ValueError(f"lease margin {margin_s}s must be shorter than the lease {lease_s}s")
         self.client = client
@@ -221,6 +249,7 @@ class Elector:
         # primary was last read): members that published after it have settled
         self.vanished = 0
         self._resigning: asyncio.Task[None] | None = None
+        self.check = check  # CheckQuorum: step aside when cut off (None: never)
 
     # --- the fence ----------------------------------------------------------------------------
 
@@ -312,19 +341,25 @@ class Elector:
     async def step(self) -> None:
         """Renew, publish, then lead, follow or campaign (see the module docstring)."""
         await self._renew()
-        await self._publish()
+        revision = await self._publish()
         kv = await self.client.get(self.keys.primary)
         claim = Claim.decode(kv) if kv is not None else None
         if kv is not None and claim is not None:
             if kv.mod_revision > self.vanished:  # not a read from before the vanishing
                 self.vanished = 0  # a primary again: the next vanishing is a new one
             if kv.lease == self.lease and claim.broker_id == self.broker_id:
-                return  # we lead, lease renewed above
+                if self.leading:  # we lead, lease renewed above
+                    await self._check_quorum(revision)
+                elif self.check is not None and self.check.holding:
+                    await self._hand_back()  # stepping aside met an etcd error: again
+                return
             if claim.broker_id == self.broker_id:
-                # our own claim from an earlier life of this broker (restarted within the
-                # lease): that process is gone; end its lease so the group elects at once
-                log.warning("a primary claim of this broker from an earlier process (lease "
-                            "%x): revoking it", kv.lease)
+                # our own claim under another lease: from an earlier life of this broker
+                # (restarted within the lease), or left by stepping aside (its revoke failed);
+                # end that lease so the group elects at once
+                log.warning("a primary claim of this broker under an earlier lease (%x, %s): "
+                            "revoking it", kv.lease, "stepping aside" if self.check is not None
+                            and self.check.holding else "from an earlier process")
                 await self.client.revoke(kv.lease)
                 return
             await self._follow(claim)
@@ -371,10 +406,44 @@ class Elector:
             log.warning("lost the lead of %s (epoch %d): %s; writes are refused",
                         self.keys.broker_name, self.epoch, why)
         self.write_fence.lose()
+        if self.check is not None:
+            self.check.reset()
 
-    async def _publish(self) -> None:
-        me = Claim(self.broker_id, self.address, self.epoch, self.role.last_offset())
-        await self.client.put(self.keys.member(self.broker_id), me.encode(), self.lease)
+    async def _publish(self) -> int:
+        """Rewrite our member claim; the etcd revision of that write."""
+        aside = self.check is not None and self.check.holding
+        me = Claim(self.broker_id, self.address, self.epoch, self.role.last_offset(), aside,
+                   self.check.acked if self.check is not None and aside else 0)
+        return await self.client.put(self.keys.member(self.broker_id), me.encode(), self.lease)
+
+    # --- stepping aside (replication/aside.py) --------------------------------------------------
+    async def _check_quorum(self, revision: int) -> None:
+        """While leading: step aside once our replicas have stopped fetching for longer than
+        the threshold while etcd shows a quorum of them alive."""
+        check = self.check
+        if check is None or not check.observe(revision):
+            return
+        kvs = await self.client.get_prefix(self.keys.members)
+        members = [(kv.mod_revision, c) for kv in kvs if (c := Claim.decode(kv)) is not None]
+        why = check.verdict(members, self.broker_id, self.epoch)
+        if why is None:
+            return
+        self.write_fence.lose()  # first: nothing is acknowledged from here
+        check.stand_aside()
+        log.warning("stepping aside as primary of %s (epoch %d): %s; writes are refused, the "
+                    "lead is given up and this member does not run for %.1f s or until it "
+                    "follows a new primary, which must hold offset %d", self.keys.broker_name,
+                    self.epoch, why, check.hold_s, check.acked)
+        await self._hand_back()
+
+    async def _hand_back(self) -> None:
+        """Give the lead up while standing aside, our member claim never absent: rewrite it
+        (``aside``) under a fresh lease, then revoke the old one, ``primary`` with it."""
+        old = self.lease
+        self.lease = await self.client.grant(self.lease_ttl)
+        await self._publish()
+        await self.client.revoke(old)
+        log.info("gave up the lead of %s (epoch %d)", self.keys.broker_name, self.epoch)
 
     async def _follow(self, primary: Claim) -> None:
         if not self.leading and self.following == primary:
@@ -392,6 +461,8 @@ class Elector:
             return
         await self._renewing(self.role.demote(primary.address, primary.epoch))
         self.following = primary
+        if self.check is not None:
+            self.check.release()  # a new primary leads: the hold has done its work
         if self.on_change is not None:
             await self.on_change(False, primary.epoch)
 
@@ -415,7 +486,14 @@ class Elector:
     async def _campaign(self) -> None:
         """No primary: let every member publish its final offset, then the best one runs."""
         await self._publish()
-        best = best_member(await self._settled())
+        if self.check is not None and self.check.holding:
+            return  # standing aside: the others elect one of them
+        members = await self._settled()
+        best = best_member(members)
+        if best is None and any(m.aside for m in members):
+            log.info("no primary in %s: no member that may run holds what the member standing "
+                     "aside acknowledged; waiting", self.keys.broker_name)
+            return
         if best is not None and best.broker_id == self.broker_id and not self.role.may_lead():
             log.warning("no primary in %s: this member cut damaged records from its log and "
                         "has not copied them back yet: not running", self.keys.broker_name)
@@ -448,6 +526,8 @@ class Elector:
                     epoch, me.last_offset)
         self.epoch = epoch
         self.following = None
+        if self.check is not None:
+            self.check.reset()  # a new term: its cut is measured from its own steps
         await self._renewing(self.role.promote(epoch))
         self.write_fence.lead()
         self.elections += 1

@@ -13,6 +13,9 @@ die (acknowledged writes were never waiting for them).
 
 ``wait_for(end)`` is what a sync send awaits: True once the HWM reaches ``end``, False when the
 in-sync copies drop below the quorum or the timeout passes.
+
+``cut_off()`` tells a primary its replicas do not merely lag but no longer reach it (too few
+fetch at all for the quorum): the election's CheckQuorum (replication/aside.py) asks it.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class Quorum:
         self.clock = clock
         self.replicas: dict[int, ReplicaState] = {}
         self.hwm = 0
+        self.term_start = clock()  # clock() when this copy last became primary (``reset``)
         self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._listeners: list[Callable[[int], None]] = []
 
@@ -101,8 +105,23 @@ class Quorum:
         now = self.clock()
         return 1 + sum(1 for r in self.replicas.values() if self.in_sync(r, now))
 
+    def live_copies(self) -> int:
+        """Copies that fetch at all (in sync or behind), the primary included."""
+        now = self.clock()
+        return 1 + sum(1 for r in self.replicas.values() if self.alive(r, now))
+
     def enough(self) -> bool:
         return not self.sync or self.insync_copies() >= self.quorum
+
+    def cut_off(self) -> bool:
+        """Sync replication and too few copies fetching at all to make the quorum (so too few
+        in sync): no fetch of the missing replicas arrives, they are not merely behind. Never
+        in the first ``lag_max_s`` of a term: the replicas' time to start following, as any
+        replica's to fetch again."""
+        now = self.clock()
+        if not self.sync or now - self.term_start <= self.lag_max_s:
+            return False
+        return self.insync_copies() < self.quorum and self.live_copies() < self.quorum
 
     # --- the high-water mark ----------------------------------------------------------------
     def advance(self, primary_end: int) -> int:
@@ -129,6 +148,7 @@ class Quorum:
         the replicas of the previous term."""
         self.replicas.clear()
         self.hwm = hwm
+        self.term_start = self.clock()
         for cb in self._listeners:
             cb(hwm)
 
