@@ -132,7 +132,7 @@ class Follower:
         my_end = self.store.log.write_offset
         point = divergence_point(mine, my_end, theirs, int(body["log_end"]))
         if point < my_end:
-            removed = self.store.truncate(point)  # on the loop: never beside a writer batch
+            removed = await self.store.truncate(point)  # on the loop: never beside a writer batch
             self.stats["truncated_bytes"] += removed
             self.on_truncate(point)
             log.warning("replication: truncated the diverged tail [%d, %d) before following %s",

@@ -32,7 +32,7 @@ async def recopy_damaged(store: MessageStore, role: BrokerRole) -> int:
         return 0
     at = min(damaged)  # the start of the first damaged entry: a record boundary
     old_end = store.log.write_offset
-    removed = store.truncate(at)
+    removed = await store.truncate(at)
     await asyncio.to_thread(role.epochs.truncate, at)
     store.log.skipped, store.log.damaged_at = [], []
     role.recopy_from(old_end)

@@ -206,9 +206,16 @@ class MessageStore:
         """A replica writes its primary's bytes at the same offset and dispatches them."""
         return replicated.append_chunk(self, data, at_offset)
 
-    def truncate(self, offset: int) -> int:
-        """Cut the log and its derived data back to ``offset`` (a diverged tail)."""
-        return replicated.truncate(self, offset)
+    async def truncate(self, offset: int) -> int:
+        """Cut the log and its derived data back to ``offset`` (a diverged tail). Under the
+        sync lock, once a checkpoint saving in its thread is done: that one would otherwise
+        write its older, longer offset after the cut's checkpoint (and race it for the
+        checkpoint's temporary file)."""
+        async with self._sync_lock:
+            job = self._checkpoint_job
+            if job is not None and not job.done():
+                await asyncio.wait({job})
+            return replicated.truncate(self, offset)
 
     async def sync_log(self) -> int:
         """fsync the commit log now; the offset it made durable."""

@@ -105,7 +105,7 @@ async def test_truncate_cuts_log_queues_and_index_then_copying_resumes(tmp_path:
             [make_record(i, size=900) for i in range(k, k + 10)])).appended]
         copy_all(primary, replica)
         cut = batch_of(primary, appended[60].physical_offset)
-        removed = replica.truncate(cut)
+        removed = await replica.truncate(cut)
         assert removed == primary.log.write_offset - cut
         assert replica.log.write_offset == cut
         assert replica.queue_offsets("T", 0) == (0, 60)
@@ -127,7 +127,7 @@ async def test_truncation_survives_a_restart(tmp_path: Path) -> None:
     res = await primary.put([make_record(i) for i in range(10, 40)])
     copy_all(primary, replica)
     cut = batch_of(primary, res.appended[0].physical_offset)
-    replica.truncate(cut)
+    await replica.truncate(cut)
     await replica.close()
     await primary.close()
     again = await MessageStore.open(small_config(tmp_path / "r"))
