@@ -96,6 +96,22 @@ class ReplicatedGroup:
             timeout, f"a primary of {GROUP} past epoch {newer_than}")
         return found
 
+    def create_topic(self, topic: str, queues: int) -> None:
+        """``topic`` created at the primary, once every copy holds it."""
+        primary, _ = self.wait_primary()
+        resp = self.http.put(f"{self.brokers[primary].url}/v1/topics/{topic}",
+                             json={"queues": queues})
+        assert resp.status_code == 200, resp.text
+        wait_until(lambda: all(self._holds(i, topic) for i in range(self.copies)), 15,
+                   f"topic {topic} on every copy")
+
+    def _holds(self, broker_id: int, topic: str) -> bool:
+        try:
+            url = f"{self.brokers[broker_id].url}/v1/topics/{topic}"
+            return self.http.get(url).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def routed_primary(self) -> str | None:
         """The primary address the nameserver routes to (None when none)."""
         resp = self.http.get(self.nameserver.url + "/v1/cluster")

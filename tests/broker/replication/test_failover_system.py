@@ -37,20 +37,8 @@ ROUNDS = 6  # SIGKILLed primaries per run (bench.replication and bench.faults ki
 @pytest.fixture
 def group(tmp_path: Path, redis_server: RedisServer) -> Iterator[ReplicatedGroup]:
     with run_replicated_group(tmp_path, redis_server.url, copies=3) as g:
-        primary, _ = g.wait_primary()
-        resp = g.http.put(f"{g.brokers[primary].url}/v1/topics/{TOPIC}",
-                          json={"queues": QUEUES})
-        assert resp.status_code == 200, resp.text
-        wait_until(lambda: all(_holds_topic(g, i) for i in range(3)), 15,
-                   "the topic on every copy")
+        g.create_topic(TOPIC, QUEUES)
         yield g
-
-
-def _holds_topic(g: ReplicatedGroup, broker_id: int) -> bool:
-    try:
-        return g.http.get(f"{g.brokers[broker_id].url}/v1/topics/{TOPIC}").status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _all_in_sync(g: ReplicatedGroup, primary: int) -> bool:

@@ -7,7 +7,7 @@ again once its hold is over."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -69,13 +69,6 @@ class Recording(EtcdClient):
     async def revoke(self, lease: int) -> None:
         await super().revoke(lease)
         self.calls.append(("revoke", lease))
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

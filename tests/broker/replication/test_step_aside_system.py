@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.broker.replication.test_failover_system import QUEUES, TOPIC, _holds_topic, stored_ids
+from tests.broker.replication.test_failover_system import QUEUES, TOPIC, stored_ids
 from tests.support.procs import RedisServer
 from tests.support.replicated import ReplicatedGroup, run_replicated_group
 from tests.support.wait import wait_until
@@ -39,12 +39,7 @@ TAKEOVER_WAIT_S = 20.0
 def group(tmp_path: Path, redis_server: RedisServer) -> Iterator[ReplicatedGroup]:
     with run_replicated_group(tmp_path, redis_server.url, copies=3, relayed=True,
                               replica_lag_max_ms=LAG_MAX_MS, sync_ack_timeout_ms=2000) as g:
-        primary, _ = g.wait_primary()
-        resp = g.http.put(f"{g.brokers[primary].url}/v1/topics/{TOPIC}",
-                          json={"queues": QUEUES})
-        assert resp.status_code == 200, resp.text
-        wait_until(lambda: all(_holds_topic(g, i) for i in range(3)), 15,
-                   "the topic on every copy")
+        g.create_topic(TOPIC, QUEUES)
         yield g
 
 
