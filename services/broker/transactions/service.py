@@ -45,6 +45,7 @@ from tidemq_server.broker.messaging.convert import new_message_id, to_wire
 from tidemq_server.broker.messaging.send import SendService
 from tidemq_server.broker.messaging.topics import TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.store.records.v2_own import Batch
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.store.types import Appended, MessageRecord, StoredRecord, tag_code
 from tidemq_server.broker.transactions.check_channel import CheckChannel
@@ -54,6 +55,7 @@ from tidemq_server.broker.transactions.model import (
     EVENTS_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
+    CommitCopies,
     OpEntry,
     TxAction,
     TxInfo,
@@ -143,8 +145,12 @@ class TransactionService:
         self.dedup = HalfDedup(self.store, self.dedup_window_ms, self.dedup_max_entries, now)
         self.halves.use(self.table, self.dedup)
 
-    async def write(self, records: list[MessageRecord]) -> list[Appended]:
-        """One store write; ProtocolError (BROKER_BUSY, DISK_FULL, ...) when it fails."""
+    async def write(self, records: list[MessageRecord], batches: list[Batch] | None = None
+                    ) -> list[Appended]:
+        """One store write (``batches`` made already, then ``records``); ProtocolError
+        (BROKER_BUSY, DISK_FULL, ...) when it fails."""
+        if batches:
+            return await self.ingest.write_batches(batches, records)
         return await self.ingest.write(records)
 
     def count(self, records: list[MessageRecord]) -> None:
@@ -255,6 +261,7 @@ class TransactionService:
         records: list[MessageRecord] = []
         ops: list[OpEntry] = []
         changes: list[tuple[TxInfo, TxState]] = []
+        copies = CommitCopies(self.ingest.batch_bytes)  # commits from their stored halves
         halves = self._prefetch(ends)
         for i, req in enumerate(ends):
             try:
@@ -270,8 +277,12 @@ class TransactionService:
                     results[i] = {"transaction_id": req.txid, "state": state.value}
                     continue
                 if req.action is TxAction.COMMIT:
-                    records.append(self._commit_record(info, now,
-                                                       halves.get(info.latest_offset)))
+                    kept = self.cache.kept(info.txid)
+                    if copies.takes(kept):
+                        copies.add(kept, info)  # type: ignore[arg-type]  # takes: a BatchHalf
+                    else:
+                        records.append(self._commit_record(info, now,
+                                                           halves.get(info.latest_offset)))
                 if req.action is not TxAction.UNKNOWN:
                     ops.append((req.txid, req.action.value, req.source))
                     changes.append((info, req.action.final_state))
@@ -284,7 +295,7 @@ class TransactionService:
         if records:
             records.extend(op_records(ops, now))
             try:
-                await self.write(records)
+                await self.write(records, copies.batches())
             except BaseException:
                 for info, _ in changes:
                     self.forget(info.txid)  # outcome unknown: reload from the store
