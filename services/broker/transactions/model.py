@@ -12,15 +12,16 @@ together:
 - **commit copy**: the message in its real topic and queue, sys_flag COMMIT, ``TRANSACTION_ID``
   kept (hidden from clients), ``prepared_tx_offset`` = the first half copy's physical offset.
   A half this run stored from a producer's batch has its copy written from the half's stored
-  bytes (``CommitCopies``, store/records/v2_copy.py); any other half (a JSON/msgpack one, one
-  read back from the log) through ``commit_copy``: the same record either way.
+  bytes (``batches.CommitCopies``); any other half (a JSON/msgpack one, one read back from the
+  log) through ``commit_copy``: the same record either way.
 - **op record**: topic ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` queue 0; the body a msgpack list of
   ``[txid, action, source]``. Many ends share one op record (RocketMQ 5's batched op messages),
   so the checker reads few op records per scan. ``KEYS`` = the ids of the rolled-back and
   discarded ones (``find_by_key(OP, txid)``); a commit is found by its commit copy instead.
 - **discard copy**: the message in ``TRANS_CHECK_MAX_TIME_TOPIC`` (never delivered).
 - **event**: one record per state change in ``TIDE_SYS_TRANS_EVENTS`` with the fixed JSON body
-  of docs/api.md#system-topics.
+  of docs/api.md#system-topics (``event_record``; the hot writes, halves of a producer's batch
+  and ends, make the same records as a batch at once: ``batches.EventBatches``).
 """
 
 from __future__ import annotations
@@ -53,10 +54,6 @@ from tidemq.protocol import (
     make_event,
 )
 
-from tidemq_server.broker.ingest.halves import BatchHalf
-from tidemq_server.broker.store.records import v1
-from tidemq_server.broker.store.records.v2_copy import CopyBatch
-from tidemq_server.broker.store.records.v2_own import Batch
 from tidemq_server.broker.store.types import (
     KEY_SEPARATOR,
     MessageRecord,
@@ -208,43 +205,6 @@ def commit_copy(half: StoredRecord | MessageRecord, info: TxInfo, tag_code: int
     return MessageRecord(topic=info.topic, queue_id=queue_id, body=half.body, properties=props,
                          tag_code=tag_code, sys_flag=_COMMIT, born_timestamp=half.born_timestamp,
                          born_host=half.born_host, prepared_tx_offset=info.first_offset)
-
-
-class CommitCopies:
-    """The commit copies of one end request whose halves are producer-batch halves this run
-    stored (``BatchHalf``, with distinct property names): written from the halves' stored
-    bytes, one batch per (topic, queue, born host) of at most ``max_bytes`` — the record
-    ``commit_copy`` makes, without decoding the half or encoding the copy."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._open: dict[tuple[str, int, str], CopyBatch] = {}
-        self._done: list[Batch] = []
-
-    def __bool__(self) -> bool:
-        return bool(self._open or self._done)
-
-    @staticmethod
-    def takes(half: object) -> bool:
-        """Whether ``half`` (a half cache entry) can be copied from its stored bytes."""
-        return isinstance(half, BatchHalf) and half.distinct
-
-    def add(self, half: BatchHalf, info: TxInfo) -> None:
-        key = (info.topic, int(half.properties[REAL_QID]), half.host)  # REAL_QID: checked
-        batch = self._open.get(key)
-        if batch is not None and batch.nbytes + len(half.stored) > self.max_bytes:
-            self._done.append(batch.finish())  # cut: a batch always fits a segment
-            batch = None
-        if batch is None:
-            batch = self._open[key] = CopyBatch(key[0], key[1], _COMMIT,
-                                                v1.encode_host(half.host))
-        batch.add(half.stored, info.txid.encode(), HALF_ONLY_NAMES, info.first_offset)
-
-    def batches(self) -> list[Batch]:
-        """Every batch, finished (once)."""
-        out = [*self._done, *(b.finish() for b in self._open.values())]
-        self._open, self._done = {}, []
-        return out
 
 
 def discard_copy(half: StoredRecord | MessageRecord) -> MessageRecord:

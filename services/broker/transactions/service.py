@@ -48,6 +48,7 @@ from tidemq_server.broker.observability import BrokerMetrics
 from tidemq_server.broker.store.records.v2_own import Batch
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.store.types import Appended, MessageRecord, StoredRecord, tag_code
+from tidemq_server.broker.transactions.batches import CommitCopies, EventBatches
 from tidemq_server.broker.transactions.check_channel import CheckChannel
 from tidemq_server.broker.transactions.halves import HalfWriter
 from tidemq_server.broker.transactions.model import (
@@ -55,14 +56,12 @@ from tidemq_server.broker.transactions.model import (
     EVENTS_TOPIC,
     HALF_TOPIC,
     OP_TOPIC,
-    CommitCopies,
     OpEntry,
     TxAction,
     TxInfo,
     TxState,
     commit_copy,
     event_for,
-    event_record,
     op_records,
     user_keys,
 )
@@ -153,9 +152,10 @@ class TransactionService:
             return await self.ingest.write_batches(batches, records)
         return await self.ingest.write(records)
 
-    def count(self, records: list[MessageRecord]) -> None:
-        kinds = collections.Counter(r.properties.get(TAGS, "") for r in records
-                                    if r.topic == EVENTS_TOPIC)
+    def count(self, records: list[MessageRecord] | EventBatches) -> None:
+        """Count the events among ``records`` (or those of ``EventBatches``) by kind."""
+        kinds = records.kinds if isinstance(records, EventBatches) else collections.Counter(
+            r.properties.get(TAGS, "") for r in records if r.topic == EVENTS_TOPIC)
         for kind, n in kinds.items():
             self.events.labels(kind).inc(n)
 
@@ -262,6 +262,7 @@ class TransactionService:
         ops: list[OpEntry] = []
         changes: list[tuple[TxInfo, TxState]] = []
         copies = CommitCopies(self.ingest.batch_bytes)  # commits from their stored halves
+        events = EventBatches(self.ingest.batch_bytes)
         halves = self._prefetch(ends)
         for i, req in enumerate(ends):
             try:
@@ -286,23 +287,23 @@ class TransactionService:
                 if req.action is not TxAction.UNKNOWN:
                     ops.append((req.txid, req.action.value, req.source))
                     changes.append((info, req.action.final_state))
-                records.append(event_record(event_for(req.action), req.source, info, now))
+                events.add(event_for(req.action), req.source, info, now)
                 decided[req.txid] = req.action
                 results[i] = {"transaction_id": req.txid,
                               "state": req.action.final_state.value}
             except ProtocolError as exc:
                 results[i] = {"transaction_id": req.txid, **exc.to_wire()}
-        if records:
+        if events:  # every decided end has its event
             records.extend(op_records(ops, now))
             try:
-                await self.write(records, copies.batches())
+                await self.write(records, [*copies.batches(), *events.batches()])
             except BaseException:
                 for info, _ in changes:
                     self.forget(info.txid)  # outcome unknown: reload from the store
                 raise
             for info, state in changes:
                 self.ended(info, state)
-            self.count(records)
+            self.count(events)
         return results
 
     def ended(self, info: TxInfo, state: TxState) -> None:

@@ -1,6 +1,7 @@
-"""A commit copy written from its half's stored bytes (``v2_copy``, ``CommitCopies``) is byte
-for byte the record the decode-and-encode path writes (``commit_copy`` + ``encode_records``),
-with the same summary, on hypothesis-made halves; batches are cut and split as that path's."""
+"""The hot transaction writes' batches (``transactions/batches.py``) are byte for byte what the
+record-by-record path writes (``commit_copy`` / ``event_record`` + ``encode_records``), with the
+same summaries, grouped and cut alike: a commit copy written from its half's stored bytes
+(``v2_copy``), on hypothesis-made halves, and the events of a request."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from tidemq.protocol import (
     TAGS,
     TRAN_MSG,
     TRANSACTION_ID,
+    EventKind,
+    EventSource,
 )
 from tidemq.protocol.records.v2 import BatchBuilder
 from tidemq.protocol.records.v2_read import decode_record, validate
@@ -23,12 +26,13 @@ from tidemq_server.broker.ingest.halves import BatchHalf, check_half_record
 from tidemq_server.broker.store.records.v2_copy import CopyBatch, copy_record_py
 from tidemq_server.broker.store.records.v2_own import encode_records
 from tidemq_server.broker.store.types import tag_code
+from tidemq_server.broker.transactions.batches import CommitCopies, EventBatches
 from tidemq_server.broker.transactions.model import (
     HALF_ONLY_NAMES,
     HALF_TOPIC,
-    CommitCopies,
     TxInfo,
     commit_copy,
+    event_record,
 )
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -138,3 +142,22 @@ def test_an_empty_copy_batch_is_unfit() -> None:
     from tidemq.protocol.records.v2 import UnfitBatch
     with pytest.raises(UnfitBatch):
         CopyBatch("Orders", 0, 8, b"\0" * 8).finish()
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 20, 2000])
+def test_events_are_the_records_the_encoder_writes(max_bytes: int) -> None:
+    kinds = [EventKind.HALF, EventKind.COMMIT, EventKind.ROLLBACK, EventKind.UNKNOWN]
+    made = [(kinds[i % 4], EventSource.CHECK if i % 3 else EventSource.PRODUCER,
+             TxInfo(f"tx{i}", f"m{i}", "Gé", "Orders", i, i, 0, i % 2, 1000 + i), 5000 + i)
+            for i in range(15)]
+    events = EventBatches(max_bytes)
+    for kind, source, i, ts in made:
+        events.add(kind, source, i, ts)
+    assert len(events) == 15 and events.kinds == {"half": 4, "commit": 4, "rollback": 4,
+                                                  "unknown": 3}
+    got = events.batches()
+    want = encode_records([event_record(*m) for m in made], max_bytes)[0]
+    assert len(got) == len(want) and (len(got) > 1) == (max_bytes < 4000)
+    for g, w in zip(got, want, strict=True):
+        assert (g.raw, g.summary, g.born_host) == (w.raw, w.summary, w.born_host)
+    assert events.batches() == []

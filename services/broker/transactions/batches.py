@@ -1,0 +1,118 @@
+"""The records of the hot transaction writes made as v2 batches at once, not as a
+``MessageRecord`` each that ``encode_records`` then encodes (issue 33: that per-record work was
+a third of the broker's CPU per transaction).
+
+- ``CommitCopies``: the commit copies of an end request whose halves this run stored from a
+  producer's batch, written from the halves' stored bytes (``store/records/v2_copy.py``);
+- ``EventBatches``: the transaction events of a half request or an end request.
+
+Each makes byte for byte the records ``model.commit_copy`` / ``model.event_record`` make once
+encoded, in the batches ``encode_records`` would group them into (topic, queue, sys_flag, born
+host; cut at ``max_bytes``): tests/broker/transactions/test_batches.py holds this.
+"""
+
+from __future__ import annotations
+
+import orjson
+from tidemq.protocol import REAL_QID, EventKind, EventSource, make_event
+from tidemq.protocol.records.v2 import BatchBuilder
+from tidemq.protocol.records.v2_read import BatchSummary
+
+from tidemq_server.broker.ingest.halves import BatchHalf
+from tidemq_server.broker.store.records import v1
+from tidemq_server.broker.store.records.v2_copy import CopyBatch
+from tidemq_server.broker.store.records.v2_own import Batch, head_of
+from tidemq_server.broker.store.types import MessageRecord, SysFlag, tag_code
+from tidemq_server.broker.transactions.model import EVENTS_TOPIC, HALF_ONLY_NAMES, TxInfo
+
+_COMMIT = int(SysFlag.COMMIT)
+_EVENT_CODES = {kind: tag_code(kind.value) for kind in EventKind}
+#: The born host of an event: a ``MessageRecord``'s default, which ``event_record`` leaves.
+_EVENT_HOST = v1.encode_host(MessageRecord(EVENTS_TOPIC, 0, b"").born_host)
+_RECORD_ROOM = 512  # what ``encode_records`` allows a record beyond its body when cutting
+
+
+class CommitCopies:
+    """Commit copies written from their halves' stored bytes: producer-batch halves this run
+    stored (``BatchHalf``) whose property names are distinct. One batch per (topic, queue,
+    born host) of at most ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._open: dict[tuple[str, int, str], CopyBatch] = {}
+        self._done: list[Batch] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._open or self._done)
+
+    @staticmethod
+    def takes(half: object) -> bool:
+        """Whether ``half`` (a half cache entry) can be copied from its stored bytes."""
+        return isinstance(half, BatchHalf) and half.distinct
+
+    def add(self, half: BatchHalf, info: TxInfo) -> None:
+        key = (info.topic, int(half.properties[REAL_QID]), half.host)  # REAL_QID: checked
+        batch = self._open.get(key)
+        body = len(half.stored) - half.body_at
+        if batch is not None and batch.nbytes + body + _RECORD_ROOM > self.max_bytes:
+            self._done.append(batch.finish())  # cut: a batch always fits a segment
+            batch = None
+        if batch is None:
+            batch = self._open[key] = CopyBatch(key[0], key[1], _COMMIT,
+                                                v1.encode_host(half.host))
+        batch.add(half.stored, info.txid.encode(), HALF_ONLY_NAMES, info.first_offset)
+
+    def batches(self) -> list[Batch]:
+        """Every batch, finished (once)."""
+        out = [*self._done, *(b.finish() for b in self._open.values())]
+        self._open, self._done = {}, []
+        return out
+
+
+class EventBatches:
+    """Transaction events (the fixed JSON body of docs/api.md#system-topics) in batches of at
+    most ``max_bytes``; ``kinds`` counts them by kind (``tidemq_broker_transaction_events``)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.kinds: dict[str, int] = {}
+        self._builder: BatchBuilder | None = None
+        self._summary = BatchSummary(head_of(b"", 0, 0, 0, ""))
+        self._done: list[Batch] = []
+
+    def __len__(self) -> int:
+        return sum(self.kinds.values())
+
+    def add(self, kind: EventKind, source: EventSource, info: TxInfo, ts_ms: int) -> None:
+        body = orjson.dumps(make_event(
+            kind, source=source, producer_group=info.group, topic=info.topic,
+            transaction_id=info.txid, message_id=info.message_id,
+            check_times=info.check_times, born_ms=info.born_ms, ts_ms=ts_ms))
+        b = self._builder
+        if b is not None and b.nbytes + len(body) + _RECORD_ROOM > self.max_bytes:
+            self._finish()
+            b = None
+        if b is None:
+            b = self._builder = BatchBuilder(EVENTS_TOPIC, 0, 0)
+        s, code = self._summary, _EVENT_CODES[kind]
+        s.positions.append(b.nbytes)
+        s.sizes.append(b.add(body, "", tag=kind.value, born_timestamp=ts_ms, code=code))
+        s.tag_codes.append(code)
+        s.message_ids.append("")
+        s.keys.append("")
+        self.kinds[kind.value] = self.kinds.get(kind.value, 0) + 1
+
+    def _finish(self) -> None:
+        b, s = self._builder, self._summary
+        if b is None:
+            return
+        raw = b.finish()
+        s.head = head_of(raw, b.count, 0, 0, EVENTS_TOPIC)
+        self._done.append(Batch(raw, s, _EVENT_HOST))
+        self._builder, self._summary = None, BatchSummary(head_of(b"", 0, 0, 0, ""))
+
+    def batches(self) -> list[Batch]:
+        """Every batch, finished (once)."""
+        self._finish()
+        out, self._done = self._done, []
+        return out
