@@ -14,19 +14,17 @@ host; cut at ``max_bytes``): tests/broker/transactions/test_batches.py holds thi
 from __future__ import annotations
 
 import orjson
-from tidemq.protocol import REAL_QID, EventKind, EventSource, make_event
-from tidemq.protocol.records.v2 import BatchBuilder
-from tidemq.protocol.records.v2_read import BatchSummary
+from tidemq.protocol import REAL_QID, EventKind, EventSource
 
 from tidemq_server.broker.ingest.halves import BatchHalf
 from tidemq_server.broker.store.records import v1
 from tidemq_server.broker.store.records.v2_copy import CopyBatch
-from tidemq_server.broker.store.records.v2_own import Batch, head_of
+from tidemq_server.broker.store.records.v2_own import Batch
 from tidemq_server.broker.store.types import MessageRecord, SysFlag, tag_code
 from tidemq_server.broker.transactions.model import EVENTS_TOPIC, HALF_ONLY_NAMES, TxInfo
 
 _COMMIT = int(SysFlag.COMMIT)
-_EVENT_CODES = {kind: tag_code(kind.value) for kind in EventKind}
+_EVENT_TAGS = {kind: (kind.value.encode(), tag_code(kind.value)) for kind in EventKind}
 #: The born host of an event: a ``MessageRecord``'s default, which ``event_record`` leaves.
 _EVENT_HOST = v1.encode_host(MessageRecord(EVENTS_TOPIC, 0, b"").born_host)
 _RECORD_ROOM = 512  # what ``encode_records`` allows a record beyond its body when cutting
@@ -76,43 +74,32 @@ class EventBatches:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.kinds: dict[str, int] = {}
-        self._builder: BatchBuilder | None = None
-        self._summary = BatchSummary(head_of(b"", 0, 0, 0, ""))
+        self._open: CopyBatch | None = None
         self._done: list[Batch] = []
 
     def __len__(self) -> int:
         return sum(self.kinds.values())
 
     def add(self, kind: EventKind, source: EventSource, info: TxInfo, ts_ms: int) -> None:
-        body = orjson.dumps(make_event(
-            kind, source=source, producer_group=info.group, topic=info.topic,
-            transaction_id=info.txid, message_id=info.message_id,
-            check_times=info.check_times, born_ms=info.born_ms, ts_ms=ts_ms))
-        b = self._builder
-        if b is not None and b.nbytes + len(body) + _RECORD_ROOM > self.max_bytes:
-            self._finish()
-            b = None
-        if b is None:
-            b = self._builder = BatchBuilder(EVENTS_TOPIC, 0, 0)
-        s, code = self._summary, _EVENT_CODES[kind]
-        s.positions.append(b.nbytes)
-        s.sizes.append(b.add(body, "", tag=kind.value, born_timestamp=ts_ms, code=code))
-        s.tag_codes.append(code)
-        s.message_ids.append("")
-        s.keys.append("")
+        # make_event's fields, in its order (EVENT_FIELDS), without its keyword call
+        body = orjson.dumps({
+            "event": kind.value, "source": source.value, "producer_group": info.group,
+            "topic": info.topic, "transaction_id": info.txid, "message_id": info.message_id,
+            "check_times": info.check_times, "born_ms": info.born_ms, "ts_ms": ts_ms})
+        batch = self._open
+        if batch is not None and batch.nbytes + len(body) + _RECORD_ROOM > self.max_bytes:
+            self._done.append(batch.finish())
+            batch = None
+        if batch is None:
+            batch = self._open = CopyBatch(EVENTS_TOPIC, 0, 0, _EVENT_HOST)
+        tag, code = _EVENT_TAGS[kind]
+        batch.add_plain(tag, code, body, ts_ms)
         self.kinds[kind.value] = self.kinds.get(kind.value, 0) + 1
-
-    def _finish(self) -> None:
-        b, s = self._builder, self._summary
-        if b is None:
-            return
-        raw = b.finish()
-        s.head = head_of(raw, b.count, 0, 0, EVENTS_TOPIC)
-        self._done.append(Batch(raw, s, _EVENT_HOST))
-        self._builder, self._summary = None, BatchSummary(head_of(b"", 0, 0, 0, ""))
 
     def batches(self) -> list[Batch]:
         """Every batch, finished (once)."""
-        self._finish()
+        if self._open is not None:
+            self._done.append(self._open.finish())
+            self._open = None
         out, self._done = self._done, []
         return out

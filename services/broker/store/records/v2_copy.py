@@ -95,8 +95,9 @@ if _twin is not None:  # the compiled twin (_cstore.pyx), falling back on the re
 
 
 class CopyBatch:
-    """One batch of copies for one (topic, queue, sys_flag, born host); ``add`` a record at a
-    time, then ``finish``. Used once."""
+    """One batch of records written from bytes for one (topic, queue, sys_flag, born host):
+    copies (``add``) or plain records (``add_plain``), a record at a time, then ``finish``.
+    Used once."""
 
     __slots__ = ("_buf", "_records_at", "_topic", "born_host", "queue_id", "summary",
                  "sys_flag")
@@ -129,6 +130,22 @@ class CopyBatch:
         s.tag_codes.append(code)
         s.message_ids.append(mid)
         s.keys.append(keys)
+
+    def add_plain(self, tag: bytes, code: int, body: bytes, born: int) -> None:
+        """A record of a tag (``code``: its tag code) and a body, born at ``born``, with no
+        id, keys or properties (a transaction event): what ``BatchBuilder.add`` writes for it,
+        without its per-record encoding."""
+        s, pos = self.summary, len(self._buf)
+        count = len(s.positions)
+        if count >= MAX_COUNT or pos > MAX_BATCH_POS:
+            raise UnfitBatch(f"a batch holds at most {MAX_COUNT} records and "
+                             f"{MAX_BATCH_POS} bytes before its last")
+        s.sizes.append(append_record(self._buf, count, b"", tag, b"", b"", body, 0, 0, born,
+                                     code, 0, 0, 0))
+        s.positions.append(pos)
+        s.tag_codes.append(code)
+        s.message_ids.append("")
+        s.keys.append("")
 
     def finish(self) -> Batch:
         """The batch, its header written, ready to append; UnfitBatch without records."""
