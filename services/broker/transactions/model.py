@@ -264,4 +264,7 @@ def event_record(kind: EventKind, source: EventSource, info: TxInfo, ts_ms: int
 
 
 def event_for(action: TxAction) -> EventKind:
-    return EventKind(action.value)
+    return _EVENT_OF[action]
+
+
+_EVENT_OF = {action: EventKind(action.value) for action in TxAction}  # an Enum call is slow

@@ -267,30 +267,33 @@ class TransactionService:
         for i, req in enumerate(ends):
             try:
                 info = self._find(req.txid, group)
+                action = req.action
+                final = action.final_state  # (enum properties: looked up once)
                 earlier = decided.get(req.txid)  # an end of the same id earlier in this batch
                 state = earlier.final_state if earlier is not None else info.state
-                if state.ended and req.action.final_state is not state:
+                ended = state is not TxState.HALF
+                if ended and final is not state:
                     self.conflicts.inc()
                     raise ProtocolError(ErrorCode.TRANSACTION_ALREADY_ENDED,
                                         f"transaction {req.txid} is already {state.value}; it "
-                                        f"cannot be ended with {req.action.value}")
-                if state.ended or earlier is req.action:  # a repeat: same answer, no new record
+                                        f"cannot be ended with {action.value}")
+                if ended or earlier is action:  # a repeat: same answer, no new record
                     results[i] = {"transaction_id": req.txid, "state": state.value}
                     continue
-                if req.action is TxAction.COMMIT:
+                source = req.source
+                if action is TxAction.COMMIT:
                     kept = self.cache.kept(info.txid)
                     if copies.takes(kept):
                         copies.add(kept, info)  # type: ignore[arg-type]  # takes: a BatchHalf
                     else:
                         records.append(self._commit_record(info, now,
                                                            halves.get(info.latest_offset)))
-                if req.action is not TxAction.UNKNOWN:
-                    ops.append((req.txid, req.action.value, req.source))
-                    changes.append((info, req.action.final_state))
-                events.add(event_for(req.action), req.source, info, now)
-                decided[req.txid] = req.action
-                results[i] = {"transaction_id": req.txid,
-                              "state": req.action.final_state.value}
+                if action is not TxAction.UNKNOWN:
+                    ops.append((req.txid, action.value, source))
+                    changes.append((info, final))
+                events.add(event_for(action), source, info, now)
+                decided[req.txid] = action
+                results[i] = {"transaction_id": req.txid, "state": final.value}
             except ProtocolError as exc:
                 results[i] = {"transaction_id": req.txid, **exc.to_wire()}
         if events:  # every decided end has its event
