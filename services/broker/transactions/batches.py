@@ -13,6 +13,8 @@ host; cut at ``max_bytes``): tests/broker/transactions/test_batches.py holds thi
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import orjson
 from tidemq.protocol import REAL_QID, EventKind, EventSource
 
@@ -46,7 +48,7 @@ class CommitCopies:
         return bool(self._open or self._done)
 
     @staticmethod
-    def takes(half: object) -> bool:
+    def takes(half: object) -> TypeGuard[BatchHalf]:
         """Whether ``half`` (a half cache entry) can be copied from its stored bytes."""
         return isinstance(half, BatchHalf) and half.distinct
 

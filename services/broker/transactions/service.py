@@ -284,7 +284,7 @@ class TransactionService:
                 if action is TxAction.COMMIT:
                     kept = self.cache.kept(info.txid)
                     if copies.takes(kept):
-                        copies.add(kept, info)  # type: ignore[arg-type]  # takes: a BatchHalf
+                        copies.add(kept, info)
                     else:
                         records.append(self._commit_record(info, now,
                                                            halves.get(info.latest_offset)))
