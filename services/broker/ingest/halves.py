@@ -33,7 +33,13 @@ from tidemq.protocol import (
 )
 from tidemq.protocol.message import Limits
 from tidemq.protocol.numbers import INT32_MAX
-from tidemq.protocol.records.v2 import KEY_SEPARATOR, RECORD, RECORD_FIXED, decode_properties
+from tidemq.protocol.records.v2 import (
+    KEY_SEPARATOR,
+    PROPERTY_END,
+    RECORD,
+    RECORD_FIXED,
+    decode_properties,
+)
 from tidemq.protocol.records.v2_read import BatchError, BatchSummary, split, validate
 
 from tidemq_server.broker.ingest.checks import check_limits
@@ -45,28 +51,35 @@ HALF_PROPERTIES = frozenset({TRAN_MSG, PGROUP, REAL_TOPIC, REAL_QID, TRANSACTION
                              CHECK_IMMUNITY_TIME_IN_SECONDS, SHARDING_KEY})
 _REQUIRED = (TRAN_MSG, PGROUP, REAL_TOPIC, REAL_QID, TRANSACTION_ID)
 _TXID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_END = PROPERTY_END.encode()
 
 
 class BatchHalf:
     """A half record of a producer's batch, as its checks read it: enough to answer it and, as
-    long as it is pending, to build its commit copy without decoding it again."""
+    long as it is pending, to build its commit copy without decoding it again — from its
+    stored bytes (``stored``: the record as the log holds it, ``store/records/v2_copy.py``)
+    when its property names are distinct (``distinct``; else from ``record()``)."""
 
-    __slots__ = ("at", "batch", "body", "born_timestamp", "flag", "host", "index",
-                 "message_id", "properties", "size", "txid")
+    __slots__ = ("at", "batch", "body_at", "born_timestamp", "distinct", "flag", "host",
+                 "index", "message_id", "properties", "size", "stored", "txid")
 
     def __init__(self, batch: int, index: int, at: int, message_id: str, txid: str,
-                 properties: dict[str, str], body: bytes, flag: int, born_timestamp: int
-                 ) -> None:
+                 properties: dict[str, str], stored: bytes, body_at: int, flag: int,
+                 born_timestamp: int, distinct: bool) -> None:
         self.batch, self.index, self.at = batch, index, at
         self.message_id, self.txid, self.properties = message_id, txid, properties
-        self.body, self.flag, self.born_timestamp = body, flag, born_timestamp
+        self.stored, self.body_at, self.distinct = stored, body_at, distinct
+        self.flag, self.born_timestamp = flag, born_timestamp
         self.size, self.host = 0, ""  # where it landed: set once stored
+
+    @property
+    def body(self) -> bytes:
+        return self.stored[self.body_at:]
 
     def record(self) -> MessageRecord:
         """The half copy as a store record (``properties`` carries id, tag and keys)."""
         return MessageRecord(HALF_TOPIC, 0, self.body, dict(self.properties), 0, self.flag, 0,
                              self.born_timestamp, self.host)
-
 
 
 def parse_halves(group: str, topic: str, raw: bytes, queues: int, limits: Limits
@@ -111,12 +124,13 @@ def parse_halves(group: str, topic: str, raw: bytes, queues: int, limits: Limits
 def check_half_record(raw: bytes, batch: int, i: int, p: int, group: str, topic: str,
                   queues: int, message_id: str, keys: str) -> BatchHalf:
     """The half record at ``raw[p:]`` (validated), its reserved properties checked."""
-    (_, _, _, _, flag, _, born, _, _, _, _, id_len, tag_len, keys_len, props_len,
-     body_len) = RECORD.unpack_from(raw, p)
+    (size, _, _, _, flag, _, born, _, _, _, _, id_len, tag_len, keys_len, props_len,
+     _) = RECORD.unpack_from(raw, p)
     tag_at = p + RECORD_FIXED + id_len
     at = tag_at + tag_len + keys_len
     view = memoryview(raw)
     props = decode_properties(view[at:at + props_len])  # utf-8: validated
+    distinct = raw.count(_END, at, at + props_len) == len(props)  # no name twice
     for name in _REQUIRED:
         if name not in props:
             raise BatchError(f"properties.{name}", "missing: a half record carries "
@@ -154,9 +168,8 @@ def check_half_record(raw: bytes, batch: int, i: int, p: int, group: str, topic:
         props[TAGS] = str(view[tag_at:tag_at + tag_len], "utf-8")
     if keys:
         props[KEYS] = keys
-    body_at = at + props_len
-    return BatchHalf(batch, i, p, message_id, txid, props, raw[body_at:body_at + body_len],
-                     flag, born)
+    return BatchHalf(batch, i, p, message_id, txid, props, raw[p:p + size], at + props_len - p,
+                     flag, born, distinct)
 
 
 def batch_answer(txids: list[str], halves: list[BatchHalf]) -> dict[str, Any]:

@@ -81,13 +81,17 @@ class Ingest:
         """Producer-made ``batches`` as they came, then ``records`` (encoded as batches), in
         one group commit; one ``Appended`` per batch."""
         if records:
-            extra, _ = encode_records(list(records), min(RECORDS_BATCH_BYTES,
-                                                         self.store.log.segment_bytes // 4))
+            extra, _ = encode_records(list(records), self.batch_bytes)
             batches = [*batches, *extra]
         started = time.perf_counter()
         result = await self.appender.append_batches(batches)
         self._count(result, started)
         return appended_or_raise(result)
+
+    @property
+    def batch_bytes(self) -> int:
+        """The most a batch the broker makes may hold: it always fits a segment."""
+        return min(RECORDS_BATCH_BYTES, self.store.log.segment_bytes // 4)
 
     async def settle(self, end: int) -> None:
         """Records already in the log below ``end`` (a duplicate found there, perhaps never

@@ -1,15 +1,27 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The compiled twins of the store's per-record functions: index.py's ``write_entry`` and
-``find_entries`` (the unique key of every record, each of its keys, dedup's lookups) and
-consume_queue.py's ``pack_units`` (a batch's consume-queue units), without struct calls. Same rule as ``tidemq.protocol.records._crecords``:
+``find_entries`` (the unique key of every record, each of its keys, dedup's lookups),
+consume_queue.py's ``pack_units`` (a batch's consume-queue units), without struct calls, and
+records/v2_copy.py's ``copy_record`` (a commit copy written from its half's stored bytes). Same rule as ``tidemq.protocol.records._crecords``:
 the common case here, anything else handed to the pure reference (bound by ``use_index``),
 which raises its own error. Layout: index.py (slots u32, entries hash u32, offset i64, delta
 i32, prev u32, big-endian). tests/broker/store/test_index_compiled.py compares the twins.
 """
 
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize
-from libc.stdint cimport INT64_MAX, INT64_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from libc.stdint cimport (
+    INT64_MAX,
+    INT64_MIN,
+    int32_t,
+    int64_t,
+    uint8_t,
+    uint16_t,
+    uint32_t,
+    uint64_t,
+)
+from libc.string cimport memcmp, memcpy
 
 
 cdef extern from "zlib.h":
@@ -182,3 +194,170 @@ def pack_units(base, positions, sizes, codes):
     except Exception:
         pass
     return _pack_units_py(base, positions, sizes, codes)
+
+
+# --- record copies (records/v2_copy.py): a commit copy written from its half's stored bytes ----
+
+cdef object _copy_record_py = None
+
+cdef enum:
+    RECORD_FIXED = 67  # a v2 record's fixed part (v2.py)
+    CRC_FROM = 14  # a record's CRC covers [4, 10) and [14, size)
+cdef Py_ssize_t MAX_U16 = 0xFFFF
+cdef Py_ssize_t MAX_U32 = 0xFFFFFFFF
+
+
+def use_copy(copy_record_py):
+    """Bind v2_copy.py's reference."""
+    global _copy_record_py
+    _copy_record_py = copy_record_py
+
+
+cdef inline uint16_t _u16(const uint8_t *p) noexcept nogil:
+    return <uint16_t>((p[0] << 8) | p[1])
+
+
+cdef inline void _put_u16(uint8_t *p, uint16_t v) noexcept nogil:
+    p[0] = (v >> 8) & 0xFF
+    p[1] = v & 0xFF
+
+
+cdef inline void _put_i64(uint8_t *p, int64_t v) noexcept nogil:
+    _put_u32(p, <uint32_t>((<uint64_t>v) >> 32))
+    _put_u32(p + 4, <uint32_t>(<uint64_t>v))
+
+
+cdef inline bint _dropped(const uint8_t *name, Py_ssize_t n, tuple names):
+    """Is ``name[:n]`` one of ``names`` (bytes each)?"""
+    cdef bytes other
+    for other in names:
+        if len(other) == n and memcmp(<const char *>other, name, n) == 0:
+            return True
+    return False
+
+
+def copy_record(buf, ordinal, src, drop_key, drop, prepared):
+    """``v2_copy.copy_record``, compiled; anything unusual goes to the reference."""
+    cdef const uint8_t *s
+    cdef const uint8_t *k
+    cdef const uint8_t *end
+    cdef const uint8_t *item
+    cdef const uint8_t *cut
+    cdef uint8_t *r
+    cdef uint8_t *w
+    cdef uint16_t c_ordinal
+    cdef int64_t c_prepared
+    cdef Py_ssize_t n, size, id_len, tag_len, keys_len, props_len, body_len, pos, drop_len
+    cdef Py_ssize_t new_keys, new_props, item_len, name_len
+    cdef bint first
+    cdef uint32_t code
+    cdef tuple names
+    try:
+        if not (type(buf) is bytearray and type(src) is bytes and type(drop_key) is bytes
+                and type(drop) is frozenset and type(ordinal) is int
+                and type(prepared) is int):
+            raise _Reject()
+        names = tuple(drop)
+        for other in names:
+            if type(other) is not bytes:
+                raise _Reject()
+        c_ordinal = ordinal  # OverflowError outside u16: the reference raises struct's error
+        c_prepared = prepared
+        s = <const uint8_t *>(<const char *>src)
+        n = len(src)
+        if n < RECORD_FIXED:
+            raise _Reject()
+        size = _u32(s)
+        id_len, tag_len, keys_len, props_len = _u16(s + 55), _u16(s + 57), _u16(s + 59), \
+            _u16(s + 61)
+        body_len = _u32(s + 63)
+        if size != n or RECORD_FIXED + id_len + tag_len + keys_len + props_len + body_len != n:
+            raise _Reject()
+        mid = PyUnicode_DecodeUTF8(<const char *>s + RECORD_FIXED, id_len, NULL)
+        pos = PyByteArray_GET_SIZE(buf)
+        if pos > MAX_U32:
+            raise _Reject()
+    except Exception:
+        return _copy_record_py(buf, ordinal, src, drop_key, drop, prepared)
+    # room for the longest copy: a property list not ended by \x02 gains one
+    PyByteArray_Resize(buf, pos + n + 1)
+    r = <uint8_t *>PyByteArray_AS_STRING(buf) + pos
+    w = r + RECORD_FIXED
+    memcpy(w, s + RECORD_FIXED, id_len + tag_len)  # message id and tag, as stored
+    w += id_len + tag_len
+    # keys: each but drop_key, joined by \x1f
+    k = s + RECORD_FIXED + id_len + tag_len
+    end = k + keys_len
+    drop_len = len(drop_key)
+    first = True
+    if keys_len:
+        item = k
+        while True:
+            cut = item
+            while cut < end and cut[0] != 0x1F:
+                cut += 1
+            item_len = cut - item
+            if not (item_len == drop_len
+                    and memcmp(item, <const char *>drop_key, drop_len) == 0):
+                if not first:
+                    w[0] = 0x1F
+                    w += 1
+                memcpy(w, item, item_len)
+                w += item_len
+                first = False
+            if cut >= end:
+                break
+            item = cut + 1
+    new_keys = w - (r + RECORD_FIXED + id_len + tag_len)
+    # properties: each item (name \x01 value) whose name is not dropped, ended by \x02
+    item = end
+    end = item + props_len
+    while item < end:
+        cut = item
+        while cut < end and cut[0] != 0x02:
+            cut += 1
+        item_len = cut - item
+        if item_len:
+            name_len = 0
+            while name_len < item_len and item[name_len] != 0x01:
+                name_len += 1
+            if not _dropped(item, name_len, names):
+                memcpy(w, item, item_len)
+                w[item_len] = 0x02
+                w += item_len + 1
+        item = cut + 1
+    new_props = w - (r + RECORD_FIXED + id_len + tag_len + new_keys)
+    memcpy(w, end, body_len)
+    w += body_len
+    size = w - r
+    try:
+        if new_props > MAX_U16:
+            raise _Reject()
+        keys = PyUnicode_DecodeUTF8(<const char *>r + RECORD_FIXED + id_len + tag_len,
+                                    new_keys, NULL)
+    except Exception:
+        PyByteArray_Resize(buf, pos)
+        return _copy_record_py(buf, ordinal, src, drop_key, drop, prepared)
+    PyByteArray_Resize(buf, pos + size)
+    r = <uint8_t *>PyByteArray_AS_STRING(buf) + pos
+    code = 0
+    if tag_len:
+        code = <uint32_t>crc32(0, s + RECORD_FIXED + id_len, <unsigned int>tag_len)
+    _put_u32(r, <uint32_t>size)
+    _put_u32(r + 4, <uint32_t>pos)
+    _put_u16(r + 8, c_ordinal)
+    _put_u32(r + 14, 0)  # flag
+    _put_u32(r + 18, 0)  # reconsume_times
+    memcpy(r + 22, s + 22, 8)  # born_timestamp
+    _put_i64(r + 30, <int64_t>code + 1 if tag_len else 0)
+    _put_i64(r + 38, c_prepared)
+    _put_i64(r + 46, 0)  # delay_value
+    r[54] = 0  # delay_kind
+    _put_u16(r + 55, <uint16_t>id_len)
+    _put_u16(r + 57, <uint16_t>tag_len)
+    _put_u16(r + 59, <uint16_t>new_keys)
+    _put_u16(r + 61, <uint16_t>new_props)
+    _put_u32(r + 63, <uint32_t>body_len)
+    _put_u32(r + 10, <uint32_t>crc32(crc32(0, r + 4, 6), r + CRC_FROM,
+                                     <unsigned int>(size - CRC_FROM)))
+    return size, (<int64_t>code + 1 if tag_len else 0), mid, keys

@@ -24,6 +24,7 @@ from tidemq_server.broker.ingest.writes import Ingest
 from tidemq_server.broker.store.index import topic_key
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.store.types import MessageRecord
+from tidemq_server.broker.transactions.batches import EventBatches
 from tidemq_server.broker.transactions.model import (
     HALF_TOPIC,
     TxInfo,
@@ -36,7 +37,8 @@ from tidemq_server.broker.transactions.table import HalfCache, HalfDedup, TxTabl
 
 class HalfWriter:
     def __init__(self, store: MessageStore, ingest: Ingest, table: TxTable, cache: HalfCache,
-                 dedup: HalfDedup, count: Callable[[list[MessageRecord]], None]) -> None:
+                 dedup: HalfDedup,
+                 count: Callable[[list[MessageRecord] | EventBatches], None]) -> None:
         self.store = store
         self.ingest = ingest
         self.table = table
@@ -126,19 +128,23 @@ class HalfWriter:
         infos = [TxInfo(txid=h.txid, message_id=h.message_id, group=group, topic=topic,
                         first_offset=-1, latest_offset=-1, latest_size=0, check_times=0,
                         born_ms=now) for h in fresh]
-        events = [event_record(EventKind.HALF, EventSource.PRODUCER, i, now) for i in infos]
+        events = EventBatches(self.ingest.batch_bytes)  # counted; written as these batches in
+        for info in infos:  # the common case
+            events.add(EventKind.HALF, EventSource.PRODUCER, info, now)
         try:
             if not known:  # the batches as they came and the events, in one group commit
                 appended = await self.ingest.write_batches(
-                    self.ingest.batches_of(raw, summaries, host), events)
+                    [*self.ingest.batches_of(raw, summaries, host), *events.batches()])
                 places = [(a.physical_offset + pos, size, a.store_timestamp)
                           for a, s in zip(appended, summaries, strict=False)
                           for pos, size in zip(s.positions, s.sizes, strict=True)]
             elif fresh:  # the rare path (some halves were retries): the fresh ones re-encoded
                 for h in fresh:
                     h.host = host
-                records = [h.record() for h in fresh]
-                written = await self.ingest.write([*records, *events])
+                records = [h.record() for h in fresh]  # and their events as records (the
+                written = await self.ingest.write([  # writer answers each record's place)
+                    *records, *(event_record(EventKind.HALF, EventSource.PRODUCER, i, now)
+                                for i in infos)])
                 places = [(a.physical_offset, a.size, a.store_timestamp)
                           for a in written[:len(records)]]
             else:

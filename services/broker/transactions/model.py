@@ -11,13 +11,17 @@ together:
   ``TRANSACTION_CHECK_TIMES``. The checker re-puts a copy per check: the newest is the live one.
 - **commit copy**: the message in its real topic and queue, sys_flag COMMIT, ``TRANSACTION_ID``
   kept (hidden from clients), ``prepared_tx_offset`` = the first half copy's physical offset.
+  A half this run stored from a producer's batch has its copy written from the half's stored
+  bytes (``batches.CommitCopies``); any other half (a JSON/msgpack one, one read back from the
+  log) through ``commit_copy``: the same record either way.
 - **op record**: topic ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` queue 0; the body a msgpack list of
   ``[txid, action, source]``. Many ends share one op record (RocketMQ 5's batched op messages),
   so the checker reads few op records per scan. ``KEYS`` = the ids of the rolled-back and
   discarded ones (``find_by_key(OP, txid)``); a commit is found by its commit copy instead.
 - **discard copy**: the message in ``TRANS_CHECK_MAX_TIME_TOPIC`` (never delivered).
 - **event**: one record per state change in ``TIDE_SYS_TRANS_EVENTS`` with the fixed JSON body
-  of docs/api.md#system-topics.
+  of docs/api.md#system-topics (``event_record``; the hot writes, halves of a producer's batch
+  and ends, make the same records as a batch at once: ``batches.EventBatches``).
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ EVENTS_TOPIC = SystemTopic.TRANS_EVENTS.value
 HALF_ONLY = frozenset({REAL_TOPIC, REAL_QID, TRANSACTION_CHECK_TIMES,
                        CHECK_IMMUNITY_TIME_IN_SECONDS, BORN_MS, DELAY, DELAY_MS, TIMER_DELIVER_MS})
 
+#: ``HALF_ONLY`` as the property names of stored bytes (what ``CommitCopies`` drops).
+HALF_ONLY_NAMES = frozenset(name.encode() for name in HALF_ONLY)
 MAX_OP_ENTRIES = 512  # ended transactions per op record (KEYS must stay under 64 KiB)
 _TYPE_MASK = int(SysFlag.TYPE_MASK)
 _COMMIT = int(SysFlag.COMMIT)
@@ -258,4 +264,7 @@ def event_record(kind: EventKind, source: EventSource, info: TxInfo, ts_ms: int
 
 
 def event_for(action: TxAction) -> EventKind:
-    return EventKind(action.value)
+    return _EVENT_OF[action]
+
+
+_EVENT_OF = {action: EventKind(action.value) for action in TxAction}  # an Enum call is slow

@@ -45,8 +45,10 @@ from tidemq_server.broker.messaging.convert import new_message_id, to_wire
 from tidemq_server.broker.messaging.send import SendService
 from tidemq_server.broker.messaging.topics import TopicManager
 from tidemq_server.broker.observability import BrokerMetrics
+from tidemq_server.broker.store.records.v2_own import Batch
 from tidemq_server.broker.store.store import MessageStore
 from tidemq_server.broker.store.types import Appended, MessageRecord, StoredRecord, tag_code
+from tidemq_server.broker.transactions.batches import CommitCopies, EventBatches
 from tidemq_server.broker.transactions.check_channel import CheckChannel
 from tidemq_server.broker.transactions.halves import HalfWriter
 from tidemq_server.broker.transactions.model import (
@@ -60,7 +62,6 @@ from tidemq_server.broker.transactions.model import (
     TxState,
     commit_copy,
     event_for,
-    event_record,
     op_records,
     user_keys,
 )
@@ -143,13 +144,18 @@ class TransactionService:
         self.dedup = HalfDedup(self.store, self.dedup_window_ms, self.dedup_max_entries, now)
         self.halves.use(self.table, self.dedup)
 
-    async def write(self, records: list[MessageRecord]) -> list[Appended]:
-        """One store write; ProtocolError (BROKER_BUSY, DISK_FULL, ...) when it fails."""
+    async def write(self, records: list[MessageRecord], batches: list[Batch] | None = None
+                    ) -> list[Appended]:
+        """One store write (``batches`` made already, then ``records``); ProtocolError
+        (BROKER_BUSY, DISK_FULL, ...) when it fails."""
+        if batches:
+            return await self.ingest.write_batches(batches, records)
         return await self.ingest.write(records)
 
-    def count(self, records: list[MessageRecord]) -> None:
-        kinds = collections.Counter(r.properties.get(TAGS, "") for r in records
-                                    if r.topic == EVENTS_TOPIC)
+    def count(self, records: list[MessageRecord] | EventBatches) -> None:
+        """Count the events among ``records`` (or those of ``EventBatches``) by kind."""
+        kinds = records.kinds if isinstance(records, EventBatches) else collections.Counter(
+            r.properties.get(TAGS, "") for r in records if r.topic == EVENTS_TOPIC)
         for kind, n in kinds.items():
             self.events.labels(kind).inc(n)
 
@@ -255,43 +261,52 @@ class TransactionService:
         records: list[MessageRecord] = []
         ops: list[OpEntry] = []
         changes: list[tuple[TxInfo, TxState]] = []
+        copies = CommitCopies(self.ingest.batch_bytes)  # commits from their stored halves
+        events = EventBatches(self.ingest.batch_bytes)
         halves = self._prefetch(ends)
         for i, req in enumerate(ends):
             try:
                 info = self._find(req.txid, group)
+                action = req.action
+                final = action.final_state  # (enum properties: looked up once)
                 earlier = decided.get(req.txid)  # an end of the same id earlier in this batch
                 state = earlier.final_state if earlier is not None else info.state
-                if state.ended and req.action.final_state is not state:
+                ended = state is not TxState.HALF
+                if ended and final is not state:
                     self.conflicts.inc()
                     raise ProtocolError(ErrorCode.TRANSACTION_ALREADY_ENDED,
                                         f"transaction {req.txid} is already {state.value}; it "
-                                        f"cannot be ended with {req.action.value}")
-                if state.ended or earlier is req.action:  # a repeat: same answer, no new record
+                                        f"cannot be ended with {action.value}")
+                if ended or earlier is action:  # a repeat: same answer, no new record
                     results[i] = {"transaction_id": req.txid, "state": state.value}
                     continue
-                if req.action is TxAction.COMMIT:
-                    records.append(self._commit_record(info, now,
-                                                       halves.get(info.latest_offset)))
-                if req.action is not TxAction.UNKNOWN:
-                    ops.append((req.txid, req.action.value, req.source))
-                    changes.append((info, req.action.final_state))
-                records.append(event_record(event_for(req.action), req.source, info, now))
-                decided[req.txid] = req.action
-                results[i] = {"transaction_id": req.txid,
-                              "state": req.action.final_state.value}
+                source = req.source
+                if action is TxAction.COMMIT:
+                    kept = self.cache.kept(info.txid)
+                    if copies.takes(kept):
+                        copies.add(kept, info)
+                    else:
+                        records.append(self._commit_record(info, now,
+                                                           halves.get(info.latest_offset)))
+                if action is not TxAction.UNKNOWN:
+                    ops.append((req.txid, action.value, source))
+                    changes.append((info, final))
+                events.add(event_for(action), source, info, now)
+                decided[req.txid] = action
+                results[i] = {"transaction_id": req.txid, "state": final.value}
             except ProtocolError as exc:
                 results[i] = {"transaction_id": req.txid, **exc.to_wire()}
-        if records:
+        if events:  # every decided end has its event
             records.extend(op_records(ops, now))
             try:
-                await self.write(records)
+                await self.write(records, [*copies.batches(), *events.batches()])
             except BaseException:
                 for info, _ in changes:
                     self.forget(info.txid)  # outcome unknown: reload from the store
                 raise
             for info, state in changes:
                 self.ended(info, state)
-            self.count(records)
+            self.count(events)
         return results
 
     def ended(self, info: TxInfo, state: TxState) -> None:

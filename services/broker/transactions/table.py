@@ -169,6 +169,10 @@ class HalfCache:
             return record
         return record.record()
 
+    def kept(self, txid: str) -> MessageRecord | LazyHalf | None:
+        """The entry as kept (a ``LazyHalf`` not decoded)."""
+        return self._records.get(txid)
+
     def __contains__(self, txid: str) -> bool:
         return txid in self._records
 

@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tidemq.protocol.records.v2 import BatchBuilder
+from tidemq.protocol.records.v2_read import validate
 
 from tidemq_server.broker.store import consume_queue, index
 from tidemq_server.broker.store.index import ENTRY_SIZE, HEADER_SIZE, IndexFile, unique_key
+from tidemq_server.broker.store.records import v2_copy
 
 compiled = pytest.mark.skipif(index.write_entry is index.write_entry_py,
                               reason="the compiled index twin is not built or is disabled")
@@ -107,3 +110,69 @@ def test_consume_queue_units_pack_alike(base: int, units: list[tuple[int, int, i
         half: Any = 0.5
         assert result(consume_queue.pack_units, half, positions, sizes, codes) == result(
             consume_queue.pack_units_py, half, positions, sizes, codes)
+
+
+words = st.text(st.characters(exclude_categories=["Cs"]), max_size=6)
+
+
+@st.composite
+def stored_records(draw: st.DrawFn) -> bytes:
+    """A record as the log stores it, perhaps damaged (a byte changed, cut or grown)."""
+    builder = BatchBuilder("T", 0)
+    props = draw(st.dictionaries(words.filter(lambda w: "\x01" not in w and "\x02" not in w),
+                                 words.filter(lambda w: "\x02" not in w), max_size=4))
+    builder.add(draw(st.binary(max_size=40)), draw(words), tag=draw(st.none() | words),
+                keys=draw(st.lists(words.filter(lambda w: w and "\x1f" not in w),
+                                   max_size=3)),
+                properties=props, born_timestamp=draw(i64.filter(lambda v: -(2**63) <= v
+                                                                  < 2**63)))
+    raw = builder.finish()
+    s = validate(raw, 0, strict=False)
+    rec = bytearray(raw[s.positions[0]:s.positions[0] + s.sizes[0]])
+    damage = draw(st.sampled_from(["", "", "byte", "cut", "grow", "props"]))
+    if damage == "byte" and rec:
+        rec[draw(st.integers(0, len(rec) - 1))] = draw(st.integers(0, 255))
+    elif damage == "cut":
+        del rec[draw(st.integers(0, len(rec))):]
+    elif damage == "grow":
+        rec += draw(st.binary(min_size=1, max_size=3))
+    elif damage == "props":  # a property list not ended by \x02, or invalid utf-8 in it
+        rec[-1:] = b"\xff"
+    return bytes(rec)
+
+
+@pytest.mark.skipif(v2_copy.copy_record is v2_copy.copy_record_py,
+                    reason="the compiled store twin is not built or is disabled")
+@FUZZ
+@given(src=stored_records(), drop_key=st.binary(max_size=3) | words.map(str.encode),
+       drop=st.frozensets(st.sampled_from([b"", b"a", b"\xc3\xa9", b"TRAN_MSG"])
+                          | words.map(str.encode), max_size=4),
+       ordinal=st.integers(-1, 2**16) | st.integers(0, 5),
+       prepared=i64, lead=st.binary(max_size=5))
+def test_record_copies_are_written_alike(src: bytes, drop_key: bytes, drop: frozenset[bytes],
+                                         ordinal: int, prepared: int, lead: bytes) -> None:
+    ref, got = bytearray(lead), bytearray(lead)
+    assert result(v2_copy.copy_record, got, ordinal, src, drop_key, drop, prepared) == \
+        result(v2_copy.copy_record_py, ref, ordinal, src, drop_key, drop, prepared)
+    assert got == ref
+
+
+@pytest.mark.skipif(v2_copy.copy_record is v2_copy.copy_record_py,
+                    reason="the compiled store twin is not built or is disabled")
+def test_a_record_copy_with_odd_arguments_goes_to_the_reference() -> None:
+    builder = BatchBuilder("T", 0)
+    builder.add(b"body", "id", keys=["k", "tx"], properties={"a": "1", "b": "2"})
+    raw = builder.finish()
+    src = raw[validate(raw, 0).positions[0]:]
+    calls: list[tuple[Any, ...]] = [  # not bytes, not a frozenset of bytes, not an int
+        (bytearray(), 0, src, b"tx", frozenset({b"a"}), 5),
+        (bytearray(), 0, bytearray(src), b"tx", frozenset({b"a"}), 5),
+        (bytearray(), 0, src, "tx", frozenset({b"a"}), 5),
+        (bytearray(), 0, src, b"tx", {b"a"}, 5),
+        (bytearray(), 0, src, b"tx", frozenset({"a", b"b"}), 5),
+        (bytearray(), 0.0, src, b"tx", frozenset(), 5),
+        (b"", 0, src, b"tx", frozenset(), 5)]
+    for args in calls:
+        ref = [bytearray(args[0]) if isinstance(args[0], bytearray) else args[0], *args[1:]]
+        assert result(v2_copy.copy_record, *args) == result(v2_copy.copy_record_py, *ref)
+        assert args[0] == ref[0]

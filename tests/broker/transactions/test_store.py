@@ -219,3 +219,45 @@ async def test_a_half_from_a_producer_batch_is_rebuilt_from_the_log(store_dir: P
         assert (committed.queue_id, committed.properties["KEYS"]) == (1, "user-key")
     finally:
         await store.close()
+
+
+async def test_a_commit_copy_from_the_stored_half_is_found_after_a_restart(
+        store_dir: Path) -> None:
+    """A commit copy written from its half's stored bytes (``CommitCopies``), its op record
+    torn off: a restarted broker counts the transaction committed (the copy is indexed by its
+    message id) and reads the copy the decode-and-encode path would have written."""
+    from tidemq._batch import encode_halves
+    from tidemq.protocol import OutgoingMessage
+    from tidemq.protocol.message import DEFAULT_LIMITS
+
+    from tidemq_server.broker.ingest.halves import parse_halves
+    from tidemq_server.broker.store.records.v2_own import Batch
+    from tidemq_server.broker.store.types import SysFlag
+    from tidemq_server.broker.transactions.batches import CommitCopies
+
+    store = await MessageStore.open(StoreConfig(root=store_dir))
+    try:
+        msg = OutgoingMessage(body=b"body", message_id="mC", queue_id=2, keys=["user-key"],
+                              tag="TagA", properties={"color": "red"})
+        raw = encode_halves("g", "Orders", 3, [msg], ["txC"], 7)
+        summaries, [half] = parse_halves("g", "Orders", raw, 4, DEFAULT_LIMITS)
+        await store.writer.append_batches([Batch(raw, summaries[0])])
+        half.host = "10.1.2.3:4567"
+        info = TxTable(store, 10).ensure("txC")
+        assert info is not None and info.state is TxState.HALF
+        copies = CommitCopies(1 << 20)
+        copies.add(half, info)
+        await store.writer.append_batches(copies.batches())
+
+        fresh = TxTable(store, 10)  # a restarted broker: nothing in memory
+        assert fresh.ensure("txC").state is TxState.COMMITTED  # type: ignore[union-attr]
+        [got] = [r for r in store.find_by_unique_key("mC") if r.topic == "Orders"]
+        want = commit_copy(half.record(), info, 0)
+        assert (got.queue_id, got.sys_flag & int(SysFlag.TYPE_MASK), got.prepared_tx_offset,
+                got.body, got.born_timestamp, got.born_host, got.tag, got.keys) == \
+            (2, int(SysFlag.COMMIT), info.first_offset, b"body", half.born_timestamp,
+             "10.1.2.3:4567", "TagA", ["user-key"])
+        assert got.properties == want.properties
+        assert "REAL_TOPIC" not in got.properties and got.properties["color"] == "red"
+    finally:
+        await store.close()

@@ -2,7 +2,8 @@
 when a C compiler is there) or the pure-Python modules (the reference, always present).
 
 The broker's store has twins of its own (``tidemq_server.broker.store._cstore``: index entries,
-consume-queue units), loaded by ``load_twin`` under the same switch.
+consume-queue units, commit copies written from stored halves), loaded by ``load_twin`` under
+the same switch.
 
 ``TIDEMQ_PURE_PYTHON=1`` (any value but "" and "0") keeps the pure modules even when the
 extension is built: the suite runs once that way too (``make test-pure``). ``COMPILED`` says
