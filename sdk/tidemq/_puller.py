@@ -353,16 +353,29 @@ class QueuePuller:
             self._permits.release()
 
     async def _reset_offset(self) -> None:
+        """The broker said our offset is past the queue's end: a broker that lost its tail, or
+        one behind (a replica copying, a member that cut damaged records to copy them again).
+        Continue at the nearest offset the queue holds now, never past ours: back to its end
+        when it is still short of ours (what follows is read, perhaps again), ours when it has
+        caught up meanwhile (its end fetched a moment later may be far past ours: jumping there
+        skipped what lay between)."""
+        offset = self.tracker.next_offset
         try:
             offsets = await self._api.topic_offsets(self.queue.address, self.queue.topic)
-            new = offsets[self.queue.queue_id].max_offset
+            found = offsets[self.queue.queue_id]
         except (TidemqError, KeyError) as exc:
             log.warning("%s: offset %d out of range and the queue's offsets are unknown: %s",
-                        self.queue, self.tracker.next_offset, exc)
+                        self.queue, offset, exc)
             await asyncio.sleep(1.0)
             return
-        log.warning("%s: offset %d out of range; continuing at %d", self.queue,
-                    self.tracker.next_offset, new)
+        new = max(found.min_offset, min(offset, found.max_offset))
+        if new == offset:
+            log.info("%s: offset %d was past the queue's end, which has reached it since",
+                     self.queue, offset)
+            await asyncio.sleep(_PULL_BACKOFF.backoff_s(1))  # no tight loop if it says so again
+            return
+        log.warning("%s: offset %d out of range (queue [%d, %d]); continuing at %d",
+                    self.queue, offset, found.min_offset, found.max_offset, new)
         self.tracker.reset(new)
 
 

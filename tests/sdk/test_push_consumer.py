@@ -333,3 +333,36 @@ async def test_configuration_errors(cluster: FakeCluster) -> None:
         _consumer(cluster, handler, mode="fanout")
     with pytest.raises(ConfigurationError):
         await _consumer(cluster, handler).start()  # nothing subscribed
+
+
+async def test_a_queue_behind_the_consumer_is_waited_for_not_skipped(
+        cluster: FakeCluster) -> None:
+    """A broker answers the consumer's offset out of range because it is behind (a replica
+    that cut its log to copy damaged records again), then catches up before the consumer asks
+    where the queue ends: the consumer keeps its offset and reads what the queue holds there,
+    instead of jumping to the new end (the faults suite's push group skipped 154 that way)."""
+    _fill(cluster, 5)
+    received: list[ReceivedMessage] = []
+
+    async def handler(message: ReceivedMessage) -> ConsumeResult:
+        received.append(message)
+        return ConsumeResult.SUCCESS
+
+    broker = cluster.broker
+    plain_topic = broker._topic
+
+    def caught_up_by_now(topic: str) -> Any:  # the copy goes on while the consumer asks
+        queue = broker.queues["orders"][0]
+        while len(queue) < 9:
+            broker.put("orders", 0, f"0-{len(queue)}".encode(), tag="a")
+        return plain_topic(topic)
+
+    consumer = _consumer(cluster, handler)
+    consumer.subscribe("orders", "*")
+    async with consumer:
+        await wait_until_async(lambda: len(received) == 20)
+        del broker.queues["orders"][0][2:]  # behind the consumer's offset 5 on queue 0
+        broker._topic = caught_up_by_now  # type: ignore[method-assign]
+        await wait_until_async(lambda: len(received) >= 24)
+    again = sorted(m.queue_offset for m in received[20:] if m.queue_id == 0)
+    assert again == [5, 6, 7, 8]  # nothing between the consumer's offset and the end skipped
