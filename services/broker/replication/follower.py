@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 from tidemq.protocol import CONTENT_MSGPACK, decode_payload
 
+from tidemq_server.broker.replication.chunkwire import FETCH_ACCEPT, is_chunk, parse_chunk
 from tidemq_server.broker.replication.epochs import divergence_point, parse_entries
 from tidemq_server.broker.replication.role import BrokerRole
 from tidemq_server.broker.store.replicated import ChunkError
@@ -148,10 +149,14 @@ class Follower:
             "broker_id": cfg.broker_id, "address": cfg.self_address, "from": start,
             "flushed": min(store.log.synced_offset, start), "epoch": self.role.epoch,
             "wait_ms": cfg.wait_ms, "max_bytes": cfg.max_bytes, "hwm": self.known_hwm}
-        resp = await self._client.get(primary + FETCH_PATH, params=params)
+        resp = await self._client.get(primary + FETCH_PATH, params=params,
+                                      headers={"accept": FETCH_ACCEPT})
         if resp.status_code != 200:
             return self._refused(primary, resp)
-        h = decode_payload(resp.content, resp.headers.get("content-type"))
+        ctype = resp.headers.get("content-type")
+        # the raw chunk with its fields in headers; msgpack from a primary older than that
+        h = (parse_chunk(resp.headers, resp.content) if is_chunk(ctype)
+             else decode_payload(resp.content, ctype))
         epoch = int(h["epoch"])
         if epoch < self.role.epoch:
             raise ValueError(f"answer of epoch {epoch} refused: this replica knows epoch "
