@@ -19,6 +19,7 @@ from tidemq.protocol import CONTENT_MSGPACK, decode_payload
 
 from tidemq_server.broker.replication.chunkwire import FETCH_ACCEPT, is_chunk, parse_chunk
 from tidemq_server.broker.replication.epochs import divergence_point, parse_entries
+from tidemq_server.broker.replication.fetchclient import FetchAnswer, LeanClient
 from tidemq_server.broker.replication.role import BrokerRole
 from tidemq_server.broker.store.replicated import ChunkError
 from tidemq_server.broker.store.store import MessageStore
@@ -42,6 +43,7 @@ class FollowerConfig:
     max_bytes: int
     retry_s: float
     durable: bool  # flush=sync: fsync before acknowledging
+    lean_client: bool = True  # fetch through fetchclient.LeanClient, not httpx
 
 
 class Follower:
@@ -59,9 +61,12 @@ class Follower:
         if config.token:
             headers[TOKEN_HEADER] = config.token
         # signed as this broker's account when ACL is on; verifies a TLS primary with the CA
-        self._client = httpx.AsyncClient(headers=headers,
-                                         timeout=httpx.Timeout(5.0 + config.wait_ms / 1000),
-                                         verify=client_context(), auth=service_auth())
+        timeout_s = 5.0 + config.wait_ms / 1000
+        self._client: LeanClient | httpx.AsyncClient = (
+            LeanClient(headers, timeout_s, client_context(), service_auth())
+            if config.lean_client else
+            httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s),
+                              verify=client_context(), auth=service_auth()))
         self.primary: str | None = None
         self._task: asyncio.Task[None] | None = None
         self.out_of_range: str | None = None  # why this copy cannot catch up (None: it can)
@@ -194,7 +199,7 @@ class Follower:
             self.meta_version = version
         return True
 
-    def _refused(self, primary: str, resp: httpx.Response) -> bool:
+    def _refused(self, primary: str, resp: httpx.Response | FetchAnswer) -> bool:
         reason = resp.headers.get(H_REASON, "")
         text = resp.text[:300]
         if reason == "diverged":
