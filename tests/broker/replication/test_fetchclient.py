@@ -5,21 +5,25 @@ closed, and a primary that never answers."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
 from tidemq_server.broker.replication.fetchclient import LeanClient
+from tidemq_server.cli.certs import ensure_dev_pki
 from tidemq_server.common.auth.client import SigningAuth
-from tidemq_server.common.tls import client_context
+from tidemq_server.common.tls import ServerTls, client_context
 
 #: (request line and headers as received) → the raw answer, or None: close without answering
 Script = Callable[[bytes], bytes | None]
 
 
 @asynccontextmanager
-async def server(script: Script) -> AsyncIterator[tuple[str, list[bytes], list[int]]]:
+async def server(script: Script, tls: ssl.SSLContext | None = None
+                 ) -> AsyncIterator[tuple[str, list[bytes], list[int]]]:
     """A loopback server; yields its URL, the requests it got, and its connections count."""
     requests: list[bytes] = []
     connections = [0]
@@ -40,10 +44,10 @@ async def server(script: Script) -> AsyncIterator[tuple[str, list[bytes], list[i
         finally:
             writer.close()
 
-    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
     port = srv.sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}", requests, connections
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}", requests, connections
     finally:
         srv.close()
 
@@ -119,3 +123,23 @@ async def test_a_silent_primary_times_out_and_the_connection_is_dropped() -> Non
         finally:
             await client.aclose()
     assert connections == [2]  # the timed-out connection was not used again
+
+
+async def test_tls_with_the_ca_verified_and_refused_without_it(tmp_path: Path) -> None:
+    pki = ensure_dev_pki(tmp_path / "pki")
+    serving = ServerTls.load(pki.cert, pki.key).server_context()
+    async with server(lambda head: ok(b"secret"), serving) as (url, _, connections):
+        trusting = LeanClient({}, 2.0, ssl.create_default_context(cafile=str(pki.ca)), None)
+        try:
+            for _ in range(2):
+                assert (await trusting.get(url + "/f")).content == b"secret"
+        finally:
+            await trusting.aclose()
+        stranger = LeanClient({}, 2.0, ssl.create_default_context(), None)
+        try:
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await stranger.get(url + "/f")
+        finally:
+            await stranger.aclose()
+    assert connections == [1]  # both requests on one TLS connection; the refused handshake
+    # never reached the server's handler
