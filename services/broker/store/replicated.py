@@ -74,7 +74,8 @@ def read_chunk(store: MessageStore, offset: int, max_bytes: int) -> bytes:
                 return clog.read_bytes(offset, size)
             break
         p += size
-    return bytes(view[:p])
+    view.release()
+    return buf if p == len(buf) else buf[:p]  # whole records only: usually all that was read
 
 
 def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
