@@ -169,6 +169,9 @@ class BrokerSettings(ServiceSettings):
     replica_fetch_wait_ms: int = Field(default=500, ge=0, le=LONG_POLL_MAX_MS)
     replica_fetch_max_bytes: int = Field(default=4 * MiB, ge=64 * 1024)  # one fetch answer (B)
     replica_retry_ms: int = Field(default=200, gt=0)  # a failed fetch is retried after (ms)
+    # a replica's fetch client: "lean" (replication/fetchclient.py: asyncio streams, less CPU
+    # per fetch) or "httpx"
+    replica_fetch_client: Literal["lean", "httpx"] = "lean"
     # a sync send waits this long for min_insync copies before NOT_ENOUGH_REPLICAS (ms)
     sync_ack_timeout_ms: int = Field(default=5000, gt=0)
 

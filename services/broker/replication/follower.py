@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import httpx
 from tidemq.protocol import CONTENT_MSGPACK, decode_payload
 
+from tidemq_server.broker.replication.chunkwire import FETCH_ACCEPT, is_chunk, parse_chunk
 from tidemq_server.broker.replication.epochs import divergence_point, parse_entries
+from tidemq_server.broker.replication.fetchclient import FetchAnswer, LeanClient
 from tidemq_server.broker.replication.role import BrokerRole
 from tidemq_server.broker.store.replicated import ChunkError
 from tidemq_server.broker.store.store import MessageStore
@@ -41,6 +43,7 @@ class FollowerConfig:
     max_bytes: int
     retry_s: float
     durable: bool  # flush=sync: fsync before acknowledging
+    lean_client: bool = True  # fetch through fetchclient.LeanClient, not httpx
 
 
 class Follower:
@@ -58,9 +61,12 @@ class Follower:
         if config.token:
             headers[TOKEN_HEADER] = config.token
         # signed as this broker's account when ACL is on; verifies a TLS primary with the CA
-        self._client = httpx.AsyncClient(headers=headers,
-                                         timeout=httpx.Timeout(5.0 + config.wait_ms / 1000),
-                                         verify=client_context(), auth=service_auth())
+        timeout_s = 5.0 + config.wait_ms / 1000
+        self._client: LeanClient | httpx.AsyncClient = (
+            LeanClient(headers, timeout_s, client_context(), service_auth())
+            if config.lean_client else
+            httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s),
+                              verify=client_context(), auth=service_auth()))
         self.primary: str | None = None
         self._task: asyncio.Task[None] | None = None
         self.out_of_range: str | None = None  # why this copy cannot catch up (None: it can)
@@ -148,10 +154,14 @@ class Follower:
             "broker_id": cfg.broker_id, "address": cfg.self_address, "from": start,
             "flushed": min(store.log.synced_offset, start), "epoch": self.role.epoch,
             "wait_ms": cfg.wait_ms, "max_bytes": cfg.max_bytes, "hwm": self.known_hwm}
-        resp = await self._client.get(primary + FETCH_PATH, params=params)
+        resp = await self._client.get(primary + FETCH_PATH, params=params,
+                                      headers={"accept": FETCH_ACCEPT})
         if resp.status_code != 200:
             return self._refused(primary, resp)
-        h = decode_payload(resp.content, resp.headers.get("content-type"))
+        ctype = resp.headers.get("content-type")
+        # the raw chunk with its fields in headers; msgpack from a primary older than that
+        h = (parse_chunk(resp.headers, resp.content) if is_chunk(ctype)
+             else decode_payload(resp.content, ctype))
         epoch = int(h["epoch"])
         if epoch < self.role.epoch:
             raise ValueError(f"answer of epoch {epoch} refused: this replica knows epoch "
@@ -189,7 +199,7 @@ class Follower:
             self.meta_version = version
         return True
 
-    def _refused(self, primary: str, resp: httpx.Response) -> bool:
+    def _refused(self, primary: str, resp: httpx.Response | FetchAnswer) -> bool:
         reason = resp.headers.get(H_REASON, "")
         text = resp.text[:300]
         if reason == "diverged":

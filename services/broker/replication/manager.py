@@ -67,7 +67,8 @@ class ReplicationManager:
             store, role,
             FollowerConfig(s.broker_id, s.internal_url, s.token, s.replica_fetch_wait_ms,
                            s.replica_fetch_max_bytes, s.replica_retry_ms / 1000,
-                           durable=s.flush == FlushMode.SYNC),
+                           durable=s.flush == FlushMode.SYNC,
+                           lean_client=s.replica_fetch_client == "lean"),
             on_hwm=self.visibility.advance, on_meta=self._sync_metadata,
             on_truncate=self._truncated)
         headers = {TOKEN_HEADER: s.token} if s.token else {}

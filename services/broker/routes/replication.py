@@ -2,7 +2,9 @@
 
 - ``GET fetch``: a replica's long-polled fetch of raw log bytes from its end (its ``from`` is
   its acknowledgement); the answer also carries the primary's epoch, epoch history, high-water
-  mark, log bounds and metadata version. msgpack answers carry raw bytes, JSON base64.
+  mark, log bounds and metadata version. msgpack answers carry raw bytes, JSON base64; asked
+  for ``application/vnd.tidemq.log-chunk`` (a replica does) the body is the raw bytes alone and
+  the rest is in ``x-tidemq-fetch-*`` headers (replication/chunkwire.py).
 - ``GET log``: raw log bytes from an offset, for comparing copies (acknowledges nothing).
 - ``GET epochs``, ``GET metadata``, ``GET status``: the epoch history, the topic table, and
   this broker's replication state.
@@ -26,6 +28,7 @@ from pydantic import BaseModel, Field, StrictInt
 from tidemq.protocol import ErrorCode, ProtocolError
 from tidemq.protocol.numbers import INT64_MAX
 
+from tidemq_server.broker.replication.chunkwire import CONTENT_CHUNK, chunk_headers, wants_chunk
 from tidemq_server.broker.replication.follower import H_REASON
 from tidemq_server.broker.replication.role import Role, StaleEpochError
 from tidemq_server.broker.replication.source import FetchRefused
@@ -150,6 +153,10 @@ async def fetch(
                                       max_bytes, hwm)
     except FetchRefused as exc:
         return _refused(exc)
+    if wants_chunk(request.headers.get("accept")):
+        return Response(got.data, media_type=CONTENT_CHUNK, headers=chunk_headers(
+            got.epoch, got.hwm, got.log_end, got.min_offset, got.segment_bytes,
+            got.meta_version, got.epochs, got.floors))
     return reply(request, {
         "data": got.data, "epoch": got.epoch, "epochs": got.epochs, "hwm": got.hwm,
         "log_end": got.log_end, "min_offset": got.min_offset, "meta_version": got.meta_version,

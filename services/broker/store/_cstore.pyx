@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The compiled twins of the store's per-record functions: index.py's ``write_entry`` and
-``find_entries`` (the unique key of every record, each of its keys, dedup's lookups),
-consume_queue.py's ``pack_units`` (a batch's consume-queue units), without struct calls, and
-records/v2_copy.py's ``copy_record`` (a commit copy written from its half's stored bytes). Same rule as ``tidemq.protocol.records._crecords``:
+"""The compiled twins of the store's per-record functions: index.py's ``write_entry``,
+``write_entries`` (a batch's message ids in one call) and ``find_entries`` (the unique key of
+every record, each of its keys, dedup's lookups), consume_queue.py's ``pack_units`` (a batch's
+consume-queue units), without struct calls, and records/v2_copy.py's ``copy_record`` (a commit
+copy written from its half's stored bytes). Same rule as ``tidemq.protocol.records._crecords``:
 the common case here, anything else handed to the pure reference (bound by ``use_index``),
 which raises its own error. Layout: index.py (slots u32, entries hash u32, offset i64, delta
 i32, prev u32, big-endian). tests/broker/store/test_index_compiled.py compares the twins.
@@ -98,6 +99,67 @@ def write_entry(mm, entries_at, slots, count, key, phys, delta):
     memmove4(e + 16, &mv[0] + slot_at)  # prev: the slot's newest entry so far
     _put_u32(&mv[0] + slot_at, <uint32_t>c_count)
     return h
+
+
+cdef object _write_entries_py = None
+
+
+def use_entries(write_entries_py):
+    """Bind index.py's reference of ``write_entries``."""
+    global _write_entries_py
+    _write_entries_py = write_entries_py
+
+
+def write_entries(mm, entries_at, slots, first, keys, phys, delta):
+    """``index.write_entries``, compiled: every argument checked and every hash computed
+    before the first byte is written, so a rejected call leaves the mapping to the reference
+    untouched."""
+    cdef uint8_t[::1] mv
+    cdef Py_ssize_t c_at, c_slots, c_first, n, i, slot_at
+    cdef int64_t c_phys
+    cdef int32_t c_delta
+    cdef uint32_t h
+    cdef uint8_t *base
+    cdef uint8_t *e
+    cdef list hashes
+    try:
+        if not (type(keys) is list and type(phys) is list and type(entries_at) is int
+                and type(slots) is int and type(first) is int and type(delta) is int):
+            raise _Reject()
+        n = len(<list>keys)
+        if len(<list>phys) != n:
+            raise _Reject()
+        c_at, c_slots, c_first, c_delta = entries_at, slots, first, delta
+        if c_slots <= 0 or c_first < 0 or c_first + n - 1 > 0xFFFFFFFF or c_at < 0:
+            raise _Reject()
+        if n == 0:
+            return []
+        mv = mm
+        if _header_size + c_slots * SLOT_SIZE > mv.shape[0] or \
+                c_at + (c_first + n) * ENTRY_SIZE > mv.shape[0]:
+            raise _Reject()
+        hashes = []
+        for i in range(n):
+            key = (<list>keys)[i]
+            if type(key) is not str or type((<list>phys)[i]) is not int:
+                raise _Reject()
+            c_phys = (<list>phys)[i]  # OverflowError beyond 64 bits: the reference raises
+            hashes.append(_key_hash(key))
+    except Exception:
+        return _write_entries_py(mm, entries_at, slots, first, keys, phys, delta)
+    base = &mv[0]
+    for i in range(n):
+        h = (<list>hashes)[i]
+        c_phys = (<list>phys)[i]
+        slot_at = _header_size + (h % c_slots) * SLOT_SIZE
+        e = base + c_at + (c_first + i) * ENTRY_SIZE
+        _put_u32(e, h)
+        _put_u32(e + 4, <uint32_t>((<uint64_t>c_phys) >> 32))
+        _put_u32(e + 8, <uint32_t>(<uint64_t>c_phys))
+        _put_u32(e + 12, <uint32_t>c_delta)
+        memmove4(e + 16, base + slot_at)
+        _put_u32(base + slot_at, <uint32_t>(c_first + i))
+    return hashes
 
 
 cdef inline void memmove4(uint8_t *dst, const uint8_t *src) noexcept nogil:

@@ -15,7 +15,7 @@ from pathlib import Path
 from tidemq.protocol.records.v2_read import BatchSummary
 
 from tidemq_server.broker.store.consume_queue import ConsumeQueue, pack_units
-from tidemq_server.broker.store.index import Index, topic_key, unique_key
+from tidemq_server.broker.store.index import UNIQUE_PREFIX, Index, topic_key, unique_key
 from tidemq_server.broker.store.types import KEY_SEPARATOR, SysFlag
 
 _TYPE_MASK = int(SysFlag.TYPE_MASK)  # plain ints: IntFlag operators are slow on the hot path
@@ -80,9 +80,13 @@ class Dispatcher:
             cq.append_units(head.base_queue_offset, pack_units(
                 base, summary.positions, summary.sizes, summary.tag_codes))
             self.touched.add((topic, cq.queue_id))
+        ids = summary.message_ids
+        if all(ids) and not any(summary.keys):  # the common batch: ids alone, one index call
+            self.index.put_unique_many([UNIQUE_PREFIX + uniq for uniq in ids],
+                                       [base + pos for pos in summary.positions], store_ms)
+            return
         put, put_unique = self.index.put, self.index.put_unique
-        for pos, uniq, keys in zip(summary.positions, summary.message_ids, summary.keys,
-                                   strict=True):
+        for pos, uniq, keys in zip(summary.positions, ids, summary.keys, strict=True):
             if uniq:
                 put_unique(unique_key(uniq), base + pos, store_ms)
             if keys:

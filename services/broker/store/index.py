@@ -54,8 +54,11 @@ def key_hash(key: str) -> int:
     return zlib.crc32(key.encode("utf-8"))
 
 
+UNIQUE_PREFIX = "U\0"  # a unique key (message id) in the index, apart from topic keys
+
+
 def unique_key(message_id: str) -> str:
-    return "U\0" + message_id
+    return UNIQUE_PREFIX + message_id
 
 
 def topic_key(topic: str, key: str) -> str:
@@ -92,11 +95,22 @@ def find_entries(mm: mmap.mmap, entries_at: int, slots: int, count: int, key: st
     return out
 
 
+def write_entries(mm: mmap.mmap, entries_at: int, slots: int, first: int, keys: list[str],
+                  phys: list[int], delta: int) -> list[int]:
+    """``write_entry`` of each key at its offset, numbered from ``first`` (a batch's records,
+    one call: the compiled twin takes the mapping once); their hashes."""
+    return [write_entry(mm, entries_at, slots, first + i, key, at, delta)
+            for i, (key, at) in enumerate(zip(keys, phys, strict=True))]
+
+
 write_entry_py, find_entries_py = write_entry, find_entries  # the references (tests)
+write_entries_py = write_entries
 _twin = load_twin("tidemq_server.broker.store._cstore")
 if _twin is not None:  # the compiled twins (_cstore.pyx), falling back on the references
     _twin.use_index(write_entry_py, find_entries_py, HEADER_SIZE, MAX_CHAIN)
+    _twin.use_entries(write_entries_py)
     write_entry, find_entries = _twin.write_entry, _twin.find_entries
+    write_entries = _twin.write_entries
 
 
 class IndexFile:
@@ -173,6 +187,25 @@ class IndexFile:
         if phys > self.end_phys:
             self.end_phys = phys
         return h
+
+    def put_many(self, keys: list[str], phys: list[int], store_ms: int) -> list[int]:
+        """``put`` of each key at its offset (the caller checked they fit); their hashes."""
+        if self.sealed:
+            raise RuntimeError(f"index file {self.path.name} is sealed")
+        n = len(keys)
+        if self.count + n >= self._reserved:
+            self.reserve(n)
+        first = self.count + 1
+        self.count += n
+        delta = store_ms - self.begin_ms
+        hashes = write_entries(self.mm, self._entries_at, self.slots, first, keys, phys,
+                               delta if delta > 0 else 0)
+        if store_ms > self.end_ms:
+            self.end_ms = store_ms
+        top = max(phys, default=0)
+        if top > self.end_phys:
+            self.end_phys = top
+        return hashes
 
     def hashes_since(self, since_ms: int) -> list[int]:
         """The key hashes of the entries stored at or after ``since_ms``."""
@@ -253,6 +286,22 @@ class Index:
                 self.filter = None
                 log.info("index: the recent-key filter is full (%d keys); dedup checks read "
                          "the index again while they need it", f.adds)
+
+    def put_unique_many(self, keys: list[str], phys: list[int], store_ms: int) -> None:
+        """``put_unique`` of each unique key at its offset (a batch's message ids)."""
+        last = self.files[-1] if self.files else None
+        if last is not None and last.count + len(keys) <= last.entries and \
+                store_ms - last.begin_ms <= MAX_DELTA_MS:
+            hashes = last.put_many(keys, phys, store_ms)
+            if (f := self.filter) is not None:
+                f.add_all(hashes)
+                if f.saturated:
+                    self.filter = None
+                    log.info("index: the recent-key filter is full (%d keys); dedup checks "
+                             "read the index again while they need it", f.adds)
+            return
+        for key, at in zip(keys, phys, strict=True):  # a new file on the way: one by one
+            self.put_unique(key, at, store_ms)
 
     def _put_new_file(self, key: str, phys: int, store_ms: int, last: IndexFile | None) -> int:
         if last is None or last.full(store_ms):

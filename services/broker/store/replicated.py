@@ -9,7 +9,10 @@ the event loop between the writer's batches and never interleave with one.
 - ``append_chunk``: a primary's chunk written at the same offset: every entry's CRCs and
   offset checked first (``entry.validate_entry``), then one write, then the same dispatch
   recovery uses (a v2 batch from its summary); a blank seals the segment exactly as the
-  primary's did, so segment boundaries and every offset match;
+  primary's did, so segment boundaries and every offset match. The first chunk drops the
+  index's recent-key filter (keyfilter.py): only a primary's dedup checks ask it, and fed by a
+  replica it costs ~4 % of the replica's CPU for as long as it follows; a promoted replica's
+  checks read the index for their window instead (``Ingest._needs_index``), as without it;
 - ``truncate``: cut the log, consume queues and checkpoint back to an offset (index entries
   past the cut stay: every index lookup reads and verifies the record it points to).
 """
@@ -71,7 +74,8 @@ def read_chunk(store: MessageStore, offset: int, max_bytes: int) -> bytes:
                 return clog.read_bytes(offset, size)
             break
         p += size
-    return bytes(view[:p])
+    view.release()
+    return buf if p == len(buf) else buf[:p]  # whole records only: usually all that was read
 
 
 def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
@@ -81,6 +85,8 @@ def append_chunk(store: MessageStore, data: bytes, at_offset: int) -> int:
     if at_offset != clog.write_offset:
         raise ChunkError(f"chunk for offset {at_offset}, but this log ends at "
                          f"{clog.write_offset}")
+    if store.index.filter is not None:
+        store.stop_tracking_recent_keys()
     view = memoryview(data)
     seg = clog.segments[-1]
     metas: list[record.RecordMeta | BatchSummary] = []  # in log order: v1 records, v2 batches

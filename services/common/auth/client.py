@@ -23,9 +23,14 @@ class SigningAuth(httpx.Auth):
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         path = request.url.raw_path.split(b"?", 1)[0].decode("latin-1")
-        request.headers.update(sign_rest(self.access_key, self._secret_key, request.method, path,
+        request.headers.update(self.sign(request.method, path,
                                          request.url.query.decode("latin-1"), request.content))
         yield request
+
+    def sign(self, method: str, path: str, query: str, body: bytes) -> dict[str, str]:
+        """The signing headers of one request (``path`` and ``query`` as sent), for a client
+        that is not httpx (the replica's fetch client)."""
+        return sign_rest(self.access_key, self._secret_key, method, path, query, body)
 
 
 def signing_auth(access_key: str, secret_key: str) -> SigningAuth | None:

@@ -8,12 +8,14 @@ from typing import Any
 
 import httpx
 import pytest
+from tidemq.protocol import decode_payload
 
 from tests.conftest import RedisServer
 from tests.support.broker import TOKEN, BrokerHandle, unique
 from tests.support.procs import ServiceProcess, free_port
 from tests.support.replication import read_log, run_group, send_raw, status, wait_in_sync
 from tests.support.wait import wait_until
+from tidemq_server.broker.replication.chunkwire import CONTENT_CHUNK, FETCH_ACCEPT, parse_chunk
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +60,17 @@ def test_sync_sends_are_byte_identical_at_the_same_offsets_on_every_copy(
         metrics = primary.http.get("/metrics").text
         assert "tidemq_broker_replication_hwm" in metrics
         assert 'tidemq_broker_replication_replica_lag_bytes{address=' in metrics
+        # the same fetch in both forms (broker 9: no copy's acknowledgement moves)
+        asked = {"from": SEGMENT, "broker_id": 9, "epoch": st["epoch"], "max_bytes": 8192}
+        token = {"x-tidemq-token": TOKEN}
+        packed = primary.http.get("/internal/v1/replication/fetch", params=asked,
+                                  headers={**token, "accept": "application/msgpack"})
+        raw = primary.http.get("/internal/v1/replication/fetch", params=asked,
+                               headers={**token, "accept": FETCH_ACCEPT})
+        assert raw.headers["content-type"] == CONTENT_CHUNK
+        want = decode_payload(packed.content, packed.headers["content-type"])
+        assert len(want["data"]) > 4096 and want["floors"] is not None
+        assert parse_chunk(raw.headers, raw.content) == want
 
 
 def test_a_replica_registers_as_one_and_refuses_writes_naming_the_primary(

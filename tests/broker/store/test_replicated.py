@@ -203,3 +203,22 @@ async def test_a_corrupt_v2_batch_is_refused_and_nothing_is_written(tmp_path: Pa
     finally:
         await primary.close()
         await replica.close()
+
+
+async def test_a_replica_drops_the_recent_key_filter_and_still_finds_copied_ids(
+        tmp_path: Path) -> None:
+    # fed by a replica the filter costs CPU per record and no replica check reads it; after a
+    # promotion the dedup checks must still find what the replica copied (from the index)
+    primary, replica = await open_pair(tmp_path)
+    try:
+        assert replica.track_recent_keys(0)
+        await primary.put([make_record(i) for i in range(20)])
+        copy_all(primary, replica)
+        assert replica.index.filter is None
+        found = replica.find_by_unique_key("id-T-7", whole_log=True, since_ms=0)
+        assert [r.physical_offset for r in found] == \
+            [r.physical_offset for r in primary.find_by_unique_key("id-T-7")]
+        assert replica.find_by_unique_key("id-T-99", whole_log=True, since_ms=0) == []
+    finally:
+        await primary.close()
+        await replica.close()

@@ -64,6 +64,33 @@ def test_puts_and_lookups_agree(ops: list[tuple[str, int, int, int]],
                                           key, low, high)
 
 
+batches = st.lists(st.tuples(st.lists(st.tuples(keys, st.integers(-(2**64), 2**64)
+                                               | st.integers(0, 2**40)), max_size=8),
+                             st.integers(-(2**32), 2**32) | st.integers(0, 1000),
+                             st.integers(-2, ENTRIES + 3)), max_size=8)
+
+
+@compiled
+@FUZZ
+@given(ops=batches, odd=st.sampled_from(["", "tuple", "short", "str_phys"]))
+def test_batch_puts_write_what_one_by_one_puts_write(
+        ops: list[tuple[list[tuple[str, int]], int, int]], odd: str) -> None:
+    ref, got = bytearray(SIZE), bytearray(SIZE)
+    for entries, delta, first in ops:
+        ks: Any = [k for k, _ in entries]
+        ps: Any = [p for _, p in entries]
+        if odd == "tuple":
+            ks = tuple(ks)
+        elif odd == "short" and ps:
+            ps = ps[:-1]
+        elif odd == "str_phys" and ps:
+            ps[0] = str(ps[0])
+        a = result(index.write_entries_py, ref, ENTRIES_AT, SLOTS, first, ks, ps, delta)
+        b = result(index.write_entries, got, ENTRIES_AT, SLOTS, first, ks, ps, delta)
+        assert a == b
+        assert got == ref
+
+
 @compiled
 def test_an_index_file_answers_alike_with_either_twin(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
