@@ -100,40 +100,6 @@ class LeanDoor:
         await response(scope, receive, send)
 
 
-class OneWrite:
-    """The transport a lean request's response cycle writes to: the response head is held and
-    sent with the first body write, one ``send`` instead of two. uvicorn writes the head and the
-    body apart; on loopback the first of the two cost ~22 % of a lean one-message send's broker
-    CPU (py-spy), the second ~4 %. A ``100 Continue`` (written before the response starts) and
-    every write after the first body go straight through; ``close`` sends a held head first."""
-
-    __slots__ = ("_cycle", "_head", "_held", "_transport")
-
-    def __init__(self, transport: Any, cycle: Any) -> None:
-        self._transport = transport
-        self._cycle = cycle
-        self._head: bytes | None = None
-        self._held = False  # the head was held once (later writes go straight through)
-
-    def write(self, data: bytes) -> None:
-        if self._head is not None:
-            head, self._head = self._head, None
-            self._transport.write(head + data)
-        elif not self._held and self._cycle.response_started:
-            self._head, self._held = data, True
-        else:
-            self._transport.write(data)
-
-    def close(self) -> None:
-        if self._head is not None:
-            head, self._head = self._head, None
-            self._transport.write(head)
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 def lean_protocol(app: FastAPI) -> type[JsonErrorsProtocol]:
     """The server protocol serving ``app``'s hot routes through its ``LeanDoor``."""
     door = LeanDoor(app)
@@ -151,7 +117,6 @@ def lean_protocol(app: FastAPI) -> type[JsonErrorsProtocol]:
                 super().on_headers_complete()
             finally:
                 self.app = full
-            self.cycle.transport = OneWrite(self.transport, self.cycle)  # type: ignore[assignment]
 
     return LeanProtocol
 
