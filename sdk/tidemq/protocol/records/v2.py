@@ -246,20 +246,28 @@ class BatchBuilder:
 
     def finish(self) -> bytes:
         """The batch's bytes; raises UnfitBatch for a batch without records."""
-        if not self._count:
-            raise UnfitBatch("count: a batch holds at least one record")
-        buf = self._buf
-        try:
-            PRODUCER.pack_into(buf, PRODUCER_AT, 0, self._count, self.queue_id, self.sys_flag,
-                               len(self._topic))
-        except struct.error:
-            raise UnfitBatch(f"queue_id {self.queue_id!r} or sys_flag {self.sys_flag!r} does "
-                             "not fit an i32") from None
-        buf[HEADER_FIXED:self._records_at] = self._topic
-        U32.pack_into(buf, 0, len(buf))
-        U32.pack_into(buf, 4, MAGIC)
-        seal(buf, 0)
-        return bytes(buf)
+        return close_batch(self._buf, self._count, self.queue_id, self.sys_flag, self._topic,
+                           self._records_at)
+
+
+def close_batch(buf: bytearray, count: int, queue_id: int, sys_flag: int, topic: bytes,
+                records_at: int) -> bytes:
+    """The bytes of a batch whose ``count`` records are in ``buf`` from ``records_at``: its
+    producer header, topic, length and magic written and the batch sealed (its CRC). Raises
+    UnfitBatch for no records, or a queue id or flag that does not fit an i32. The SDK's
+    ``BatchBuilder`` and the broker's commit copies (store/records/v2_copy.py) close alike."""
+    if not count:
+        raise UnfitBatch("count: a batch holds at least one record")
+    try:
+        PRODUCER.pack_into(buf, PRODUCER_AT, 0, count, queue_id, sys_flag, len(topic))
+    except struct.error:
+        raise UnfitBatch(f"queue_id {queue_id!r} or sys_flag {sys_flag!r} does not fit an "
+                         "i32") from None
+    buf[HEADER_FIXED:records_at] = topic
+    U32.pack_into(buf, 0, len(buf))
+    U32.pack_into(buf, 4, MAGIC)
+    seal(buf, 0)
+    return bytes(buf)
 
 
 def append_record(buf: bytearray, ordinal: int, mid: bytes, tag: bytes, keys: bytes,

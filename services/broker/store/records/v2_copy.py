@@ -31,18 +31,14 @@ import zlib
 from tidemq.protocol.records._compiled import load_twin
 from tidemq.protocol.records.v2 import (
     HEADER_FIXED,
-    MAGIC,
     MAX_BATCH_POS,
     MAX_COUNT,
     MAX_TOPIC_BYTES,
-    PRODUCER,
-    PRODUCER_AT,
     RECORD,
     RECORD_FIXED,
-    U32,
     UnfitBatch,
     append_record,
-    seal,
+    close_batch,
 )
 from tidemq.protocol.records.v2_read import BatchSummary
 
@@ -150,20 +146,8 @@ class CopyBatch:
     def finish(self) -> Batch:
         """The batch, its header written, ready to append; UnfitBatch without records."""
         count = len(self.summary.positions)
-        if not count:
-            raise UnfitBatch("count: a batch holds at least one record")
-        buf = self._buf
-        try:
-            PRODUCER.pack_into(buf, PRODUCER_AT, 0, count, self.queue_id, self.sys_flag,
-                               len(self._topic))
-        except Exception:
-            raise UnfitBatch(f"queue_id {self.queue_id!r} or sys_flag {self.sys_flag!r} does "
-                             "not fit an i32") from None
-        buf[HEADER_FIXED:self._records_at] = self._topic
-        U32.pack_into(buf, 0, len(buf))
-        U32.pack_into(buf, 4, MAGIC)
-        seal(buf, 0)
-        raw = bytes(buf)
+        raw = close_batch(self._buf, count, self.queue_id, self.sys_flag, self._topic,
+                          self._records_at)
         self.summary.head = head_of(raw, count, self.queue_id, self.sys_flag,
                                     str(self._topic, "utf-8"))
         return Batch(raw, self.summary, self.born_host)
