@@ -282,10 +282,7 @@ class Index:
         h = self.put(key, phys, store_ms)
         if (f := self.filter) is not None:
             f.add(h)
-            if f.saturated:
-                self.filter = None
-                log.info("index: the recent-key filter is full (%d keys); dedup checks read "
-                         "the index again while they need it", f.adds)
+            self._drop_if_full(f)
 
     def put_unique_many(self, keys: list[str], phys: list[int], store_ms: int) -> None:
         """``put_unique`` of each unique key at its offset (a batch's message ids)."""
@@ -295,13 +292,17 @@ class Index:
             hashes = last.put_many(keys, phys, store_ms)
             if (f := self.filter) is not None:
                 f.add_all(hashes)
-                if f.saturated:
-                    self.filter = None
-                    log.info("index: the recent-key filter is full (%d keys); dedup checks "
-                             "read the index again while they need it", f.adds)
+                self._drop_if_full(f)
             return
         for key, at in zip(keys, phys, strict=True):  # a new file on the way: one by one
             self.put_unique(key, at, store_ms)
+
+    def _drop_if_full(self, f: KeyFilter) -> None:
+        """A full recent-key filter is dropped: it would answer "maybe" for every key."""
+        if f.saturated:
+            self.filter = None
+            log.info("index: the recent-key filter is full (%d keys); dedup checks read the "
+                     "index again while they need it", f.adds)
 
     def _put_new_file(self, key: str, phys: int, store_ms: int, last: IndexFile | None) -> int:
         if last is None or last.full(store_ms):
