@@ -80,12 +80,8 @@ class Canceller:
         store = self.store
         async with store.lock:
             if intake_offset is not None and intake_offset >= store.ingested_next:
-                await asyncio.to_thread(store.precancels.add, topic, message_id,
-                                        intake_offset)
-                log.info("cancelled timer %s before it was taken in (intake offset %d)",
-                         message_id, intake_offset)
-                self.metrics.cancelled.labels("timer").inc()
-                return Decision(Outcome.CANCELLED, topic)
+                return await self._precancel(topic, message_id, intake_offset,
+                                             "before it was taken in")
         # a timer, once filed, stays in its bucket's index: finding it needs no lock
         found = await locate(store, message_id, due_ms, topic)
         if not found:
@@ -102,11 +98,24 @@ class Canceller:
     async def _settle_all(self, found: list[Found]) -> list[Outcome]:
         """Decide each copy found. A final mark never changes: copies already final (a timer
         rolled n times has n of them) are told from their marks, without taking the lock."""
-        buckets = {f.bucket for f in found}
-        marks = await asyncio.to_thread(
-            lambda: {b: self.store.buckets.read_marks(b) for b in buckets})
+        marks = await self._marks_of(found)
         return [_ended(marks[f.bucket], f) if marks[f.bucket].get(f.pos) in FINAL
                 else await self._settle(f) for f in found]
+
+    async def _precancel(self, topic: str | None, message_id: str, intake_offset: int,
+                         when: str) -> Decision:
+        """Cancel the copy at ``intake_offset`` before it is filed (``store.lock`` held): it is
+        filed as cancelled when it arrives."""
+        await asyncio.to_thread(self.store.precancels.add, topic, message_id, intake_offset)
+        log.info("cancelled timer %s %s (intake offset %d)", message_id, when, intake_offset)
+        self.metrics.cancelled.labels("timer").inc()
+        return Decision(Outcome.CANCELLED, topic)
+
+    async def _marks_of(self, found: list[Found]) -> dict[int, dict[int, Mark]]:
+        """The marks of the buckets holding ``found``, by bucket (one read each)."""
+        buckets = {f.bucket for f in found}
+        read = self.store.buckets.read_marks
+        return await asyncio.to_thread(lambda: {b: read(b) for b in buckets})
 
     async def _follow(self, message_id: str, topic: str, due_ms: int) -> Decision:
         """Every copy found was superseded by a rolled copy: decide the newest, holding
@@ -120,15 +129,10 @@ class Canceller:
             if offset is not None:
                 if store.precancels.holds(topic, message_id, offset):
                     return Decision(Outcome.ALREADY_CANCELLED, topic)
-                await asyncio.to_thread(store.precancels.add, topic, message_id, offset)
-                log.info("cancelled timer %s while its rolled copy (intake offset %d) was being "
-                         "filed", message_id, offset)
-                self.metrics.cancelled.labels("timer").inc()
-                return Decision(Outcome.CANCELLED, topic)
+                return await self._precancel(topic, message_id, offset,
+                                             "while its rolled copy was being filed")
             copies = await copies_of(store, message_id, due_ms, topic)
-            buckets = {f.bucket for f in copies}
-            marks = await asyncio.to_thread(
-                lambda: {b: store.buckets.read_marks(b) for b in buckets})
+            marks = await self._marks_of(copies)
             live = [f for f in copies if marks[f.bucket].get(f.pos) not in FINAL]
             on_disk = [f for f in live if f.bucket not in store.loaded]
             in_memory = [f for f in live if f.bucket in store.loaded]
