@@ -25,6 +25,11 @@ shows what they cost.
 
 JSON keys: ``lost``, ``duplicates``, ``unexpected``, ``order_violations``, ``aborted_read``,
 ``early_timers``, ``late_p99_ms``, ``split_brain_acks``, ``unavailable_s_max``,
+``unavailable_writable_s_max`` (the same over the faults some side could write through),
+``recovery_s_max`` (over the faults no side could write through — marked ``*`` in the table:
+a 1|2 split with etcd beside the lone primary, the client cut from a group, a full disk — the
+worst gap's part after the heal; ``recovery_s`` per fault), ``late_writable_p99_ms`` (the
+timers not due while such a fault lasted),
 ``faults_injected``, ``skipped_by_group``, ``unverifiable``, ``offsets_forward``,
 ``replica_divergence``, ``too_little_work``, ``work``, ``unknown``, ``unknown_never_read``,
 ``app_errors``, ``app_wait_s_max``, ``failover_s_p50``, ``failover_s_max`` (seconds from a

@@ -91,7 +91,11 @@ class Result:
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     late_ms: list[int] = field(default_factory=list)  # every delivered timer
     late_calm_ms: list[int] = field(default_factory=list)  # ... due outside fault windows
+    # ... not due while a fault no side could write through lasted (Fault.writable)
+    late_writable_ms: list[int] = field(default_factory=list)
     unavailable_s: dict[str, float] = field(default_factory=dict)  # fault name → seconds
+    # faults no side could write through → seconds of their worst gap past the heal
+    recovery_s: dict[str, float] = field(default_factory=dict)
     acked: int = 0  # acknowledged sends, delayed sends and transaction halves
     reads: int = 0
     faults: int = 0
@@ -115,8 +119,9 @@ class Result:
     def ok(self) -> bool:
         return not any(self.counts.values())
 
-    def late(self, q: float, calm: bool = False) -> int:
-        values = self.late_calm_ms if calm else self.late_ms
+    def late(self, q: float, calm: bool = False, writable: bool = False) -> int:
+        values = (self.late_calm_ms if calm else self.late_writable_ms if writable
+                  else self.late_ms)
         if not values:
             return 0
         ordered = sorted(values)
@@ -131,8 +136,14 @@ class Result:
     def to_json(self) -> dict[str, Any]:
         return {**self.counts, "late_p50_ms": self.late(0.5), "late_p99_ms": self.late(0.99),
                 "late_calm_p99_ms": self.late(0.99, calm=True),
+                "late_writable_p99_ms": self.late(0.99, writable=True),
                 "late_max_ms": max(self.late_ms, default=0),
                 "unavailable_s_max": round(max(self.unavailable_s.values(), default=0.0), 1),
+                "unavailable_writable_s_max": round(max(
+                    (s for name, s in self.unavailable_s.items() if name not in self.recovery_s),
+                    default=0.0), 1),
+                "recovery_s_max": round(max(self.recovery_s.values(), default=0.0), 1),
+                "recovery_s": dict(self.recovery_s),
                 "faults_injected": self.faults, "acked": self.acked, "reads": self.reads,
                 "unknown": dict(self.unknown), "unknown_never_read": self.unknown_never_read,
                 "work": dict(self.work), "app_errors": self.app_errors,
@@ -355,6 +366,7 @@ def _application(h: History, r: Result) -> None:
 
 def table(r: Result, h: History) -> str:
     """The result as printed: violations, timers, work done, and one line per fault."""
+    summary = r.to_json()
     lines = [f"{'check':<22}{'count':>8}  example", "-" * 78]
     for kind in VIOLATIONS:
         example = r.examples[kind][0] if r.examples[kind] else ""
@@ -364,21 +376,27 @@ def table(r: Result, h: History) -> str:
     lines += ["-" * 78,
               f"acknowledged {r.acked}, reads {r.reads}, timers late p50/p99/max "
               f"{r.late(0.5)}/{r.late(0.99)}/{max(r.late_ms, default=0)} ms (p99 outside "
-              f"faults {r.late(0.99, calm=True)} ms)",
+              f"faults {r.late(0.99, calm=True)} ms; not due during a fault marked * "
+              f"{r.late(0.99, writable=True)} ms)",
               f"work: {work}",
               f"ended unknown: {unknown}; unknown writes never read: {r.unknown_never_read}; "
               f"SDK calls that raised: {r.app_errors} (and {r.app_cancels_too_late} cancels "
               f"answered already delivered), copies in two groups it announced "
               f"(possible_duplicates): {r.sdk_possible_duplicates}",
               f"failovers p50/max {r.failover(0.5)}/{r.failover(1.0)} s",
+              f"unavailable max {summary['unavailable_s_max']} s; where a side could write "
+              f"{summary['unavailable_writable_s_max']} s; past the heal of the faults no "
+              f"side could write through (*) {summary['recovery_s_max']} s",
               f"{'fault':<40}{'family':<11}{'lasted s':>9}{'unavail s':>10}{'app wait s':>11}"
-              f"{'failover s':>11}"]
+              f"{'failover s':>11}{'healed+ s':>10}"]
     for i, fault in enumerate(h.faults):
         name = f"{i + 1}. {fault.name}"
         lasted = (fault.heal_ms - fault.start_ms) / 1000 if fault.heal_ms else 0.0
-        lines.append(f"{name[:39]:<40}{fault.family:<11}{lasted:>9.1f}"
+        mark = "" if fault.writable else " *"
+        lines.append(f"{(name[:39 - len(mark)] + mark):<40}{fault.family:<11}{lasted:>9.1f}"
                      f"{r.unavailable_s.get(name, 0.0):>10.1f}{r.app_wait_s.get(name, 0.0):>11.1f}"
-                     f"{_seconds(r.failover_s.get(name)):>11}")
+                     f"{_seconds(r.failover_s.get(name)):>11}"
+                     f"{_seconds(r.recovery_s.get(name)):>10}")
     return "\n".join(lines)
 
 

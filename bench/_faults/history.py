@@ -103,6 +103,7 @@ class Fault:
     start_ms: int
     heal_ms: int = 0
     note: str = ""
+    writable: bool = True  # a side could acknowledge while it lasted (Nemesis.writable)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,11 @@ class Nemesis:
     start: Action
     heal: Action
     hold_s: float
+    # False: while it lasts no copy of some group can acknowledge to the workload, whatever
+    # tidemq does (no side holds both a quorum of copies and etcd, the client cannot reach
+    # the group, its disk is full); its unavailability is then the fault's length, and what
+    # tidemq answers for is the recovery after the heal
+    writable: bool = True
 
 
 def _host(c: Cluster, name: str) -> str:
@@ -90,7 +95,9 @@ def replicas_split(etcd_with_primary: bool) -> Nemesis:
         c.net.partition(one, two)
         return f"1|2 split {one} | {two}"
     side = "with the primary" if etcd_with_primary else "with the two"
-    return Nemesis("partition", f"1|2 split of broker-a, etcd {side}", start, _healed, 7.0)
+    # etcd with the primary: the two replicas cannot elect, the primary has no quorum
+    return Nemesis("partition", f"1|2 split of broker-a, etcd {side}", start, _healed, 7.0,
+                   writable=not etcd_with_primary)
 
 
 def bridge() -> Nemesis:
@@ -105,7 +112,8 @@ def client_cut_from_group_b() -> Nemesis:
     def start(c: Cluster) -> str:
         c.net.partition(["c1"], ["n4"])
         return "client c1 cut from broker-b (n4)"
-    return Nemesis("partition", "client cut from broker-b", start, _healed, 5.0)
+    return Nemesis("partition", "client cut from broker-b", start, _healed, 5.0,
+                   writable=False)
 
 
 def nameserver_isolated() -> Nemesis:
@@ -162,7 +170,7 @@ def broker_b_disk_full() -> Nemesis:
     def heal(c: Cluster) -> str:
         filler(c).unlink(missing_ok=True)
         return "space back"
-    return Nemesis("disk", "broker-b's disk full", start, heal, 4.0)
+    return Nemesis("disk", "broker-b's disk full", start, heal, 4.0, writable=False)
 
 
 # --- files ---------------------------------------------------------------------------------

@@ -198,7 +198,7 @@ def _inject(cluster: Cluster, schedule: list[Nemesis], log: Any) -> list[Fault]:
     faults = []
     time.sleep(WARMUP_S)
     for nemesis in schedule:
-        fault = Fault(nemesis.family, nemesis.name, now_ms())
+        fault = Fault(nemesis.family, nemesis.name, now_ms(), writable=nemesis.writable)
         try:
             fault.note = nemesis.start(cluster)
             time.sleep(nemesis.hold_s)

@@ -26,9 +26,11 @@ def due_of(op: Op) -> int:
     return max(op.deliver_at_ms, op.due_ms)
 
 
-def _in_fault(h: History, t_ms: int, family: str | None = None) -> bool:
+def _in_fault(h: History, t_ms: int, family: str | None = None,
+              unwritable: bool = False) -> bool:
     return any(f.start_ms <= t_ms <= (f.heal_ms or h.end_ms) + RECOVERY_MS
-               and (family is None or f.family == family) for f in h.faults)
+               and (family is None or f.family == family)
+               and not (unwritable and f.writable) for f in h.faults)
 
 
 def check_timers(h: History, r: Result, reads: list[Op], cancelled: set[str],
@@ -56,6 +58,8 @@ def check_timers(h: History, r: Result, reads: list[Op], cancelled: set[str],
             r.late_ms.append(at - due)
             if not _in_fault(h, due):
                 r.late_calm_ms.append(at - due)
+            if not _in_fault(h, due, unwritable=True):
+                r.late_writable_ms.append(at - due)
         if mid in cancelled:
             r.flag("after_cancel", f"timer {mid} delivered at {at} although cancelled")
     for op in h.by_kind("cancel"):
@@ -101,7 +105,9 @@ def check_unavailability(h: History, r: Result) -> None:
     the group. A gap is judged from the later of its start and the first moment a send to the
     group was outstanding in it, to the next acknowledgement. Each gap is the fault's in whose
     window it began: from the fault's start to the next fault's start (or ``RECOVERY_MS`` past
-    its heal, if sooner), so one long gap is not charged to the faults before it as well."""
+    its heal, if sooner), so one long gap is not charged to the faults before it as well.
+    For a fault no side could write through (``Fault.writable`` False) it also keeps the part
+    of the worst gap past the heal: the recovery, what tidemq answers for there."""
     acks: dict[str, list[int]] = defaultdict(list)
     asks: dict[str, list[tuple[int, int]]] = defaultdict(list)  # (invoke, complete) per group
     for op in h.by_kind("send"):
@@ -117,7 +123,7 @@ def check_unavailability(h: History, r: Result) -> None:
     for i, fault in enumerate(h.faults):
         nxt = h.faults[i + 1].start_ms if i + 1 < len(h.faults) else last
         until = min(fault.heal_ms + RECOVERY_MS, nxt, last) if fault.heal_ms else min(nxt, last)
-        worst = 0
+        worst = recovery = 0
         for group, times in acks.items():
             # gaps between acks from the fault's start, up to the first ack past the window
             # (or the end of the run, when the group never acknowledged again)
@@ -129,7 +135,12 @@ def check_unavailability(h: History, r: Result) -> None:
                 since = asked[group].first_outstanding(a, b)
                 if since is not None and since < nxt:  # asked from the next fault on: its
                     worst = max(worst, b - since)
-        r.unavailable_s[f"{i + 1}. {fault.name}"] = worst / 1000
+                    if fault.heal_ms:
+                        recovery = max(recovery, b - max(since, fault.heal_ms))
+        name = f"{i + 1}. {fault.name}"
+        r.unavailable_s[name] = worst / 1000
+        if not fault.writable:
+            r.recovery_s[name] = recovery / 1000
 
 
 class Asked:

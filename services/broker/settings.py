@@ -70,10 +70,11 @@ class BrokerSettings(ServiceSettings):
     lease_margin_s: float = Field(default=0.5, ge=0)
     election_interval_s: float = Field(default=0.5, gt=0)  # lease renewal / election step (s)
     # CheckQuorum (replication/aside.py): a primary whose replicas have all stopped fetching
-    # (past replica_lag_max_ms) this long while etcd shows them alive gives up the lead (s).
-    # Why 1: several election steps, so one late fetch or step never moves the lead, and short
-    # beside the lease, so a cut primary is left about as fast as a dead one is replaced
-    step_aside_after_s: float = Field(default=1.0, gt=0)
+    # (their next fetch overdue by replica_silence_ms) this long while etcd shows them alive
+    # gives up the lead (s). Why 0.5: two election steps, so one late step never moves the
+    # lead, on top of a silence that already spans several fetches; short beside the lease,
+    # so a cut primary is left about as fast as a dead one is replaced
+    step_aside_after_s: float = Field(default=0.5, gt=0)
     # a primary that stepped aside does not run again for this many lease lengths (or until it
     # follows the new primary). Why 3: long enough for the replicas to settle and elect one of
     # them (a lease at most when a watch event is missed), short enough that a group whose
@@ -167,6 +168,10 @@ class BrokerSettings(ServiceSettings):
     replica_lag_max_ms: int = Field(default=5000, gt=0)
     # a replica's fetch at the primary's end is held this long for new records (ms)
     replica_fetch_wait_ms: int = Field(default=500, ge=0, le=LONG_POLL_MAX_MS)
+    # a replica whose next fetch has not arrived this long after its last one's wait ran out
+    # is not heard: the primary counts it cut off for CheckQuorum (a fetch is sent again as
+    # soon as the last is answered; why 500: ample for a round trip and a 4 MiB chunk) (ms)
+    replica_silence_ms: int = Field(default=500, gt=0)
     replica_fetch_max_bytes: int = Field(default=4 * MiB, ge=64 * 1024)  # one fetch answer (B)
     replica_retry_ms: int = Field(default=200, gt=0)  # a failed fetch is retried after (ms)
     # a replica's fetch client: "lean" (replication/fetchclient.py: asyncio streams, less CPU

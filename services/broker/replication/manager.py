@@ -56,7 +56,8 @@ class ReplicationManager:
         self.topics = topics
         self.visibility = Visibility(store, notify)
         self.quorum = Quorum(s.quorum, s.replica_lag_max_ms / 1000,
-                             durable=s.flush == FlushMode.SYNC, sync=s.replication == "sync")
+                             durable=s.flush == FlushMode.SYNC, sync=s.replication == "sync",
+                             silence_s=s.replica_silence_ms / 1000)
         self.quorum.add_listener(self.visibility.advance)
         self.source = FetchSource(store, role, self.quorum, self.meta_version,
                                   s.replica_fetch_max_bytes, s.replicated)

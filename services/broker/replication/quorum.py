@@ -15,7 +15,11 @@ die (acknowledged writes were never waiting for them).
 in-sync copies drop below the quorum or the timeout passes.
 
 ``cut_off()`` tells a primary its replicas do not merely lag but no longer reach it (too few
-fetch at all for the quorum): the election's CheckQuorum (replication/aside.py) asks it.
+are *heard* for the quorum): the election's CheckQuorum (replication/aside.py) asks it. A
+replica that reaches its primary sends its next fetch as soon as the previous one is answered,
+and the primary holds a fetch at most the ``wait`` the replica asked for; so one whose next
+fetch has not arrived ``silence_s`` after that wait ran out is cut off, not slow. This tells a
+cut far sooner than ``lag_max_s``, which must be long enough for a slow replica to stay in sync.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class ReplicaState:
     flushed: int = 0  # everything below is fsynced on the replica
     epoch: int = 0
     last_fetch: float = 0.0  # monotonic s
+    wait_s: float = 0.0  # how long its last fetch asked to be held at the log's end (s)
     caught_up_at: float = 0.0  # monotonic s of the last caught-up fetch (0: never)
     answered_end: int = 0  # the primary's log end when it last answered this replica
     fetches: int = 0
@@ -54,9 +59,10 @@ def kth_largest(values: list[int], k: int) -> int | None:
 
 class Quorum:
     def __init__(self, quorum: int, lag_max_s: float, *, durable: bool, sync: bool,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 silence_s: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         self.quorum = quorum  # copies (the primary included) that make a record safe
         self.lag_max_s = lag_max_s
+        self.silence_s = silence_s  # past a fetch's wait with no next fetch: not heard (s)
         self.durable = durable  # flush=sync: count the replicas' fsynced offsets
         self.sync = sync  # replication=sync (async: the quorum shrinks to the live copies)
         self.clock = clock
@@ -72,7 +78,7 @@ class Quorum:
 
     # --- replicas --------------------------------------------------------------------------
     def on_fetch(self, broker_id: int, address: str, written: int, flushed: int, epoch: int,
-                 primary_end: int) -> ReplicaState:
+                 primary_end: int, wait_s: float = 0.0) -> ReplicaState:
         now = self.clock()
         r = self.replicas.get(broker_id)
         if r is None:
@@ -81,7 +87,7 @@ class Quorum:
             r.caught_up_at = 0.0
         r.address, r.epoch = address, epoch
         r.written, r.flushed = written, min(flushed, written)
-        r.last_fetch = now
+        r.last_fetch, r.wait_s = now, wait_s
         r.fetches += 1
         caught_up = written >= primary_end or (r.answered_end > 0 and written >= r.answered_end)
         if caught_up:
@@ -105,23 +111,27 @@ class Quorum:
         now = self.clock()
         return 1 + sum(1 for r in self.replicas.values() if self.in_sync(r, now))
 
-    def live_copies(self) -> int:
-        """Copies that fetch at all (in sync or behind), the primary included."""
+    def heard(self, r: ReplicaState, now: float) -> bool:
+        """Its next fetch is not overdue: at most ``silence_s`` past the wait of its last."""
+        return now - r.last_fetch <= min(self.lag_max_s, r.wait_s + self.silence_s)
+
+    def heard_copies(self) -> int:
+        """Copies whose fetches keep arriving, the primary included."""
         now = self.clock()
-        return 1 + sum(1 for r in self.replicas.values() if self.alive(r, now))
+        return 1 + sum(1 for r in self.replicas.values() if self.heard(r, now))
 
     def enough(self) -> bool:
         return not self.sync or self.insync_copies() >= self.quorum
 
     def cut_off(self) -> bool:
-        """Sync replication and too few copies fetching at all to make the quorum (so too few
-        in sync): no fetch of the missing replicas arrives, they are not merely behind. Never
-        in the first ``lag_max_s`` of a term: the replicas' time to start following, as any
-        replica's to fetch again."""
+        """Sync replication and too few copies heard to make the quorum: the missing
+        replicas' fetches are overdue, they are not merely behind (they may still count as in
+        sync until ``lag_max_s``). Never in the first ``lag_max_s`` of a term: the replicas'
+        time to start following, as any replica's to fetch again."""
         now = self.clock()
         if not self.sync or now - self.term_start <= self.lag_max_s:
             return False
-        return self.insync_copies() < self.quorum and self.live_copies() < self.quorum
+        return self.heard_copies() < self.quorum
 
     # --- the high-water mark ----------------------------------------------------------------
     def advance(self, primary_end: int) -> int:

@@ -78,7 +78,7 @@ class FetchSource:
         if start > log_end:
             raise self._refuse("diverged", f"offset {start} is past this primary's log end "
                                f"{log_end}: truncate to the common epoch point first")
-        r = self.quorum.on_fetch(broker_id, address, start, flushed, epoch, log_end)
+        r = self.quorum.on_fetch(broker_id, address, start, flushed, epoch, log_end, wait_s)
         self.quorum.advance(log_end)
         # held only while there is nothing to send: no bytes, and no newer HWM to learn
         if start == log_end and wait_s > 0 and known_hwm >= self.quorum.hwm:

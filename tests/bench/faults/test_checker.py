@@ -217,6 +217,9 @@ def test_timers_late_outside_fault_windows() -> None:
     assert check(h).to_json()["late_calm_p99_ms"] == 6000
     h.faults.append(Fault("partition", "scheduler cut off", 39_000, 41_000))
     assert check(h).ok  # late while a fault lasted (or just after it): measured, not judged
+    assert check(h).to_json()["late_writable_p99_ms"] == 6000  # a side could write through it
+    h.faults[-1].writable = False  # no side could: these timers are set apart
+    assert check(h).to_json()["late_writable_p99_ms"] < 6000
 
 
 def test_a_cancelled_timer_delivered_anyway() -> None:
@@ -337,6 +340,17 @@ def test_unavailability_is_the_longest_gap_in_acks_during_a_fault() -> None:
     # after the last send began, silence is not unavailability (the workload stopped)
     h.faults.append(Fault("link", "lossy link", END - 2000, END - 1000))
     assert check(h).unavailable_s["3. lossy link"] < 2.0
+    out = check(h).to_json()
+    assert out["unavailable_writable_s_max"] == out["unavailable_s_max"] >= 9.0
+    assert out["recovery_s"] == {}
+    # a fault no side could write through: the same gap, and its part past the heal apart
+    h.faults[-2].writable = False
+    r = check(h)
+    out = r.to_json()
+    assert r.unavailable_s["2. primary cut from etcd"] == pytest.approx(9.005)
+    assert out["unavailable_writable_s_max"] == round(max(
+        s for name, s in r.unavailable_s.items() if not name.startswith("2.")), 1)
+    assert out["recovery_s"] == {"2. primary cut from etcd": pytest.approx(6.005)}
 
 
 def test_a_group_asked_nothing_is_not_unavailable_and_a_gap_is_its_own_faults() -> None:

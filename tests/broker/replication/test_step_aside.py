@@ -1,6 +1,6 @@
 """CheckQuorum's decision (replication/aside.py) as units: a real ``Quorum`` on a fake clock fed
 replica fetches, and member claims as etcd would list them (mod revision, claim). The primary
-steps aside only when its replicas stopped fetching for longer than the threshold while their
+steps aside only when its replicas' fetches are overdue for longer than the threshold while their
 claims keep being rewritten (alive in etcd); not when they are dead (no claim) or paused (a
 claim not rewritten), not before the threshold. Then the claim it publishes, and the campaign's
 choice that skips it."""
@@ -14,6 +14,9 @@ from tidemq_server.broker.replication.quorum import Quorum
 from tidemq_server.common.etcd import KeyValue
 
 LAG_MAX_S = 1.5  # the Quorum's replica_lag_max_ms in these tests (s)
+WAIT_S = 0.2  # the replicas' fetch wait (s)
+SILENCE_S = 0.5  # replica_silence_ms: a fetch this overdue is not heard (s)
+HEARD_S = WAIT_S + SILENCE_S  # how long a replica is heard after its last fetch (s)
 AFTER_S = 1.0  # step_aside_after_s
 HOLD_S = 6.0
 EPOCH = 4
@@ -23,7 +26,7 @@ END = 10_000  # the primary's log end
 
 def setup() -> tuple[CheckQuorum, Quorum, FakeClock]:
     clock = FakeClock()
-    q = Quorum(2, LAG_MAX_S, durable=False, sync=True, clock=clock)
+    q = Quorum(2, LAG_MAX_S, durable=False, sync=True, silence_s=SILENCE_S, clock=clock)
     q.reset(0)  # promoted: a new term starts now
     check = CheckQuorum(q, 2, AFTER_S, HOLD_S, clock)
     return check, q, clock
@@ -32,7 +35,7 @@ def setup() -> tuple[CheckQuorum, Quorum, FakeClock]:
 def fetch_all(q: Quorum) -> None:
     """Both replicas fetch, caught up."""
     for broker_id in (1, 2):
-        q.on_fetch(broker_id, f"r{broker_id}", END, END, EPOCH, END)
+        q.on_fetch(broker_id, f"r{broker_id}", END, END, EPOCH, END, WAIT_S)
     q.advance(END)
 
 
@@ -58,11 +61,15 @@ def test_steps_aside_when_replicas_alive_in_etcd_stop_fetching() -> None:
     check, q, clock = setup()
     fetch_all(q)
     assert not check.observe(100) and not q.cut_off()
-    # silent replicas still count for LAG_MAX_S (in sync, as for the HWM)
-    assert not cut_for(check, q, clock, LAG_MAX_S) and not q.cut_off()
+    # LAG_MAX_S (1.5 s) sets the elector's term grace and a test's steps must pass it first
+    clock.now += LAG_MAX_S
+    fetch_all(q)
+    # silent replicas are heard for their fetch wait plus SILENCE_S (still in sync for the HWM)
+    assert not cut_for(check, q, clock, 0.5) and not q.cut_off()
     clock.now += 0.25
     assert not check.observe(110)  # the cut begins at this step (our claim at revision 110)
-    assert q.cut_off() and q.insync_copies() == 1 and q.live_copies() == 1
+    assert q.cut_off() and q.heard_copies() == 1
+    assert q.insync_copies() == 3  # told before the lag allowance runs out
     assert not cut_for(check, q, clock, AFTER_S, revision=120)  # AFTER_S exactly: not past it
     assert cut_for(check, q, clock, 0.25, revision=130)
     assert check.cut_for() > AFTER_S
@@ -90,11 +97,27 @@ def test_not_when_the_replicas_are_dead_or_paused() -> None:
 
 def test_not_before_the_threshold_and_the_clock_starts_again_after_a_fetch() -> None:
     check, q, clock = setup()
+    clock.now += LAG_MAX_S  # past the term's grace
     fetch_all(q)
-    assert not cut_for(check, q, clock, LAG_MAX_S + AFTER_S - 0.25)  # cut for < AFTER_S
+    assert not cut_for(check, q, clock, HEARD_S + AFTER_S - 0.25)  # cut for < AFTER_S
     fetch_all(q)  # one fetch arrives: not cut off any more
     assert not check.observe(150) and check.cut_for() == 0.0
-    assert not cut_for(check, q, clock, LAG_MAX_S + AFTER_S - 0.25, revision=160)
+    assert not cut_for(check, q, clock, HEARD_S + AFTER_S - 0.25, revision=160)
+
+
+def test_a_held_fetch_is_heard_for_its_wait_and_lag_max_caps_it() -> None:
+    _, q, clock = setup()
+    clock.now += LAG_MAX_S
+    for broker_id in (1, 2):  # fetches held 1 s at the log's end
+        q.on_fetch(broker_id, f"r{broker_id}", END, END, EPOCH, END, 1.0)
+    clock.now += 1.0 + SILENCE_S - 0.05
+    assert q.heard_copies() == 3 and not q.cut_off()
+    clock.now += 0.1
+    assert q.heard_copies() == 1 and q.cut_off()
+    for broker_id in (1, 2):  # a wait longer than the lag allowance: the lag decides
+        q.on_fetch(broker_id, f"r{broker_id}", END, END, EPOCH, END, 10.0)
+    clock.now += LAG_MAX_S + 0.05
+    assert q.cut_off()
 
 
 def test_replicas_merely_behind_are_not_cut_off() -> None:

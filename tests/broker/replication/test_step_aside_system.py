@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 LAG_MAX_MS = 1500  # replicas silent this long are out of sync (bench.faults uses the same)
 # The longest wait for a replica to take over once the primary is cut off (s). Without the
 # rule none ever does while the cut lasts (the old primary keeps its lease); expected about
-# LAG_MAX_MS + step_aside_after_s (1 s) + an election: a generous bound for a loaded machine.
+# the fetch wait + replica_silence_ms + step_aside_after_s + an election (~2 s): a generous
+# bound for a loaded machine.
 TAKEOVER_WAIT_S = 20.0
 
 
