@@ -159,6 +159,9 @@ class TransactionProducer(Sender):
         self._txid_prefix = uuid.uuid4().hex[:16]  # transaction ids of half batches
         self._txid_seq = itertools.count(1)
         self._ending: set[asyncio.Future[str]] = set()  # ends nobody awaits (wait_for_end=False)
+        # broker address → a topic last ended through it: whose route tells the address's group,
+        # so an end left unanswered by a silent primary follows its successor (``_moved``)
+        self._topic_at: dict[str, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -253,6 +256,7 @@ class TransactionProducer(Sender):
         policy's deadline, following a new primary as soon as it is named."""
         def end_at(route: TopicRoute) -> Awaitable[str]:
             address = self._retarget(route, queue).address
+            self._topic_at[address] = topic
             return self._batcher.end(address, item, awaited=self.wait_for_end)
 
         return await self._retry_call(topic, end_at, what=f"end of transaction {item[0]}",
@@ -287,10 +291,7 @@ class TransactionProducer(Sender):
         ``POST /v1/transactions/end``; the transaction ids and the end states, in order."""
         wire_ends = [{"transaction_id": t, "action": a, "from_check": c} for t, a, c in ends]
         if group is None:
-            answer = await self._http.call("POST", url(broker, "v1", "transactions", "end"),
-                                           body={"producer_group": self.group,
-                                                 "ends": wire_ends}, retry=NO_RETRY)
-            return [], self._end_results(answer, broker)
+            return [], self._end_results(await self._post_ends(broker, wire_ends), broker)
         topic, immunity = group
         if not any(has_delay(m) for m in messages):  # a half batch has no delay fields
             return await self._post_batch(broker, topic, immunity, messages, wire_ends)
@@ -321,9 +322,7 @@ class TransactionProducer(Sender):
         if not wire_ends:
             answer = await self._half_answer(halves, topic)
             return self._txids_of(answer, broker, txids), []
-        ends = self._http.call("POST", url(broker, "v1", "transactions", "end"),
-                               body={"producer_group": self.group, "ends": wire_ends},
-                               retry=NO_RETRY)
+        ends = self._post_ends(broker, wire_ends, topic)
         got: tuple[Any, Any] = await asyncio.gather(self._half_answer(halves, topic), ends,
                                                     return_exceptions=True)
         answer, ended = got
@@ -332,6 +331,17 @@ class TransactionProducer(Sender):
         states: list[str | BaseException] = [ended] * len(wire_ends) \
             if isinstance(ended, BaseException) else self._end_results(ended, broker)
         return self._txids_of(answer, broker, txids), states
+
+    async def _post_ends(self, broker: str, wire_ends: list[dict[str, Any]],
+                         topic: str | None = None) -> Any:
+        """``POST /v1/transactions/end``, given up (``TransportError``) once the nameservers
+        name another primary of ``broker``'s group while it is unanswered: the retry of
+        ``_end`` takes it there (an end is idempotent)."""
+        request = self._http.call("POST", url(broker, "v1", "transactions", "end"),
+                                  body={"producer_group": self.group, "ends": wire_ends},
+                                  retry=NO_RETRY)
+        topic = topic or self._topic_at.get(broker)
+        return await (unless_moved(self._routes, topic, broker, request) if topic else request)
 
     async def _half_answer(self, request: Awaitable[Any], topic: str) -> Any:
         try:  # no retries here: _store_half decides where a failed half goes
