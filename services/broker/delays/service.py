@@ -48,6 +48,7 @@ from tidemq.protocol import (
 )
 
 from tidemq_server.broker.delays.copies import Standing, by_topic, choose, delivered, settled
+from tidemq_server.broker.delays.redelivery import RedeliveryGuard, delivery_key
 from tidemq_server.broker.delays.routing import (
     CANCELS_TOPIC,
     DELAY_LEVEL_TOPIC,
@@ -147,6 +148,7 @@ class DelayService:
         self.delivered = 0  # messages stored by deliver
         self.duplicates = 0  # strict re-deliveries found already stored
         self.cancelled = 0
+        self.redeliveries = RedeliveryGuard()  # a strict retry racing its first delivery
 
     async def start(self) -> None:
         await self.topics.ensure_system(DELAY_LEVEL_TOPIC)
@@ -245,19 +247,23 @@ class DelayService:
                                         f"a timer rolled into {INTAKE_TOPIC} needs properties "
                                         f"{REAL_TOPIC} and {TIMER_DELIVER_MS} (epoch ms)")
                 record.tag_code = int(due)
-        keep: list[MessageRecord] = []
-        settle = 0  # end of the newest copy found stored (perhaps never acknowledged)
-        for i, r in enumerate(records):
-            end = self._delivered(r) if i in strict else 0
-            if end:
-                settle = max(settle, end)
-            else:
-                keep.append(r)
-        if settle:  # a copy above the high-water mark counts once a quorum holds it
-            await self.ingest.settle(settle)
-        duplicates = len(records) - len(keep)
-        if keep:
-            await self.ingest.put_records(keep, [False] * len(keep), now_ms())
+        keys = [delivery_key(r) for r in records]
+        guard = self.redeliveries
+        look = await guard.to_look_up(keys, strict)
+        with guard.storing(keys, bool(strict)):
+            keep: list[MessageRecord] = []
+            settle = 0  # end of the newest copy found stored (perhaps never acknowledged)
+            for i, r in enumerate(records):
+                end = self._delivered(r) if i in look else 0
+                if end:
+                    settle = max(settle, end)
+                else:
+                    keep.append(r)
+            if settle:  # a copy above the high-water mark counts once a quorum holds it
+                await self.ingest.settle(settle)
+            duplicates = len(records) - len(keep)
+            if keep:
+                await self.ingest.put_records(keep, [False] * len(keep), now_ms())
         self.delivered += len(keep)
         self.duplicates += duplicates
         return {"stored": len(keep), "duplicates": duplicates}
