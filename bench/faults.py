@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
                     help="broker-a's lease in seconds (default: the broker's own, 2 s); a "
                          "longer one on a loaded machine, where 2 s lapses by itself")
     ap.add_argument("--keep", type=Path, default=None,
-                    help="keep the run's directory (logs, history) here")
+                    help="keep the run's directory (logs, history) here: a new or empty one")
     args = ap.parse_args(argv)
     why = available()
     if why is not None:
@@ -88,6 +88,10 @@ def main(argv: list[str]) -> int:
         return 0 if args.allow_skip else SKIPPED
     if args.canaries:
         return canaries(args.json)
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        # the services would start on the old run's data, the history would mix both runs
+        ap.error(f"--keep {args.keep}: the directory is not empty (an earlier run's?); "
+                 "give a new or an empty one")
     schedule = (clock_limits() if args.clock_limits else short_schedule() if args.short
                 else long_schedule(1 if args.quick else 3))
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="tidemq-faults-"))
