@@ -8,8 +8,10 @@ process (the SDK).
 
 1. throughput   for each of R=1, R=2 sync, R=3 sync and R=3 async a fresh group is started;
                 a topic with 8 queues; SENDERS coroutines x WINDOW sends in flight share N
-                messages of 1 KiB (quick 4k, full 40k), each acknowledged as the mode says
-                (sync: once ``min_insync`` = a majority of the copies hold it). All copies
+                messages of 1 KiB (quick 16k, full 40k), each acknowledged as the mode says
+                (sync: once ``min_insync`` = a majority of the copies hold it), THROUGHPUT_RUNS
+                times on the same group: the best run is the figure (the box is shared and
+                noisy; a quick run of 4k messages lasted 0.1 s, too short to be one). All copies
                 share this machine's cores with the client, so the ratios show replication's
                 cost *here*, not on separate hosts.
 2. failover     on a R=3 sync group with the broker's default lease and election interval, a
@@ -24,8 +26,9 @@ process (the SDK).
                 acknowledged id is looked up in the primary's queues: lost = acknowledged but
                 not stored (must be 0).
 
-CPU per message, each side, over each throughput phase: this process (the client,
-``time.process_time``) and every broker of the group together (psutil; primary and replicas).
+CPU per message, each side, over all the runs of each throughput phase: this process (the
+client, ``time.process_time``) and every broker of the group together (psutil; primary and
+replicas).
 
 Targets (this machine): R=3 sync >= 0.5x and R=3 async >= 0.8x of R=1; lost = 0; failover
 (SIGKILL) <= 3 s and planned (SIGTERM) <= 0.5 s on a quiet machine (issue 32).
@@ -57,6 +60,7 @@ QUEUES = 8
 SENDERS = 32
 WINDOW = 8
 FAILOVER_SENDERS = 16
+THROUGHPUT_RUNS = 3  # runs per configuration; the best is its figure
 CONFIGS = (("R=1", 1, "sync"), ("R=2 sync", 2, "sync"), ("R=3 sync", 3, "sync"),
            ("R=3 async", 3, "async"))
 
@@ -251,7 +255,7 @@ async def failover(group: Group, topic: str, rounds: int,
 
 
 async def bench(quick: bool) -> dict[str, Any]:
-    n = 4_000 if quick else 40_000
+    n = 16_000 if quick else 40_000
     rounds = 3 if quick else 10
     bodies = make_bodies(7)
     workdir = Path(tempfile.mkdtemp(prefix="tidemq-bench-repl-"))
@@ -259,6 +263,7 @@ async def bench(quick: bool) -> dict[str, Any]:
     redis_url = f"redis://127.0.0.1:{redis.port}/0"
     rates: dict[str, float] = {}
     cpu: dict[str, dict[str, float]] = {}  # per config: client and all brokers, µs per message
+    runs_by: dict[str, list[float]] = {}  # per config: msgs/s of each run
     result: dict[str, Any] = {}
     try:
         for label, copies, mode in CONFIGS:
@@ -270,10 +275,15 @@ async def bench(quick: bool) -> dict[str, Any]:
                 await asyncio.to_thread(group.create_topic, topic)
                 pids = [b.pid for b in group.brokers]
                 client0, brokers0 = time.process_time(), process_cpu_s(pids)
-                rates[label] = await throughput(group, topic, n, bodies)
-                cpu[label] = {"client_us_per_msg": (time.process_time() - client0) / n * 1e6,
-                              "brokers_us_per_msg": (process_cpu_s(pids) - brokers0) / n * 1e6}
-                err.print(f"{label}: {rates[label]:,.0f} msgs/s")
+                runs = [await throughput(group, topic, n, bodies)
+                        for _ in range(THROUGHPUT_RUNS)]
+                rates[label] = max(runs)
+                sent = n * THROUGHPUT_RUNS
+                cpu[label] = {"client_us_per_msg": (time.process_time() - client0) / sent * 1e6,
+                              "brokers_us_per_msg": (process_cpu_s(pids) - brokers0) / sent
+                              * 1e6}
+                runs_by[label] = runs
+                err.print(f"{label}: {', '.join(f'{r:,.0f}' for r in runs)} msgs/s")
                 if label == "R=3 sync":
                     result = await failover(group, topic, rounds, bodies)
             finally:
@@ -283,7 +293,7 @@ async def bench(quick: bool) -> dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
     base = rates["R=1"]
     return {"messages": n, "rounds": rounds, "body_bytes": BODY_BYTES,
-            "msgs_per_s": rates, "cpu": cpu,
+            "msgs_per_s": rates, "runs": runs_by, "cpu": cpu,
             "client_us_per_msg": {k: v["client_us_per_msg"] for k, v in cpu.items()},
             "brokers_us_per_msg": {k: v["brokers_us_per_msg"] for k, v in cpu.items()},
             "sync2_ratio": rates["R=2 sync"] / base,
@@ -318,8 +328,11 @@ def main(argv: list[str]) -> int:
              Row("lost", r["lost"], "msgs", target="0", met=r["lost"] == 0),
              Row("application errors", r["app_errors"], "", target="0",
                  met=r["app_errors"] == 0)]
-    print_table(f"replication: {r['messages']:,} msgs of {BODY_BYTES} B per config, "
-                f"{r['rounds']} SIGKILL and {r['rounds']} SIGTERM rounds", rows, caption=r["loop"])
+    runs = "; ".join(f"{label} " + ", ".join(f"{v:,.0f}" for v in values)
+                     for label, values in r["runs"].items())
+    print_table(f"replication: {r['messages']:,} msgs of {BODY_BYTES} B per run, best of "
+                f"{THROUGHPUT_RUNS} per config; {r['rounds']} SIGKILL and {r['rounds']} SIGTERM "
+                "rounds", rows, caption=f"{r['loop']}; runs (msgs/s): {runs}")
     if args.json:
         print_json(r)
     return 0 if r["lost"] == 0 else 1
