@@ -46,6 +46,9 @@ MAYBE_STORED_STICK_S = 10.0
 HTTP_MAX_CONNECTIONS = 256
 HTTP_MAX_KEEPALIVE_CONNECTIONS = 64
 NAMESERVER_TIMEOUT_S = 3.0  # one route lookup on one nameserver (a dead one costs this much)
+# a route lookup not answered this long asks the next nameserver too (s): far above a healthy
+# nameserver's answer (~1 ms), far below NAMESERVER_TIMEOUT_S
+NAMESERVER_HEDGE_S = 0.25
 
 # A broker (group) that failed a request is avoided this long, doubling with each failure in a
 # row up to the cap; then one request probes it (producers) or its queues are tried again

@@ -1,12 +1,14 @@
 """Which brokers serve a topic, and with how many queues.
 
 With nameservers, ``GET /v1/routes/{topic}`` is asked of any nameserver that answers, starting
-from the last one that did (a dead nameserver is passed over once, not on every lookup; each
-costs at most ``NAMESERVER_TIMEOUT_S``). With a single ``broker_url`` and no nameserver, the
-broker itself is asked ``GET /v1/topics/{topic}``. Routes are cached, refreshed in the background
-every ``refresh_interval_s`` and re-fetched on demand after an error (``invalidate``). A refresh
-that fails keeps the last known route. A lookup is retried like any call: until the retry
-policy's deadline (``max_attempts`` bounds the rounds when given).
+from the last one that did; the next is asked too once one has gone ``NAMESERVER_HEDGE_S``
+without an answer, or at once when one fails (``_hedge.first_of``), so a nameserver cut off
+costs a lookup that much, not its ``NAMESERVER_TIMEOUT_S``. With a single ``broker_url`` and
+no nameserver, the broker itself is asked ``GET /v1/topics/{topic}``. Routes are cached,
+refreshed in the background every ``refresh_interval_s`` and re-fetched on demand after an
+error (``invalidate``). A refresh that fails keeps the last known route. A lookup is retried
+like any call: until the retry policy's deadline (``max_attempts`` bounds the rounds when
+given).
 
 Senders ask for ``write_route``, which waits (within their deadline) while every group of the
 topic is electing a primary, and ``known_route``, which waits while the nameservers answer
@@ -19,13 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemq._constants import NAMESERVER_TIMEOUT_S, PRIMARY_WAIT_POLL_S, ROUTE_REFRESH_INTERVAL_S
+from tidemq._constants import (
+    NAMESERVER_HEDGE_S,
+    NAMESERVER_TIMEOUT_S,
+    PRIMARY_WAIT_POLL_S,
+    ROUTE_REFRESH_INTERVAL_S,
+)
 from tidemq._exceptions import (
     TidemqError,
     TopicNotFoundError,
@@ -33,6 +41,7 @@ from tidemq._exceptions import (
     UnexpectedResponseError,
     server_error,
 )
+from tidemq._hedge import first_of
 from tidemq._http import NO_RETRY, HttpClient, normalize_address, url
 from tidemq._validate import endpoints
 from tidemq.protocol import ErrorCode
@@ -326,23 +335,10 @@ class RouteTable:
         attempt = 0
         while True:
             attempt += 1
-            not_found: TopicNotFoundError | None = None
-            for _ in range(len(self._nameservers)):
-                ns = self._nameservers[self._next_ns % len(self._nameservers)]
-                try:
-                    payload = await self._http.call(
-                        "GET", url(ns, "v1", "routes", topic), retry=NO_RETRY,
-                        timeout_s=min(self._http.timeout_s, NAMESERVER_TIMEOUT_S))
-                    return parse_route(topic, payload)
-                except TopicNotFoundError as exc:
-                    not_found = exc  # another nameserver may know it already
-                except TidemqError as exc:
-                    if not exc.retriable:
-                        raise
-                    log.debug("nameserver %s: route lookup for %r failed (round %d): %s",
-                              ns, topic, attempt, exc)
-                    last = exc
-                self._next_ns += 1
+            route, not_found, failure = await self._round(topic, attempt)
+            if route is not None:
+                return route
+            last = failure or last
             if not_found is not None:
                 raise not_found
             pause = policy.backoff_s(attempt)
@@ -355,6 +351,39 @@ class RouteTable:
                                                  time.monotonic() - started),
                              sent=last.sent) from last
         raise last
+
+    async def _round(self, topic: str, attempt: int
+                     ) -> tuple[TopicRoute | None, TopicNotFoundError | None, TidemqError | None]:
+        """One round over the nameservers, hedged (``first_of``): the route, or None with the
+        last TOPIC_NOT_FOUND and the last retriable failure; other errors are raised."""
+        n = len(self._nameservers)
+        order = [self._nameservers[(self._next_ns + k) % n] for k in range(n)]
+        not_found: TopicNotFoundError | None = None
+        last: TidemqError | None = None
+
+        def failed(i: int, exc: BaseException) -> None:
+            nonlocal not_found, last
+            if isinstance(exc, TopicNotFoundError):
+                not_found = exc  # another nameserver may know it already
+            elif isinstance(exc, TidemqError) and exc.retriable:
+                log.debug("nameserver %s: route lookup for %r failed (round %d): %s",
+                          order[i], topic, attempt, exc)
+                last = exc
+            else:
+                raise exc
+
+        won = await first_of([functools.partial(self._lookup, ns, topic) for ns in order],
+                             NAMESERVER_HEDGE_S, failed)
+        if won is None:
+            return None, not_found, last
+        self._next_ns += won[0]  # start from the one that answered next time
+        return won[1], None, None
+
+    async def _lookup(self, nameserver: str, topic: str) -> TopicRoute:
+        payload = await self._http.call(
+            "GET", url(nameserver, "v1", "routes", topic), retry=NO_RETRY,
+            timeout_s=min(self._http.timeout_s, NAMESERVER_TIMEOUT_S))
+        return parse_route(topic, payload)
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -3,8 +3,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 from tidemq import ConfigurationError, RetryPolicy, TopicNotFoundError, TransportError
+from tidemq._hedge import first_of
 from tidemq._http import HttpClient
 from tidemq._routes import RouteTable
 
@@ -105,3 +107,53 @@ async def test_an_impatient_lookup_asks_each_nameserver_once(two_brokers: FakeCl
         await table.get("orders")
     assert len(two_brokers.requests_to("/v1/routes/orders")) == \
         len(two_brokers.nameservers) * (1 + FAST.max_attempts)
+
+
+async def test_a_silent_nameserver_is_hedged_not_waited_out(two_brokers: FakeCluster) -> None:
+    """The first nameserver takes the lookup and answers nothing (cut off, packets dropped):
+    the second is asked after NAMESERVER_HEDGE_S and its answer wins; the silent ask is
+    cancelled, not waited out to its timeout (NAMESERVER_TIMEOUT_S)."""
+    silent = two_brokers.nameservers[0]
+    serve = two_brokers.transport.handle_async_request
+    held: list[str] = []
+    cancelled = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if f"{request.url.scheme}://{request.url.host}:{request.url.port}" == silent:
+            held.append(request.url.path)
+            try:
+                await asyncio.Event().wait()  # never answers
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return await serve(request)
+
+    http = HttpClient(transport=httpx.MockTransport(handler), retry=FAST)
+    table = RouteTable(http, nameservers=two_brokers.nameservers)
+    route = await table.get("orders")
+    assert [b.broker_name for b in route.brokers] == ["broker-0", "broker-1"]
+    assert held == ["/v1/routes/orders"] and cancelled.is_set()
+    table.invalidate("orders")
+    await table.get("orders")  # from the one that answered: the silent one is not asked
+    assert held == ["/v1/routes/orders"]
+
+
+async def test_first_of_asks_the_next_on_failure_at_once_and_reports_every_failure() -> None:
+    failures: list[tuple[int, str]] = []
+
+    async def refuse() -> str:
+        raise OSError("refused")
+
+    async def answer() -> str:
+        return "route"
+
+    won = await first_of([refuse, refuse, answer], 60.0,
+                         lambda i, e: failures.append((i, str(e))))
+    assert won == (2, "route") and failures == [(0, "refused"), (1, "refused")]
+    assert await first_of([refuse], 60.0, lambda i, e: None) is None
+
+    def stop(i: int, e: BaseException) -> None:
+        raise e
+
+    with pytest.raises(OSError):
+        await first_of([refuse, answer], 60.0, stop)
