@@ -31,6 +31,8 @@ CLUSTER_PATH = "/v1/cluster"  # the nameserver's list of every broker
 DISCOVERY_REFRESH_S = 5.0  # a found group's address is asked again this often (s)
 DISCOVERY_RETRY_S = 0.5  # after a failed call, ask again at most this often (s)
 DISCOVERY_TIMEOUT_S = 2.0  # one request to one nameserver (s)
+# a nameserver not answering this long is not waited for alone: the next is asked too (s)
+DISCOVERY_HEDGE_S = 0.25
 # a service's request to its group's primary still unanswered this long (past any long-poll
 # wait) makes it ask the nameservers whether the group has another primary now, then again every
 # DISCOVERY_RETRY_S; when it has, the request is abandoned and retried there (s)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,10 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from tidemq._hedge import first_of
 
 from tidemq_server.common.auth.client import service_auth
 from tidemq_server.common.constants import (
     CLUSTER_PATH,
+    DISCOVERY_HEDGE_S,
     DISCOVERY_REFRESH_S,
     DISCOVERY_RETRY_S,
     DISCOVERY_TIMEOUT_S,
@@ -166,6 +169,11 @@ class _Search:
         self.results.append((url, groups))
         self._done = self._enough(groups)
 
+    @property
+    def done(self) -> bool:
+        """An answer listed what is wanted: the pass is over."""
+        return self._done
+
     def fail(self, url: str, exc: Exception) -> None:
         self.results.append((url, f"{type(exc).__name__}: {exc}"))
 
@@ -186,15 +194,30 @@ class _Search:
                            or "none configured")
 
 
+class _AskOn(Exception):
+    """A nameserver answered without the group wanted: the search goes on."""
+
+
 async def fetch_groups_async(http: httpx.AsyncClient, nameservers: Nameservers,
                              want: str | None = None) -> dict[str, Group]:
-    """Ask the nameservers in turn until one answers (and lists ``want``, when given)."""
+    """Ask the nameservers in turn until one answers (and lists ``want``, when given), the next
+    one too once the last has gone ``DISCOVERY_HEDGE_S`` unanswered (``tidemq._hedge``): a
+    nameserver cut off costs that much, not its timeout."""
     search = _Search(nameservers, want)
-    for url in search:
-        try:
-            search.answer(url, await http.get(url + CLUSTER_PATH, headers=JSON_HEADERS))
-        except httpx.HTTPError as exc:
-            search.fail(url, exc)
+    order = nameservers.in_turn()
+
+    async def ask(url: str) -> None:
+        search.answer(url, await http.get(url + CLUSTER_PATH, headers=JSON_HEADERS))
+        if not search.done:
+            raise _AskOn
+
+    def failed(i: int, exc: BaseException) -> None:
+        if isinstance(exc, httpx.HTTPError):
+            search.fail(order[i], exc)
+        elif not isinstance(exc, _AskOn):
+            raise exc
+
+    await first_of([functools.partial(ask, url) for url in order], DISCOVERY_HEDGE_S, failed)
     return search.result()
 
 

@@ -20,6 +20,7 @@ from tidemq_server.common.discovery import (
     Nameservers,
     NoNameserver,
     fetch_groups,
+    fetch_groups_async,
     parse_cluster,
 )
 from tidemq_server.common.settings import GroupServiceSettings
@@ -379,3 +380,30 @@ async def test_broker_client_waits_for_a_slow_primary_that_is_still_the_primary(
     finally:
         fake.release.set()
         await client.close()
+
+
+async def test_a_silent_nameserver_is_hedged_not_waited_out() -> None:
+    """NS1 takes the request and answers nothing (cut off): NS2 is asked after
+    DISCOVERY_HEDGE_S and its answer is used; NS1's request is cancelled, not waited out."""
+    fake = Fake()
+    fake.cluster[NS2] = [entry("broker-a", "http://a:1")]
+    cancelled = asyncio.Event()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "ns1":
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return fake.handle(request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
+        ns = Nameservers([NS1, NS2])
+        found = await fetch_groups_async(http, ns, want="broker-a")
+        assert list(found) == ["broker-a"] and cancelled.is_set()
+        assert ns.in_turn() == [NS2, NS1]  # the one that answered is asked first next time
+        # an answer without the group wanted does not end the search: the next is asked
+        fake.cluster[NS1] = [entry("broker-b", "http://b:1")]
+        found = await fetch_groups_async(http, Nameservers([NS1, NS2]), want="broker-a")
+        assert "broker-a" in found
