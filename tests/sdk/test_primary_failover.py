@@ -267,60 +267,35 @@ class PromotedDuringTheLocalTransaction:
         return TransactionState.COMMIT
 
 
-async def test_an_end_follows_its_groups_new_primary(cluster: FakeCluster) -> None:
-    old, replica = cluster.broker_url, "http://replica:10911"
-    listener = PromotedDuringTheLocalTransaction()
-    serve = cluster.transport.handle_async_request
-    ends: list[str] = []
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
-        if request.url.path.startswith("/v1/routes/"):
-            return httpx.Response(200, json={"topic": TOPIC, "queues": [
-                {"broker_name": "broker-a", "address": old, "queues": 4, "perm": "rw",
-                 "replicas": [replica]}]})
-        if request.url.path == "/v1/transactions/end":
-            ends.append(base)
-            if listener.moved and base == old:
-                return httpx.Response(503, json={"code": "NOT_PRIMARY", "message": (
-                    f"this broker is a replica (epoch 2); the primary is {replica}")})
-        if base == replica:  # the promoted replica holds the same log
-            request = httpx.Request(request.method, request.url.copy_with(host="broker0"),
-                                    headers=request.headers, content=request.content)
-        return await serve(request)
-
-    async with TransactionProducer("tx-group", listener, nameservers=cluster.nameservers,
-                                   transport=httpx.MockTransport(handler), retry=FAST) as tx:
-        result = await tx.send(b"m", topic=TOPIC)
-    assert result.end_error is None and result.local_state is TransactionState.COMMIT
-    assert ends == [old, replica]  # one NOT_PRIMARY, then at once at the named primary
-    assert [e["transaction_id"] for e in cluster.broker.ends] == [result.transaction_id]
-
-
-async def test_an_end_left_unanswered_by_a_silent_primary_follows_its_successor(
-        cluster: FakeCluster) -> None:
-    """The primary goes silent (paused, cut off) once the local transaction ran: the end it
-    took is given up as soon as the nameservers name the promoted replica, and made there —
-    not after the request's own timeout (10 s) or the old primary's return."""
+@pytest.mark.parametrize("old_primary", ["answers NOT_PRIMARY", "goes silent"])
+async def test_an_end_follows_its_groups_new_primary(cluster: FakeCluster,
+                                                     old_primary: str) -> None:
+    """The group's primary moves to its replica while the local transaction runs. The old one
+    answers the end NOT_PRIMARY naming the replica (followed at once), or goes silent (paused,
+    cut off): then the end it took is given up as soon as the nameservers name the replica, and
+    made there, not after the request's own timeout (10 s) or the old primary's return."""
+    silent = old_primary == "goes silent"
     old, replica = cluster.broker_url, "http://replica:10911"
     listener = PromotedDuringTheLocalTransaction()
     serve = cluster.transport.handle_async_request
     ends: list[str] = []
     given_up = asyncio.Event()
-    release = asyncio.Event()
 
     async def handler(request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         if request.url.path.startswith("/v1/routes/"):
-            primary, other = (replica, old) if listener.moved else (old, replica)
+            primary, other = (replica, old) if silent and listener.moved else (old, replica)
             return httpx.Response(200, json={"topic": TOPIC, "queues": [
                 {"broker_name": "broker-a", "address": primary, "queues": 4, "perm": "rw",
                  "replicas": [other]}]})
         if request.url.path == "/v1/transactions/end":
             ends.append(base)
+            if listener.moved and base == old and not silent:
+                return httpx.Response(503, json={"code": "NOT_PRIMARY", "message": (
+                    f"this broker is a replica (epoch 2); the primary is {replica}")})
             if listener.moved and base == old:
-                try:  # silent until released (never here) or its own timeout
-                    await asyncio.wait_for(release.wait(), SILENT_TIMEOUT_S)
+                try:  # silent until its own timeout
+                    await asyncio.sleep(SILENT_TIMEOUT_S)
                 except asyncio.CancelledError:
                     given_up.set()
                     raise
@@ -334,5 +309,6 @@ async def test_an_end_left_unanswered_by_a_silent_primary_follows_its_successor(
                                    transport=httpx.MockTransport(handler), retry=FAST) as tx:
         result = await tx.send(b"m", topic=TOPIC)
     assert result.end_error is None and result.local_state is TransactionState.COMMIT
-    assert ends == [old, replica] and given_up.is_set()
+    assert ends == [old, replica]  # then at once at the new primary
+    assert given_up.is_set() == silent
     assert [e["transaction_id"] for e in cluster.broker.ends] == [result.transaction_id]
