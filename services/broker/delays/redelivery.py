@@ -48,7 +48,7 @@ class RedeliveryGuard:
         self.max_keys = max_keys
         self._storing: dict[DeliveryKey, asyncio.Future[None]] = {}
         self._retried: OrderedDict[DeliveryKey, float] = OrderedDict()  # key → monotonic s
-        self.waited = 0  # records that waited for another request storing them (metrics)
+        self.waited = 0  # how often a request waited for another storing the same deliveries
 
     async def to_look_up(self, keys: Sequence[DeliveryKey], strict: set[int]) -> set[int]:
         """Indexes of ``keys`` to look up before storing: the ``strict`` ones, those another
