@@ -469,13 +469,8 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
                         target=f"all {2 * first['rounds']}, 0 early ({first['early']})",
                         met=first["delivered"] == 2 * first["rounds"] and not first["early"]))
     if a:
-        rows += [
-            Row(f"a. lateness p50 ({a['timers']:,} timers)", a["p50_ms"], "ms"),
-            p99_row("a. lateness p99", a, TARGET_P99_MS),
-            Row("a. lateness max", a["max_ms"], "ms"),
-            delivered_row("a.", a, a["timers"]),
-            Row("a. scheduler RSS (peak)", a["rss_peak"] / 2**20, "MiB"),
-        ]
+        rows += [*lateness_rows("a.", f"({a['timers']:,} timers)", a, TARGET_P99_MS),
+                 Row("a. scheduler RSS (peak)", a["rss_peak"] / 2**20, "MiB")]
     if b:
         rows += [
             Row(f"b. burst of {b['burst']:,} due in one second", b["burst_s"], "s",
@@ -492,12 +487,7 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
             delivered_row("e.", e, e["timers"]),
         ]
     if d:
-        rows += [
-            Row(f"d. {d['timers']:,} timers at 1 k/s: lateness p50", d["p50_ms"], "ms"),
-            p99_row("d. lateness p99", d, TARGET_RATE_P99_MS),
-            Row("d. lateness max", d["max_ms"], "ms"),
-            delivered_row("d.", d, d["timers"]),
-        ]
+        rows += lateness_rows("d.", f"({d['timers']:,} timers at 1 k/s)", d, TARGET_RATE_P99_MS)
     if f:
         rows += [
             Row(f"c. RAM per far timer ({f['far']:,}; slope)", f["ram_per_timer"], "bytes",
@@ -510,6 +500,14 @@ def build_rows(res: dict[str, Any]) -> list[Row]:
             Row("c. send rate (4096 per request)", f["far"] / f["send_s"], "timers/s"),
         ]
     return rows
+
+
+def lateness_rows(phase: str, what: str, r: dict[str, Any], target_ms: float) -> list[Row]:
+    """A phase's lateness p50, p99 (against its target) and max, and its timers delivered."""
+    return [Row(f"{phase} lateness p50 {what}", r["p50_ms"], "ms"),
+            p99_row(f"{phase} lateness p99", r, target_ms),
+            Row(f"{phase} lateness max", r["max_ms"], "ms"),
+            delivered_row(phase, r, r["timers"])]
 
 
 def p99_row(label: str, r: dict[str, Any], target_ms: float) -> Row:
