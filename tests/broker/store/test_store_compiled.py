@@ -19,8 +19,15 @@ from tidemq_server.broker.store import consume_queue, index
 from tidemq_server.broker.store.index import ENTRY_SIZE, HEADER_SIZE, IndexFile, unique_key
 from tidemq_server.broker.store.records import v2_copy
 
-compiled = pytest.mark.skipif(index.write_entry is index.write_entry_py,
-                              reason="the compiled index twin is not built or is disabled")
+
+def twin(compiled: Callable[..., Any], reference: Callable[..., Any]) -> pytest.MarkDecorator:
+    """Skip a twin test where ``compiled`` is its ``reference`` (the extension is not built,
+    or ``TIDEMQ_PURE_PYTHON=1``: ``make test-pure``); ``make test`` runs it."""
+    return pytest.mark.skipif(compiled is reference,
+                              reason="the compiled store twin is not built or is disabled")
+
+
+compiled = twin(index.write_entry, index.write_entry_py)
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOTS, ENTRIES = 7, 40
 ENTRIES_AT = HEADER_SIZE + SLOTS * 4
@@ -115,8 +122,7 @@ def test_an_index_file_answers_alike_with_either_twin(tmp_path: Path,
 i64 = st.integers(-(2**63), 2**63 - 1) | st.integers(-(2**64), 2**64) | st.integers(0, 2**40)
 
 
-@pytest.mark.skipif(consume_queue.pack_units is consume_queue.pack_units_py,
-                    reason="the compiled store twin is not built or is disabled")
+@twin(consume_queue.pack_units, consume_queue.pack_units_py)
 @FUZZ
 @given(base=i64, units=st.lists(st.tuples(st.integers(0, 2**31) | i64,
                                           st.integers(-(2**31), 2**31 - 1) | i64, i64),
@@ -168,8 +174,7 @@ def stored_records(draw: st.DrawFn) -> bytes:
     return bytes(rec)
 
 
-@pytest.mark.skipif(v2_copy.copy_record is v2_copy.copy_record_py,
-                    reason="the compiled store twin is not built or is disabled")
+@twin(v2_copy.copy_record, v2_copy.copy_record_py)
 @FUZZ
 @given(src=stored_records(), drop_key=st.binary(max_size=3) | words.map(str.encode),
        drop=st.frozensets(st.sampled_from([b"", b"a", b"\xc3\xa9", b"TRAN_MSG"])
@@ -184,8 +189,7 @@ def test_record_copies_are_written_alike(src: bytes, drop_key: bytes, drop: froz
     assert got == ref
 
 
-@pytest.mark.skipif(v2_copy.copy_record is v2_copy.copy_record_py,
-                    reason="the compiled store twin is not built or is disabled")
+@twin(v2_copy.copy_record, v2_copy.copy_record_py)
 def test_a_record_copy_with_odd_arguments_goes_to_the_reference() -> None:
     builder = BatchBuilder("T", 0)
     builder.add(b"body", "id", keys=["k", "tx"], properties={"a": "1", "b": "2"})
