@@ -70,7 +70,8 @@ def ext_modules() -> list[Extension]:
         warn("Cython is not installed")
         return []
     try:
-        return list(cythonize(TWINS, language_level=3, quiet=True))
+        # sdk/ on the include path: both twins cimport tidemq/protocol/records/_bytes.pxd
+        return list(cythonize(TWINS, language_level=3, quiet=True, include_path=["sdk"]))
     except Exception as exc:  # a Cython too old (or too new) for the source
         warn(f"cythonize: {type(exc).__name__}: {exc}")
         return []

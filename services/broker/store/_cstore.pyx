@@ -25,8 +25,15 @@ from libc.stdint cimport (
 from libc.string cimport memcmp, memcpy
 
 
-cdef extern from "zlib.h":
-    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int length) nogil
+from tidemq.protocol.records._bytes cimport (
+    _put_i64,
+    _put_u16,
+    _put_u32,
+    _record_crc,
+    _u16,
+    _u32,
+    crc32,
+)
 
 
 cdef enum:
@@ -48,17 +55,6 @@ def use_index(write_entry_py, find_entries_py, header_size, max_chain):
     global _write_entry_py, _find_entries_py, _header_size, _max_chain
     _write_entry_py, _find_entries_py = write_entry_py, find_entries_py
     _header_size, _max_chain = header_size, max_chain
-
-
-cdef inline uint32_t _u32(const uint8_t *p) noexcept nogil:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
-
-
-cdef inline void _put_u32(uint8_t *p, uint32_t v) noexcept nogil:
-    p[0] = (v >> 24) & 0xFF
-    p[1] = (v >> 16) & 0xFF
-    p[2] = (v >> 8) & 0xFF
-    p[3] = v & 0xFF
 
 
 cdef inline uint32_t _key_hash(object key) except? 0:
@@ -264,7 +260,6 @@ cdef object _copy_record_py = None
 
 cdef enum:
     RECORD_FIXED = 67  # a v2 record's fixed part (v2.py)
-    CRC_FROM = 14  # a record's CRC covers [4, 10) and [14, size)
 cdef Py_ssize_t MAX_U16 = 0xFFFF
 cdef Py_ssize_t MAX_U32 = 0xFFFFFFFF
 
@@ -273,20 +268,6 @@ def use_copy(copy_record_py):
     """Bind v2_copy.py's reference."""
     global _copy_record_py
     _copy_record_py = copy_record_py
-
-
-cdef inline uint16_t _u16(const uint8_t *p) noexcept nogil:
-    return <uint16_t>((p[0] << 8) | p[1])
-
-
-cdef inline void _put_u16(uint8_t *p, uint16_t v) noexcept nogil:
-    p[0] = (v >> 8) & 0xFF
-    p[1] = v & 0xFF
-
-
-cdef inline void _put_i64(uint8_t *p, int64_t v) noexcept nogil:
-    _put_u32(p, <uint32_t>((<uint64_t>v) >> 32))
-    _put_u32(p + 4, <uint32_t>(<uint64_t>v))
 
 
 cdef inline bint _dropped(const uint8_t *name, Py_ssize_t n, tuple names):
@@ -420,6 +401,5 @@ def copy_record(buf, ordinal, src, drop_key, drop, prepared):
     _put_u16(r + 59, <uint16_t>new_keys)
     _put_u16(r + 61, <uint16_t>new_props)
     _put_u32(r + 63, <uint32_t>body_len)
-    _put_u32(r + 10, <uint32_t>crc32(crc32(0, r + 4, 6), r + CRC_FROM,
-                                     <unsigned int>(size - CRC_FROM)))
+    _put_u32(r + 10, <uint32_t>_record_crc(r, size))
     return size, (<int64_t>code + 1 if tag_len else 0), mid, keys
