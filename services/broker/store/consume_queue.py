@@ -18,8 +18,7 @@ import os
 import struct
 from pathlib import Path
 
-from tidemq.protocol.records._compiled import load_twin
-
+from tidemq_server.broker.store.twin import cstore
 from tidemq_server.common.files import FdPool
 
 UNIT = struct.Struct(">qiq")
@@ -36,10 +35,9 @@ def pack_units(base: int, positions: list[int], sizes: list[int], codes: list[in
 
 
 pack_units_py = pack_units  # the reference (tests run it beside the compiled twin)
-_twin = load_twin("tidemq_server.broker.store._cstore")
-if _twin is not None:  # the compiled twin (_cstore.pyx), falling back on the reference
-    _twin.use_units(pack_units_py)
-    pack_units = _twin.pack_units
+if cstore is not None:  # the compiled twin (_cstore.pyx), falling back on the reference
+    cstore.use_units(pack_units_py)
+    pack_units = cstore.pack_units
 
 class ConsumeQueue:
     def __init__(self, directory: Path, topic: str, queue_id: int, units_per_file: int) -> None:

@@ -31,9 +31,8 @@ import struct
 import zlib
 from pathlib import Path
 
-from tidemq.protocol.records._compiled import load_twin
-
 from tidemq_server.broker.store.keyfilter import KeyFilter
+from tidemq_server.broker.store.twin import cstore
 from tidemq_server.common.constants import KEY_FILTER_SCAN_MAX
 
 log = logging.getLogger(__name__)
@@ -105,12 +104,11 @@ def write_entries(mm: mmap.mmap, entries_at: int, slots: int, first: int, keys: 
 
 write_entry_py, find_entries_py = write_entry, find_entries  # the references (tests)
 write_entries_py = write_entries
-_twin = load_twin("tidemq_server.broker.store._cstore")
-if _twin is not None:  # the compiled twins (_cstore.pyx), falling back on the references
-    _twin.use_index(write_entry_py, find_entries_py, HEADER_SIZE, MAX_CHAIN)
-    _twin.use_entries(write_entries_py)
-    write_entry, find_entries = _twin.write_entry, _twin.find_entries
-    write_entries = _twin.write_entries
+if cstore is not None:  # the compiled twins (_cstore.pyx), falling back on the references
+    cstore.use_index(write_entry_py, find_entries_py, HEADER_SIZE, MAX_CHAIN)
+    cstore.use_entries(write_entries_py)
+    write_entry, find_entries = cstore.write_entry, cstore.find_entries
+    write_entries = cstore.write_entries
 
 
 class IndexFile:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import zlib
 
-from tidemq.protocol.records._compiled import load_twin
 from tidemq.protocol.records.v2 import (
     HEADER_FIXED,
     MAX_BATCH_POS,
@@ -43,6 +42,7 @@ from tidemq.protocol.records.v2 import (
 from tidemq.protocol.records.v2_read import BatchSummary
 
 from tidemq_server.broker.store.records.v2_own import Batch, head_of
+from tidemq_server.broker.store.twin import cstore
 
 KEY_SEP = b"\x1f"  # between keys (v2.KEY_SEPARATOR)
 PROPERTY_END = b"\x02"  # after each property (v2.PROPERTY_END)
@@ -84,10 +84,9 @@ def copy_record(buf: bytearray, ordinal: int, src: bytes, drop_key: bytes,
 
 
 copy_record_py = copy_record  # the reference (tests run it beside the compiled twin)
-_twin = load_twin("tidemq_server.broker.store._cstore")
-if _twin is not None:  # the compiled twin (_cstore.pyx), falling back on the reference
-    _twin.use_copy(copy_record_py)
-    copy_record = _twin.copy_record
+if cstore is not None:  # the compiled twin (_cstore.pyx), falling back on the reference
+    cstore.use_copy(copy_record_py)
+    copy_record = cstore.copy_record
 
 
 class CopyBatch:
