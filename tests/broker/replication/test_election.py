@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.etcd import EtcdServer
 from tests.support.wait import TIMEOUT_S, quiet_for_async, wait_until_async
+from tidemq_server.broker.replication.aside import CheckQuorum
 from tidemq_server.broker.replication.election import (
     Claim,
     Elector,
@@ -66,10 +67,17 @@ async def client(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
 
 
 def _elector(client: EtcdClient, role: FakeRole, group: str, broker_id: int,
-             lease_s: float = LEASE_S) -> Elector:
+             lease_s: float = LEASE_S, check: CheckQuorum | None = None) -> Elector:
+    """An elector of ``group`` at ``http://127.0.0.1:2000<broker_id>`` (``check``: with the
+    step-aside rule, as test_step_aside_election.py runs them)."""
     return Elector(client, role, cluster="test", broker_name=group, broker_id=broker_id,
                    address=f"http://127.0.0.1:{20000 + broker_id}", lease_s=lease_s,
-                   margin_s=MARGIN_S, interval_s=INTERVAL_S, fence=role.fence)
+                   margin_s=MARGIN_S, interval_s=INTERVAL_S, fence=role.fence, check=check)
+
+
+async def _stop_all(electors: list[Elector]) -> None:
+    for e in electors:
+        await e.stop()
 
 
 def _started(client: EtcdClient, roles: list[FakeRole], group: str,
@@ -107,8 +115,7 @@ async def test_first_leader_is_broker_0_and_the_other_follows(client: EtcdClient
         stored = await client.get(GroupKeys("test", group).epoch)
         assert stored is not None and stored.value == b"1"
     finally:
-        for e in electors:
-            await e.stop()
+        await _stop_all(electors)
 
 
 async def test_the_larger_offset_wins(client: EtcdClient) -> None:
@@ -121,8 +128,7 @@ async def test_the_larger_offset_wins(client: EtcdClient) -> None:
         assert roles[0].promoted == [] and roles[2].promoted == []
         assert roles[0].demoted[-1] == ("http://127.0.0.1:20001", 1)
     finally:
-        for e in electors:
-            await e.stop()
+        await _stop_all(electors)
 
 
 async def test_lease_lapse_elects_a_successor_under_the_next_epoch_and_fences_the_old(

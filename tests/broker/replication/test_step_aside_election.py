@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.broker.replication.test_election import FakeRole, _crash
+from tests.broker.replication.test_election import LEASE_S, FakeRole, _crash, _stop_all
+from tests.broker.replication.test_election import _elector as elector
 from tests.support.etcd import EtcdServer
 from tests.support.wait import quiet_for_async, wait_until_async
 from tidemq_server.broker.replication.aside import CheckQuorum
@@ -20,9 +21,6 @@ from tidemq_server.common.etcd import EtcdClient, KeyValue
 
 pytestmark = pytest.mark.integration
 
-LEASE_S = 2.0
-MARGIN_S = 0.5
-INTERVAL_S = 0.2
 AFTER_S = 0.5  # step_aside_after_s of these electors
 HOLD_S = 2.0  # their hold
 QUIET_S = 4 * AFTER_S  # a claim "it keeps the lead": several thresholds pass
@@ -80,10 +78,7 @@ async def client(etcd: EtcdServer) -> AsyncIterator[Recording]:
 
 def _elector(client: EtcdClient, role: FakeRole, group: str, broker_id: int, view: View,
              lease_s: float = LEASE_S) -> Elector:
-    check = CheckQuorum(view, 2, AFTER_S, HOLD_S)
-    return Elector(client, role, cluster="test", broker_name=group, broker_id=broker_id,
-                   address=f"http://127.0.0.1:{20000 + broker_id}", lease_s=lease_s,
-                   margin_s=MARGIN_S, interval_s=INTERVAL_S, fence=role.fence, check=check)
+    return elector(client, role, group, broker_id, lease_s, CheckQuorum(view, 2, AFTER_S, HOLD_S))
 
 
 async def _member(client: EtcdClient, group: str, broker_id: int) -> Claim | None:
@@ -131,8 +126,7 @@ async def test_a_primary_cut_off_from_live_members_hands_the_lead_to_the_best_of
         assert len(old.promoted) == 1
         await wait_until_async(lambda: behind.demoted[-1] == ("http://127.0.0.1:20002", 2))
     finally:
-        for e in electors:
-            await e.stop()
+        await _stop_all(electors)
 
 
 async def test_a_primary_whose_replicas_are_paused_or_dead_keeps_the_lead(
@@ -160,8 +154,7 @@ async def test_a_primary_whose_replicas_are_paused_or_dead_keeps_the_lead(
                                      QUIET_S, "broker 0's lead") == (True, 1)
         assert electors[0].check is not None and not electors[0].check.holding
     finally:
-        for e in electors:
-            await e.stop()
+        await _stop_all(electors)
 
 
 async def test_nobody_below_what_it_acknowledged_runs_and_it_runs_again_after_the_hold(
@@ -192,5 +185,4 @@ async def test_nobody_below_what_it_acknowledged_runs_and_it_runs_again_after_th
         await wait_until_async(lambda: all(r.demoted[-1] == ("http://127.0.0.1:20000", 2)
                                            for r in roles[1:]), what="both follow it again")
     finally:
-        for e in electors:
-            await e.stop()
+        await _stop_all(electors)
