@@ -13,6 +13,7 @@ host; cut at ``max_bytes``): tests/broker/transactions/test_batches.py holds thi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import TypeGuard
 
 import orjson
@@ -34,35 +35,27 @@ _EVENT_HOST = v1.encode_host(MessageRecord(EVENTS_TOPIC, 0, b"").born_host)
 _RECORD_ROOM = 512  # what ``encode_records`` allows a record beyond its body when cutting
 
 
-class CommitCopies:
-    """Commit copies written from their halves' stored bytes: producer-batch halves this run
-    stored (``BatchHalf``) whose property names are distinct. One batch per (topic, queue,
-    born host) of at most ``max_bytes``."""
+class _Cut:
+    """``CopyBatch``es open per key, each cut at ``max_bytes`` (a batch always fits a
+    segment), as ``encode_records`` cuts them."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._open: dict[tuple[str, int, str], CopyBatch] = {}
+        self._open: dict[Hashable, CopyBatch] = {}
         self._done: list[Batch] = []
 
     def __bool__(self) -> bool:
         return bool(self._open or self._done)
 
-    @staticmethod
-    def takes(half: object) -> TypeGuard[BatchHalf]:
-        """Whether ``half`` (a half cache entry) can be copied from its stored bytes."""
-        return isinstance(half, BatchHalf) and half.distinct
-
-    def add(self, half: BatchHalf, info: TxInfo) -> None:
-        key = (info.topic, int(half.properties[REAL_QID]), half.host)  # REAL_QID: checked
+    def _batch(self, key: Hashable, size: int, make: Callable[[], CopyBatch]) -> CopyBatch:
+        """The open batch of ``key`` with room for a record of ``size`` body bytes."""
         batch = self._open.get(key)
-        body = len(half.stored) - half.body_at
-        if batch is not None and batch.nbytes + body + _RECORD_ROOM > self.max_bytes:
-            self._done.append(batch.finish())  # cut: a batch always fits a segment
+        if batch is not None and batch.nbytes + size + _RECORD_ROOM > self.max_bytes:
+            self._done.append(batch.finish())
             batch = None
         if batch is None:
-            batch = self._open[key] = CopyBatch(key[0], key[1], _COMMIT,
-                                                v1.encode_host(half.host))
-        batch.add(half.stored, info.txid.encode(), HALF_ONLY_NAMES, info.first_offset)
+            batch = self._open[key] = make()
+        return batch
 
     def batches(self) -> list[Batch]:
         """Every batch, finished (once)."""
@@ -71,15 +64,30 @@ class CommitCopies:
         return out
 
 
-class EventBatches:
+class CommitCopies(_Cut):
+    """Commit copies written from their halves' stored bytes: producer-batch halves this run
+    stored (``BatchHalf``) whose property names are distinct. One batch per (topic, queue,
+    born host) of at most ``max_bytes``."""
+
+    @staticmethod
+    def takes(half: object) -> TypeGuard[BatchHalf]:
+        """Whether ``half`` (a half cache entry) can be copied from its stored bytes."""
+        return isinstance(half, BatchHalf) and half.distinct
+
+    def add(self, half: BatchHalf, info: TxInfo) -> None:
+        topic, qid = info.topic, int(half.properties[REAL_QID])  # REAL_QID: checked
+        batch = self._batch((topic, qid, half.host), len(half.stored) - half.body_at,
+                            lambda: CopyBatch(topic, qid, _COMMIT, v1.encode_host(half.host)))
+        batch.add(half.stored, info.txid.encode(), HALF_ONLY_NAMES, info.first_offset)
+
+
+class EventBatches(_Cut):
     """Transaction events (the fixed JSON body of docs/api.md#system-topics) in batches of at
     most ``max_bytes``; ``kinds`` counts them by kind (``tidemq_broker_transaction_events``)."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+        super().__init__(max_bytes)
         self.kinds: dict[str, int] = {}
-        self._open: CopyBatch | None = None
-        self._done: list[Batch] = []
 
     def __len__(self) -> int:
         return sum(self.kinds.values())
@@ -91,19 +99,9 @@ class EventBatches:
             "event": name, "source": _SOURCES[source], "producer_group": info.group,
             "topic": info.topic, "transaction_id": info.txid, "message_id": info.message_id,
             "check_times": info.check_times, "born_ms": info.born_ms, "ts_ms": ts_ms})
-        batch = self._open
-        if batch is not None and batch.nbytes + len(body) + _RECORD_ROOM > self.max_bytes:
-            self._done.append(batch.finish())
-            batch = None
-        if batch is None:
-            batch = self._open = CopyBatch(EVENTS_TOPIC, 0, 0, _EVENT_HOST)
-        batch.add_plain(tag, code, body, ts_ms)
+        self._batch(None, len(body), _event_batch).add_plain(tag, code, body, ts_ms)
         self.kinds[name] = self.kinds.get(name, 0) + 1
 
-    def batches(self) -> list[Batch]:
-        """Every batch, finished (once)."""
-        if self._open is not None:
-            self._done.append(self._open.finish())
-            self._open = None
-        out, self._done = self._done, []
-        return out
+
+def _event_batch() -> CopyBatch:
+    return CopyBatch(EVENTS_TOPIC, 0, 0, _EVENT_HOST)

@@ -114,33 +114,35 @@ class CopyBatch:
     def add(self, src: bytes, drop_key: bytes, drop: frozenset[bytes], prepared: int) -> None:
         """The copy of record ``src`` (see ``copy_record``); UnfitBatch when the batch is
         full."""
-        s, pos = self.summary, len(self._buf)
-        count = len(s.positions)
-        if count >= MAX_COUNT or pos > MAX_BATCH_POS:
-            raise UnfitBatch(f"a batch holds at most {MAX_COUNT} records and "
-                             f"{MAX_BATCH_POS} bytes before its last")
+        pos, count = self._room()
         size, code, mid, keys = copy_record(self._buf, count, src, drop_key, drop, prepared)
-        s.positions.append(pos)
-        s.sizes.append(size)
-        s.tag_codes.append(code)
-        s.message_ids.append(mid)
-        s.keys.append(keys)
+        self._summed(pos, size, code, mid, keys)
 
     def add_plain(self, tag: bytes, code: int, body: bytes, born: int) -> None:
         """A record of a tag (``code``: its tag code) and a body, born at ``born``, with no
         id, keys or properties (a transaction event): what ``BatchBuilder.add`` writes for it,
         without its per-record encoding."""
-        s, pos = self.summary, len(self._buf)
-        count = len(s.positions)
+        pos, count = self._room()
+        size = append_record(self._buf, count, b"", tag, b"", b"", body, 0, 0, born, code, 0,
+                             0, 0)
+        self._summed(pos, size, code, "", "")
+
+    def _room(self) -> tuple[int, int]:
+        """Where the next record goes and its ordinal; UnfitBatch when the batch is full."""
+        pos, count = len(self._buf), len(self.summary.positions)
         if count >= MAX_COUNT or pos > MAX_BATCH_POS:
             raise UnfitBatch(f"a batch holds at most {MAX_COUNT} records and "
                              f"{MAX_BATCH_POS} bytes before its last")
-        s.sizes.append(append_record(self._buf, count, b"", tag, b"", b"", body, 0, 0, born,
-                                     code, 0, 0, 0))
+        return pos, count
+
+    def _summed(self, pos: int, size: int, code: int, mid: str, keys: str) -> None:
+        """The record just written at ``pos``, in the batch's summary."""
+        s = self.summary
         s.positions.append(pos)
+        s.sizes.append(size)
         s.tag_codes.append(code)
-        s.message_ids.append("")
-        s.keys.append("")
+        s.message_ids.append(mid)
+        s.keys.append(keys)
 
     def finish(self) -> Batch:
         """The batch, its header written, ready to append; UnfitBatch without records."""
