@@ -39,6 +39,7 @@ if cstore is not None:  # the compiled twin (_cstore.pyx), falling back on the r
     cstore.use_units(pack_units_py)
     pack_units = cstore.pack_units
 
+
 class ConsumeQueue:
     def __init__(self, directory: Path, topic: str, queue_id: int, units_per_file: int) -> None:
         self.dir = directory
